@@ -1,0 +1,21 @@
+"""longctx: extend LLaMA-style models to long context."""
+__version__ = "0.1.0"
+
+from longctx.errors import UserError
+
+
+def load_pretrained(path, dtype=None, attn_fn=None):
+    """Load a Hugging Face Llama directory (or a longctx export) as a longctx model."""
+    from longctx.model.hf import load_pretrained as _load
+
+    return _load(path, dtype=dtype, attn_fn=attn_fn)
+
+
+def save_pretrained(model, path, **kwargs):
+    """Write `model` as a Hugging Face Llama directory that transformers loads."""
+    from longctx.model.hf import save_pretrained as _save
+
+    return _save(model, path, **kwargs)
+
+
+__all__ = ["UserError", "load_pretrained", "save_pretrained", "__version__"]

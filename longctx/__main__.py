@@ -1,0 +1,5 @@
+import sys
+
+from longctx.cli import main
+
+sys.exit(main())

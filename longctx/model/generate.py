@@ -1,0 +1,67 @@
+"""Batched greedy decoding with a KV cache (left padding, per-row positions)."""
+from __future__ import annotations
+
+from typing import Optional, Sequence
+
+import torch
+import torch.nn.functional as F
+
+from longctx.model.cache import KVCache
+
+
+@torch.no_grad()
+def generate(model, prompts: Sequence[Sequence[int]], max_new_tokens: int, *,
+             eos_id: Optional[int] = None, pad_id: int = 0) -> list[list[int]]:
+    """Greedy continuation of each prompt; returns only the new tokens of each row, cut
+    before the first `eos_id` (which is not included).
+
+    Rows are left-padded to the longest prompt. Padding gets its own document id so real
+    tokens never attend to it, and positions count from each row's first real token, so a
+    row's result does not depend on what it was batched with.
+    """
+    if not prompts or any(len(p) == 0 for p in prompts):
+        raise ValueError("generate: every prompt needs at least one token")
+    device = model.embed_tokens.weight.device
+    B, L = len(prompts), max(len(p) for p in prompts)
+    lengths = torch.tensor([len(p) for p in prompts], device=device)  # (B,)
+    total = L + max_new_tokens
+    ids = torch.full((B, L), pad_id, dtype=torch.long, device=device)  # (B, L)
+    kv_segments = torch.full((B, total), -1, dtype=torch.long, device=device)  # -1 = padding
+    positions = torch.zeros((B, L), dtype=torch.long, device=device)
+    for b, prompt in enumerate(prompts):
+        n = len(prompt)
+        ids[b, L - n:] = torch.tensor(list(prompt), dtype=torch.long, device=device)
+        kv_segments[b, L - n:] = 0
+        positions[b, L - n:] = torch.arange(n, device=device)
+    kv_segments[:, L:] = 0
+    padded = bool((lengths < L).any())
+
+    cache = KVCache.for_model(model, B, total)
+    seg = kv_segments[:, :L] if padded else None
+    hidden = model.forward_hidden(ids, positions, seg, seg, cache)  # (B, L, hidden)
+    next_tok = F.linear(hidden[:, -1], model.output_weight).argmax(-1)  # (B,)
+
+    out = torch.empty((B, max_new_tokens), dtype=torch.long, device=device)
+    finished = torch.zeros(B, dtype=torch.bool, device=device)
+    steps = 0
+    for step in range(max_new_tokens):
+        tok = torch.where(finished, torch.full_like(next_tok, pad_id), next_tok)  # (B,)
+        out[:, step] = tok
+        steps = step + 1
+        if eos_id is not None:
+            finished |= tok == eos_id
+        if step == max_new_tokens - 1 or bool(finished.all()):
+            break
+        pos = (lengths + step)[:, None]  # (B, 1)
+        q_seg = kv_segments[:, L + step:L + step + 1] if padded else None
+        kv_seg = kv_segments[:, :L + step + 1] if padded else None
+        hidden = model.forward_hidden(tok[:, None], pos, q_seg, kv_seg, cache)  # (B, 1, hidden)
+        next_tok = F.linear(hidden[:, -1], model.output_weight).argmax(-1)
+
+    results = []
+    for b in range(B):
+        row = out[b, :steps].tolist()
+        if eos_id is not None and eos_id in row:
+            row = row[:row.index(eos_id)]
+        results.append(row)
+    return results

@@ -1,0 +1,214 @@
+"""Hugging Face Llama checkpoints in and out (config.json + safetensors, single or sharded)."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Optional
+
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+
+from longctx.attention import AttentionFn, sdpa_attention
+from longctx.errors import UserError
+from longctx.model.config import ModelConfig
+from longctx.model.llama import Transformer
+from longctx.model.rope import rope_parameters_from_hf
+
+LLAMA_ARCHITECTURES = {"LlamaForCausalLM"}
+_SAME_NAME_FIELDS = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
+                     "num_attention_heads", "num_key_value_heads", "head_dim", "max_position_embeddings",
+                     "rms_norm_eps", "tie_word_embeddings", "attention_bias", "mlp_bias",
+                     "initializer_range", "bos_token_id", "eos_token_id", "pad_token_id")
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+# ----------------------------------------------------------------------------- config
+def config_from_hf(hf: dict, where: str = "config.json") -> ModelConfig:
+    archs = hf.get("architectures") or []
+    model_type = hf.get("model_type")
+    if (archs and not set(archs) & LLAMA_ARCHITECTURES) or (not archs and model_type != "llama"):
+        found = ", ".join(archs) if archs else f"model_type={model_type!r}"
+        raise UserError(f"{where}: architecture {found} is not supported; valid: LlamaForCausalLM (model_type 'llama')")
+    act = hf.get("hidden_act", "silu")
+    if act != "silu":
+        raise UserError(f"{where}: hidden_act {act!r} is not supported; valid: 'silu'")
+    kwargs = {k: hf[k] for k in _SAME_NAME_FIELDS if k in hf and hf[k] is not None}
+    for key in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads"):
+        if key not in kwargs:
+            raise UserError(f"{where}: missing required field {key!r}")
+    for key in ("bos_token_id", "eos_token_id", "pad_token_id"):
+        if isinstance(kwargs.get(key), list):
+            kwargs[key] = kwargs[key][0]
+    kwargs["rope_parameters"] = rope_parameters_from_hf(hf)
+    try:
+        return ModelConfig(**kwargs)
+    except UserError as e:
+        raise UserError(f"{where}: {str(e).replace('model.', '', 1)}") from None
+
+
+def config_to_hf(cfg: ModelConfig, dtype: torch.dtype) -> dict:
+    hf = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_act": "silu"}
+    hf.update({k: getattr(cfg, k) for k in _SAME_NAME_FIELDS})
+    rope = dict(cfg.rope_parameters)
+    hf["rope_parameters"] = rope
+    # Older transformers (< 5) read these two instead of rope_parameters.
+    hf["rope_theta"] = rope["rope_theta"]
+    legacy = {k: v for k, v in rope.items() if k != "rope_theta"}
+    hf["rope_scaling"] = None if rope["rope_type"] == "default" else {**legacy, "type": rope["rope_type"]}
+    hf["torch_dtype"] = str(dtype).replace("torch.", "")
+    hf["use_cache"] = True
+    return hf
+
+
+# ------------------------------------------------------------------------------ names
+def to_hf_key(key: str) -> str:
+    return key if key.startswith("lm_head.") else f"model.{key}"
+
+
+def from_hf_key(key: str) -> str:
+    return key[len("model."):] if key.startswith("model.") else key
+
+
+# ----------------------------------------------------------------------------- loading
+def _weight_files(path: Path) -> list[Path]:
+    index = path / "model.safetensors.index.json"
+    if index.is_file():
+        try:
+            weight_map = json.loads(index.read_text())["weight_map"]
+        except (json.JSONDecodeError, KeyError) as e:
+            raise UserError(f"{index}: not a valid safetensors index ({e})") from None
+        files = sorted({path / name for name in weight_map.values()})
+        for f in files:
+            if not f.is_file():
+                raise UserError(f"{f}: listed in {index.name} but missing")
+        return files
+    single = path / "model.safetensors"
+    if single.is_file():
+        return [single]
+    if (path / "pytorch_model.bin").is_file():
+        return [path / "pytorch_model.bin"]
+    raise UserError(f"{path}: no weights found; expected model.safetensors, model.safetensors.index.json or pytorch_model.bin")
+
+
+def _iter_tensors(files: list[Path]):
+    for f in files:
+        if f.suffix == ".bin":
+            for k, v in torch.load(f, map_location="cpu", weights_only=True).items():
+                yield f, k, v
+            continue
+        try:
+            with safe_open(str(f), framework="pt") as handle:
+                for k in handle.keys():
+                    yield f, k, handle.get_tensor(k)
+        except Exception as e:  # safetensors raises its own error types for corrupt headers
+            raise UserError(f"{f}: cannot read safetensors file ({e})") from None
+
+
+def read_hf_config(path: str | os.PathLike) -> ModelConfig:
+    path = Path(path)
+    if not path.is_dir():
+        raise UserError(f"{path}: model directory does not exist")
+    cfg_file = path / "config.json"
+    if not cfg_file.is_file():
+        raise UserError(f"{cfg_file}: missing (a Hugging Face model directory needs config.json)")
+    try:
+        hf = json.loads(cfg_file.read_text())
+    except json.JSONDecodeError as e:
+        raise UserError(f"{cfg_file}: invalid JSON ({e})") from None
+    return config_from_hf(hf, where=str(cfg_file))
+
+
+def load_pretrained(path: str | os.PathLike, dtype: Optional[torch.dtype] = None,
+                    attn_fn: Optional[AttentionFn] = None, device: str | torch.device = "cpu",
+                    config: Optional[ModelConfig] = None) -> Transformer:
+    """Load a local HF Llama directory. `config` may override the stored one (e.g. new RoPE
+    parameters for continued pretraining) as long as the shapes agree."""
+    path = Path(path)
+    stored = read_hf_config(path)
+    cfg = config if config is not None else stored
+    files = _weight_files(path)
+    with torch.device("meta"):
+        model = Transformer(cfg, attn_fn or sdpa_attention)
+    expected = {to_hf_key(k): v for k, v in model.state_dict().items()}
+    state, seen_dtype = {}, None
+    for f, key, tensor in _iter_tensors(files):
+        if key.endswith("rotary_emb.inv_freq"):
+            continue  # old checkpoints stored RoPE buffers; we recompute them
+        if key == "lm_head.weight" and cfg.tie_word_embeddings:
+            continue
+        if key not in expected:
+            raise UserError(f"{f}: unexpected tensor {key!r} for a Llama model with this config.json")
+        want = tuple(expected[key].shape)
+        if tuple(tensor.shape) != want:
+            raise UserError(f"{f}: tensor {key!r} has shape {list(tensor.shape)}, config.json implies {list(want)}")
+        seen_dtype = seen_dtype or tensor.dtype
+        state[from_hf_key(key)] = tensor.to(device=device, dtype=dtype or tensor.dtype)
+    missing = sorted(set(expected) - {to_hf_key(k) for k in state})
+    if missing:
+        raise UserError(f"{path}: weights are missing tensor {missing[0]!r} (and {len(missing) - 1} more)"
+                        if len(missing) > 1 else f"{path}: weights are missing tensor {missing[0]!r}")
+    model.load_state_dict(state, strict=True, assign=True)
+    return model
+
+
+# ------------------------------------------------------------------------------ saving
+def _shards(state: dict[str, torch.Tensor], max_bytes: int) -> list[dict[str, torch.Tensor]]:
+    shards, current, size = [], {}, 0
+    for key, tensor in state.items():
+        nbytes = tensor.numel() * tensor.element_size()
+        if current and size + nbytes > max_bytes:
+            shards.append(current)
+            current, size = {}, 0
+        current[key] = tensor
+        size += nbytes
+    shards.append(current)
+    return shards
+
+
+def save_pretrained(model: Transformer, path: str | os.PathLike, *, dtype: Optional[torch.dtype] = None,
+                    max_shard_bytes: int = 5 * 2**30) -> Path:
+    """Write an HF Llama directory atomically (temporary directory, then rename)."""
+    path = Path(path)
+    parent = path.parent if str(path.parent) else Path(".")
+    try:
+        parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.tmp-", dir=parent))
+    except OSError as e:
+        raise UserError(f"{path}: cannot write here ({e.strerror})") from None
+    try:
+        state = {}
+        for key, tensor in model.state_dict().items():
+            if key == "lm_head.weight" and model.lm_head is None:
+                continue
+            t = tensor.detach().to("cpu")
+            state[to_hf_key(key)] = (t.to(dtype) if dtype is not None else t).contiguous()
+        out_dtype = next(iter(state.values())).dtype
+        shards = _shards(state, max_shard_bytes)
+        if len(shards) == 1:
+            save_file(shards[0], str(tmp / "model.safetensors"), metadata={"format": "pt"})
+        else:
+            weight_map, total = {}, 0
+            for i, shard in enumerate(shards, 1):
+                name = f"model-{i:05d}-of-{len(shards):05d}.safetensors"
+                save_file(shard, str(tmp / name), metadata={"format": "pt"})
+                for key, t in shard.items():
+                    weight_map[key] = name
+                    total += t.numel() * t.element_size()
+            (tmp / "model.safetensors.index.json").write_text(
+                json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}, indent=2))
+        (tmp / "config.json").write_text(json.dumps(config_to_hf(model.config, out_dtype), indent=2))
+        if path.exists():
+            old = path.with_name(f".{path.name}.old-{os.getpid()}")
+            path.rename(old)
+            tmp.rename(path)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            tmp.rename(path)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return path

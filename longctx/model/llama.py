@@ -1,0 +1,162 @@
+"""A LLaMA-style decoder in plain PyTorch. It knows nothing about distribution: attention is
+a function handed in from outside (local kernels, or a context-parallel one)."""
+from __future__ import annotations
+
+import math
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from longctx.attention import AttentionFn, sdpa_attention
+from longctx.model.cache import KVCache
+from longctx.model.config import ModelConfig
+from longctx.model.rope import RotaryEmbedding, apply_rotary
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # Statistics in fp32, scale applied in the input dtype (as the reference does).
+        xf = x.float()
+        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * xf.to(x.dtype)
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: ModelConfig, attn_fn: AttentionFn):
+        super().__init__()
+        self.num_heads, self.num_kv_heads, self.head_dim = (
+            cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim)
+        self.q_proj = nn.Linear(cfg.hidden_size, self.num_heads * self.head_dim, bias=cfg.attention_bias)
+        self.k_proj = nn.Linear(cfg.hidden_size, self.num_kv_heads * self.head_dim, bias=cfg.attention_bias)
+        self.v_proj = nn.Linear(cfg.hidden_size, self.num_kv_heads * self.head_dim, bias=cfg.attention_bias)
+        self.o_proj = nn.Linear(self.num_heads * self.head_dim, cfg.hidden_size, bias=cfg.attention_bias)
+        self.scale = 1.0 / math.sqrt(self.head_dim)
+        self.attn_fn = attn_fn
+
+    def forward(self, x, cos, sin, segment_ids=None, kv_segment_ids=None,
+                cache: Optional[KVCache] = None, layer_idx: int = 0) -> torch.Tensor:
+        B, T, _ = x.shape
+        q = self.q_proj(x).view(B, T, self.num_heads, self.head_dim).transpose(1, 2)  # (B, Hq, T, D)
+        k = self.k_proj(x).view(B, T, self.num_kv_heads, self.head_dim).transpose(1, 2)  # (B, Hkv, T, D)
+        v = self.v_proj(x).view(B, T, self.num_kv_heads, self.head_dim).transpose(1, 2)  # (B, Hkv, T, D)
+        q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+        if cache is not None:
+            k, v = cache.update(layer_idx, k, v)  # (B, Hkv, S, D)
+        out = self.attn_fn(q, k, v, causal=True, scale=self.scale,
+                           segment_ids=segment_ids, kv_segment_ids=kv_segment_ids)  # (B, Hq, T, D)
+        return self.o_proj(out.transpose(1, 2).reshape(B, T, self.num_heads * self.head_dim))
+
+
+class MLP(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.gate_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=cfg.mlp_bias)
+        self.up_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=cfg.mlp_bias)
+        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=cfg.mlp_bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))  # SwiGLU
+
+
+class Block(nn.Module):
+    def __init__(self, cfg: ModelConfig, attn_fn: AttentionFn, layer_idx: int):
+        super().__init__()
+        self.layer_idx = layer_idx
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.self_attn = Attention(cfg, attn_fn)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.mlp = MLP(cfg)
+
+    def forward(self, h, cos, sin, segment_ids=None, kv_segment_ids=None, cache=None):
+        h = h + self.self_attn(self.input_layernorm(h), cos, sin, segment_ids, kv_segment_ids,
+                               cache, self.layer_idx)
+        return h + self.mlp(self.post_attention_layernorm(h))
+
+
+class Transformer(nn.Module):
+    """Parameter names match Hugging Face's LlamaForCausalLM without the `model.` prefix."""
+
+    def __init__(self, config: ModelConfig, attn_fn: AttentionFn = sdpa_attention):
+        super().__init__()
+        self.config = config
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.layers = nn.ModuleList(Block(config, attn_fn, i) for i in range(config.num_hidden_layers))
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.lm_head = None if config.tie_word_embeddings else nn.Linear(
+            config.hidden_size, config.vocab_size, bias=False)
+        self.rotary = RotaryEmbedding(config.rope_parameters, config.head_dim, config.max_position_embeddings)
+        if not any(p.is_meta for p in self.parameters()):
+            self.reset_parameters()
+
+    @property
+    def output_weight(self) -> torch.Tensor:
+        """(V, hidden) weight of the vocabulary head (the embedding when tied)."""
+        return self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
+
+    def set_attention(self, attn_fn: AttentionFn) -> None:
+        for layer in self.layers:
+            block = getattr(layer, "_checkpoint_wrapped_module", layer)
+            block.self_attn.attn_fn = attn_fn
+
+    @torch.no_grad()
+    def reset_parameters(self, seed: Optional[int] = None) -> None:
+        """Normal(0, initializer_range) for matrices, zeros for biases, ones for norms."""
+        gen = torch.Generator(device="cpu")
+        gen.manual_seed(0 if seed is None else seed)
+        for module in self.modules():
+            if isinstance(module, (nn.Linear, nn.Embedding)):
+                w = torch.empty(module.weight.shape, dtype=torch.float32)
+                w.normal_(0.0, self.config.initializer_range, generator=gen)
+                module.weight.copy_(w)
+                if getattr(module, "bias", None) is not None:
+                    module.bias.zero_()
+            elif isinstance(module, RMSNorm):
+                module.weight.fill_(1.0)
+
+    def forward_hidden(self, input_ids: torch.Tensor, position_ids: Optional[torch.Tensor] = None,
+                       segment_ids: Optional[torch.Tensor] = None,
+                       kv_segment_ids: Optional[torch.Tensor] = None,
+                       cache: Optional[KVCache] = None) -> torch.Tensor:
+        """input_ids (B, T) -> final-normed hidden states (B, T, hidden)."""
+        B, T = input_ids.shape
+        if position_ids is None:
+            start = cache.seq_len if cache is not None else 0
+            position_ids = torch.arange(start, start + T, device=input_ids.device).expand(B, T)
+        cos, sin = self.rotary(position_ids)  # (B, T, D) fp32
+        h = self.embed_tokens(input_ids)  # (B, T, hidden)
+        for layer in self.layers:
+            h = layer(h, cos, sin, segment_ids, kv_segment_ids, cache)
+        if cache is not None:
+            cache.advance(T)
+        return self.norm(h)
+
+    def forward(self, input_ids: torch.Tensor, position_ids: Optional[torch.Tensor] = None,
+                segment_ids: Optional[torch.Tensor] = None, kv_segment_ids: Optional[torch.Tensor] = None,
+                cache: Optional[KVCache] = None) -> torch.Tensor:
+        """input_ids (B, T) -> logits (B, T, V). Training uses forward_hidden + a chunked loss."""
+        h = self.forward_hidden(input_ids, position_ids, segment_ids, kv_segment_ids, cache)
+        return F.linear(h, self.output_weight)
+
+
+def count_parameters(model: nn.Module) -> int:
+    """Unique parameters (a tied head is counted once), works on the meta device."""
+    return sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())
+
+
+def build_model(config: ModelConfig, *, device: str | torch.device = "cpu", dtype: Optional[torch.dtype] = None,
+                attn_fn: AttentionFn = sdpa_attention, seed: Optional[int] = None) -> Transformer:
+    """Build on `device` ("meta" allocates nothing) and initialise deterministically by seed."""
+    with torch.device("meta"):
+        model = Transformer(config, attn_fn)
+    if str(device) == "meta":
+        return model if dtype is None else model.to(dtype)
+    model = model.to_empty(device=device)
+    model.reset_parameters(seed)
+    return model if dtype is None else model.to(dtype)

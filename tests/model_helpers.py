@@ -1,0 +1,68 @@
+"""Shared helpers for model tests: tiny configs per RoPE type and an HF twin of our model."""
+from __future__ import annotations
+
+import torch
+
+from longctx.model import ModelConfig, build_model
+from longctx.model.hf import config_to_hf, to_hf_key
+
+ORIGINAL = 32  # original_max_position_embeddings of the scaled RoPE types in tests
+HEAD_DIM = 16
+
+ROPE_CASES = {
+    "default": {"rope_type": "default", "rope_theta": 10000.0},
+    "abf": {"rope_type": "default", "rope_theta": 500000.0},
+    "linear": {"rope_type": "linear", "rope_theta": 10000.0, "factor": 4.0},
+    "dynamic": {"rope_type": "dynamic", "rope_theta": 10000.0, "factor": 4.0},
+    "yarn": {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0,
+             "original_max_position_embeddings": ORIGINAL},
+    "yarn-mscale": {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 8.0, "beta_fast": 16, "beta_slow": 2,
+                    "mscale": 0.707, "mscale_all_dim": 1.0, "truncate": False,
+                    "original_max_position_embeddings": ORIGINAL},
+    "llama3": {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
+               "high_freq_factor": 4.0, "original_max_position_embeddings": ORIGINAL},
+    "longrope": {"rope_type": "longrope", "rope_theta": 10000.0,
+                 "short_factor": [1.0 + 0.05 * i for i in range(HEAD_DIM // 2)],
+                 "long_factor": [1.0 + 0.5 * i for i in range(HEAD_DIM // 2)],
+                 "original_max_position_embeddings": ORIGINAL},
+}
+
+HEADS = {"mha": (4, 4), "gqa": (8, 2), "mqa": (4, 1)}
+
+
+def tiny_config(rope: str = "default", heads: str = "gqa", **overrides) -> ModelConfig:
+    n_heads, n_kv = HEADS[heads]
+    # dynamic NTK treats max_position_embeddings as the original length (as transformers does)
+    max_pos = ORIGINAL if rope == "dynamic" else 4 * ORIGINAL
+    kwargs = dict(vocab_size=128, hidden_size=n_heads * HEAD_DIM, intermediate_size=96, num_hidden_layers=2,
+                  num_attention_heads=n_heads, num_key_value_heads=n_kv, head_dim=HEAD_DIM,
+                  max_position_embeddings=max_pos, rms_norm_eps=1e-6,
+                  rope_parameters=dict(ROPE_CASES[rope]), bos_token_id=None, eos_token_id=None)
+    kwargs.update(overrides)
+    return ModelConfig(**kwargs)
+
+
+def tiny_model(rope: str = "default", heads: str = "gqa", seed: int = 0, **overrides):
+    model = build_model(tiny_config(rope, heads, **overrides), seed=seed)
+    with torch.no_grad():  # non-trivial norm weights so a wrong norm would show
+        g = torch.Generator().manual_seed(seed + 1)
+        for name, p in model.named_parameters():
+            if name.endswith("layernorm.weight") or name == "norm.weight":
+                p.copy_(1 + 0.1 * torch.randn(p.shape, generator=g))
+    return model.eval()
+
+
+def hf_twin(model):
+    """transformers.LlamaForCausalLM with the same config and weights."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    hf_cfg = config_to_hf(model.config, torch.float32)
+    hf_cfg.pop("architectures"), hf_cfg.pop("model_type"), hf_cfg.pop("torch_dtype")
+    hf_cfg.pop("rope_scaling"), hf_cfg.pop("rope_theta")
+    config = LlamaConfig(**hf_cfg)
+    config._attn_implementation = "eager"
+    hf = LlamaForCausalLM(config).eval()
+    state = {to_hf_key(k): v for k, v in model.state_dict().items()}
+    missing, unexpected = hf.load_state_dict(state, strict=False)
+    assert not unexpected and all("rotary" in k or (k == "lm_head.weight" and model.lm_head is None) for k in missing)
+    return hf
