@@ -1,0 +1,58 @@
+"""Backend selection: `auto` picks flash on CUDA when flash-attn imports, else sdpa, and logs it."""
+from __future__ import annotations
+
+import logging
+from typing import Optional
+
+import torch
+
+from longctx.attention.core import AttentionFn
+from longctx.attention.kernel import AttentionKernel
+from longctx.errors import UserError
+
+log = logging.getLogger(__name__)
+BACKENDS = ("auto", "flash", "sdpa", "eager")
+_logged: set = set()
+
+
+def resolve_backend(name: str = "auto", device: Optional[torch.device | str] = None) -> str:
+    """Concrete backend name for `name` on `device` (default: CUDA when available, else CPU)."""
+    from longctx.attention.flash import flash_available
+
+    if name not in BACKENDS:
+        raise UserError(f"attention backend {name!r} is unknown; valid: {', '.join(BACKENDS)}")
+    if device is None:
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    device = torch.device(device)
+    if name == "flash" and not flash_available(device):
+        raise UserError(f"attention backend 'flash' needs flash-attn and a CUDA device (device is {device.type}); "
+                        "install longctx[gpu] or use auto, sdpa or eager")
+    if name != "auto":
+        return name
+    chosen = "flash" if flash_available(device) else "sdpa"
+    if (device.type, chosen) not in _logged:
+        _logged.add((device.type, chosen))
+        log.info("attention backend auto -> %s on %s", chosen, device.type)
+    return chosen
+
+
+def get_kernel(name: str = "auto", device: Optional[torch.device | str] = None) -> AttentionKernel:
+    """Block kernel (forward with LSE + explicit backward) used by context parallelism."""
+    from longctx.attention.cpu_flash import SdpaKernel
+    from longctx.attention.eager import EagerKernel
+
+    name = resolve_backend(name, device)
+    if name == "flash":
+        from longctx.attention.flash import FlashKernel
+        return FlashKernel()
+    return SdpaKernel() if name == "sdpa" else EagerKernel()
+
+
+def get_attention(name: str = "auto", device: Optional[torch.device | str] = None) -> AttentionFn:
+    """Local attention function with core.py's signature."""
+    from longctx.attention.eager import eager_attention
+    from longctx.attention.flash import flash_attention
+    from longctx.attention.sdpa import sdpa_attention
+
+    name = resolve_backend(name, device)
+    return {"flash": flash_attention, "sdpa": sdpa_attention, "eager": eager_attention}[name]

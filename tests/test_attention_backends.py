@@ -1,0 +1,199 @@
+"""Local attention backends against the materialized reference (eager autograd math)."""
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from longctx.attention import (
+    EagerKernel, attention_with_lse, eager_attention, get_attention, get_kernel, kernel_attention,
+    merge_attention, resolve_backend, sdpa_attention,
+)
+from longctx.attention.cpu_flash import SdpaKernel
+from longctx.errors import UserError
+
+TOL = {torch.float32: 1e-5, torch.bfloat16: 2e-2}
+
+
+def make_qkv(B=2, Hq=4, Hkv=1, T=24, S=24, D=16, dtype=torch.float32, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(B, Hq, T, D, generator=g).to(dtype)
+    k = torch.randn(B, Hkv, S, D, generator=g).to(dtype)
+    v = torch.randn(B, Hkv, S, D, generator=g).to(dtype)
+    return q, k, v
+
+
+def packed_ids(B, T, boundaries):
+    """(B, T) document ids changing at the given positions (row b shifted by b)."""
+    ids = torch.zeros(B, T, dtype=torch.long)
+    for b in range(B):
+        for p in boundaries:
+            ids[b, min(T, p + b):] += 1
+    return ids
+
+
+def reference(q, k, v, **kw):
+    """fp32 eager reference on the same (possibly bf16-rounded) inputs: out, lse, grads."""
+    qf, kf, vf = (x.detach().float().requires_grad_() for x in (q, k, v))
+    out, lse = eager_attention(qf, kf, vf, return_lse=True, **kw)
+    # O(1) gradients so that an absolute bf16 tolerance is meaningful (bf16 spacing at 4.0 is 0.016)
+    dout = 0.5 * torch.randn(out.shape, generator=torch.Generator().manual_seed(7))
+    out.backward(dout)
+    return out.detach(), lse, dout, qf.grad, kf.grad, vf.grad
+
+
+def run_fn(fn, q, k, v, dout, **kw):
+    qq, kk, vv = (x.detach().clone().requires_grad_() for x in (q, k, v))
+    res = fn(qq, kk, vv, **kw)
+    out = res[0] if isinstance(res, tuple) else res
+    out.backward(dout.to(out.dtype))
+    return res, qq.grad, kk.grad, vv.grad
+
+
+def assert_close(name, got, want, tol):
+    err = (got.float() - want.float()).abs().max().item()
+    assert err <= tol, f"{name}: max abs err {err:.3e} > {tol:.1e}"
+
+
+CASES = [
+    # (Hq, Hkv, T, S, causal, boundaries)
+    (4, 1, 24, 24, True, None),       # MQA causal
+    (8, 2, 24, 24, True, None),       # GQA 4:1 causal
+    (4, 4, 24, 24, False, None),      # MHA non-causal
+    (8, 2, 8, 24, True, None),        # bottom-right causal, T < S (prefix + diagonal split)
+    (8, 2, 1, 24, True, None),        # decode step
+    (8, 2, 24, 24, True, [5, 17]),    # packed documents, causal
+    (4, 1, 24, 24, False, [9]),       # packed documents, non-causal
+    (8, 2, 24, 24, True, [0]),        # single document (mask dropped by the planner)
+]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("backend", ["sdpa", "eager"])
+@pytest.mark.parametrize("case", CASES, ids=[f"c{i}" for i in range(len(CASES))])
+def test_attention_with_lse_matches_reference(case, backend, dtype):
+    Hq, Hkv, T, S, causal, bnd = case
+    q, k, v = make_qkv(Hq=Hq, Hkv=Hkv, T=T, S=S, dtype=dtype)
+    kw = dict(causal=causal, scale=0.3)
+    if bnd is not None:
+        kw["segment_ids"] = packed_ids(2, T, bnd)
+    out_r, lse_r, dout, dq_r, dk_r, dv_r = reference(q, k, v, **kw)
+    (out, lse), dq, dk, dv = run_fn(lambda *a, **b: attention_with_lse(*a, backend=backend, **b), q, k, v, dout, **kw)
+    tol = TOL[dtype]
+    assert out.dtype == dtype and lse.dtype == torch.float32 and lse.shape == (2, Hq, T)
+    assert dk.shape == k.shape and dv.shape == v.shape  # gradients at kv-head count
+    assert_close("out", out, out_r, tol)
+    assert_close("lse", lse, lse_r, tol)
+    assert_close("dq", dq, dq_r, tol)
+    assert_close("dk", dk, dk_r, tol)
+    assert_close("dv", dv, dv_r, tol)
+
+
+@pytest.mark.parametrize("case", CASES[:7], ids=[f"c{i}" for i in range(7)])
+def test_sdpa_attention_model_path(case):
+    Hq, Hkv, T, S, causal, bnd = case
+    q, k, v = make_qkv(Hq=Hq, Hkv=Hkv, T=T, S=S)
+    kw = dict(causal=causal)
+    if bnd is not None:
+        kw["segment_ids"] = packed_ids(2, T, bnd)
+    out_r, _, dout, dq_r, dk_r, dv_r = reference(q, k, v, **kw)
+    out, dq, dk, dv = run_fn(sdpa_attention, q, k, v, dout, **kw)
+    for name, a, b in [("out", out, out_r), ("dq", dq, dq_r), ("dk", dk, dk_r), ("dv", dv, dv_r)]:
+        assert_close(name, a, b, 1e-5)
+
+
+def test_documents_never_attend_across_boundaries():
+    q, k, v = make_qkv(Hq=4, Hkv=2, T=16, S=16)
+    ids = packed_ids(1, 16, [6]).expand(2, 16)
+    out = sdpa_attention(q, k, v, causal=True, segment_ids=ids)
+    # changing keys/values of document 0 must not change any output of document 1
+    k2, v2 = k.clone(), v.clone()
+    k2[:, :, :6] += 5.0
+    v2[:, :, :6] -= 3.0
+    out2 = sdpa_attention(q, k2, v2, causal=True, segment_ids=ids)
+    assert torch.equal(out[:, :, 6:], out2[:, :, 6:])
+    assert not torch.allclose(out[:, :, :6], out2[:, :, :6])
+
+
+@pytest.mark.parametrize("kernel", [SdpaKernel(), EagerKernel()], ids=["sdpa", "eager"])
+def test_block_merge_and_block_backward_are_exact(kernel):
+    """Attention over keys split into blocks, merged through the LSE, equals attention over all
+    keys; each block's backward with the merged out/lse gives its share of the gradients."""
+    q, k, v = make_qkv(B=2, Hq=8, Hkv=2, T=12, S=30)
+    ids_q = packed_ids(2, 12, [4])
+    ids_k = packed_ids(2, 30, [4, 20])
+    kw = dict(causal=False, scale=0.25)
+    out_full, lse_full = kernel.forward(q, k, v, segment_ids=ids_q, kv_segment_ids=ids_k, **kw)
+    out = lse = None
+    for sl in (slice(0, 7), slice(7, 19), slice(19, 30)):
+        o, l = kernel.forward(q, k[:, :, sl], v[:, :, sl], segment_ids=ids_q, kv_segment_ids=ids_k[:, sl], **kw)
+        out, lse = merge_attention(out, lse, o, l)
+    assert_close("merged out", out, out_full, 1e-5)
+    assert_close("merged lse", lse, lse_full, 1e-5)
+    dout = torch.randn_like(out_full)
+    dq_full, dk_full, dv_full = kernel.backward(dout, q, k, v, out_full, lse_full, segment_ids=ids_q,
+                                                kv_segment_ids=ids_k, **kw)
+    dq = torch.zeros_like(dq_full)
+    for sl in (slice(0, 7), slice(7, 19), slice(19, 30)):
+        gq, gk, gv = kernel.backward(dout, q, k[:, :, sl], v[:, :, sl], out_full, lse_full, segment_ids=ids_q,
+                                     kv_segment_ids=ids_k[:, sl], **kw)
+        dq += gq
+        assert_close("block dk", gk, dk_full[:, :, sl], 1e-5)
+        assert_close("block dv", gv, dv_full[:, :, sl], 1e-5)
+    assert_close("summed dq", dq, dq_full, 1e-5)
+
+
+def test_block_with_no_visible_key_has_minus_inf_lse():
+    q, k, v = make_qkv(B=1, Hq=2, Hkv=1, T=4, S=6)
+    out, lse = get_kernel("sdpa").forward(q, k, v, causal=False, segment_ids=torch.zeros(1, 4, dtype=torch.long),
+                                          kv_segment_ids=torch.ones(1, 6, dtype=torch.long))
+    assert torch.isinf(lse).all() and (lse < 0).all() and torch.equal(out, torch.zeros_like(out))
+    # merging an empty block changes nothing
+    o2, l2 = get_kernel("sdpa").forward(q, k, v, causal=False)
+    mo, ml = merge_attention(o2, l2, out, lse)
+    assert_close("out", mo, o2, 1e-7)
+    assert_close("lse", ml, l2, 1e-7)
+
+
+class _ShapeRecorder(TorchDispatchMode):
+    def __init__(self):
+        super().__init__()
+        self.shapes = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for t in (out if isinstance(out, (tuple, list)) else [out]):
+            if isinstance(t, torch.Tensor):
+                self.shapes.append((str(func), tuple(t.shape)))
+        return out
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_sdpa_gqa_does_not_materialize_repeated_kv(causal):
+    B, Hq, Hkv, T, S, D = 1, 8, 2, 8, 20, 16
+    q, k, v = make_qkv(B=B, Hq=Hq, Hkv=Hkv, T=T, S=S, D=D)
+    q.requires_grad_()
+    k.requires_grad_()
+    v.requires_grad_()
+    with _ShapeRecorder() as rec:
+        out = sdpa_attention(q, k, v, causal=causal)
+        out.sum().backward()
+    # a repeated K/V would be a (B, Hq, S, D) tensor (or (B, Hq, S - T, D) for the causal prefix block)
+    expanded = [(f, s) for f, s in rec.shapes if len(s) == 4 and s[1] == Hq and s[2] in (S, S - T)]
+    assert not expanded, f"repeated K/V materialized: {expanded[:3]}"
+    assert k.grad.shape == k.shape
+
+
+def test_backend_selection():
+    assert resolve_backend("auto", "cpu") == "sdpa"
+    assert get_attention("eager", "cpu") is eager_attention
+    assert get_attention("auto", "cpu") is sdpa_attention
+    with pytest.raises(UserError, match="valid: auto, flash, sdpa, eager"):
+        resolve_backend("xformers")
+    with pytest.raises(UserError, match="flash"):
+        get_kernel("flash", "cpu")
+
+
+def test_kernel_attention_no_grad_decode_matches():
+    q, k, v = make_qkv(B=1, Hq=4, Hkv=2, T=1, S=9)
+    with torch.no_grad():
+        out, _ = kernel_attention(SdpaKernel(), q, k, v, causal=True)
+    assert_close("decode", out, eager_attention(q, k, v, causal=True), 1e-5)
