@@ -1,0 +1,94 @@
+"""Communication primitives for context parallelism, kept apart from the attention math.
+
+Everything works on NCCL and on gloo (so CPU tests exercise the real code paths):
+point-to-point through `batch_isend_irecv`, all-gather / reduce-scatter through the
+single-tensor collectives, and an all-to-all over a subset of the CP group built from
+point-to-point ops (the Ulysses groups of the hybrid layout need no process groups of their
+own, so nothing has to be created collectively at setup).
+"""
+from __future__ import annotations
+
+from typing import List, Optional, Sequence
+
+import torch
+import torch.distributed as dist
+
+Tensor = torch.Tensor
+
+
+def group_ranks(group: Optional[dist.ProcessGroup]) -> List[int]:
+    """Global ranks of `group`, indexed by group rank."""
+    return list(dist.get_process_group_ranks(group if group is not None else dist.group.WORLD))
+
+
+class Pending:
+    """In-flight send/recv; wait() returns the received tensor."""
+
+    def __init__(self, works, send: Tensor, recv: Tensor):
+        self._works, self._send, self.recv = works, send, recv
+
+    def wait(self) -> Tensor:
+        for w in self._works:
+            w.wait()
+        self._works, self._send = [], None
+        return self.recv
+
+
+class RingComm:
+    """Send to the next member of a ring, receive from the previous one."""
+
+    def __init__(self, ranks: Sequence[int], index: int, group: Optional[dist.ProcessGroup] = None):
+        self.ranks, self.index, self.size, self.group = list(ranks), index, len(ranks), group
+        self.next = self.ranks[(index + 1) % self.size]
+        self.prev = self.ranks[(index - 1) % self.size]
+
+    def send_recv(self, t: Tensor, tag: int = 0) -> Pending:
+        t = t.contiguous()
+        recv = torch.empty_like(t)
+        ops = [dist.P2POp(dist.isend, t, self.next, self.group, tag),
+               dist.P2POp(dist.irecv, recv, self.prev, self.group, tag)]
+        return Pending(dist.batch_isend_irecv(ops), t, recv)
+
+
+def all_gather_stack(t: Tensor, group: Optional[dist.ProcessGroup]) -> Tensor:
+    """(…) on every rank -> (P, …) stacked in group-rank order."""
+    P = dist.get_world_size(group)
+    t = t.contiguous().unsqueeze(0)  # (1, …): gathered along dim 0
+    out = torch.empty((P, *t.shape[1:]), dtype=t.dtype, device=t.device)
+    fn = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+    fn(out, t, group=group)
+    return out
+
+
+def reduce_scatter_stack(t: Tensor, group: Optional[dist.ProcessGroup]) -> Tensor:
+    """(P, …) on every rank -> (…) = sum over ranks of their slice [group rank]."""
+    t = t.contiguous()
+    out = torch.empty((1, *t.shape[1:]), dtype=t.dtype, device=t.device)
+    fn = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+    fn(out, t, group=group)
+    return out[0]
+
+
+def all_to_all(chunks: Sequence[Tensor], peers: Sequence[int], index: int,
+               group: Optional[dist.ProcessGroup] = None, tag: int = 2) -> List[Tensor]:
+    """chunks[i] goes to global rank peers[i]; returns received[i] (same shape) from peers[i].
+
+    When the peers are exactly the group (pure Ulysses) the native all_to_all_single is used;
+    a subset (a Ulysses group inside a hybrid layout) uses point-to-point ops.
+    """
+    chunks = [c.contiguous() for c in chunks]
+    if list(peers) == group_ranks(group):
+        send = torch.stack(chunks)
+        recv = torch.empty_like(send)
+        dist.all_to_all_single(recv, send, group=group)
+        return list(recv.unbind(0))
+    recv = [torch.empty_like(c) for c in chunks]
+    recv[index] = chunks[index]
+    ops = []
+    for i, peer in enumerate(peers):
+        if i != index:
+            ops.append(dist.P2POp(dist.isend, chunks[i], peer, group, tag))
+            ops.append(dist.P2POp(dist.irecv, recv[i], peer, group, tag))
+    for w in dist.batch_isend_irecv(ops):
+        w.wait()
+    return recv

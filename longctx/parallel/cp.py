@@ -1,0 +1,179 @@
+"""Context-parallel attention: configuration checks and the factory the model is given.
+
+    validate_cp(world_size, cp_size, impl, ulysses_size, num_heads, num_kv_heads, seq_len) -> CPLayout
+    attn = make_cp_attention(cp_group, impl="ring", ulysses_size=None, backend="auto")
+    model.set_attention(attn)                       # the model stays distribution-free
+    batch = shard_batch(batch, cp_rank, cp_size)    # zigzag layout, global position ids
+
+`attn` has the local-attention signature of longctx.attention.core: the model passes its
+local-shard q/k/v and local-shard segment ids; the CP code communicates what it needs.
+
+impl:  ring       K/V around a ring (point to point), zigzag balanced      cp_size ranks
+       allgather  all-gather K/V, attend with local queries (Llama 3)
+       ulysses    all-to-all sequence <-> heads; ulysses_size = cp_size
+       hybrid     ulysses_size (inner, a2a) x cp_size/ulysses_size (outer ring)
+
+All checks of user input happen before any collective is issued, so a bad configuration is
+a one-line UserError on every rank, never a hang.
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+import torch.distributed as dist
+
+from longctx.attention import get_kernel, resolve_backend
+from longctx.attention.kernel import AttentionKernel
+from longctx.errors import UserError, require
+from longctx.parallel.allgather import AllGatherSpec, allgather_attention
+from longctx.parallel.comm import RingComm, all_gather_stack, group_ranks
+from longctx.parallel.hybrid import hybrid_attention
+from longctx.parallel.ring import RingSpec
+from longctx.parallel.sharding import check_seq_len, unshard_sequence
+from longctx.parallel.ulysses import UlyssesSpec
+
+log = logging.getLogger(__name__)
+Tensor = torch.Tensor
+CP_IMPLS = ("ring", "allgather", "ulysses", "hybrid")
+
+
+@dataclass(frozen=True)
+class CPLayout:
+    cp_size: int
+    impl: str
+    ulysses_size: int  # a2a degree (1 for ring / allgather)
+    ring_size: int  # ring degree (1 for ulysses / allgather)
+
+
+def _divisors(n: int):
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def validate_layout(cp_size: int, impl: str, ulysses_size: Optional[int] = None,
+                    world_size: Optional[int] = None) -> CPLayout:
+    """Checks that need no model or data shapes; returns the resolved layout."""
+    require(impl in CP_IMPLS, f"parallel.cp_impl={impl!r} is unknown; valid: {', '.join(CP_IMPLS)}")
+    require(isinstance(cp_size, int) and cp_size >= 1, f"parallel.cp_size={cp_size!r} must be an integer >= 1")
+    if world_size is not None:
+        require(world_size % cp_size == 0,
+                f"parallel.cp_size={cp_size} must divide the world size {world_size}; "
+                f"valid: {', '.join(map(str, _divisors(world_size)))}")
+    u = ulysses_size or None
+    if impl in ("ring", "allgather"):
+        require(u in (None, 1), f"parallel.ulysses_size={ulysses_size} applies only to cp_impl ulysses or hybrid "
+                                f"(cp_impl is {impl}); set it to 1 or leave it unset")
+        return CPLayout(cp_size, impl, 1, cp_size if impl == "ring" else 1)
+    if impl == "ulysses":
+        require(u in (None, cp_size), f"parallel.ulysses_size={ulysses_size} must equal parallel.cp_size={cp_size} "
+                                      "for cp_impl ulysses (use cp_impl hybrid to combine with a ring)")
+        return CPLayout(cp_size, impl, cp_size, 1)
+    require(u is not None and cp_size % u == 0,
+            f"parallel.ulysses_size={ulysses_size} must divide parallel.cp_size={cp_size} for cp_impl hybrid; "
+            f"valid: {', '.join(map(str, _divisors(cp_size)))}")
+    return CPLayout(cp_size, impl, u, cp_size // u)
+
+
+def validate_heads(layout: CPLayout, num_heads: int, num_kv_heads: int) -> None:
+    U = layout.ulysses_size
+    if U == 1:
+        return
+    valid = [d for d in _divisors(num_heads) if num_kv_heads % d == 0 or d % num_kv_heads == 0]
+    require(num_heads % U == 0,
+            f"parallel.ulysses_size={U} must divide the number of attention heads ({num_heads}); "
+            f"valid: {', '.join(map(str, valid))}")
+    require(num_kv_heads % U == 0 or U % num_kv_heads == 0,
+            f"parallel.ulysses_size={U} must divide, or be a multiple of, the number of kv heads ({num_kv_heads}); "
+            f"valid: {', '.join(map(str, valid))}")
+
+
+def validate_cp(world_size: int, cp_size: int, impl: str, ulysses_size: Optional[int], num_heads: int,
+                num_kv_heads: int, seq_len: int) -> CPLayout:
+    """Every user-facing CP check; raises longctx.errors.UserError naming the config field."""
+    layout = validate_layout(cp_size, impl, ulysses_size, world_size)
+    validate_heads(layout, num_heads, num_kv_heads)
+    check_seq_len(seq_len, cp_size)
+    return layout
+
+
+class ContextParallelAttention:
+    """Callable with the local attention signature, closing over the CP group."""
+
+    def __init__(self, group: Optional[dist.ProcessGroup], layout: CPLayout, kernel: AttentionKernel,
+                 overlap: bool = True):
+        self.group, self.layout, self.kernel, self.overlap = group, layout, kernel, overlap
+        self.ranks = group_ranks(group)
+        self.rank = dist.get_rank(group)
+        P, U = layout.cp_size, layout.ulysses_size
+        j, u = divmod(self.rank, U)  # ring index (outer), Ulysses index (inner)
+        self.ring_index, self.ulysses_index = j, u
+        self.ulysses = UlyssesSpec([self.ranks[j * U + i] for i in range(U)], u, group)
+        ring_ranks = [self.ranks[i * U + u] for i in range(layout.ring_size)]
+        self.ring = RingSpec(RingComm(ring_ranks, j, group), kernel, overlap)
+        self.allgather = AllGatherSpec(group, self.rank, P, kernel)
+        self._seg_cache = None  # (local segment tensor, its version, gathered natural-order ids)
+
+    def __repr__(self) -> str:
+        L = self.layout
+        return (f"ContextParallelAttention(impl={L.impl}, cp={L.cp_size}, ulysses={L.ulysses_size}, "
+                f"ring={L.ring_size}, kernel={self.kernel.name}, overlap={self.overlap})")
+
+    # -- helpers ----------------------------------------------------------------------------
+    def _global_segments(self, seg: Tensor) -> Tensor:
+        """Local (B, T) document ids -> (B, P*T) in natural order; gathered once per tensor."""
+        c = self._seg_cache
+        if c is not None and c[0] is seg and c[1] == seg._version:
+            return c[2]
+        parts = all_gather_stack(seg, self.group)  # (P, B, T)
+        full = unshard_sequence(list(parts.unbind(0)), dim=1)
+        self._seg_cache = (seg, seg._version, full)
+        return full
+
+    def _check(self, q: Tensor, k: Tensor, v: Tensor, segment_ids, kv_segment_ids) -> None:
+        """Local shape checks, before any communication."""
+        if q.shape[2] != k.shape[2]:
+            raise ValueError("context-parallel attention needs equal query and key lengths (training / prefill); "
+                             f"got T={q.shape[2]}, S={k.shape[2]}")
+        if kv_segment_ids is not None and not (kv_segment_ids is segment_ids or torch.equal(kv_segment_ids, segment_ids)):
+            raise ValueError("context-parallel attention takes one set of segment ids (kv_segment_ids == segment_ids)")
+        T = q.shape[2]
+        require(T % 2 == 0, f"data.seq_len={T * self.layout.cp_size} must be divisible by "
+                            f"2*parallel.cp_size={2 * self.layout.cp_size} (zigzag layout)")
+        validate_heads(self.layout, q.shape[1], k.shape[1])
+
+    # -- the attention function ---------------------------------------------------------------
+    def __call__(self, q: Tensor, k: Tensor, v: Tensor, *, causal: bool = True, scale: Optional[float] = None,
+                 segment_ids: Optional[Tensor] = None, kv_segment_ids: Optional[Tensor] = None) -> Tensor:
+        # q (B, Hq, T, D), k/v (B, Hkv, T, D): this rank's zigzag shard; segment_ids (B, T) local.
+        self._check(q, k, v, segment_ids, kv_segment_ids)
+        L = self.layout
+        full_seg = None if segment_ids is None else self._global_segments(segment_ids)
+        if L.impl == "allgather":
+            return allgather_attention(q, k, v, self.allgather, causal=causal, scale=scale,
+                                       q_seg=segment_ids, full_seg=full_seg)
+        return hybrid_attention(q, k, v, ulysses=self.ulysses, ring=self.ring, kernel=self.kernel, causal=causal,
+                                scale=scale, full_seg=full_seg)
+
+
+def make_cp_attention(group: Optional[dist.ProcessGroup] = None, impl: str = "ring",
+                      ulysses_size: Optional[int] = None, backend: str = "auto", overlap: bool = True,
+                      device: Optional[torch.device | str] = None) -> ContextParallelAttention:
+    """Attention function for the model that runs context-parallel over `group` (default: world).
+
+    The CP size is the group's size; no collective is issued here. backend picks the block
+    kernel (auto | flash | sdpa | eager); overlap=False waits for each ring transfer before
+    computing (for benchmarking the overlap).
+    """
+    if not dist.is_available() or not dist.is_initialized():
+        raise RuntimeError("make_cp_attention needs an initialized torch.distributed process group")
+    layout = validate_layout(dist.get_world_size(group), impl, ulysses_size)
+    if device is None:
+        backend_dev = "cuda" if dist.get_backend(group) == "nccl" else "cpu"
+    else:
+        backend_dev = device
+    kernel = get_kernel(backend, backend_dev)
+    attn = ContextParallelAttention(group, layout, kernel, overlap)
+    log.info("context parallel attention: %s (backend %s)", attn, resolve_backend(backend, backend_dev))
+    return attn
