@@ -1,0 +1,262 @@
+"""Pre-tokenized, pre-packed cache: one directory of memory-mapped arrays per source.
+
+    <cache_dir>/<source name>-<key>/
+        meta.json            what was built from what (the key's inputs), row count, stats
+        input_ids.bin        (n_rows, seq_len) uint16 (vocab <= 65536) or uint32
+        labels.bin           (n_rows, seq_len) int32, pre-shifted, -100 ignored
+        position_ids.bin     (n_rows, seq_len) uint16 (seq_len <= 65536) or int32
+        answer.bin           (n_rows, seq_len) uint8   (synthetic sources only)
+        n_real.bin           (n_rows,) int32           real (non-padding) tokens per row
+
+The key is a hash of everything that changes the rows: the source config, the files' sizes
+and modification times, the tokenizer's fingerprint, seq_len, BOS/EOS, packing policy and
+cross-document labels. The rows are built once (one epoch of the source, documents in a fixed
+seeded order, whoever takes the lock builds while the other ranks wait), with a progress bar;
+each epoch then visits the rows in a fresh seeded order, sharded across data-parallel ranks.
+Segment ids are derived from the position ids, so `document_masking` needs no rebuild.
+"""
+from __future__ import annotations
+
+import dataclasses
+import glob
+import hashlib
+import json
+import os
+import shutil
+import socket
+import time
+from typing import Optional
+
+import numpy as np
+
+from longctx.data.config import DataConfig, SourceConfig, has_glob, resolve_kind, source_label
+from longctx.data.packing import Packer, Row, segment_ids_from_position_ids
+from longctx.data.sources import DocumentStream, open_table
+from longctx.data.tokenizer import tokenizer_fingerprint
+from longctx.errors import UserError
+
+CACHE_VERSION = 1
+BUILD_SEED = 0  # document order inside the cache; the training seed only orders rows
+
+
+def _files_fingerprint(src: SourceConfig) -> list:
+    if not src.path:
+        return []
+    path = os.path.expanduser(src.path)
+    if has_glob(path):
+        files = sorted(glob.glob(path, recursive=True))
+    elif os.path.isdir(path):
+        files = sorted(os.path.join(r, f) for r, _, names in os.walk(path) for f in names)
+    else:
+        files = [path]
+    out = []
+    for f in files:
+        if os.path.isfile(f):
+            st = os.stat(f)
+            out.append([os.path.abspath(f), st.st_size, int(st.st_mtime_ns)])
+    return out
+
+
+def cache_description(src: SourceConfig, i: int, cfg: DataConfig, tokenizer) -> dict:
+    return {
+        "version": CACHE_VERSION,
+        "source": dataclasses.asdict(src) | {"weight": None, "streaming": None, "name": None},
+        "kind": resolve_kind(src, i),
+        "files": _files_fingerprint(src),
+        "tokenizer": tokenizer_fingerprint(tokenizer),
+        "seq_len": cfg.seq_len,
+        "add_bos": cfg.add_bos,
+        "add_eos": cfg.add_eos,
+        "packing": src.packing or cfg.packing,
+        "final_partial": cfg.final_partial,
+        "cross_document_labels": cfg.cross_document_labels,
+        "shuffle": cfg.shuffle,
+        "shuffle_window": cfg.shuffle_window,
+    }
+
+
+def cache_key(desc: dict) -> str:
+    return hashlib.sha256(json.dumps(desc, sort_keys=True, default=str).encode()).hexdigest()[:20]
+
+
+def _safe(name: str) -> str:
+    return "".join(c if c.isalnum() or c in "-_." else "_" for c in name)[:40] or "source"
+
+
+class PackedCache:
+    """The memory-mapped rows of one built cache directory."""
+
+    def __init__(self, directory: str):
+        self.dir = directory
+        with open(os.path.join(directory, "meta.json"), encoding="utf-8") as f:
+            self.meta = json.load(f)
+        n, T = self.meta["n_rows"], self.meta["seq_len"]
+        self.n_rows, self.seq_len = n, T
+
+        def mm(name, dtype, shape):
+            if n == 0:
+                return np.zeros(shape, dtype=dtype)
+            return np.memmap(os.path.join(directory, name), dtype=dtype, mode="r", shape=shape)
+
+        self.input_ids = mm("input_ids.bin", self.meta["ids_dtype"], (n, T))
+        self.labels = mm("labels.bin", np.int32, (n, T))
+        self.position_ids = mm("position_ids.bin", self.meta["pos_dtype"], (n, T))
+        self.answer = mm("answer.bin", np.uint8, (n, T)) if self.meta["has_answer"] else None
+        self.n_real = mm("n_real.bin", np.int32, (n,))
+
+    def row(self, j: int, with_answer: bool) -> Row:
+        pos = np.asarray(self.position_ids[j], dtype=np.int32)
+        ans = None
+        if with_answer:
+            ans = (np.asarray(self.answer[j]) != 0) if self.answer is not None else np.zeros(self.seq_len, bool)
+        return Row(np.asarray(self.input_ids[j], dtype=np.int32), np.asarray(self.labels[j], dtype=np.int32),
+                   pos, segment_ids_from_position_ids(pos), ans, int(self.n_real[j]))
+
+
+def _build(directory: str, src: SourceConfig, i: int, cfg: DataConfig, tokenizer, desc: dict, pad_id: int) -> None:
+    from tqdm import tqdm
+
+    table = open_table(src, i, cfg, tokenizer)
+    has_answer = resolve_kind(src, i) == "synthetic"
+    T = cfg.seq_len
+    ids_dtype = "uint16" if tokenizer.vocab_size <= 65536 and pad_id < 65536 else "uint32"
+    pos_dtype = "uint16" if T <= 65536 else "int32"
+    total = None if table.streaming else len(table)
+    bar = tqdm(total=total, desc=f"caching {src.name or source_label(i)}", unit="doc",
+               disable=not cfg.progress, dynamic_ncols=True)
+    stream = DocumentStream(table, src, i, tokenizer, seed=BUILD_SEED, dp_rank=0, dp_size=1,
+                            window=cfg.shuffle_window, shuffle=cfg.shuffle, epochs=1, add_bos=cfg.add_bos,
+                            add_eos=cfg.add_eos, answer_mask=has_answer, on_doc=bar.update)
+    packer = Packer(stream, T, mode=src.packing or cfg.packing, pad_id=pad_id,
+                    cross_document_labels=cfg.cross_document_labels, final_partial=cfg.final_partial,
+                    answer=has_answer)
+    names = ["input_ids", "labels", "position_ids", "n_real"] + (["answer"] if has_answer else [])
+    files = {k: open(os.path.join(directory, f"{k}.bin"), "wb") for k in names}
+    n_rows = n_real = 0
+    buf = {k: [] for k in names}
+
+    def flush():
+        for k in names:
+            if buf[k]:
+                files[k].write(np.stack(buf[k]).tobytes() if k != "n_real" else np.asarray(buf[k], np.int32).tobytes())
+                buf[k].clear()
+
+    try:
+        while True:
+            row = packer.next_row()
+            if row is None:
+                break
+            buf["input_ids"].append(row.input_ids.astype(ids_dtype))
+            buf["labels"].append(row.labels)
+            buf["position_ids"].append(row.position_ids.astype(pos_dtype))
+            buf["n_real"].append(row.n_real)
+            if has_answer:
+                buf["answer"].append(row.answer.astype(np.uint8))
+            n_rows += 1
+            n_real += row.n_real
+            if len(buf["labels"]) >= 1024:
+                flush()
+        flush()
+    finally:
+        for f in files.values():
+            f.close()
+        bar.close()
+    if n_rows == 0:
+        raise UserError(f"{source_label(i)}: no rows to cache (no document passes the filters)")
+    meta = {
+        "key": cache_key(desc), "description": desc, "n_rows": n_rows, "seq_len": T,
+        "ids_dtype": ids_dtype, "pos_dtype": pos_dtype, "has_answer": has_answer,
+        "n_docs": stream._epoch_docs, "n_real_tokens": int(n_real),
+        "fill": n_real / (n_rows * T), "created": time.strftime("%Y-%m-%d %H:%M:%S"),
+    }
+    with open(os.path.join(directory, "meta.json"), "w", encoding="utf-8") as f:
+        json.dump(meta, f, indent=1, default=str)
+
+
+def open_cache(src: SourceConfig, i: int, cfg: DataConfig, tokenizer, pad_id: int) -> PackedCache:
+    """Load the cache of source i, building it first if no process has."""
+    desc = cache_description(src, i, cfg, tokenizer)
+    key = cache_key(desc)
+    root = os.path.expanduser(cfg.cache_dir)
+    try:
+        os.makedirs(root, exist_ok=True)
+    except OSError as e:
+        raise UserError(f"data.cache_dir: cannot create {cfg.cache_dir} ({e.strerror})") from None
+    final = os.path.join(root, f"{_safe(src.name or f'source{i}')}-{key}")
+    lock = final + ".lock"
+    deadline = time.monotonic() + cfg.cache_wait_s
+    while not os.path.exists(os.path.join(final, "meta.json")):
+        try:
+            fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+        except FileExistsError:
+            if time.monotonic() > deadline:
+                raise UserError(
+                    f"data.cache_dir: waited {cfg.cache_wait_s:.0f}s for {final} to be built by the "
+                    f"holder of {lock}; if no process is building it, delete the lock file"
+                ) from None
+            time.sleep(0.5)
+            continue
+        with os.fdopen(fd, "w") as f:
+            f.write(f"{socket.gethostname()} {os.getpid()}\n")
+        tmp = f"{final}.tmp-{socket.gethostname()}-{os.getpid()}"
+        try:
+            shutil.rmtree(tmp, ignore_errors=True)
+            os.makedirs(tmp)
+            _build(tmp, src, i, cfg, tokenizer, desc, pad_id)
+            if not os.path.exists(os.path.join(final, "meta.json")):
+                shutil.rmtree(final, ignore_errors=True)
+                os.rename(tmp, final)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+            try:
+                os.remove(lock)
+            except FileNotFoundError:
+                pass
+    return PackedCache(final)
+
+
+class CachedRows:
+    """Rank-local iteration over a PackedCache: each epoch a seeded permutation of the rows,
+    rank r taking positions r, r+dp, ...; state = (epoch, cursor)."""
+
+    def __init__(self, cache: PackedCache, index: int, *, seed: int, dp_rank: int, dp_size: int,
+                 shuffle: bool, epochs: Optional[int], answer: bool):
+        self.cache, self.index = cache, index
+        self.seed, self.rank, self.world = int(seed), int(dp_rank), int(dp_size)
+        self.shuffle, self.epochs, self.answer = shuffle, epochs, answer
+        self.epoch = self.cursor = 0
+        self.done = False
+        self._order_epoch, self._order = -1, None
+        if cache.n_rows < dp_size:
+            raise UserError(
+                f"{source_label(index)}: the cache has {cache.n_rows} rows, fewer than the {dp_size} data-parallel ranks"
+            )
+
+    def _rank_order(self) -> np.ndarray:
+        if self._order_epoch != self.epoch:
+            n = self.cache.n_rows
+            order = (np.random.default_rng([self.seed, self.index, self.epoch, 0xCAC4E]).permutation(n)
+                     if self.shuffle else np.arange(n))
+            self._order, self._order_epoch = order[self.rank :: self.world], self.epoch
+        return self._order
+
+    def state_dict(self) -> dict:
+        return {"epoch": self.epoch, "cursor": self.cursor, "done": self.done, "cache": os.path.basename(self.cache.dir)}
+
+    def load_state_dict(self, state: dict) -> None:
+        if "cursor" not in state:
+            raise UserError("data loader state was saved without data.cache_dir; resume with the same data config")
+        self.epoch, self.cursor, self.done = int(state["epoch"]), int(state["cursor"]), bool(state["done"])
+
+    def next_row(self) -> Optional[Row]:
+        while not self.done:
+            order = self._rank_order()
+            if self.cursor < len(order):
+                j = int(order[self.cursor])
+                self.cursor += 1
+                return self.cache.row(j, self.answer)
+            self.epoch += 1
+            self.cursor = 0
+            if self.epochs is not None and self.epoch >= self.epochs:
+                self.done = True
+        return None

@@ -1,0 +1,231 @@
+"""The loader the training engine iterates: a weighted mixture of packed sources, sharded
+across data-parallel ranks, resumable exactly.
+
+    loader = build_loader(cfg.data, tokenizer, dp_rank=r, dp_size=n, seed=cfg.seed)
+    for batch in loader:          # dict of LongTensors (micro_batch_size, seq_len)
+        ...                       # input_ids, labels (pre-shifted), position_ids, segment_ids
+        ckpt["data"] = loader.state_dict()      # this rank's state, JSON / torch.save-able
+    loader.load_state_dict(ckpt["data"])        # next batches == the uninterrupted run's
+
+Mixing is per row: row k of rank r comes from source i with probability ∝ weight_i, drawn by
+a stateless hash of (seed, r, k), so the mixture needs no RNG state beyond k. Each source
+packs its own documents (a row never mixes sources). With `epochs: null` the loader never
+ends (sources repeat, reshuffled each epoch); with a number, a source that runs out leaves the
+mixture and the loader ends when all have, the last batch completed with padding rows.
+"""
+from __future__ import annotations
+
+import copy
+import queue
+import threading
+from typing import Iterator, List, Optional
+
+from longctx.data.config import DataConfig, SourceConfig, resolve_kind, validate_data_config
+from longctx.data.packing import Packer, Row, empty_row, rows_to_batch
+from longctx.data.sources import DocumentStream, open_table, uniform
+from longctx.errors import UserError
+
+STATE_VERSION = 1
+
+
+def as_data_config(cfg) -> DataConfig:
+    """A DataConfig from a DataConfig, an omegaconf DictConfig or a plain dict."""
+    if isinstance(cfg, DataConfig):
+        return cfg
+    try:
+        from omegaconf import DictConfig, OmegaConf
+
+        if isinstance(cfg, DictConfig):
+            obj = OmegaConf.to_object(cfg)
+            if isinstance(obj, DataConfig):
+                return obj
+            cfg = obj
+    except ImportError:  # pragma: no cover - omegaconf is a dependency
+        pass
+    if isinstance(cfg, dict):
+        from omegaconf import OmegaConf
+
+        merged = OmegaConf.merge(OmegaConf.structured(DataConfig), cfg)
+        return OmegaConf.to_object(merged)
+    raise TypeError(f"expected a DataConfig, got {type(cfg).__name__}")
+
+
+class DataLoader:
+    def __init__(self, cfg: DataConfig, tokenizer, *, dp_rank: int = 0, dp_size: int = 1, seed: int = 0):
+        cfg = as_data_config(cfg)
+        validate_data_config(cfg)
+        if not (0 <= dp_rank < dp_size):
+            raise ValueError(f"dp_rank {dp_rank} is not in [0, {dp_size})")
+        for flag, tid in (("add_bos", tokenizer.bos_id), ("add_eos", tokenizer.eos_id)):
+            if getattr(cfg, flag) and tid is None:
+                raise UserError(f"data.{flag}: tokenizer {tokenizer.name} has no {flag[4:].upper()} token; set data.{flag}=false")
+        self.cfg, self.tokenizer = cfg, tokenizer
+        self.rank, self.world = int(dp_rank), int(dp_size)
+        self.seed = int(cfg.seed if cfg.seed is not None else seed)
+        self.pad_id = next(t for t in (tokenizer.pad_id, tokenizer.eos_id, 0) if t is not None)
+        self.weights = [float(s.weight) for s in cfg.sources]
+        self.sources = [self._open_source(s, i) for i, s in enumerate(cfg.sources)]
+        self.rows = 0  # rows emitted by this rank (the mixture's counter)
+        self.source_rows = [0] * len(self.sources)
+        self.source_tokens = [0] * len(self.sources)  # real (non-padding) tokens
+        self.finished = False
+        self._consumed = self._snapshot()
+        self._ahead = False  # sources advanced past what the consumer has seen
+
+    def _open_source(self, src: SourceConfig, i: int):
+        cfg = self.cfg
+        answer = cfg.emit_answer_mask
+        if cfg.cache_dir:
+            from longctx.data.cache import CachedRows, open_cache
+
+            cache = open_cache(src, i, cfg, self.tokenizer, self.pad_id)
+            return CachedRows(cache, i, seed=self.seed, dp_rank=self.rank, dp_size=self.world,
+                              shuffle=cfg.shuffle, epochs=cfg.epochs, answer=answer)
+        table = open_table(src, i, cfg, self.tokenizer)
+        stream = DocumentStream(table, src, i, self.tokenizer, seed=self.seed, dp_rank=self.rank,
+                                dp_size=self.world, window=cfg.shuffle_window, shuffle=cfg.shuffle,
+                                epochs=cfg.epochs, add_bos=cfg.add_bos, add_eos=cfg.add_eos,
+                                answer_mask=answer and resolve_kind(src, i) == "synthetic")
+        return Packer(stream, cfg.seq_len, mode=src.packing or cfg.packing, pad_id=self.pad_id,
+                      cross_document_labels=cfg.cross_document_labels, final_partial=cfg.final_partial,
+                      answer=answer)
+
+    # ------------------------------------------------------------------ state
+    def _snapshot(self) -> dict:
+        return copy.deepcopy({
+            "version": STATE_VERSION, "dp_rank": self.rank, "dp_size": self.world, "seed": self.seed,
+            "seq_len": self.cfg.seq_len, "cached": bool(self.cfg.cache_dir), "rows": self.rows,
+            "finished": self.finished, "source_rows": list(self.source_rows),
+            "source_tokens": list(self.source_tokens),
+            "sources": [s.state_dict() for s in self.sources],
+        })
+
+    def state_dict(self) -> dict:
+        """Everything needed to continue exactly after the last batch handed out (this rank)."""
+        return copy.deepcopy(self._consumed)
+
+    def load_state_dict(self, state: dict) -> None:
+        if state.get("version") != STATE_VERSION:
+            raise UserError(f"data loader state: version {state.get('version')} is not {STATE_VERSION}")
+        for key, mine in (("dp_size", self.world), ("dp_rank", self.rank), ("seq_len", self.cfg.seq_len),
+                          ("seed", self.seed), ("cached", bool(self.cfg.cache_dir))):
+            if state[key] != mine:
+                raise UserError(
+                    f"data loader state: saved with {key}={state[key]} but this run has {key}={mine}; "
+                    "resume with the same data config, seed and data-parallel size"
+                )
+        if len(state["sources"]) != len(self.sources):
+            raise UserError(f"data loader state: saved with {len(state['sources'])} sources, this run has {len(self.sources)}")
+        for s, st in zip(self.sources, state["sources"]):
+            s.load_state_dict(copy.deepcopy(st))
+        self.rows, self.finished = int(state["rows"]), bool(state["finished"])
+        self.source_rows = list(state["source_rows"])
+        self.source_tokens = list(state["source_tokens"])
+        self._consumed = copy.deepcopy(state)
+        self._ahead = False
+
+    # ------------------------------------------------------------------ rows and batches
+    def _pick(self, k: int, attempt: int, live: List[int]) -> int:
+        total = sum(self.weights[i] for i in live)
+        u = uniform(self.seed, self.rank, k, attempt) * total
+        acc = 0.0
+        for i in live:
+            acc += self.weights[i]
+            if u < acc:
+                return i
+        return live[-1]
+
+    def next_row(self):
+        """(source index, Row) of the next row of this rank, or None when all sources ended."""
+        attempt = 0
+        while True:
+            live = [i for i, s in enumerate(self.sources) if self.weights[i] > 0 and not s.done]
+            if not live:
+                self.finished = True
+                return None
+            i = self._pick(self.rows, attempt, live)
+            row = self.sources[i].next_row()
+            if row is None:  # that source ended (finite epochs): draw again among the others
+                attempt += 1
+                continue
+            self.rows += 1
+            self.source_rows[i] += 1
+            self.source_tokens[i] += row.n_real
+            return i, row
+
+    def _produce(self) -> Iterator[tuple]:
+        """(batch, state after it) pairs; advances the sources."""
+        B = self.cfg.micro_batch_size
+        while not self.finished:
+            rows: List[Row] = []
+            while len(rows) < B:
+                got = self.next_row()
+                if got is None:
+                    break
+                rows.append(got[1])
+            if not rows:
+                return
+            while len(rows) < B:  # last batch of a finite run: complete it with padding rows
+                rows.append(empty_row(self.cfg.seq_len, self.pad_id, self.cfg.emit_answer_mask))
+            batch = rows_to_batch(rows, document_masking=self.cfg.document_masking,
+                                  answer_mask=self.cfg.emit_answer_mask)
+            yield batch, self._snapshot()
+
+    def __iter__(self) -> Iterator[dict]:
+        if self._ahead:
+            self.load_state_dict(self._consumed)
+        if self.cfg.prefetch <= 0:
+            for batch, state in self._produce():
+                self._consumed = state
+                yield batch
+            return
+        yield from self._iter_prefetch()
+
+    def _iter_prefetch(self) -> Iterator[dict]:
+        q: "queue.Queue" = queue.Queue(maxsize=self.cfg.prefetch)
+        stop = threading.Event()
+        END = object()
+
+        def work():
+            try:
+                for item in self._produce():
+                    while not stop.is_set():
+                        try:
+                            q.put(item, timeout=0.1)
+                            break
+                        except queue.Full:
+                            continue
+                    if stop.is_set():
+                        return
+                q.put(END)
+            except BaseException as e:  # re-raised in the consumer
+                q.put(e)
+
+        self._ahead = True
+        thread = threading.Thread(target=work, name="longctx-data", daemon=True)
+        thread.start()
+        try:
+            while True:
+                item = q.get()
+                if item is END:
+                    self._ahead = False
+                    break
+                if isinstance(item, BaseException):
+                    raise item
+                batch, self._consumed = item
+                yield batch
+        finally:
+            stop.set()
+            while thread.is_alive():
+                try:
+                    q.get_nowait()
+                except queue.Empty:
+                    thread.join(0.05)
+        # the producer may have run ahead; __iter__ restores self._consumed on the next call
+
+
+def build_loader(cfg: DataConfig, tokenizer, *, dp_rank: int, dp_size: int, seed: int) -> DataLoader:
+    """The training engine's loader for data-parallel rank `dp_rank` of `dp_size`.
+
+    `seed` is the training seed; `cfg.seed`, when set, overrides it for the data."""
+    return DataLoader(cfg, tokenizer, dp_rank=dp_rank, dp_size=dp_size, seed=seed)

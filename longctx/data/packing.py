@@ -1,0 +1,183 @@
+"""Packing documents into rows of exactly seq_len tokens, keeping document boundaries.
+
+A row (all int32, (T,)):
+    input_ids     tokens; padding uses the tokenizer's pad id (EOS, else 0 if it has none)
+    labels        PRE-SHIFTED targets: labels[t] is the token that follows input_ids[t] in
+                  the same document; -100 at padding and at the last token of a document
+                  (unless cross_document_labels, where it is the next document's first token
+                  when that one starts in the same row)
+    position_ids  0, 1, 2, ... restarting at every document start (and at the piece of a
+                  document carried over from the previous row, and at the padding)
+    segment_ids   0, 1, 2, ... one id per document piece in the row; the padding is one more
+                  segment of its own
+    answer        bool, labels[t] is an answer token (synthetic corpus), or None
+
+Two policies for a document that does not fit the rest of the row:
+    carry  (default) split it: the row is filled to the end, the remainder starts the next row
+           (its label at the row's last position is still its next token: nothing is lost)
+    pad    pad the row and start the document on the next one; a document longer than
+           seq_len is still split into seq_len pieces
+At the end of a finite epoch the last partial row is padded or dropped (DataConfig.final_partial).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import numpy as np
+import torch
+
+from longctx.data.sources import Doc, DocumentStream
+
+IGNORE = -100
+
+
+@dataclass
+class Row:
+    input_ids: np.ndarray
+    labels: np.ndarray
+    position_ids: np.ndarray
+    segment_ids: np.ndarray
+    answer: Optional[np.ndarray]
+    n_real: int  # tokens that are not padding
+
+
+def empty_row(seq_len: int, pad_id: int, answer: bool) -> Row:
+    """A row of padding only (used to complete the last batch of a finite epoch)."""
+    return Row(
+        np.full(seq_len, pad_id, np.int32), np.full(seq_len, IGNORE, np.int32),
+        np.arange(seq_len, dtype=np.int32), np.zeros(seq_len, np.int32),
+        np.zeros(seq_len, bool) if answer else None, 0,
+    )
+
+
+class Packer:
+    """Pulls documents from a DocumentStream and emits Rows; state = where the current
+    document starts in the stream + how many of its tokens were already emitted."""
+
+    def __init__(self, stream: DocumentStream, seq_len: int, *, mode: str = "carry", pad_id: int = 0,
+                 cross_document_labels: bool = False, final_partial: str = "pad", answer: bool = False):
+        self.stream = stream
+        self.T = int(seq_len)
+        self.mode = mode
+        self.pad_id = int(pad_id)
+        self.cross = bool(cross_document_labels)
+        self.final_partial = final_partial
+        self.answer = bool(answer)
+        self.doc: Optional[Doc] = None
+        self.offset = 0
+        self._doc_state = stream.state_dict()  # the stream state *before* self.doc
+        self.done = False
+
+    def state_dict(self) -> dict:
+        if self.doc is None:
+            return {"stream": self.stream.state_dict(), "offset": 0, "has_doc": False, "done": self.done}
+        return {"stream": dict(self._doc_state), "offset": self.offset, "has_doc": True, "done": self.done}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.stream.load_state_dict(state["stream"])
+        self.done = bool(state.get("done", False))
+        self.doc, self.offset = None, 0
+        self._doc_state = self.stream.state_dict()
+        if state["has_doc"]:
+            self.doc = self.stream.next_doc()  # re-reads (and re-tokenizes) its window
+            if self.doc is None:
+                raise RuntimeError("data loader state does not match the data: the document to resume is gone")
+            self.offset = int(state["offset"])
+
+    def _pull(self) -> bool:
+        if self.doc is None:
+            self._doc_state = self.stream.state_dict()
+            self.doc = self.stream.next_doc()
+            self.offset = 0
+        return self.doc is not None
+
+    def next_row(self) -> Optional[Row]:
+        if self.done:
+            return None
+        T = self.T
+        ids = np.full(T, self.pad_id, dtype=np.int32)
+        labels = np.full(T, IGNORE, dtype=np.int32)
+        pos = np.zeros(T, dtype=np.int32)
+        seg = np.zeros(T, dtype=np.int32)
+        ans = np.zeros(T, dtype=bool) if self.answer else None
+        fill, seg_id = 0, 0
+        prev_ended = False  # the piece before `fill` ended its document
+        exhausted = False
+        while fill < T:
+            if not self._pull():
+                exhausted = True
+                break
+            d, off = self.doc, self.offset
+            rem = len(d) - off
+            space = T - fill
+            if self.mode == "pad" and rem > space and fill > 0:
+                break
+            take = min(rem, space)
+            ids[fill : fill + take] = d.tokens[off : off + take]
+            nxt = d.tokens[off + 1 : off + take + 1]  # take, or take - 1 when the doc ends here
+            labels[fill : fill + len(nxt)] = nxt
+            if ans is not None and d.answer is not None:
+                ans[fill : fill + len(nxt)] = d.answer[off + 1 : off + take + 1]
+            if self.cross and prev_ended and off == 0:
+                labels[fill - 1] = d.tokens[0]
+            pos[fill : fill + take] = np.arange(take, dtype=np.int32)
+            seg[fill : fill + take] = seg_id
+            seg_id += 1
+            fill += take
+            self.offset += take
+            prev_ended = self.offset == len(d)
+            if prev_ended:
+                self.doc = None
+        if exhausted:
+            self.done = True
+            if fill == 0 or (fill < T and self.final_partial == "drop"):
+                return None
+        if fill < T:
+            pos[fill:] = np.arange(T - fill, dtype=np.int32)
+            seg[fill:] = seg_id
+        return Row(ids, labels, pos, seg, ans, fill)
+
+
+def rows_to_batch(rows, *, document_masking: bool, answer_mask: bool) -> dict:
+    """Stack rows into the loader's batch: LongTensors (B, T) (+ answer_mask, bool)."""
+    batch = {
+        "input_ids": torch.from_numpy(np.stack([r.input_ids for r in rows]).astype(np.int64)),
+        "labels": torch.from_numpy(np.stack([r.labels for r in rows]).astype(np.int64)),
+        "position_ids": torch.from_numpy(np.stack([r.position_ids for r in rows]).astype(np.int64)),
+    }
+    if document_masking:
+        batch["segment_ids"] = torch.from_numpy(np.stack([r.segment_ids for r in rows]).astype(np.int64))
+    else:
+        batch["segment_ids"] = torch.zeros_like(batch["input_ids"])
+    if answer_mask:
+        T = len(rows[0].input_ids)
+        batch["answer_mask"] = torch.from_numpy(
+            np.stack([r.answer if r.answer is not None else np.zeros(T, bool) for r in rows])
+        )
+    return batch
+
+
+def segment_ids_from_position_ids(position_ids: np.ndarray) -> np.ndarray:
+    """Each position 0 starts a new segment: (…, T) → (…, T) ids 0, 1, 2, …"""
+    return (np.cumsum(position_ids == 0, axis=-1) - 1).astype(np.int32)
+
+
+def cu_seqlens_from_segment_ids(segment_ids: torch.Tensor) -> torch.Tensor:
+    """Cumulative sequence lengths for flash-attn's varlen kernels.
+
+    segment_ids: (B, T) or (T,). The B rows are flattened into one B*T token stream; a
+    sequence starts at every row start and wherever the id changes. Returns int32
+    (num_sequences + 1,) [0, ..., B*T] on the same device; the longest sequence is
+    `int((cu[1:] - cu[:-1]).max())` (see max_seqlen_from_cu_seqlens)."""
+    seg = segment_ids if segment_ids.dim() == 2 else segment_ids[None]
+    B, T = seg.shape
+    starts = torch.ones_like(seg, dtype=torch.bool)
+    starts[:, 1:] = seg[:, 1:] != seg[:, :-1]
+    idx = starts.reshape(-1).nonzero().squeeze(1)
+    end = torch.tensor([B * T], device=seg.device, dtype=idx.dtype)
+    return torch.cat([idx, end]).to(torch.int32)
+
+
+def max_seqlen_from_cu_seqlens(cu_seqlens: torch.Tensor) -> int:
+    return int((cu_seqlens[1:] - cu_seqlens[:-1]).max().item())

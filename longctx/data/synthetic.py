@@ -1,0 +1,332 @@
+"""The built-in synthetic retrieval corpus: filler text with planted key→value facts and a
+question at the end whose answer lies far back. Offline, deterministic, and learnable by a
+tiny model on a CPU; the default training source and the demo's corpus.
+
+A document (style "compact", task "niah", 3 distractor keys):
+
+    The grass is green. The sky is blue. ... One of the special magic numbers for
+    quiet-lantern is: 5203911. A brave fox waits near the old bridge. ... One of the
+    special magic numbers for calm-river is: 8816342. ... The sun is yellow. Here we go.
+    What is the special magic number for calm-river mentioned in the provided text? The
+    special magic number for calm-river mentioned in the provided text is 8816342.
+
+Document i is a pure function of (config, i). `SyntheticDocument.answer_spans` holds the
+character spans of the answer value(s) after the question, and `prompt_len` where the answer
+starts (`text[:prompt_len]` is a ready evaluation prompt, `answer` the expected continuation).
+The loader turns the spans into `answer_mask` (see DataConfig.emit_answer_mask) so a trainer
+can up-weight answer tokens. Format details: docs/data.md.
+"""
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional, Tuple
+
+from longctx.data.config import SyntheticConfig
+
+__all__ = ["SyntheticConfig", "SyntheticDocument", "SyntheticCorpus", "generate_document", "min_document_chars", "TEMPLATES", "NOISE"]
+
+NOISE = "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again."
+NOISE_SENTENCES = [s.strip() + "." for s in NOISE.split(".") if s.strip()]
+
+# RULER's needle / question / answer-prefix wording. "ruler" keeps the instruction preamble,
+# "compact" drops it (as the eval suite's compact style does), "short" also shortens the
+# question so that documents of 64-128 tokens still have room for a haystack.
+_NEEDLE = "One of the special magic numbers for {key} is: {value}."
+_PASSKEY_NEEDLE = "The pass key is {value}. Remember it. {value} is the pass key."
+_RULER_Q = {
+    "niah": ("What is the special magic number for {key} mentioned in the provided text?",
+             "The special magic number for {key} mentioned in the provided text is"),
+    "multivalue": ("What are all the special magic numbers for {key} mentioned in the provided text?",
+                   "The special magic numbers for {key} mentioned in the provided text are"),
+    "passkey": ("What is the pass key?", "The pass key is"),
+}
+TEMPLATES: Dict[str, Dict[str, object]] = {
+    "ruler": {
+        "intro": {
+            "niah": "Some special magic numbers are hidden within the following text. Make sure to "
+                    "memorize it. I will quiz you about the numbers afterwards.",
+            "multivalue": "Some special magic numbers are hidden within the following text. Make sure "
+                          "to memorize it. I will quiz you about the numbers afterwards.",
+            "passkey": "There is an important info hidden inside a lot of irrelevant text. Find it and "
+                       "memorize it. I will quiz you about the important information there.",
+        },
+        "needle": _NEEDLE, "passkey_needle": _PASSKEY_NEEDLE, "question": _RULER_Q,
+    },
+    "compact": {"intro": {}, "needle": _NEEDLE, "passkey_needle": _PASSKEY_NEEDLE, "question": _RULER_Q},
+    "short": {
+        "intro": {}, "needle": "The magic number for {key} is {value}.",
+        "passkey_needle": "The pass key is {value}.",
+        "question": {
+            "niah": ("", "The magic number for {key} is"),
+            "multivalue": ("", "The magic numbers for {key} are"),
+            "passkey": ("", "The pass key is"),
+        },
+    },
+}
+
+_ADJ = ("quiet brave calm bright old young silver golden hidden gentle swift tall tiny wide "
+        "happy lucky rapid steady sunny windy wooden wild warm cold sharp soft proud polite "
+        "noble clever dusty rusty misty lively loyal humble fierce eager curious bold ancient "
+        "crisp fancy frozen giant grand green honest icy jolly keen lazy merry narrow purple "
+        "rough royal silent simple smooth spicy sweet velvet violet").split()
+_NOUN = ("river lantern fox bridge garden mountain harbor forest castle meadow window kettle "
+         "violin anchor basket candle compass desert dragon feather island jungle ladder mirror "
+         "orchard palace pencil planet rabbit saddle shadow teapot temple tiger tower valley "
+         "wagon whale wizard acorn badger beacon cactus cellar comet cottage falcon glacier "
+         "hammer helmet lagoon magnet marble pebble quarry ribbon rocket canyon tunnel walrus").split()
+_VERB = ("waits sleeps shines grows rests drifts sings glows wanders hums turns sways "
+         "stands sits hides floats dances rolls leans shivers").split()
+_PLACE = ("near the old bridge", "by the river", "in the garden", "under the tall tree",
+          "behind the red barn", "beside the quiet lake", "on the hill", "at the market",
+          "in the small village", "along the narrow road", "inside the warm kitchen",
+          "across the wide field")
+_TIME = ("in the morning", "at noon", "every evening", "after the rain", "before sunrise",
+         "late at night", "in early spring", "during the long winter", "on most days")
+_NAMES = ("Alice", "Bruno", "Clara", "Daniel", "Elena", "Farid", "Grace", "Hugo", "Ines",
+          "Jonas", "Kiri", "Lena", "Marco", "Nora", "Oskar", "Priya")
+
+
+def _varied_sentence(rng: random.Random) -> str:
+    a, n, n2 = rng.choice(_ADJ), rng.choice(_NOUN), rng.choice(_NOUN)
+    form = rng.randrange(6)
+    if form == 0:
+        return f"The {a} {n} {rng.choice(_VERB)} {rng.choice(_PLACE)}."
+    if form == 1:
+        return f"{rng.choice(_NAMES)} saw a {a} {n} {rng.choice(_TIME)}."
+    if form == 2:
+        return f"Every {n} has a {a} {n2}."
+    if form == 3:
+        return f"A {a} {n} {rng.choice(_VERB)} {rng.choice(_TIME)}."
+    if form == 4:
+        return f"{rng.choice(_NAMES)} and {rng.choice(_NAMES)} walk {rng.choice(_PLACE)}."
+    return f"The {n} is {a}, and the {n2} is {rng.choice(_ADJ)}."
+
+
+def _filler(rng: random.Random, kind: str, n_chars: int) -> str:
+    """At most n_chars characters of filler, short of it by less than a word (the last
+    sentence may be cut, at a word boundary)."""
+    if n_chars <= 0:
+        return ""
+    parts: List[str] = []
+    total = -1
+    noise_i = rng.randrange(len(NOISE_SENTENCES))
+    while total < n_chars:
+        use_noise = kind == "noise" or (kind == "mixed" and rng.random() < 0.5)
+        if use_noise:  # RULER's passage, in order, from a random starting sentence
+            s = NOISE_SENTENCES[noise_i % len(NOISE_SENTENCES)]
+            noise_i += 1
+        else:
+            s = _varied_sentence(rng)
+        parts.append(s)
+        total += len(s) + 1
+    text = " ".join(parts)
+    if len(text) > n_chars:
+        text = text[: n_chars + 1]
+        text = text[: text.rfind(" ")] if " " in text else ""
+    return text
+
+
+@dataclass
+class SyntheticDocument:
+    text: str
+    task: str  # "niah" | "multivalue" | "passkey"
+    answer: str  # the expected continuation of text[:prompt_len], e.g. " 8816342."
+    prompt_len: int  # text[:prompt_len] ends with the answer prefix
+    answer_spans: List[Tuple[int, int]]  # [start, end) char spans of the value(s) in the answer
+    key: Optional[str]  # the queried key (None for passkey)
+    values: List[str]  # the queried value(s), in answer order
+    keys: List[str] = field(default_factory=list)  # all keys planted (queried first)
+    needle_spans: List[Tuple[int, int]] = field(default_factory=list)  # spans of queried needles
+    distance: int = 0  # chars from the end of the farthest queried needle to the question
+
+
+def _make_key(rng: random.Random, taken: set) -> str:
+    while True:
+        k = f"{rng.choice(_ADJ)}-{rng.choice(_NOUN)}"
+        if k not in taken:
+            taken.add(k)
+            return k
+
+
+def _number(rng: random.Random, digits: int, taken: set) -> str:
+    while True:
+        v = str(rng.randint(10 ** (digits - 1), 10**digits - 1))
+        if v not in taken:
+            taken.add(v)
+            return v
+
+
+def _weighted(rng: random.Random, weights: Dict[str, float]) -> str:
+    names = sorted(weights)
+    return rng.choices(names, weights=[float(weights[n]) for n in names])[0]
+
+
+def generate_document(
+    cfg: SyntheticConfig,
+    index: int,
+    *,
+    length_chars: Optional[int] = None,
+    task: Optional[str] = None,
+    distance: Optional[int] = None,
+    style: str = "compact",
+) -> SyntheticDocument:
+    """Document `index` of the corpus `cfg`, `length_chars` characters long (not counting
+    BOS/EOS; exactly, unless the needles and question alone are longer). `task` and
+    `distance` (chars between the queried needle and the question) override the draws."""
+    rng = random.Random(f"longctx-synthetic:{cfg.seed}:{index}")
+    if length_chars is None:
+        lo = cfg.length_min if cfg.length_min is not None else 128
+        hi = cfg.length_max if cfg.length_max is not None else 256
+        length_chars = rng.randint(lo, hi)
+    task = task or _weighted(rng, dict(cfg.tasks))
+    tpl = TEMPLATES[style]
+    keys_taken: set = set()
+    vals_taken: set = set()
+    # needles: (text, is_queried); values of the queried key in planting order
+    needles: List[Tuple[str, bool]] = []
+    key = None
+    values: List[str] = []
+    keys: List[str] = []
+    if task == "passkey":
+        values = [_number(rng, max(1, min(cfg.value_digits, 5)), vals_taken)]
+        needles.append((tpl["passkey_needle"].format(value=values[0]), True))
+        q, prefix = tpl["question"]["passkey"]
+    else:
+        key = _make_key(rng, keys_taken)
+        keys.append(key)
+        n_vals = cfg.num_values if task == "multivalue" else 1
+        values = [_number(rng, cfg.value_digits, vals_taken) for _ in range(n_vals)]
+        needles += [(tpl["needle"].format(key=key, value=v), True) for v in values]
+        for _ in range(cfg.num_keys - 1):  # distractors: other keys, other values
+            k = _make_key(rng, keys_taken)
+            keys.append(k)
+            needles.append((tpl["needle"].format(key=k, value=_number(rng, cfg.value_digits, vals_taken)), False))
+        q, prefix = tpl["question"][task]
+        q, prefix = q.format(key=key), prefix.format(key=key)
+    intro = tpl["intro"].get(task, "")
+    answer = " " + ", ".join(values) + "."
+    head = intro + "\n" if intro else ""
+    tail = "\n" + (q + " " if q else "") + prefix
+    fixed = len(head) + len(tail) + len(answer)
+    # needles that do not fit are dropped, distractors first (never the queried ones);
+    # each needle costs its length + 2 separators at most
+    while needles and fixed + sum(len(n) + 2 for n, _ in needles) > length_chars:
+        drop = [i for i, (_, queried) in enumerate(needles) if not queried]
+        if not drop:
+            break
+        needles.pop(drop[-1])
+    if key is not None:
+        keys = keys[: 1 + sum(1 for _, queried in needles if not queried)]
+    n_filler = max(0, length_chars - fixed - sum(len(n) + 2 for n, _ in needles))
+    filler = _filler(rng, cfg.filler, n_filler)
+    # insertion points: sentence starts in the filler, and its two ends
+    bounds = [0] + [i + 2 for i in range(len(filler) - 1) if filler[i] == "." and filler[i + 1] == " "]
+    bounds.append(len(filler))
+    lo_d = cfg.distance_min if distance is None else distance
+    hi_d = cfg.distance_max if distance is None else distance
+    placed: List[Tuple[int, int, str, bool]] = []  # (position, order, needle, queried)
+    for order, (needle, queried) in enumerate(needles):
+        if queried and (lo_d is not None or hi_d is not None):
+            d = rng.randint(lo_d or 0, max(lo_d or 0, hi_d if hi_d is not None else len(filler)))
+            want = len(filler) - d
+            pos = min(bounds, key=lambda b: (abs(b - want), b))
+        else:
+            pos = rng.choice(bounds)
+        placed.append((pos, order, needle, queried))
+    placed.sort()
+    body = head
+    last = 0
+    needle_spans: List[Tuple[int, int]] = []
+    for pos, _, needle, queried in placed:
+        body += filler[last:pos]
+        last = pos
+        if len(body) > len(head) and not body.endswith(" "):
+            body += " "
+        if queried:
+            needle_spans.append((len(body), len(body) + len(needle)))
+        body += needle + " "
+    body += filler[last:]
+    body = body.rstrip(" ")
+    deficit = length_chars - len(body) - len(tail) - len(answer)
+    if deficit > 1:  # top up towards the target with more filler
+        body = (body + " " + _filler(rng, cfg.filler, deficit - 1)).rstrip(" ")
+    prompt = body + tail
+    text = prompt + answer
+    spans = []
+    at = len(prompt) + 1
+    for v in values:
+        spans.append((at, at + len(v)))
+        at += len(v) + 2
+    farthest = min((s for s, _ in needle_spans), default=0)
+    end_of_needle = max((e for s, e in needle_spans if s == farthest), default=0)
+    return SyntheticDocument(
+        text=text, task=task, answer=answer, prompt_len=len(prompt), answer_spans=spans,
+        key=key, values=values, keys=keys, needle_spans=needle_spans,
+        distance=max(0, len(body) - end_of_needle),
+    )
+
+
+def min_document_chars(cfg: SyntheticConfig, task: str, style: str) -> int:
+    """Characters (BOS/EOS excluded) of the shortest `task` document: queried needle(s),
+    question and answer, no distractor, no filler (longest key, as a bound)."""
+    tpl = TEMPLATES[style]
+    key = max(_ADJ, key=len) + "-" + max(_NOUN, key=len)
+    if task == "passkey":
+        values = ["9" * max(1, min(cfg.value_digits, 5))]
+        needles = [tpl["passkey_needle"].format(value=values[0])]
+    else:
+        values = ["9" * cfg.value_digits] * (cfg.num_values if task == "multivalue" else 1)
+        needles = [tpl["needle"].format(key=key, value=v) for v in values]
+    q, prefix = tpl["question"][task]
+    intro = tpl["intro"].get(task, "")
+    head = intro + "\n" if intro else ""
+    tail = "\n" + (q.format(key=key) + " " if q else "") + prefix.format(key=key)
+    answer = " " + ", ".join(values) + "."
+    return len(head) + len(tail) + len(answer) + sum(len(n) + 2 for n in needles)
+
+
+class SyntheticCorpus:
+    """`cfg.num_docs` documents, sized in tokens of `tokenizer` (BOS/EOS included).
+
+    With the byte tokenizer lengths are exact; with another tokenizer the character budget is
+    scaled by a measured chars-per-token ratio and shrunk until the document fits."""
+
+    def __init__(self, cfg: Optional[SyntheticConfig] = None, *, seq_len: int = 256, tokenizer=None,
+                 add_bos: bool = True, add_eos: bool = True, style: Optional[str] = None):
+        self.cfg = cfg or SyntheticConfig()
+        self.style = style or self.cfg.style
+        self.length_min = self.cfg.length_min if self.cfg.length_min is not None else max(32, seq_len // 2)
+        self.length_max = self.cfg.length_max if self.cfg.length_max is not None else seq_len
+        self.tokenizer = tokenizer
+        self.n_special = int(add_bos) + int(add_eos)
+        self._byte = tokenizer is None or getattr(tokenizer, "name", None) == "byte"
+        self._ratio = 1.0
+        if not self._byte:
+            sample = _filler(random.Random(0), self.cfg.filler, 4000) + " " + _NEEDLE.format(key="calm-river", value="1234567")
+            self._ratio = len(sample) / max(1, len(tokenizer.encode(sample)))
+
+    def __len__(self) -> int:
+        return self.cfg.num_docs
+
+    def target_tokens(self, index: int) -> int:
+        rng = random.Random(f"longctx-synthetic-length:{self.cfg.seed}:{index}")
+        return rng.randint(self.length_min, self.length_max)
+
+    def __getitem__(self, index: int) -> SyntheticDocument:
+        if not 0 <= index < len(self):
+            raise IndexError(index)
+        target = self.target_tokens(index) - self.n_special
+        task = _weighted(random.Random(f"longctx-synthetic-task:{self.cfg.seed}:{index}"), dict(self.cfg.tasks))
+        if self._byte:
+            target = max(target, min(self.length_max - self.n_special, min_document_chars(self.cfg, task, self.style)))
+            return generate_document(self.cfg, index, length_chars=target, task=task, style=self.style)
+        budget = int(target * self._ratio)
+        for _ in range(4):
+            doc = generate_document(self.cfg, index, length_chars=budget, task=task, style=self.style)
+            n = len(self.tokenizer.encode(doc.text))
+            if n <= target:
+                return doc
+            budget = int(budget * target / n) - 2
+        return doc
+

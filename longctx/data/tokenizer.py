@@ -1,0 +1,272 @@
+"""Tokenizers: a built-in byte-level one (offline default) and local Hugging Face ones.
+
+    tok = load_tokenizer("byte")                      # 256 bytes + BOS/EOS/PAD, vocab 259
+    tok = load_tokenizer("path/to/tokenizer.json")    # or an HF tokenizer directory
+    ids = tok.encode(text, add_bos=True)              # list[int]
+    arrs = tok.encode_batch(texts)                    # list[np.ndarray(int32)], the fast path
+    text = tok.decode(ids)
+
+Every tokenizer has `name`, `vocab_size`, `bos_id`, `eos_id`, `pad_id` (int or None) and a
+`fingerprint` (a hash of everything that changes token ids; part of the cache key).
+Special tokens are never inserted by the underlying tokenizer's post-processor; BOS/EOS are
+added here, explicitly, so the packer controls document edges.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+from typing import Iterable, List, Optional, Sequence, Tuple
+
+import numpy as np
+
+from longctx.errors import UserError
+
+Spans = Sequence[Tuple[int, int]]  # [start, end) character offsets
+
+BOS_CANDIDATES = ("<|begin_of_text|>", "<s>", "<bos>", "<|startoftext|>", "<|im_start|>")
+EOS_CANDIDATES = ("<|end_of_text|>", "</s>", "<eos>", "<|endoftext|>", "<|im_end|>")
+PAD_CANDIDATES = ("<pad>", "<|pad|>", "[PAD]", "<|finetune_right_pad_id|>")
+
+
+def _as_int_array(ids) -> np.ndarray:
+    if hasattr(ids, "detach"):  # torch tensor
+        ids = ids.detach().cpu().numpy()
+    return np.asarray(ids, dtype=np.int64).reshape(-1)
+
+
+def _with_specials(ids: np.ndarray, bos: Optional[int], eos: Optional[int], add_bos: bool, add_eos: bool) -> np.ndarray:
+    if add_bos and bos is None:
+        raise ValueError("add_bos=True but this tokenizer has no BOS token")
+    if add_eos and eos is None:
+        raise ValueError("add_eos=True but this tokenizer has no EOS token")
+    n = len(ids) + int(add_bos) + int(add_eos)
+    out = np.empty(n, dtype=np.int32)
+    start = 1 if add_bos else 0
+    if add_bos:
+        out[0] = bos
+    out[start : start + len(ids)] = ids
+    if add_eos:
+        out[-1] = eos
+    return out
+
+
+class ByteTokenizer:
+    """UTF-8 bytes are ids 0..255; BOS=256, EOS=257, PAD=258. Needs no files."""
+
+    name = "byte"
+    vocab_size = 259
+    bos_id = 256
+    eos_id = 257
+    pad_id = 258
+    fingerprint = "byte-v1"
+
+    def encode_np(self, text: str, add_bos: bool = False, add_eos: bool = False) -> np.ndarray:
+        raw = np.frombuffer(text.encode("utf-8"), dtype=np.uint8)
+        return _with_specials(raw, self.bos_id, self.eos_id, add_bos, add_eos)
+
+    def encode(self, text: str, add_bos: bool = False, add_eos: bool = False) -> List[int]:
+        return self.encode_np(text, add_bos, add_eos).tolist()
+
+    def encode_batch(self, texts: Sequence[str], add_bos: bool = False, add_eos: bool = False) -> List[np.ndarray]:
+        return [self.encode_np(t, add_bos, add_eos) for t in texts]
+
+    def decode(self, ids) -> str:
+        arr = _as_int_array(ids)
+        arr = arr[(arr >= 0) & (arr < 256)].astype(np.uint8)
+        return arr.tobytes().decode("utf-8", errors="replace")
+
+    def span_mask(self, text: str, spans: Spans) -> np.ndarray:
+        """Bool per token of encode(text) (no specials): True where the token overlaps a span."""
+        n = len(text.encode("utf-8"))
+        mask = np.zeros(n, dtype=bool)
+        ascii_only = n == len(text)
+        for s, e in spans:
+            if not ascii_only:  # character offsets → byte offsets
+                s, e = len(text[:s].encode("utf-8")), len(text[:e].encode("utf-8"))
+            mask[s:e] = True
+        return mask
+
+    def __repr__(self) -> str:
+        return "ByteTokenizer(vocab_size=259)"
+
+
+class HFTokenizer:
+    """A 🤗 `tokenizers.Tokenizer` (from tokenizer.json) with explicit BOS/EOS handling."""
+
+    def __init__(self, tok, name: str, bos: Optional[str] = None, eos: Optional[str] = None, pad: Optional[str] = None):
+        self._tok = tok
+        self.name = name
+        self.vocab_size = int(tok.get_vocab_size(with_added_tokens=True))
+        vocab = tok.get_vocab(with_added_tokens=True)
+
+        def pick(explicit, candidates):
+            if explicit is not None:
+                if explicit not in vocab:
+                    raise UserError(f"data.tokenizer: {name}: special token {explicit!r} is not in the vocabulary")
+                return vocab[explicit]
+            for c in candidates:
+                if c in vocab:
+                    return vocab[c]
+            return None
+
+        self.bos_id = pick(bos, BOS_CANDIDATES)
+        self.eos_id = pick(eos, EOS_CANDIDATES)
+        self.pad_id = pick(pad, PAD_CANDIDATES)
+        # the largest id may exceed get_vocab_size() in some files (holes); the embedding
+        # must cover it
+        if vocab:
+            self.vocab_size = max(self.vocab_size, max(vocab.values()) + 1)
+        h = hashlib.sha256(tok.to_str().encode("utf-8"))
+        h.update(json.dumps([self.bos_id, self.eos_id, self.pad_id]).encode())
+        self.fingerprint = "hf-" + h.hexdigest()[:32]
+
+    def _ids(self, enc) -> np.ndarray:
+        return np.asarray(enc.ids, dtype=np.int32)
+
+    def encode_np(self, text: str, add_bos: bool = False, add_eos: bool = False) -> np.ndarray:
+        ids = self._ids(self._tok.encode(text, add_special_tokens=False))
+        return _with_specials(ids, self.bos_id, self.eos_id, add_bos, add_eos)
+
+    def encode(self, text: str, add_bos: bool = False, add_eos: bool = False) -> List[int]:
+        return self.encode_np(text, add_bos, add_eos).tolist()
+
+    def encode_batch(self, texts: Sequence[str], add_bos: bool = False, add_eos: bool = False) -> List[np.ndarray]:
+        encs = self._tok.encode_batch(list(texts), add_special_tokens=False)  # parallel in Rust
+        return [_with_specials(self._ids(e), self.bos_id, self.eos_id, add_bos, add_eos) for e in encs]
+
+    def decode(self, ids) -> str:
+        return self._tok.decode(_as_int_array(ids).tolist(), skip_special_tokens=True)
+
+    def span_mask(self, text: str, spans: Spans) -> np.ndarray:
+        enc = self._tok.encode(text, add_special_tokens=False)
+        offsets = np.asarray(enc.offsets, dtype=np.int64).reshape(-1, 2)
+        mask = np.zeros(len(offsets), dtype=bool)
+        for s, e in spans:
+            mask |= (offsets[:, 0] < e) & (offsets[:, 1] > s)
+        return mask
+
+    def __repr__(self) -> str:
+        return f"HFTokenizer({self.name!r}, vocab_size={self.vocab_size}, bos={self.bos_id}, eos={self.eos_id})"
+
+
+def _token_content(value) -> Optional[str]:
+    if isinstance(value, dict):
+        return value.get("content")
+    return value if isinstance(value, str) else None
+
+
+def _read_special_tokens(directory: str) -> dict:
+    out = {}
+    for fname in ("special_tokens_map.json", "tokenizer_config.json"):  # the latter wins
+        path = os.path.join(directory, fname)
+        if os.path.isfile(path):
+            try:
+                with open(path, encoding="utf-8") as f:
+                    data = json.load(f)
+            except (OSError, json.JSONDecodeError) as e:
+                raise UserError(f"data.tokenizer: {path} is not valid JSON ({e})") from None
+            for key in ("bos_token", "eos_token", "pad_token"):
+                tok = _token_content(data.get(key))
+                if tok is not None:
+                    out[key] = tok
+    return out
+
+
+def _from_file(path: str, name: str, specials: dict) -> HFTokenizer:
+    from tokenizers import Tokenizer
+
+    try:
+        tok = Tokenizer.from_file(path)
+    except Exception as e:  # tokenizers raises a bare Exception on malformed files
+        raise UserError(f"data.tokenizer: cannot read {path} ({str(e).splitlines()[0]})") from None
+    return HFTokenizer(tok, name, specials.get("bos_token"), specials.get("eos_token"), specials.get("pad_token"))
+
+
+HUB_ID = re.compile(r"^[A-Za-z0-9][\w.\-]*/[\w.\-]+$")
+
+
+def check_tokenizer_spec(spec: str) -> None:
+    """Cheap check (no loading) that `spec` names something load_tokenizer can try."""
+    if spec == "byte":
+        return
+    path = os.path.expanduser(spec)
+    if os.path.exists(path):
+        if os.path.isdir(path) and not os.path.isfile(os.path.join(path, "tokenizer.json")):
+            if not any(os.path.isfile(os.path.join(path, f)) for f in ("tokenizer.model", "tokenizer_config.json")):
+                raise UserError(f"data.tokenizer: {spec} has no tokenizer.json (or tokenizer.model)")
+        return
+    if not HUB_ID.match(spec):
+        raise UserError(
+            f"data.tokenizer: {spec} does not exist; use 'byte', a tokenizer.json, a tokenizer "
+            "directory or a hub id like 'org/name'"
+        )
+
+
+def load_tokenizer(spec: str):
+    """`"byte"`, a path to tokenizer.json, an HF tokenizer directory, or a hub id (network)."""
+    if spec is None or spec == "byte":
+        return ByteTokenizer()
+    check_tokenizer_spec(spec)
+    path = os.path.expanduser(spec)
+    if os.path.isfile(path):
+        return _from_file(path, spec, _read_special_tokens(os.path.dirname(os.path.abspath(path))))
+    if os.path.isdir(path):
+        specials = _read_special_tokens(path)
+        tj = os.path.join(path, "tokenizer.json")
+        if os.path.isfile(tj):
+            return _from_file(tj, spec, specials)
+        # a slow (sentencepiece) tokenizer: let transformers convert it to a fast one
+        try:
+            from transformers import AutoTokenizer
+        except ImportError:
+            raise UserError(
+                f"data.tokenizer: {spec} has no tokenizer.json; install transformers to convert "
+                "tokenizer.model, or save a fast tokenizer there"
+            ) from None
+        try:
+            hf = AutoTokenizer.from_pretrained(path, use_fast=True)
+        except Exception as e:
+            raise UserError(f"data.tokenizer: cannot load {spec} ({str(e).splitlines()[0]})") from None
+        if not getattr(hf, "is_fast", False):
+            raise UserError(f"data.tokenizer: {spec} could not be converted to a fast tokenizer")
+        return HFTokenizer(hf.backend_tokenizer, spec, hf.bos_token, hf.eos_token, hf.pad_token)
+    from tokenizers import Tokenizer  # hub id
+
+    try:
+        tok = Tokenizer.from_pretrained(spec)
+    except Exception as e:
+        raise UserError(
+            f"data.tokenizer: could not fetch {spec!r} from the hub ({str(e).splitlines()[0]}); "
+            "pass a local tokenizer.json or directory"
+        ) from None
+    return HFTokenizer(tok, spec)
+
+
+def check_vocab(tokenizer, model_vocab_size: int) -> None:
+    """UserError unless every id the tokenizer can produce fits the model's embedding."""
+    if tokenizer.vocab_size > int(model_vocab_size):
+        raise UserError(
+            f"data.tokenizer: {tokenizer.name} has vocab_size {tokenizer.vocab_size} but the model's "
+            f"vocab_size is {model_vocab_size}; use the model's own tokenizer or a model with "
+            f"vocab_size >= {tokenizer.vocab_size}"
+        )
+
+
+def tokenizer_fingerprint(tokenizer) -> str:
+    fp = getattr(tokenizer, "fingerprint", None)
+    if fp:
+        return str(fp)
+    return f"{type(tokenizer).__name__}-{tokenizer.name}-{tokenizer.vocab_size}"
+
+
+def iter_batches(items: Iterable, n: int):
+    batch = []
+    for x in items:
+        batch.append(x)
+        if len(batch) == n:
+            yield batch
+            batch = []
+    if batch:
+        yield batch
