@@ -172,6 +172,12 @@ def _shards(state: dict[str, torch.Tensor], max_bytes: int) -> list[dict[str, to
 def save_pretrained(model: Transformer, path: str | os.PathLike, *, dtype: Optional[torch.dtype] = None,
                     max_shard_bytes: int = 5 * 2**30) -> Path:
     """Write an HF Llama directory atomically (temporary directory, then rename)."""
+    return save_hf_weights(model.state_dict(), model.config, path, dtype=dtype, max_shard_bytes=max_shard_bytes)
+
+
+def save_hf_weights(state_dict: dict[str, torch.Tensor], config: ModelConfig, path: str | os.PathLike, *,
+                    dtype: Optional[torch.dtype] = None, max_shard_bytes: int = 5 * 2**30) -> Path:
+    """Like save_pretrained, from our-named weights (e.g. gathered from ZeRO-3 shards)."""
     path = Path(path)
     parent = path.parent if str(path.parent) else Path(".")
     try:
@@ -181,8 +187,8 @@ def save_pretrained(model: Transformer, path: str | os.PathLike, *, dtype: Optio
         raise UserError(f"{path}: cannot write here ({e.strerror})") from None
     try:
         state = {}
-        for key, tensor in model.state_dict().items():
-            if key == "lm_head.weight" and model.lm_head is None:
+        for key, tensor in state_dict.items():
+            if key == "lm_head.weight" and config.tie_word_embeddings:
                 continue
             t = tensor.detach().to("cpu")
             state[to_hf_key(key)] = (t.to(dtype) if dtype is not None else t).contiguous()
@@ -200,7 +206,7 @@ def save_pretrained(model: Transformer, path: str | os.PathLike, *, dtype: Optio
                     total += t.numel() * t.element_size()
             (tmp / "model.safetensors.index.json").write_text(
                 json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}, indent=2))
-        (tmp / "config.json").write_text(json.dumps(config_to_hf(model.config, out_dtype), indent=2))
+        (tmp / "config.json").write_text(json.dumps(config_to_hf(config, out_dtype), indent=2))
         if path.exists():
             old = path.with_name(f".{path.name}.old-{os.getpid()}")
             path.rename(old)

@@ -12,6 +12,7 @@ from torch import nn
 from longctx.attention import AttentionFn, sdpa_attention
 from longctx.model.cache import KVCache
 from longctx.model.config import ModelConfig
+from longctx.model.loss import chunked_cross_entropy
 from longctx.model.rope import RotaryEmbedding, apply_rotary
 
 
@@ -139,9 +140,17 @@ class Transformer(nn.Module):
 
     def forward(self, input_ids: torch.Tensor, position_ids: Optional[torch.Tensor] = None,
                 segment_ids: Optional[torch.Tensor] = None, kv_segment_ids: Optional[torch.Tensor] = None,
-                cache: Optional[KVCache] = None) -> torch.Tensor:
-        """input_ids (B, T) -> logits (B, T, V). Training uses forward_hidden + a chunked loss."""
+                cache: Optional[KVCache] = None, labels: Optional[torch.Tensor] = None,
+                loss_weights: Optional[torch.Tensor] = None, loss_chunk_size: int = 4096):
+        """input_ids (B, T) -> logits (B, T, V).
+
+        With `labels` (B, T) (pre-shifted: labels[t] is the target of position t, -100 ignored)
+        it returns (loss_sum, weight_sum) instead, from a chunked cross-entropy that never
+        materialises the full logits; optional `loss_weights` (B, T) up-weight tokens.
+        """
         h = self.forward_hidden(input_ids, position_ids, segment_ids, kv_segment_ids, cache)
+        if labels is not None:
+            return chunked_cross_entropy(h, self.output_weight, labels, loss_weights, loss_chunk_size)
         return F.linear(h, self.output_weight)
 
 

@@ -1,0 +1,35 @@
+"""`longctx train --config FILE [key=value ...] [--print-config] [--dry-run]`."""
+from __future__ import annotations
+
+import argparse
+
+
+def add_parser(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--config", default=None, help="YAML file (default: the built-in defaults)")
+    p.add_argument("overrides", nargs="*", metavar="key=value", help="e.g. train.steps=100 parallel.cp_size=2")
+    p.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
+    p.add_argument("--dry-run", action="store_true",
+                   help="build everything on the meta device, print parameters and a memory estimate, exit")
+    p.add_argument("--world-size", type=int, default=None,
+                   help="with --dry-run/--print-config: validate for this many processes (default: from the environment)")
+
+
+def run(args: argparse.Namespace) -> int:
+    from longctx.config import load_config, to_yaml, validate_config
+    from longctx.parallel.mesh import read_env
+
+    cfg = load_config(args.config, args.overrides)
+    world = args.world_size or read_env().world_size
+    if args.print_config:
+        validate_config(cfg, world)
+        print(to_yaml(cfg), end="")
+        return 0
+    if args.dry_run:
+        from longctx.train.dry_run import dry_run
+
+        validate_config(cfg, world)
+        print(dry_run(cfg, world))
+        return 0
+    from longctx.train.loop import train
+
+    return train(cfg)

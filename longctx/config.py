@@ -1,0 +1,337 @@
+"""Training configuration: typed dataclasses + omegaconf (YAML files and key=value overrides).
+
+Loading is strict: an unknown key is rejected with the closest valid key suggested, a value
+of the wrong type names its field, and cross-field checks run before anything heavy.
+Each component receives only its own section (model, data, parallel, optim, ...).
+"""
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import os
+import tempfile
+import typing
+from dataclasses import dataclass, field, fields, is_dataclass
+from pathlib import Path
+from typing import Any, Dict, List, Optional
+
+from omegaconf import MISSING, DictConfig, ListConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from longctx.data.config import DataConfig
+from longctx.errors import UserError
+
+CP_IMPLS = ("ring", "allgather", "ulysses", "hybrid")
+DTYPES = ("float32", "bfloat16")
+SCHEDULES = ("cosine", "linear", "constant")
+CHECKPOINTING = ("none", "full", "selective")
+
+
+@dataclass
+class ModelSection:
+    preset: str = "debug-tiny"
+    init_from: Optional[str] = None  # HF Llama directory to start from (continued pretraining)
+    rope_parameters: Optional[Dict[str, Any]] = None  # replaces the preset's / checkpoint's RoPE
+    max_position_embeddings: Optional[int] = None
+    overrides: Dict[str, Any] = field(default_factory=dict)  # any other ModelConfig field
+
+
+@dataclass
+class ParallelSection:
+    cp_size: int = 1
+    cp_impl: str = "ring"  # ring | allgather | ulysses | hybrid
+    ulysses_size: int = 1  # hybrid: Ulysses degree inside each cp group (ring degree = cp_size / this)
+    attention_backend: str = "auto"  # auto | flash | sdpa | eager
+    zero_stage: int = 0  # DeepSpeed ZeRO stage 0..3, sharded over all dp x cp ranks
+    offload_optimizer: bool = False
+    offload_params: bool = False  # stage 3 only
+    activation_checkpointing: str = "none"  # none | full | selective
+    checkpoint_every: int = 2  # selective: checkpoint every k-th block
+    deepspeed_config: Optional[str] = None  # a user DeepSpeed JSON merged over ours
+
+
+@dataclass
+class OptimSection:
+    lr: float = 3e-4
+    min_lr_ratio: float = 0.1  # cosine/linear decay to lr * this
+    warmup_steps: int = 0
+    schedule: str = "cosine"  # cosine | linear | constant
+    weight_decay: float = 0.0
+    beta1: float = 0.9
+    beta2: float = 0.95
+    eps: float = 1e-8
+    grad_clip: float = 1.0  # 0 disables
+
+
+@dataclass
+class TrainSection:
+    steps: int = 20  # optimizer steps (when `stages` is empty)
+    grad_accum: int = 1
+    seed: int = 0
+    dtype: str = "float32"  # float32 | bfloat16 (parameters and compute; fp32 master weights in bf16)
+    loss_chunk_size: int = 4096  # tokens per chunk of the vocabulary head's cross-entropy
+    answer_loss_weight: float = 1.0  # >1 up-weights answer tokens of the synthetic corpus
+
+
+@dataclass
+class CheckpointSection:
+    every: int = 0  # steps between checkpoints (0: only at stage ends and on preemption)
+    keep_last: int = 2
+    resume: str = "none"  # none | auto (newest complete checkpoint) | path to a checkpoint
+    save_hf: bool = True  # each checkpoint carries a Hugging Face export in model/
+    export_hf: bool = True  # write <out_dir>/hf at the end of the run
+
+
+@dataclass
+class LogSection:
+    every: int = 1
+    tensorboard: bool = True
+    progress: bool = True
+    peak_tflops: Optional[float] = None  # per device, for MFU; null: known GPU table / measured on CPU
+
+
+@dataclass
+class StageSection:
+    """One stage of a staged context extension; unset fields inherit the base config."""
+
+    name: str = ""
+    seq_len: int = MISSING
+    steps: int = MISSING
+    lr: Optional[float] = None
+    warmup_steps: Optional[int] = None
+    cp_size: Optional[int] = None
+    rope_parameters: Optional[Dict[str, Any]] = None
+    max_position_embeddings: Optional[int] = None
+
+
+@dataclass
+class TrainConfig:
+    out_dir: str = "runs/default"
+    model: ModelSection = field(default_factory=ModelSection)
+    data: DataConfig = field(default_factory=DataConfig)
+    parallel: ParallelSection = field(default_factory=ParallelSection)
+    optim: OptimSection = field(default_factory=OptimSection)
+    train: TrainSection = field(default_factory=TrainSection)
+    checkpoint: CheckpointSection = field(default_factory=CheckpointSection)
+    log: LogSection = field(default_factory=LogSection)
+    stages: List[StageSection] = field(default_factory=list)
+
+
+# ------------------------------------------------------------------------------ loading
+def _dataclass_in(t: Any) -> Any:
+    """The dataclass inside a field type (X, Optional[X], List[X]), or None."""
+    if is_dataclass(t):
+        return t
+    for arg in typing.get_args(t):
+        found = _dataclass_in(arg)
+        if found is not None:
+            return found
+    return None
+
+
+def _check_keys(node: Any, schema: type, where: str) -> None:
+    """Unknown keys anywhere in a user mapping -> UserError with the closest valid key."""
+    hints = typing.get_type_hints(schema)
+    for key, value in node.items():
+        if key not in hints:
+            close = difflib.get_close_matches(str(key), list(hints), n=1)
+            hint = f"did you mean '{where}{close[0]}'?" if close else f"valid: {', '.join(hints)}"
+            raise UserError(f"{where}{key}: unknown key; {hint}")
+        sub = _dataclass_in(hints[key])
+        if sub is None:
+            continue
+        if isinstance(value, dict):
+            _check_keys(value, sub, f"{where}{key}.")
+        elif isinstance(value, list):
+            for i, item in enumerate(value):
+                if isinstance(item, dict):
+                    _check_keys(item, sub, f"{where}{key}[{i}].")
+
+
+def _parse_override(item: str) -> tuple[str, Any]:
+    if "=" not in item:
+        raise UserError(f"override {item!r}: expected key=value (e.g. train.steps=100)")
+    key, raw = item.split("=", 1)
+    value = OmegaConf.create({"v": raw}).v if raw == "" else OmegaConf.to_container(
+        OmegaConf.create(f"v: {raw}"))["v"]
+    return key.strip(), value
+
+
+def _nest(key: str, value: Any) -> dict:
+    out: dict = {}
+    cur = out
+    parts = key.split(".")
+    for p in parts[:-1]:
+        cur = cur.setdefault(p, {})
+    cur[parts[-1]] = value
+    return out
+
+
+def load_config(path: Optional[str] = None, overrides: Optional[list[str]] = None) -> TrainConfig:
+    """YAML file (optional) + key=value overrides -> a validated TrainConfig object."""
+    schema = OmegaConf.structured(TrainConfig)
+    layers = []
+    if path is not None:
+        p = Path(path)
+        if not p.is_file():
+            raise UserError(f"--config: {path} does not exist")
+        try:
+            user = OmegaConf.load(p)
+        except Exception as e:  # yaml errors
+            raise UserError(f"{path}: invalid YAML ({str(e).splitlines()[0]})") from None
+        if not isinstance(user, DictConfig):
+            raise UserError(f"{path}: expected a mapping at the top level")
+        _check_keys(OmegaConf.to_container(user), TrainConfig, "")
+        layers.append(user)
+    for item in overrides or []:
+        key, value = _parse_override(item)
+        nested = _nest(key, value)
+        _check_keys(nested, TrainConfig, "")
+        layers.append(OmegaConf.create(nested))
+    try:
+        merged = OmegaConf.merge(schema, *layers)
+        cfg = OmegaConf.to_object(merged)
+    except OmegaConfBaseException as e:
+        key = getattr(e, "full_key", None) or ""
+        msg = str(e).splitlines()[0]
+        raise UserError(f"{key}: {msg}" if key else msg) from None
+    return cfg
+
+
+def to_yaml(cfg: TrainConfig) -> str:
+    return OmegaConf.to_yaml(OmegaConf.structured(cfg))
+
+
+# --------------------------------------------------------------------------- validation
+def resolved_stages(cfg: TrainConfig) -> list[StageSection]:
+    """The stages to run; a config without `stages` is one stage from data/train/optim."""
+    if cfg.stages:
+        return cfg.stages
+    return [StageSection(name="main", seq_len=cfg.data.seq_len, steps=cfg.train.steps)]
+
+
+def validate_config(cfg: TrainConfig, world_size: int) -> None:
+    """Cheap cross-field checks, before any model, data or process-group work."""
+    from longctx.data.config import validate_data_config
+    from longctx.model.config import PRESETS
+
+    m, par, opt, tr, ck = cfg.model, cfg.parallel, cfg.optim, cfg.train, cfg.checkpoint
+    if m.init_from is None and m.preset not in PRESETS:
+        raise UserError(f"model.preset: unknown {m.preset!r}; valid: {', '.join(sorted(PRESETS))}")
+    if m.init_from is not None and not (Path(m.init_from) / "config.json").is_file():
+        what = "does not exist" if not Path(m.init_from).exists() else "has no config.json"
+        raise UserError(f"model.init_from: {m.init_from} {what} (expected a Hugging Face Llama directory)")
+    if par.cp_impl not in CP_IMPLS:
+        raise UserError(f"parallel.cp_impl: unknown {par.cp_impl!r}; valid: {', '.join(CP_IMPLS)}")
+    if par.zero_stage not in (0, 1, 2, 3):
+        raise UserError(f"parallel.zero_stage: must be 0, 1, 2 or 3, got {par.zero_stage}")
+    if par.offload_params and par.zero_stage != 3:
+        raise UserError("parallel.offload_params: needs parallel.zero_stage=3")
+    if par.activation_checkpointing not in CHECKPOINTING:
+        raise UserError(f"parallel.activation_checkpointing: unknown {par.activation_checkpointing!r}; valid: {', '.join(CHECKPOINTING)}")
+    if par.checkpoint_every < 1:
+        raise UserError(f"parallel.checkpoint_every: must be >= 1, got {par.checkpoint_every}")
+    if par.deepspeed_config is not None and not Path(par.deepspeed_config).is_file():
+        raise UserError(f"parallel.deepspeed_config: {par.deepspeed_config} does not exist")
+    if tr.dtype not in DTYPES:
+        raise UserError(f"train.dtype: unknown {tr.dtype!r}; valid: {', '.join(DTYPES)}")
+    if opt.schedule not in SCHEDULES:
+        raise UserError(f"optim.schedule: unknown {opt.schedule!r}; valid: {', '.join(SCHEDULES)}")
+    if not opt.lr > 0:
+        raise UserError(f"optim.lr: must be > 0, got {opt.lr}")
+    for name in ("min_lr_ratio", "weight_decay", "grad_clip"):
+        if getattr(opt, name) < 0:
+            raise UserError(f"optim.{name}: must be >= 0, got {getattr(opt, name)}")
+    if opt.warmup_steps < 0:
+        raise UserError(f"optim.warmup_steps: must be >= 0, got {opt.warmup_steps}")
+    if tr.grad_accum < 1:
+        raise UserError(f"train.grad_accum: must be >= 1, got {tr.grad_accum}")
+    if tr.loss_chunk_size < 1:
+        raise UserError(f"train.loss_chunk_size: must be >= 1, got {tr.loss_chunk_size}")
+    if ck.keep_last < 1:
+        raise UserError(f"checkpoint.keep_last: must be >= 1, got {ck.keep_last}")
+    if ck.every < 0:
+        raise UserError(f"checkpoint.every: must be >= 0, got {ck.every}")
+    if ck.resume not in ("none", "auto") and not Path(ck.resume).is_dir():
+        raise UserError(f"checkpoint.resume: {ck.resume} is not 'none', 'auto' or an existing checkpoint directory")
+    if cfg.data.micro_batch_size < 1:
+        raise UserError(f"data.micro_batch_size: must be >= 1, got {cfg.data.micro_batch_size}")
+
+    for i, stage in enumerate(resolved_stages(cfg)):
+        where = f"stages[{i}]" if cfg.stages else "train"
+        if stage.steps < 1:
+            raise UserError(f"{where}.steps: must be >= 1, got {stage.steps}")
+        if stage.lr is not None and not stage.lr > 0:
+            raise UserError(f"{where}.lr: must be > 0, got {stage.lr}")
+        seq_where = f"stages[{i}].seq_len" if cfg.stages else "data.seq_len"
+        if stage.seq_len < 2:
+            raise UserError(f"{seq_where}: must be >= 2, got {stage.seq_len}")
+        cp = stage.cp_size or par.cp_size
+        cp_where = f"stages[{i}].cp_size" if stage.cp_size else "parallel.cp_size"
+        if cp < 1 or world_size % cp != 0:
+            raise UserError(f"{cp_where}: {cp} must divide the world size {world_size} (world = dp x cp)")
+        _validate_cp_shape(cp, par, stage.seq_len, seq_where, cp_where)
+        validate_data_config(dataclasses.replace(cfg.data, seq_len=stage.seq_len))
+        model_cfg = stage_model_config(cfg, stage, where=f"stages[{i}]" if cfg.stages else "model")
+        if cp > 1 and par.cp_impl in ("ulysses", "hybrid"):
+            degree = cp if par.cp_impl == "ulysses" else par.ulysses_size
+            if model_cfg.num_attention_heads % degree != 0:
+                raise UserError(f"parallel.ulysses_size: the Ulysses degree {degree} must divide "
+                                f"num_attention_heads={model_cfg.num_attention_heads}")
+    _check_out_dir(cfg.out_dir)
+
+
+def _validate_cp_shape(cp: int, par: ParallelSection, seq_len: int, seq_where: str, cp_where: str) -> None:
+    if cp == 1:
+        return
+    if par.cp_impl in ("ring", "hybrid"):
+        if seq_len % (2 * cp) != 0:
+            raise UserError(f"{seq_where}: {seq_len} must be divisible by 2 x cp_size = {2 * cp} for the zigzag layout")
+    elif seq_len % cp != 0:
+        raise UserError(f"{seq_where}: {seq_len} must be divisible by cp_size = {cp}")
+    if par.cp_impl == "hybrid" and (par.ulysses_size < 1 or cp % par.ulysses_size != 0):
+        raise UserError(f"parallel.ulysses_size: {par.ulysses_size} must divide {cp_where}={cp} for the hybrid layout")
+
+
+def _check_out_dir(out_dir: str) -> None:
+    """Probe the nearest existing ancestor with a real file create (root ignores mode bits)."""
+    p = Path(out_dir).absolute()
+    probe = p
+    while not probe.exists():
+        probe = probe.parent
+    if not probe.is_dir():
+        raise UserError(f"out_dir: {out_dir} is not writable ({probe} is not a directory)")
+    try:
+        with tempfile.NamedTemporaryFile(dir=probe, prefix=".longctx-probe-"):
+            pass
+    except OSError as e:
+        raise UserError(f"out_dir: {out_dir} is not writable ({e.strerror})") from None
+
+
+def stage_model_config(cfg: TrainConfig, stage: StageSection, where: str = "model"):
+    """The model configuration of one stage: preset or init_from checkpoint, then the
+    model section's overrides, then the stage's RoPE / max length. Reads only config.json."""
+    from longctx.model.config import get_preset
+    from longctx.model.hf import read_hf_config
+
+    m = cfg.model
+    base = read_hf_config(m.init_from) if m.init_from else get_preset(m.preset)
+    changes: dict[str, Any] = dict(m.overrides)
+    rope = stage.rope_parameters or m.rope_parameters
+    if rope is not None:
+        changes["rope_parameters"] = dict(rope)
+    max_pos = stage.max_position_embeddings or m.max_position_embeddings
+    if max_pos is not None:
+        changes["max_position_embeddings"] = max_pos
+    valid = {f.name for f in fields(type(base))}
+    for key in changes:
+        if key not in valid:
+            close = difflib.get_close_matches(key, sorted(valid), n=1)
+            raise UserError(f"model.overrides.{key}: not a model field" + (f"; did you mean {close[0]!r}?" if close else ""))
+    try:
+        return base.replace(**changes)
+    except UserError as e:
+        msg = str(e)
+        if msg.startswith("model.rope_parameters") and stage.rope_parameters:
+            msg = f"{where}.rope_parameters" + msg[len("model.rope_parameters"):]
+        raise UserError(msg) from None

@@ -1,0 +1,63 @@
+"""Cross-entropy over the vocabulary head computed in chunks of tokens.
+
+The full (tokens x vocab) logits never exist: each chunk's logits are formed, reduced to
+its loss, and turned into the gradients of the hidden states and of the head weight right
+away (the head is linear, so the gradient is exact), then freed. Softmax statistics are fp32.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+IGNORE_INDEX = -100
+
+
+class _ChunkedLinearCrossEntropy(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, hidden, weight, labels, token_weights, chunk_size):
+        # hidden (N, d), weight (V, d), labels (N,), token_weights (N,) fp32 (0 where ignored)
+        needs_grad = ctx.needs_input_grad[0] or ctx.needs_input_grad[1]
+        grad_hidden = torch.empty_like(hidden) if needs_grad else None
+        grad_weight = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) if needs_grad else None
+        total = torch.zeros((), dtype=torch.float32, device=hidden.device)
+        safe_labels = labels.clamp_min(0)
+        for start in range(0, hidden.shape[0], chunk_size):
+            h = hidden[start:start + chunk_size]  # (c, d)
+            y = safe_labels[start:start + chunk_size]  # (c,)
+            w = token_weights[start:start + chunk_size]  # (c,)
+            logits = (h @ weight.t()).float()  # (c, V)
+            lse = torch.logsumexp(logits, dim=-1)  # (c,)
+            picked = logits.gather(1, y[:, None]).squeeze(1)  # (c,)
+            total += ((lse - picked) * w).sum()
+            if needs_grad:
+                probs = torch.exp(logits.sub_(lse[:, None]))  # softmax, in place: (c, V)
+                probs[torch.arange(len(y), device=y.device), y] -= 1.0
+                probs.mul_(w[:, None])  # d loss / d logits
+                g = probs.to(hidden.dtype)
+                grad_hidden[start:start + chunk_size] = g @ weight
+                grad_weight.addmm_(g.t().float(), h.float())  # fp32 accumulation across chunks
+        if needs_grad:
+            ctx.save_for_backward(grad_hidden, grad_weight.to(weight.dtype))
+        return total
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        grad_hidden, grad_weight = ctx.saved_tensors
+        return grad_hidden * grad_out.to(grad_hidden.dtype), grad_weight * grad_out.to(grad_weight.dtype), None, None, None
+
+
+def chunked_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor,
+                          token_weights: Optional[torch.Tensor] = None,
+                          chunk_size: int = 4096) -> tuple[torch.Tensor, torch.Tensor]:
+    """Sum of (weighted) token losses and the sum of weights over non-ignored labels.
+
+    hidden (..., d) and labels (...) are flattened; weight is the (V, d) head. Returns
+    (loss_sum fp32 scalar, weight_sum fp32 scalar); the caller divides (possibly by a
+    count reduced across ranks, so every parallel layout averages the same tokens).
+    """
+    h = hidden.reshape(-1, hidden.shape[-1])  # (N, d)
+    y = labels.reshape(-1)  # (N,)
+    valid = (y != IGNORE_INDEX).float()
+    w = valid if token_weights is None else token_weights.reshape(-1).float() * valid
+    return _ChunkedLinearCrossEntropy.apply(h, weight, y, w, chunk_size), w.sum()

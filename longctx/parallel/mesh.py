@@ -1,0 +1,105 @@
+"""Process setup from any launcher's environment, and the dp x cp arrangement of ranks.
+
+Ranks are laid out cp-innermost: rank = dp_index * cp_size + cp_index, so a cp group is a
+block of consecutive ranks (one node's GPUs first, where the fast links are).
+"""
+from __future__ import annotations
+
+import datetime
+import os
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+import torch.distributed as dist
+
+
+@dataclass
+class DistEnv:
+    rank: int
+    world_size: int
+    local_rank: int
+    launcher: str  # torchrun | slurm | mpi | single
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+
+def read_env() -> DistEnv:
+    """torchrun, `accelerate launch` and the DeepSpeed launcher set RANK/WORLD_SIZE/LOCAL_RANK;
+    `srun` without torchrun sets SLURM_*; mpirun sets OMPI_COMM_WORLD_*."""
+    env = os.environ
+    if "RANK" in env and "WORLD_SIZE" in env:
+        return DistEnv(int(env["RANK"]), int(env["WORLD_SIZE"]), int(env.get("LOCAL_RANK", 0)), "torchrun")
+    if int(env.get("SLURM_NTASKS", "1")) > 1 and "SLURM_PROCID" in env:
+        return DistEnv(int(env["SLURM_PROCID"]), int(env["SLURM_NTASKS"]), int(env.get("SLURM_LOCALID", 0)), "slurm")
+    if "OMPI_COMM_WORLD_RANK" in env:
+        return DistEnv(int(env["OMPI_COMM_WORLD_RANK"]), int(env["OMPI_COMM_WORLD_SIZE"]),
+                       int(env.get("OMPI_COMM_WORLD_LOCAL_RANK", 0)), "mpi")
+    return DistEnv(0, 1, 0, "single")
+
+
+def init_distributed(timeout_s: float = 1800.0) -> DistEnv:
+    """Initialise torch.distributed (NCCL on GPUs, gloo on CPU). A single process still gets a
+    1-rank gloo group so that every code path (ZeRO, collectives) is the same."""
+    info = read_env()
+    if dist.is_initialized():
+        return info
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    if info.launcher == "single":
+        os.environ.setdefault("MASTER_PORT", str(_free_port()))
+    else:
+        os.environ.setdefault("MASTER_PORT", "29500")
+    os.environ["RANK"], os.environ["WORLD_SIZE"] = str(info.rank), str(info.world_size)
+    os.environ["LOCAL_RANK"] = str(info.local_rank)
+    if torch.cuda.is_available():
+        torch.cuda.set_device(info.local_rank % torch.cuda.device_count())
+        backend = "nccl"
+    else:
+        backend = "gloo"
+    dist.init_process_group(backend, rank=info.rank, world_size=info.world_size,
+                            timeout=datetime.timedelta(seconds=timeout_s))
+    return info
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class Mesh:
+    """This rank's place in the dp x cp grid and the process groups of its row and column."""
+
+    dp_size: int
+    cp_size: int
+    dp_rank: int
+    cp_rank: int
+    cp_group: Optional[dist.ProcessGroup]
+    dp_group: Optional[dist.ProcessGroup]
+    cp_ranks: list[int]
+
+
+def build_mesh(cp_size: int) -> Mesh:
+    """Create the groups (every rank must call this, in the same order)."""
+    world, rank = dist.get_world_size(), dist.get_rank()
+    if world % cp_size != 0:
+        raise ValueError(f"cp_size {cp_size} does not divide world size {world}")
+    dp_size = world // cp_size
+    cp_group = dp_group = None
+    my_cp_ranks: list[int] = []
+    for d in range(dp_size):
+        ranks = list(range(d * cp_size, (d + 1) * cp_size))
+        group = dist.new_group(ranks)
+        if rank in ranks:
+            cp_group, my_cp_ranks = group, ranks
+    for c in range(cp_size):
+        ranks = list(range(c, world, cp_size))
+        group = dist.new_group(ranks)
+        if rank in ranks:
+            dp_group = group
+    return Mesh(dp_size, cp_size, rank // cp_size, rank % cp_size, cp_group, dp_group, my_cp_ranks)

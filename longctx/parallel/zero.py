@@ -1,0 +1,103 @@
+"""DeepSpeed ZeRO (stage 0-3, optional CPU offload) over all dp x cp ranks.
+
+Gradients are averaged by DeepSpeed over the whole world. The trainer scales each rank's
+loss so that this average equals the gradient of the global mean over real tokens (see
+longctx/train/step.py), which makes every dp x cp layout give the same update.
+"""
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+from typing import Any, Optional
+
+import torch
+from torch import nn
+
+from longctx.errors import UserError
+
+
+def deepspeed_config(*, zero_stage: int, micro_batch_size: int, grad_accum: int, world_size: int,
+                     dtype: str, grad_clip: float, offload_optimizer: bool = False,
+                     offload_params: bool = False, user_json: Optional[str] = None) -> dict:
+    zero: dict[str, Any] = {"stage": zero_stage}
+    if zero_stage >= 2:
+        zero.update({"overlap_comm": True, "contiguous_gradients": True})
+    if zero_stage == 3:
+        zero.update({"stage3_gather_16bit_weights_on_model_save": True})
+    if offload_optimizer:
+        zero["offload_optimizer"] = {"device": "cpu", "pin_memory": torch.cuda.is_available()}
+    if offload_params:
+        zero["offload_param"] = {"device": "cpu", "pin_memory": torch.cuda.is_available()}
+    cfg = {
+        "train_micro_batch_size_per_gpu": micro_batch_size,
+        "gradient_accumulation_steps": grad_accum,
+        "train_batch_size": micro_batch_size * grad_accum * world_size,
+        "zero_optimization": zero,
+        "bf16": {"enabled": dtype == "bfloat16"},
+        "gradient_clipping": grad_clip,
+        "zero_allow_untested_optimizer": True,
+        "steps_per_print": 2**31 - 1,
+        "wall_clock_breakdown": False,
+    }
+    if user_json:
+        try:
+            user = json.loads(Path(user_json).read_text())
+        except (OSError, json.JSONDecodeError) as e:
+            raise UserError(f"parallel.deepspeed_config: cannot read {user_json} ({e})") from None
+        cfg = _deep_merge(cfg, user)
+    return cfg
+
+
+def _deep_merge(base: dict, over: dict) -> dict:
+    out = dict(base)
+    for k, v in over.items():
+        out[k] = _deep_merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
+
+
+def build_optimizer(model: nn.Module, *, lr: float, betas: tuple[float, float], eps: float,
+                    weight_decay: float, offload: bool) -> torch.optim.Optimizer:
+    """AdamW; no weight decay on norms and biases. With optimizer offload DeepSpeed needs its
+    CPU Adam (compiled on first use)."""
+    decay, no_decay = [], []
+    for name, p in model.named_parameters():
+        (no_decay if p.ndim < 2 else decay).append(p)
+    groups = [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    if offload:
+        from deepspeed.ops.adam import DeepSpeedCPUAdam
+
+        return DeepSpeedCPUAdam(groups, lr=lr, betas=betas, eps=eps, adamw_mode=True)
+    return torch.optim.AdamW(groups, lr=lr, betas=betas, eps=eps)
+
+
+def initialize_engine(model: nn.Module, optimizer: torch.optim.Optimizer, ds_config: dict):
+    import deepspeed
+
+    logging.getLogger("DeepSpeed").setLevel(logging.WARNING)
+    engine, optimizer, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, config=ds_config)
+    if ds_config["zero_optimization"]["stage"] == 3:
+        # The chunked loss reads the head weight outside the head's own forward.
+        import deepspeed
+
+        deepspeed.zero.register_external_parameter(model, model.output_weight)
+    return engine, optimizer
+
+
+def full_state_dict(engine, model: nn.Module) -> dict[str, torch.Tensor]:
+    """The whole model's weights on every rank's CPU (gathers ZeRO-3 partitions)."""
+    stage = engine.zero_optimization_stage()
+    if stage == 3:
+        import deepspeed
+
+        state = {}
+        params = dict(model.named_parameters())
+        with deepspeed.zero.GatheredParameters(list(params.values()), modifier_rank=None):
+            for name, p in params.items():
+                state[_clean(name)] = p.detach().to("cpu").clone()
+        return state
+    return {_clean(k): v.detach().to("cpu") for k, v in model.state_dict().items()}
+
+
+def _clean(name: str) -> str:
+    return name.replace("_checkpoint_wrapped_module.", "")

@@ -1,0 +1,315 @@
+"""The training job: config -> model -> parallelism -> data -> steps -> checkpoints.
+
+Loss normalisation (why every dp x cp layout gives the same loss and update): with N the
+number of real (weighted) label tokens in the whole optimizer step, summed over all ranks and
+micro-batches, each rank backpropagates  loss_sum_rank_micro * world * grad_accum / N.
+DeepSpeed divides by grad_accum and averages over the world, so the applied gradient is the
+gradient of  sum(all token losses) / N  -- the single-device mean.
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import logging
+import sys
+import time
+from pathlib import Path
+from typing import Optional
+
+import torch
+import torch.distributed as dist
+
+from longctx.config import TrainConfig, resolved_stages, stage_model_config, to_yaml, validate_config
+from longctx.errors import UserError
+from longctx.train.signals import PREEMPTED_EXIT_CODE
+
+log = logging.getLogger("longctx.train")
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+
+def _setup_logging(out_dir: Path, rank: int) -> None:
+    logs = out_dir / "logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    handler = logging.FileHandler(logs / f"rank_{rank:05d}.log")
+    handler.setFormatter(logging.Formatter(f"%(asctime)s [rank {rank}] %(levelname)s %(name)s: %(message)s"))
+    root = logging.getLogger()
+    root.addHandler(handler)
+    root.setLevel(logging.INFO)
+    if rank == 0:
+        console = logging.StreamHandler(sys.stderr)
+        console.setLevel(logging.WARNING)
+        root.addHandler(console)
+
+
+def _all_reduce_sum(values: list[float]) -> list[float]:
+    t = torch.tensor(values, dtype=torch.float64)
+    if dist.get_backend() == "nccl":
+        t = t.cuda()
+    dist.all_reduce(t)
+    return t.cpu().tolist()
+
+
+class Trainer:
+    def __init__(self, cfg: TrainConfig):
+        from longctx.parallel.mesh import init_distributed, read_env
+
+        self.cfg = cfg
+        self.env = read_env()
+        validate_config(cfg, self.env.world_size)  # everything cheap, before any process group
+        self.stages = resolved_stages(cfg)
+        self.out = Path(cfg.out_dir)
+        self._check_resume_source()
+        init_distributed()
+        self.rank, self.world = dist.get_rank(), dist.get_world_size()
+        if self.rank == 0:
+            self.out.mkdir(parents=True, exist_ok=True)
+            (self.out / "resolved_config.yaml").write_text(to_yaml(cfg))
+        dist.barrier()
+        _setup_logging(self.out, self.rank)
+        self.dtype = DTYPES[cfg.train.dtype]
+        self.device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
+        self._meshes: dict[int, object] = {}
+
+    def _check_resume_source(self) -> None:
+        from longctx.train.checkpoint import find_resume
+
+        self.resume_from = find_resume(self.out, self.cfg.checkpoint.resume)
+
+    # ------------------------------------------------------------------ building blocks
+    def _mesh(self, cp: int):
+        from longctx.parallel.mesh import build_mesh
+
+        if cp not in self._meshes:
+            self._meshes[cp] = build_mesh(cp)
+        return self._meshes[cp]
+
+    def _attention(self, cp: int):
+        from longctx.attention import get_attention
+        from longctx.parallel.cp import make_cp_attention
+
+        par = self.cfg.parallel
+        if cp == 1:
+            return get_attention(par.attention_backend, self.device)
+        mesh = self._mesh(cp)
+        ulysses = cp if par.cp_impl == "ulysses" else (par.ulysses_size if par.cp_impl == "hybrid" else None)
+        return make_cp_attention(mesh.cp_group, impl=par.cp_impl, ulysses_size=ulysses, backend=par.attention_backend)
+
+    def _build_model(self):
+        from longctx.model import build_model
+        from longctx.model.hf import load_pretrained
+        from longctx.parallel.checkpointing import apply_activation_checkpointing
+
+        cfg = self.cfg
+        model_cfg = stage_model_config(cfg, self.stages[0])
+        if cfg.model.init_from:
+            model = load_pretrained(cfg.model.init_from, config=model_cfg, device=self.device)
+        else:
+            model = build_model(model_cfg, device=self.device, seed=cfg.train.seed)
+        model = model.to(self.dtype)
+        apply_activation_checkpointing(model, cfg.parallel.activation_checkpointing, cfg.parallel.checkpoint_every)
+        return model
+
+    def _enter_stage(self, model, index: int) -> None:
+        from longctx.model.rope import RotaryEmbedding
+
+        stage = self.stages[index]
+        new_cfg = stage_model_config(self.cfg, stage)
+        model.config = new_cfg
+        model.rotary = RotaryEmbedding(new_cfg.rope_parameters, new_cfg.head_dim, new_cfg.max_position_embeddings)
+        cp = stage.cp_size or self.cfg.parallel.cp_size
+        model.set_attention(self._attention(cp))
+        self.cp = cp
+        self.mesh = self._mesh(cp)
+
+    # ------------------------------------------------------------------------ the job
+    def run(self) -> int:
+        from tqdm import tqdm
+
+        from longctx.data import build_loader, check_vocab, load_tokenizer
+        from longctx.model.llama import count_parameters
+        from longctx.parallel.zero import build_optimizer, deepspeed_config, initialize_engine
+        from longctx.train.checkpoint import load_checkpoint
+        from longctx.train.metrics import MetricsWriter, flops_per_token, peak_flops_per_device
+        from longctx.train.signals import PreemptionFlag
+
+        cfg, rank = self.cfg, self.rank
+        torch.manual_seed(cfg.train.seed)
+        tokenizer = load_tokenizer(cfg.data.tokenizer)
+        model = self._build_model()
+        check_vocab(tokenizer, model.config.vocab_size)
+        n_params = count_parameters(model)
+        log.info("model: %s parameters", f"{n_params:,}")
+        optimizer = build_optimizer(model, lr=cfg.optim.lr, betas=(cfg.optim.beta1, cfg.optim.beta2),
+                                    eps=cfg.optim.eps, weight_decay=cfg.optim.weight_decay,
+                                    offload=cfg.parallel.offload_optimizer)
+        ds_cfg = deepspeed_config(zero_stage=cfg.parallel.zero_stage, micro_batch_size=cfg.data.micro_batch_size,
+                                  grad_accum=cfg.train.grad_accum, world_size=self.world, dtype=cfg.train.dtype,
+                                  grad_clip=cfg.optim.grad_clip, offload_optimizer=cfg.parallel.offload_optimizer,
+                                  offload_params=cfg.parallel.offload_params, user_json=cfg.parallel.deepspeed_config)
+        engine, _ = initialize_engine(model, optimizer, ds_cfg)
+        self.engine, self.model = engine, model
+
+        state = {"step": 0, "tokens": 0, "stage": 0, "stage_step": 0}
+        loader_state = None
+        if self.resume_from is not None:
+            saved, rank_state = load_checkpoint(self.resume_from, engine=engine, world_size=self.world)
+            state.update({k: saved[k] for k in state})
+            loader_state = rank_state["data"]
+            from longctx.train.checkpoint import set_rng_state
+
+            set_rng_state(rank_state["rng"])
+            log.info("resumed from %s at step %d", self.resume_from, state["step"])
+
+        total_steps = sum(s.steps for s in self.stages)
+        writer = MetricsWriter(self.out, rank == 0, cfg.log.tensorboard)
+        peak, peak_src = peak_flops_per_device(cfg.log.peak_tflops, self.dtype)
+        flag = PreemptionFlag().install()
+        bar = tqdm(total=total_steps, initial=state["step"], desc="train", unit="step",
+                   disable=rank != 0 or not cfg.log.progress, dynamic_ncols=True)
+        exit_code = 0
+        try:
+            while state["stage"] < len(self.stages):
+                si = state["stage"]
+                stage = self.stages[si]
+                self._enter_stage(model, si)
+                data_cfg = dataclasses.replace(cfg.data, seq_len=stage.seq_len,
+                                               emit_answer_mask=cfg.data.emit_answer_mask or cfg.train.answer_loss_weight != 1.0)
+                loader = build_loader(data_cfg, tokenizer, dp_rank=self.mesh.dp_rank, dp_size=self.mesh.dp_size,
+                                      seed=cfg.train.seed + 1000 * si)
+                if loader_state is not None:
+                    loader.load_state_dict(loader_state)
+                    loader_state = None
+                batches = iter(loader)
+                fpt = flops_per_token(model.config, stage.seq_len)
+                while state["stage_step"] < stage.steps:
+                    record = self._step(engine, batches, stage, state, fpt, peak)
+                    state["step"] += 1
+                    state["stage_step"] += 1
+                    state["tokens"] += record["tokens"]
+                    bar.update(1)
+                    bar.set_postfix(loss=f"{record['loss']:.4f}", stage=si)
+                    if state["step"] % cfg.log.every == 0 or state["stage_step"] == stage.steps:
+                        record.update(step=state["step"], stage=si, tokens_seen=state["tokens"], peak_flops_source=peak_src)
+                        writer.write(record)
+                    stage_done = state["stage_step"] == stage.steps
+                    preempt = flag.agreed()
+                    due = cfg.checkpoint.every > 0 and state["step"] % cfg.checkpoint.every == 0
+                    if stage_done:
+                        state["stage"] += 1
+                        state["stage_step"] = 0
+                    if due or stage_done or preempt:
+                        next_loader = None if stage_done else loader.state_dict()
+                        self._save(state, next_loader)
+                    if preempt:
+                        log.warning("preemption signal %s: checkpoint saved at step %d, exiting with %d",
+                                    flag.received, state["step"], PREEMPTED_EXIT_CODE)
+                        if rank == 0:
+                            bar.write(f"preempted: saved step {state['step']}, exit code {PREEMPTED_EXIT_CODE}")
+                        exit_code = PREEMPTED_EXIT_CODE
+                        return exit_code
+                    if stage_done:
+                        break
+            if cfg.checkpoint.export_hf:
+                self._write_hf(self.out / "hf")
+            return exit_code
+        finally:
+            bar.close()
+            writer.close()
+            flag.uninstall()
+
+    def _step(self, engine, batches, stage, state: dict, fpt: float, peak: float) -> dict:
+        from longctx.parallel.sharding import shard_batch
+        from longctx.train.metrics import peak_memory_bytes
+        from longctx.train.schedule import lr_at
+
+        cfg = self.cfg
+        t0 = time.perf_counter()
+        micro = [next(batches) for _ in range(cfg.train.grad_accum)]
+        t_data = time.perf_counter() - t0
+        lr = lr_at(state["stage_step"], stage.steps, lr=stage.lr or cfg.optim.lr,
+                   warmup_steps=cfg.optim.warmup_steps if stage.warmup_steps is None else stage.warmup_steps,
+                   schedule=cfg.optim.schedule, min_lr_ratio=cfg.optim.min_lr_ratio)
+        for group in engine.optimizer.param_groups:
+            group["lr"] = lr
+        prepared = []
+        local_weight = 0.0
+        for batch in micro:
+            inputs = self._prepare(batch)
+            if self.cp > 1:
+                inputs = shard_batch(inputs, self.mesh.cp_rank, self.cp)
+            weights = inputs.get("loss_weights")
+            valid = (inputs["labels"] != -100).float()
+            local_weight += float((valid * weights).sum() if weights is not None else valid.sum())
+            prepared.append(inputs)
+        total_weight, = _all_reduce_sum([local_weight])
+        if total_weight <= 0:
+            raise UserError("data: a whole optimizer step has no label tokens (all labels ignored)")
+        scale = self.world * cfg.train.grad_accum / total_weight
+        loss_total, grad_norm = 0.0, None
+        for inputs in prepared:
+            loss_sum, _ = engine(inputs["input_ids"], position_ids=inputs["position_ids"],
+                                 segment_ids=inputs.get("segment_ids"), labels=inputs["labels"],
+                                 loss_weights=inputs.get("loss_weights"), loss_chunk_size=cfg.train.loss_chunk_size)
+            engine.backward(loss_sum * scale)
+            if engine.is_gradient_accumulation_boundary() and engine.zero_optimization_stage() == 0:
+                grad_norm = _replicated_grad_norm(self.model)  # DeepSpeed does not report it without ZeRO
+            engine.step()
+            loss_total += float(loss_sum.detach())
+        global_loss, = _all_reduce_sum([loss_total])
+        elapsed = time.perf_counter() - t0
+        if grad_norm is None:
+            grad_norm = engine.get_global_grad_norm()
+        grad_norm = float(grad_norm) if grad_norm is not None else float("nan")
+        tokens = stage.seq_len * cfg.data.micro_batch_size * cfg.train.grad_accum * self.mesh.dp_size
+        tps = tokens / elapsed
+        return {
+            "loss": global_loss / total_weight, "lr": lr, "grad_norm": grad_norm, "tokens": tokens,
+            "tokens_per_s": tps, "tokens_per_s_per_device": tps / self.world,
+            "mfu": fpt * tps / self.world / peak, "peak_memory_gb": peak_memory_bytes() / 2**30,
+            "data_wait_fraction": t_data / elapsed, "step_time_s": elapsed, "seq_len": stage.seq_len,
+            "cp_size": self.cp, "dp_size": self.mesh.dp_size,
+        }
+
+    def _prepare(self, batch: dict) -> dict:
+        out = {k: batch[k].to(self.device) for k in ("input_ids", "labels", "position_ids")}
+        if self.cfg.data.document_masking:
+            out["segment_ids"] = batch["segment_ids"].to(self.device)
+        w = self.cfg.train.answer_loss_weight
+        if w != 1.0 and "answer_mask" in batch:
+            out["loss_weights"] = 1.0 + (w - 1.0) * batch["answer_mask"].to(self.device).float()
+        return out
+
+    # --------------------------------------------------------------------- checkpoints
+    def _write_hf(self, path: Path) -> None:
+        from longctx.model.hf import save_hf_weights
+        from longctx.parallel.zero import full_state_dict
+
+        state = full_state_dict(self.engine, self.model)  # collective under ZeRO-3
+        if self.rank == 0:
+            save_hf_weights(state, self.model.config, path)
+        dist.barrier()
+
+    def _save(self, state: dict, loader_state: Optional[dict]) -> None:
+        from longctx.train.checkpoint import rng_state, save_checkpoint
+
+        trainer_state = dict(state, world_size=self.world, cp_size=self.cp, dp_size=self.mesh.dp_size)
+        rank_state = {"data": loader_state, "rng": rng_state()}
+        save_checkpoint(self.out, state["step"], engine=self.engine, trainer_state=trainer_state,
+                        rank_state=rank_state, keep_last=self.cfg.checkpoint.keep_last,
+                        hf_writer=self._write_hf if self.cfg.checkpoint.save_hf else None)
+
+
+def _replicated_grad_norm(model) -> float:
+    """L2 norm of the (already all-reduced, replicated) gradients, before clipping."""
+    norms = [p.grad.detach().float().norm() for p in model.parameters() if p.grad is not None]
+    return float(torch.stack(norms).norm()) if norms else 0.0
+
+
+def train(cfg: TrainConfig) -> int:
+    trainer = Trainer(cfg)
+    try:
+        return trainer.run()
+    finally:
+        if dist.is_initialized():
+            with contextlib.suppress(Exception):
+                dist.destroy_process_group()

@@ -1,0 +1,44 @@
+"""Preemption: SIGUSR1 / SIGTERM ask the trainer to finish the current step, save a
+checkpoint and exit with PREEMPTED_EXIT_CODE, which the SLURM script turns into a requeue.
+
+A second signal while saving only sets the flag again: the save is never interrupted
+(and checkpoints are atomic anyway, so even SIGKILL cannot leave a partial one that counts).
+"""
+from __future__ import annotations
+
+import signal
+from typing import Optional
+
+import torch
+import torch.distributed as dist
+
+PREEMPTED_EXIT_CODE = 85
+HANDLED = (signal.SIGUSR1, signal.SIGTERM)
+
+
+class PreemptionFlag:
+    def __init__(self) -> None:
+        self.received: Optional[int] = None
+        self._previous = {}
+
+    def install(self) -> "PreemptionFlag":
+        for sig in HANDLED:
+            self._previous[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def uninstall(self) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+        self._previous.clear()
+
+    def _handle(self, signum, frame) -> None:  # noqa: ARG002
+        self.received = signum
+
+    def agreed(self) -> bool:
+        """True on every rank if any rank was signalled (one tiny all-reduce per step)."""
+        flag = torch.tensor([1.0 if self.received is not None else 0.0])
+        if dist.is_initialized() and dist.get_world_size() > 1:
+            if dist.get_backend() == "nccl":
+                flag = flag.cuda()
+            dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        return bool(flag.item() > 0)
