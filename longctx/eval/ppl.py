@@ -1,0 +1,136 @@
+"""Perplexity vs context length on long documents.
+
+For each length L, `num_windows` windows of L tokens (each starting at a document's BOS when
+documents are long enough, else spanning document boundaries) are scored with next-token NLL
+over all positions; ppl(L) = exp(total NLL / predicted tokens). Full logits are never built:
+the vocabulary projection and the loss run in chunks of positions. Under context parallelism
+each rank scores its zigzag shard and the sums are all-reduced.
+"""
+from __future__ import annotations
+
+import math
+import warnings
+from pathlib import Path
+from typing import Optional, Sequence
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from longctx.errors import UserError
+from longctx.eval.haystack import BUILTIN_ESSAY
+
+IGNORE = -100
+
+
+def load_documents(path: Optional[str]) -> tuple[list[str], str]:
+    """Texts from a .txt/.jsonl/.json file or a folder of them; the built-in essay when None."""
+    if path is None:
+        return [BUILTIN_ESSAY], "built-in essay (repeats itself: give --ppl-data for meaningful numbers)"
+    import json
+
+    p = Path(path)
+    if not p.exists():
+        raise UserError(f"eval.ppl_data: {path} does not exist (a .txt/.jsonl/.json file or a folder of them)")
+    files = sorted(f for f in p.rglob("*") if f.suffix in (".txt", ".jsonl", ".json")) if p.is_dir() else [p]
+    docs: list[str] = []
+    for f in files:
+        text = f.read_text(encoding="utf-8", errors="replace")
+        if f.suffix == ".jsonl":
+            docs += [json.loads(x).get("text", "") for x in text.splitlines() if x.strip()]
+        elif f.suffix == ".json":
+            obj = json.loads(text)
+            items = obj if isinstance(obj, list) else [obj]
+            docs += [d.get("text", "") if isinstance(d, dict) else str(d) for d in items]
+        else:
+            docs.append(text)
+    docs = [d for d in docs if d.strip()]
+    if not docs:
+        raise UserError(f"eval.ppl_data: {path} contains no text")
+    return docs, str(path)
+
+
+def make_windows(tokenizer, docs: Sequence[str], length: int, num_windows: int) -> tuple[list[list[int]], str]:
+    add_bos = getattr(tokenizer, "bos_id", None) is not None
+    encoded = [tokenizer.encode(d, add_bos=add_bos) for d in docs]
+    long_docs = [e[:length] for e in encoded if len(e) >= length]
+    if len(long_docs) >= num_windows:
+        return long_docs[:num_windows], "document starts"
+    stream = [t for e in encoded for t in e]
+    need = length * num_windows
+    if len(stream) < need:
+        stream = stream * (need // max(len(stream), 1) + 1)
+        mode = "repeated text"
+    else:
+        mode = "spans documents"
+    warnings.warn(f"ppl at {length}: only {len(long_docs)} documents reach {length} tokens; windows are "
+                  f"cut from the concatenated stream ({mode})", stacklevel=2)
+    return [stream[i * length:(i + 1) * length] for i in range(num_windows)], mode
+
+
+def _chunked_nll(model, hidden: torch.Tensor, labels: torch.Tensor, chunk: int) -> tuple[float, int]:
+    total, count = 0.0, 0
+    W = model.output_weight
+    for s in range(0, hidden.shape[1], chunk):
+        logits = F.linear(hidden[:, s:s + chunk], W).float()  # (B, c, V)
+        lab = labels[:, s:s + chunk]
+        total += F.cross_entropy(logits.reshape(-1, logits.shape[-1]), lab.reshape(-1),
+                                 ignore_index=IGNORE, reduction="sum").item()
+        count += int((lab != IGNORE).sum())
+    return total, count
+
+
+@torch.no_grad()
+def window_nll(model, ids: torch.Tensor, *, cp_group=None, cp_impl: str = "ring", chunk: int = 1024) -> tuple[float, int]:
+    """Sum of next-token NLL and number of predicted tokens for windows ids (B, L)."""
+    labels = torch.full_like(ids, IGNORE)
+    labels[:, :-1] = ids[:, 1:]
+    P = dist.get_world_size(cp_group) if cp_group is not None else 1
+    if P == 1:
+        return _chunked_nll(model, model.forward_hidden(ids), labels, chunk)
+    from longctx.parallel import make_cp_attention, shard_sequence
+
+    L = ids.shape[1] // (2 * P) * (2 * P)  # the zigzag layout needs a multiple of 2 * cp
+    ids, labels = ids[:, :L], labels[:, :L].clone()
+    labels[:, -1] = IGNORE
+    rank = dist.get_rank(cp_group)
+    pos = torch.arange(L, device=ids.device).expand_as(ids)
+    local = [shard_sequence(x, rank, P, dim=1).contiguous() for x in (ids, pos, labels)]
+    restore = [layer.self_attn.attn_fn for layer in model.layers]
+    try:
+        model.set_attention(make_cp_attention(cp_group, impl=cp_impl))
+        hidden = model.forward_hidden(local[0], local[1])
+    finally:
+        for layer, fn in zip(model.layers, restore):
+            layer.self_attn.attn_fn = fn
+    total, count = _chunked_nll(model, hidden, local[2], chunk)
+    buf = torch.tensor([total, float(count)], dtype=torch.float64)
+    dist.all_reduce(buf, group=cp_group)
+    return float(buf[0]), int(buf[1])
+
+
+def perplexity_vs_length(model, tokenizer, lengths: Sequence[int], *, num_windows: int = 4,
+                         data_path: Optional[str] = None, cp_group=None, cp_impl: str = "ring",
+                         batch_size: int = 1, progress: bool = False) -> dict:
+    docs, source = load_documents(data_path)
+    device = model.embed_tokens.weight.device
+    rows = []
+    bar = None
+    if progress:
+        from tqdm import tqdm
+
+        bar = tqdm(total=len(lengths) * num_windows, desc="ppl", unit="window")
+    for L in lengths:
+        windows, mode = make_windows(tokenizer, docs, L, num_windows)
+        total, count = 0.0, 0
+        for i in range(0, len(windows), batch_size):
+            ids = torch.tensor(windows[i:i + batch_size], dtype=torch.long, device=device)
+            t, c = window_nll(model, ids, cp_group=cp_group, cp_impl=cp_impl)
+            total, count = total + t, count + c
+            if bar is not None:
+                bar.update(ids.shape[0])
+        nll = total / max(count, 1)
+        rows.append({"length": L, "nll": nll, "ppl": math.exp(min(nll, 700.0)), "tokens": count, "windows": mode})
+    if bar is not None:
+        bar.close()
+    return {"source": source, "num_windows": num_windows, "rows": rows}

@@ -1,0 +1,124 @@
+"""Aggregate per-sample records into tables; write results.json and report.md."""
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Optional, Sequence
+
+from longctx.eval.scoring import DEFAULT_THRESHOLD, effective_length, mean
+
+
+def aggregate(records: Sequence[dict], threshold: float = DEFAULT_THRESHOLD) -> dict:
+    """Scores per task x length (mean over samples), per-length averages over tasks, effective
+    lengths, and depth x length grids for samples generated at controlled depths."""
+    tasks: dict = {}
+    grids: dict = {}
+    for r in records:
+        t = tasks.setdefault(r["task"], {"metric": r["metric"], "_by_len": {}})
+        t["_by_len"].setdefault(r["target_length"], []).append(r["score"])
+        if r.get("depth") is not None:
+            g = grids.setdefault(r["task"], {})
+            g.setdefault((r["depth"], r["target_length"]), []).append(r["score"])
+    lengths = sorted({r["target_length"] for r in records})
+    out_tasks = {}
+    for name, t in tasks.items():
+        scores = {L: mean(v) for L, v in sorted(t["_by_len"].items())}
+        out_tasks[name] = {
+            "metric": t["metric"],
+            "scores": {str(L): s for L, s in scores.items()},
+            "samples": {str(L): len(v) for L, v in sorted(t["_by_len"].items())},
+            "average": mean(scores.values()),
+            "effective_length": effective_length(scores, threshold),
+        }
+    avg_by_len = {}
+    for L in lengths:
+        vals = [t["scores"][str(L)] for t in out_tasks.values() if str(L) in t["scores"]]
+        avg_by_len[L] = mean(vals)
+    out_grids = {}
+    for name, cells in grids.items():
+        depths = sorted({d for d, _ in cells})
+        lens = sorted({L for _, L in cells})
+        out_grids[name] = {
+            "depths": depths, "lengths": lens,
+            "scores": [[mean(cells[(d, L)]) if (d, L) in cells else None for L in lens] for d in depths],
+        }
+    return {
+        "threshold": threshold,
+        "lengths": lengths,
+        "tasks": out_tasks,
+        "average_by_length": {str(L): v for L, v in avg_by_len.items()},
+        "average": mean(avg_by_len.values()) if avg_by_len else float("nan"),
+        "effective_length": effective_length(avg_by_len, threshold) if avg_by_len else 0,
+        "grids": out_grids,
+    }
+
+
+def _clean(x):
+    """JSON-safe: NaN -> None."""
+    if isinstance(x, float) and math.isnan(x):
+        return None
+    if isinstance(x, dict):
+        return {str(k): _clean(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_clean(v) for v in x]
+    return x
+
+
+def write_results(path: Path, meta: dict, summary: dict, records: Sequence[dict], ppl: Optional[dict],
+                  skipped: Sequence[str], warnings_: Sequence[str]) -> None:
+    doc = {"meta": meta, "summary": summary, "ppl": ppl, "skipped": list(skipped), "warnings": list(warnings_),
+           "samples": list(records)}
+    Path(path).write_text(json.dumps(_clean(doc), indent=1))
+
+
+def _fmt(x, nd: int = 1) -> str:
+    if x is None or (isinstance(x, float) and math.isnan(x)):
+        return "-"
+    return f"{x:.{nd}f}"
+
+
+def render_markdown(meta: dict, summary: dict, ppl: Optional[dict], skipped: Sequence[str],
+                    warnings_: Sequence[str], figures: Sequence[str] = ()) -> str:
+    lines = ["# Long-context evaluation", ""]
+    for key in ("model", "tokenizer", "suite", "style", "samples", "seed", "cp", "dtype", "wall_seconds"):
+        if key in meta:
+            lines.append(f"- **{key}**: {meta[key]}")
+    lines.append("")
+    tasks = summary.get("tasks", {})
+    lengths = summary.get("lengths", [])
+    if tasks:
+        thr = summary["threshold"]
+        lines += ["## Scores (0-100, task x length)", "",
+                  "| task | metric | " + " | ".join(str(L) for L in lengths) + " | avg | effective length |",
+                  "|---|---|" + "---:|" * (len(lengths) + 2)]
+        for name, t in tasks.items():
+            row = [_fmt(t["scores"].get(str(L))) for L in lengths]
+            lines.append(f"| {name} | {t['metric']} | " + " | ".join(row)
+                         + f" | {_fmt(t['average'])} | {t['effective_length'] or '< ' + str(lengths[0])} |")
+        avg = [_fmt(summary["average_by_length"].get(str(L))) for L in lengths]
+        eff = summary["effective_length"]
+        lines.append("| **average** | | " + " | ".join(avg) + f" | {_fmt(summary['average'])} | "
+                     f"{eff or '< ' + str(lengths[0])} |")
+        lines += ["", f"Effective length: the longest length whose average score (and that of every shorter "
+                      f"length) is above {thr}: **{eff or 'none'}**.", ""]
+    for name, g in summary.get("grids", {}).items():
+        lines += [f"## Needle grid: {name} (rows: depth, columns: length)", "",
+                  "| depth | " + " | ".join(str(L) for L in g["lengths"]) + " |",
+                  "|---:|" + "---:|" * len(g["lengths"])]
+        for d, row in zip(g["depths"], g["scores"]):
+            lines.append(f"| {d:.0%} | " + " | ".join(_fmt(x, 0) for x in row) + " |")
+        lines.append("")
+    if ppl:
+        lines += ["## Perplexity vs context length", "", f"Source: {ppl['source']}; {ppl['num_windows']} windows per length.", "",
+                  "| length | ppl | nll | tokens | windows |", "|---:|---:|---:|---:|---|"]
+        for r in ppl["rows"]:
+            lines.append(f"| {r['length']} | {_fmt(r['ppl'], 3)} | {_fmt(r['nll'], 4)} | {r['tokens']} | {r['windows']} |")
+        lines.append("")
+    if figures:
+        lines += ["## Figures", ""] + [f"![{Path(f).stem}]({Path(f).name})" for f in figures] + [""]
+    if skipped:
+        lines += ["## Skipped", ""] + [f"- {s}" for s in skipped] + [""]
+    if warnings_:
+        lines += ["## Warnings", ""] + [f"- {w}" for w in warnings_] + [""]
+    return "\n".join(lines)

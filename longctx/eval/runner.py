@@ -1,0 +1,160 @@
+"""Run tasks through a model: batched greedy decoding with the KV cache, optionally with the
+prompt prefill split across a context-parallel group, data-parallel over samples.
+
+    engine = Engine(model, tokenizer)                     # one process
+    engine = Engine(model, tokenizer, cp_group=g)         # under torchrun, cp ranks in g
+    records = run_samples(engine, samples)                # predictions + scores per sample
+
+Ranks are arranged dp x cp (cp innermost, as longctx.parallel.mesh does); dp groups take
+interleaved shares of the samples and rank 0 gathers the records.
+"""
+from __future__ import annotations
+
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Optional, Sequence
+
+import torch
+import torch.distributed as dist
+
+from longctx.eval.scoring import score_sample
+from longctx.eval.tasks import Sample
+
+
+def _is_dist() -> bool:
+    return dist.is_available() and dist.is_initialized()
+
+
+@dataclass
+class Engine:
+    """A model + tokenizer that turns prompts into greedy continuations."""
+
+    model: torch.nn.Module
+    tokenizer: object
+    cp_group: Optional[object] = None  # a process group of size > 1 enables CP prefill
+    cp_impl: str = "ring"
+    max_batch_tokens: int = 16384  # batch size = max(1, max_batch_tokens // prompt length)
+    batch_size: Optional[int] = None  # fixed batch size (overrides max_batch_tokens)
+    add_bos: bool = True
+    stats: dict = field(default_factory=lambda: {"prompt_tokens": 0, "new_tokens": 0, "seconds": 0.0,
+                                                 "peak_cache_bytes": 0})
+
+    @property
+    def cp_size(self) -> int:
+        return dist.get_world_size(self.cp_group) if self.cp_group is not None else 1
+
+    def encode(self, text: str) -> list[int]:
+        add_bos = self.add_bos and getattr(self.tokenizer, "bos_id", None) is not None
+        return self.tokenizer.encode(text, add_bos=add_bos)
+
+    def batch_for(self, length: int) -> int:
+        if self.batch_size:
+            return self.batch_size
+        return max(1, self.max_batch_tokens // max(length, 1))
+
+    @torch.no_grad()
+    def generate_ids(self, prompts: Sequence[Sequence[int]], max_new_tokens: int) -> list[list[int]]:
+        eos = getattr(self.tokenizer, "eos_id", None)
+        pad = getattr(self.tokenizer, "pad_id", None)
+        pad = 0 if pad is None else pad
+        t0 = time.perf_counter()
+        if self.cp_size > 1:
+            from longctx.eval.cp_prefill import cp_generate
+
+            out, st = cp_generate(self.model, prompts, max_new_tokens, group=self.cp_group, impl=self.cp_impl,
+                                  eos_id=eos, pad_id=pad)
+            self.stats["peak_cache_bytes"] = max(self.stats["peak_cache_bytes"], st["cache_bytes"])
+        else:
+            from longctx.model.generate import generate
+
+            out = generate(self.model, prompts, max_new_tokens, eos_id=eos, pad_id=pad)
+        self.stats["seconds"] += time.perf_counter() - t0
+        self.stats["prompt_tokens"] += sum(len(p) for p in prompts)
+        self.stats["new_tokens"] += sum(len(o) for o in out)
+        return out
+
+    def complete(self, samples: Sequence[Sample]) -> list[str]:
+        """Greedy continuations (text, cut at the first stop string) of same-budget samples."""
+        budgets = {s.max_new_tokens for s in samples}
+        assert len(budgets) == 1, "complete() takes samples that share one generation budget"
+        ids = [self.encode(s.prompt) for s in samples]
+        out = self.generate_ids(ids, budgets.pop())
+        texts = []
+        for s, o in zip(samples, out):
+            text = self.tokenizer.decode(o)
+            for stop in s.stop:
+                cut = text.find(stop)
+                # a stop string right at the start is skipped (answers often follow a newline)
+                if cut == 0 and text.strip():
+                    cut = text.find(stop, len(text) - len(text.lstrip()))
+                if cut > 0:
+                    text = text[:cut]
+            texts.append(text)
+        return texts
+
+
+def _progress(total: int, enabled: bool, desc: str):
+    if not enabled:
+        return None
+    from tqdm import tqdm
+
+    return tqdm(total=total, desc=desc, unit="sample", file=sys.stderr, dynamic_ncols=True)
+
+
+def dp_layout(cp_size: int) -> tuple[int, int]:
+    """(dp_size, dp_rank) of this process (1, 0 without torch.distributed)."""
+    if not _is_dist():
+        return 1, 0
+    world, rank = dist.get_world_size(), dist.get_rank()
+    return world // cp_size, rank // cp_size
+
+
+def run_samples(engine: Engine, samples: Sequence[Sample], *, progress: bool = True, desc: str = "eval",
+                predictor: Optional[Callable[[Sample], str]] = None) -> list[dict]:
+    """Predict and score every sample; returns per-sample records (on every rank: gathered).
+
+    `predictor` replaces the model (an oracle or a baseline for checks) when given.
+    """
+    dp_size, dp_rank = dp_layout(engine.cp_size)
+    mine = [s for i, s in enumerate(samples) if i % dp_size == dp_rank]
+    is_main = not _is_dist() or dist.get_rank() == 0
+    bar = _progress(len(samples), progress and is_main, desc)
+    records = []
+    groups: dict = {}
+    for s in mine:
+        groups.setdefault((s.max_new_tokens, s.target_length), []).append(s)
+    for (_, length), group in sorted(groups.items(), key=lambda kv: kv[0][1]):
+        group = sorted(group, key=lambda s: s.prompt_tokens)
+        bs = engine.batch_for(length)
+        for i in range(0, len(group), bs):
+            batch = group[i:i + bs]
+            preds = [predictor(s) for s in batch] if predictor else engine.complete(batch)
+            for s, p in zip(batch, preds):
+                records.append(_record(s, p))
+            if bar is not None:  # rank 0 counts for all dp groups (they move at the same pace)
+                bar.update(min(len(batch) * dp_size, bar.total - bar.n))
+    if bar is not None:
+        bar.update(bar.total - bar.n)
+        bar.close()
+    if _is_dist() and dp_size > 1:
+        gathered: list = [None] * dist.get_world_size()
+        dist.all_gather_object(gathered, records)
+        seen, records = set(), []
+        for part in gathered:  # cp ranks of one dp group hold identical records
+            for r in part:
+                key = (r["task"], r["target_length"], r["index"])
+                if key not in seen:
+                    seen.add(key)
+                    records.append(r)
+    records.sort(key=lambda r: (r["task"], r["target_length"], r["index"]))
+    return records
+
+
+def _record(s: Sample, pred: str) -> dict:
+    return {
+        "task": s.task, "target_length": s.target_length, "index": s.index, "depth": s.depth,
+        "prompt_tokens": s.prompt_tokens, "max_new_tokens": s.max_new_tokens, "metric": s.metric,
+        "outputs": s.outputs, "prediction": pred, "score": score_sample(s.metric, pred, s.outputs),
+        "answer_prefix": s.answer_prefix, "meta": s.meta,
+    }
