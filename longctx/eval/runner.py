@@ -76,6 +76,10 @@ class Engine:
 
     def complete(self, samples: Sequence[Sample]) -> list[str]:
         """Greedy continuations (text, cut at the first stop string) of same-budget samples."""
+        return self.complete_with_ids(samples)[0]
+
+    def complete_with_ids(self, samples: Sequence[Sample]) -> tuple[list[str], list[list[int]]]:
+        """(texts cut at the first stop string, raw generated token ids)."""
         budgets = {s.max_new_tokens for s in samples}
         assert len(budgets) == 1, "complete() takes samples that share one generation budget"
         ids = [self.encode(s.prompt) for s in samples]
@@ -91,7 +95,7 @@ class Engine:
                 if cut > 0:
                     text = text[:cut]
             texts.append(text)
-        return texts
+        return texts, out
 
 
 def _progress(total: int, enabled: bool, desc: str):
@@ -129,9 +133,12 @@ def run_samples(engine: Engine, samples: Sequence[Sample], *, progress: bool = T
         bs = engine.batch_for(length)
         for i in range(0, len(group), bs):
             batch = group[i:i + bs]
-            preds = [predictor(s) for s in batch] if predictor else engine.complete(batch)
-            for s, p in zip(batch, preds):
-                records.append(_record(s, p))
+            if predictor:
+                preds, ids = [predictor(s) for s in batch], [None] * len(batch)
+            else:
+                preds, ids = engine.complete_with_ids(batch)
+            for s, p, g in zip(batch, preds, ids):
+                records.append(_record(s, p, g))
             if bar is not None:  # rank 0 counts for all dp groups (they move at the same pace)
                 bar.update(min(len(batch) * dp_size, bar.total - bar.n))
     if bar is not None:
@@ -151,8 +158,9 @@ def run_samples(engine: Engine, samples: Sequence[Sample], *, progress: bool = T
     return records
 
 
-def _record(s: Sample, pred: str) -> dict:
+def _record(s: Sample, pred: str, generated_ids: Optional[list] = None) -> dict:
     return {
+        "generated_ids": generated_ids,
         "task": s.task, "target_length": s.target_length, "index": s.index, "depth": s.depth,
         "prompt_tokens": s.prompt_tokens, "max_new_tokens": s.max_new_tokens, "metric": s.metric,
         "outputs": s.outputs, "prediction": pred, "score": score_sample(s.metric, pred, s.outputs),
