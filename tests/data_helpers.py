@@ -89,3 +89,18 @@ def rebuild_documents(batches, bos_id: int, pad_id: int) -> List[tuple]:
                 else:
                     docs[-1].extend(piece)
     return [tuple(d) for d in docs]
+
+
+def rows_by_source(loader) -> Dict[int, list]:
+    """Drain a finite loader row by row: {source index: [one-row pseudo-batches]} (rows of
+    different sources interleave, so documents are rebuilt per source)."""
+    out: Dict[int, list] = {}
+    while True:
+        got = loader.next_row()
+        if got is None:
+            return out
+        i, row = got
+        out.setdefault(i, []).append({
+            "input_ids": row.input_ids[None], "labels": row.labels[None],
+            "position_ids": row.position_ids[None], "segment_ids": row.segment_ids[None],
+        })

@@ -177,10 +177,8 @@ def validate_synthetic(syn: SyntheticConfig, name: str, seq_len: int) -> None:
     _pos_int(syn.value_digits, f"{name}.value_digits")
     lo = syn.length_min if syn.length_min is not None else seq_len // 2
     hi = syn.length_max if syn.length_max is not None else seq_len
-    if lo < 32 or hi < lo:
-        raise UserError(
-            f"{name}.length_min/length_max: need 32 <= length_min <= length_max, got {lo}..{hi}"
-        )
+    if lo < 1 or hi < lo:
+        raise UserError(f"{name}.length_min/length_max: need 1 <= length_min <= length_max, got {lo}..{hi}")
     if syn.filler not in ("noise", "varied", "mixed"):
         raise UserError(f"{name}.filler: {syn.filler!r} is not one of noise, varied, mixed")
     if syn.style not in ("ruler", "compact", "short"):
@@ -197,9 +195,10 @@ def validate_synthetic(syn: SyntheticConfig, name: str, seq_len: int) -> None:
     for task, w in tasks.items():
         need = min_document_chars(syn, task, syn.style) + 2  # BOS/EOS
         if float(w) > 0 and need > hi:
+            fixes = ("style 'short', " if syn.style != "short" else "") + f"length_max >= {need}, or {name}.tasks without {task!r}"
             raise UserError(
                 f"{name}.length_max: {hi} tokens is too short for a {task!r} document in style "
-                f"{syn.style!r} (needs ~{need}); use style 'short', longer documents, or drop the task"
+                f"{syn.style!r} (needs ~{need}); use {fixes}"
             )
     for which in ("distance_min", "distance_max"):
         v = getattr(syn, which)

@@ -15,6 +15,7 @@ window, which reproduces it exactly.
 """
 from __future__ import annotations
 
+import contextlib
 import glob
 import os
 from dataclasses import dataclass
@@ -152,6 +153,21 @@ def _load_error(i: int, what: str, exc: Exception) -> UserError:
     return UserError(f"{source_label(i)}: cannot load {what} ({type(exc).__name__}: {msg})")
 
 
+@contextlib.contextmanager
+def _no_download_count():
+    """`load_dataset("json", data_files=local)` pings the hub to count a download of the
+    packaged builder (a 3-5 s DNS timeout on an offline cluster, for local files). Local
+    sources skip that telemetry call; hub sources keep 🤗's behaviour."""
+    import datasets
+
+    old = datasets.config.HF_UPDATE_DOWNLOAD_COUNTS
+    datasets.config.HF_UPDATE_DOWNLOAD_COUNTS = False
+    try:
+        yield
+    finally:
+        datasets.config.HF_UPDATE_DOWNLOAD_COUNTS = old
+
+
 def _hf_dataset(src: SourceConfig, i: int, kind: str, streaming: bool, hf_cache_dir: Optional[str]):
     """The 🤗 Dataset / IterableDataset behind a non-synthetic source."""
     import datasets
@@ -176,13 +192,15 @@ def _hf_dataset(src: SourceConfig, i: int, kind: str, streaming: bool, hf_cache_
         return ds.to_iterable_dataset(num_shards=min(64, max(1, len(ds)))) if streaming else ds
     if kind == "dir":
         try:
-            return datasets.load_dataset(path, split=src.split, streaming=streaming, **kw)
+            with _no_download_count():
+                return datasets.load_dataset(path, split=src.split, streaming=streaming, **kw)
         except Exception as e:
             raise _load_error(i, path, e) from None
     files = _data_files(src, i, kind)
     extra = {"sample_by": src.sample_by} if kind == "text" else {}
     try:
-        return datasets.load_dataset(kind, data_files=files, split="train", streaming=streaming, **extra, **kw)
+        with _no_download_count():
+            return datasets.load_dataset(kind, data_files=files, split="train", streaming=streaming, **extra, **kw)
     except Exception as e:
         raise _load_error(i, src.path, e) from None
 
