@@ -21,7 +21,7 @@ import torch.distributed as dist
 
 from longctx.config import TrainConfig, resolved_stages, stage_model_config, to_yaml, validate_config
 from longctx.errors import UserError
-from longctx.train.signals import PREEMPTED_EXIT_CODE
+from longctx.train.signals import PREEMPTED_EXIT_CODE, PREEMPTED_MARKER
 
 log = logging.getLogger("longctx.train")
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
@@ -64,6 +64,7 @@ class Trainer:
         if self.rank == 0:
             self.out.mkdir(parents=True, exist_ok=True)
             (self.out / "resolved_config.yaml").write_text(to_yaml(cfg))
+            (self.out / PREEMPTED_MARKER).unlink(missing_ok=True)
         dist.barrier()
         _setup_logging(self.out, self.rank)
         self.dtype = DTYPES[cfg.train.dtype]
@@ -204,6 +205,8 @@ class Trainer:
                         log.warning("preemption signal %s: checkpoint saved at step %d, exiting with %d",
                                     flag.received, state["step"], PREEMPTED_EXIT_CODE)
                         if rank == 0:
+                            # torchrun reports its own exit code, so launchers can also read this marker
+                            (self.out / PREEMPTED_MARKER).write_text(f"{state['step']}\n")
                             bar.write(f"preempted: saved step {state['step']}, exit code {PREEMPTED_EXIT_CODE}")
                         exit_code = PREEMPTED_EXIT_CODE
                         return exit_code

@@ -13,6 +13,7 @@ import torch
 import torch.distributed as dist
 
 PREEMPTED_EXIT_CODE = 85
+PREEMPTED_MARKER = "PREEMPTED"  # written in the run directory (holds the saved step)
 HANDLED = (signal.SIGUSR1, signal.SIGTERM)
 
 
@@ -27,6 +28,12 @@ class PreemptionFlag:
         return self
 
     def uninstall(self) -> None:
+        if self.received is not None:
+            # Exiting for preemption: ignore repeats until the process ends. (SIG_IGN, not a
+            # Python handler: the interpreter resets those to the default, fatal action at exit.)
+            for sig in self._previous:
+                signal.signal(sig, signal.SIG_IGN)
+            return
         for sig, handler in self._previous.items():
             signal.signal(sig, handler)
         self._previous.clear()
