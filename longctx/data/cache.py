@@ -124,9 +124,15 @@ def _build(directory: str, src: SourceConfig, i: int, cfg: DataConfig, tokenizer
     total = None if table.streaming else len(table)
     bar = tqdm(total=total, desc=f"caching {src.name or source_label(i)}", unit="doc",
                disable=not cfg.progress, dynamic_ncols=True)
+    n_docs = [0]
+
+    def on_doc(k):
+        n_docs[0] += k
+        bar.update(k)
+
     stream = DocumentStream(table, src, i, tokenizer, seed=BUILD_SEED, dp_rank=0, dp_size=1,
                             window=cfg.shuffle_window, shuffle=cfg.shuffle, epochs=1, add_bos=cfg.add_bos,
-                            add_eos=cfg.add_eos, answer_mask=has_answer, on_doc=bar.update)
+                            add_eos=cfg.add_eos, answer_mask=has_answer, on_doc=on_doc)
     packer = Packer(stream, T, mode=src.packing or cfg.packing, pad_id=pad_id,
                     cross_document_labels=cfg.cross_document_labels, final_partial=cfg.final_partial,
                     answer=has_answer)
@@ -166,7 +172,7 @@ def _build(directory: str, src: SourceConfig, i: int, cfg: DataConfig, tokenizer
     meta = {
         "key": cache_key(desc), "description": desc, "n_rows": n_rows, "seq_len": T,
         "ids_dtype": ids_dtype, "pos_dtype": pos_dtype, "has_answer": has_answer,
-        "n_docs": stream._epoch_docs, "n_real_tokens": int(n_real),
+        "n_docs": n_docs[0], "n_real_tokens": int(n_real),
         "fill": n_real / (n_rows * T), "created": time.strftime("%Y-%m-%d %H:%M:%S"),
     }
     with open(os.path.join(directory, "meta.json"), "w", encoding="utf-8") as f:

@@ -226,14 +226,19 @@ def generate_document(
     lo_d = cfg.distance_min if distance is None else distance
     hi_d = cfg.distance_max if distance is None else distance
     placed: List[Tuple[int, int, str, bool]] = []  # (position, order, needle, queried)
+    targeted = lo_d is not None or hi_d is not None
     for order, (needle, queried) in enumerate(needles):
-        if queried and (lo_d is not None or hi_d is not None):
+        if not (queried and targeted):
+            placed.append((rng.choice(bounds), order, needle, queried))
+    for order, (needle, queried) in enumerate(needles):
+        if queried and targeted:
             d = rng.randint(lo_d or 0, max(lo_d or 0, hi_d if hi_d is not None else len(filler)))
-            want = len(filler) - d
-            pos = min(bounds, key=lambda b: (abs(b - want), b))
-        else:
-            pos = rng.choice(bounds)
-        placed.append((pos, order, needle, queried))
+
+            def distance_at(b):  # chars from this needle's end to the question, if put at b
+                return len(filler) - b + sum(len(n) + 1 for p, _, n, _ in placed if p >= b)
+
+            pos = min(bounds, key=lambda b: (abs(distance_at(b) - d), b))
+            placed.append((pos, -1, needle, queried))  # before any needle at the same place
     placed.sort()
     body = head
     last = 0

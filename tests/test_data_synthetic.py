@@ -1,0 +1,110 @@
+"""The built-in synthetic retrieval corpus."""
+import re
+from collections import Counter
+
+import numpy as np
+import pytest
+
+from data_helpers import train_bpe
+from longctx.data import ByteTokenizer, DataConfig, SourceConfig, SyntheticConfig, SyntheticCorpus, build_loader, generate_document, load_tokenizer
+from longctx.data.synthetic import NOISE, TEMPLATES, min_document_chars
+
+TOK = ByteTokenizer()
+
+
+def test_deterministic_and_seeded():
+    cfg = SyntheticConfig()
+    a = SyntheticCorpus(cfg, seq_len=256)
+    b = SyntheticCorpus(SyntheticConfig(), seq_len=256)
+    assert [a[i].text for i in range(20)] == [b[i].text for i in range(20)]
+    c = SyntheticCorpus(SyntheticConfig(seed=99), seq_len=256)
+    assert sum(a[i].text == c[i].text for i in range(20)) == 0
+    assert len({a[i].text for i in range(200)}) == 200
+
+
+@pytest.mark.parametrize("style", ["short", "compact", "ruler"])
+def test_answers_needles_and_distractors(style):
+    cfg = SyntheticConfig(style=style, num_keys=4, num_values=3)
+    for i in range(60):
+        task = ["niah", "multivalue", "passkey"][i % 3]
+        d = generate_document(cfg, i, length_chars=1500, task=task, style=style)
+        assert d.task == task and len(d.text) <= 1500 and len(d.text) >= 1500 - 40
+        assert d.text == d.text[: d.prompt_len] + d.answer
+        assert [d.text[s:e] for s, e in d.answer_spans] == d.values
+        assert all(s >= d.prompt_len for s, _ in d.answer_spans)
+        body = d.text[: d.prompt_len]
+        for s, e in d.needle_spans:  # each queried needle states the key and a value
+            needle = d.text[s:e]
+            assert any(v in needle for v in d.values)
+            if d.key:
+                assert d.key in needle
+        assert not re.search(r"\d", re.sub("|".join(re.escape(d.text[s:e]) for s, e in d.needle_spans) + r"|magic numbers? for [\w-]+ is:? \d+", "", body))
+        if task == "passkey":
+            assert len(d.values) == 1 and len(d.values[0]) == 5 and d.key is None
+            continue
+        assert len(d.keys) == 4 and len(set(d.keys)) == 4 and d.keys[0] == d.key
+        assert len(d.values) == (3 if task == "multivalue" else 1)
+        for k in d.keys[1:]:  # distractor needles: other keys with other values
+            m = re.search(re.escape(k) + r" is:? (\d+)", body)
+            assert m and m.group(1) not in d.values
+        assert body.count(d.key) == len(d.values) + (1 if style != "short" else 0) + 1
+        if style == "ruler":
+            assert body.startswith(TEMPLATES["ruler"]["intro"][task])
+
+
+def test_filler_kinds():
+    noise = generate_document(SyntheticConfig(filler="noise"), 0, length_chars=800, task="passkey")
+    assert NOISE.split(". ")[1] in noise.text
+    varied = generate_document(SyntheticConfig(filler="varied"), 0, length_chars=800, task="passkey")
+    assert "The grass is green" not in varied.text and len(set(varied.text.split())) > 40
+
+
+def test_distance_control():
+    for dist in (100, 600, 1200):
+        cfg = SyntheticConfig(distance_min=dist, distance_max=dist, num_keys=3)
+        for i in range(10):
+            d = generate_document(cfg, i, length_chars=2000, task="niah")
+            assert abs(d.distance - dist) <= 130, (dist, d.distance)  # snapped to a sentence start
+    cfg = SyntheticConfig(distance_min=0, distance_max=50)
+    far = SyntheticConfig(distance_min=1500, distance_max=1800)
+    near_d = [generate_document(cfg, i, length_chars=2000, task="niah").distance for i in range(10)]
+    far_d = [generate_document(far, i, length_chars=2000, task="niah").distance for i in range(10)]
+    assert max(near_d) < 200 < 1300 < min(far_d)
+
+
+def test_corpus_lengths_fit_rows_with_byte_and_bpe(tmp_path):
+    corpus = SyntheticCorpus(SyntheticConfig(), seq_len=256)
+    lens = [len(corpus[i].text) + 2 for i in range(300)]
+    assert max(lens) <= 256 and min(lens) >= 100
+    assert abs(np.mean(lens) - 192) < 20  # uniform over [seq_len/2, seq_len]
+    tasks = Counter(corpus[i].task for i in range(300))
+    assert abs(tasks["niah"] / 300 - 0.6) < 0.1
+    bpe = load_tokenizer(train_bpe(tmp_path / "tok"))
+    corpus = SyntheticCorpus(SyntheticConfig(style="compact"), seq_len=512, tokenizer=bpe)
+    n = [len(bpe.encode(corpus[i].text)) + 2 for i in range(60)]
+    assert max(n) <= 512 and np.mean(n) > 250
+
+
+def test_min_document_chars_is_a_bound():
+    cfg = SyntheticConfig(num_keys=1)
+    for style in TEMPLATES:
+        for task in ("niah", "multivalue", "passkey"):
+            need = min_document_chars(cfg, task, style)
+            for i in range(5):
+                assert len(generate_document(cfg, i, length_chars=10, task=task, style=style).text) <= need
+
+
+def test_loader_answer_mask_marks_exactly_the_answer_digits():
+    cfg = DataConfig(seq_len=256, micro_batch_size=4, emit_answer_mask=True, prefetch=0,
+                     sources=[SourceConfig(kind="synthetic", packing="pad", synthetic=SyntheticConfig(num_docs=40))])
+    corpus = SyntheticCorpus(cfg.sources[0].synthetic, seq_len=256)
+    want = Counter()
+    for i in range(40):
+        want.update("".join(corpus[i].values))
+    got = Counter()
+    for b in build_loader(DataConfig(**{**cfg.__dict__, "epochs": 1}), TOK, dp_rank=0, dp_size=1, seed=0):
+        m = b["answer_mask"].numpy()
+        got.update(bytes(b["labels"].numpy()[m].astype(np.uint8)).decode())
+        # one document per row in "pad" mode: nothing is split
+        assert ((b["input_ids"] == TOK.bos_id).sum(1) >= 1).all()
+    assert got == want
