@@ -20,6 +20,14 @@ def model_dir(tmp_path_factory):
     return d
 
 
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 def _args(model_dir, out):
     return ["--model", str(model_dir), "--tokenizer", "byte", "--suite", "ppl", "--tasks",
             "niah_single_1,niah_multikey_2,passkey", "--lengths", "512,1024", "--samples", "2", "--style", "compact",
@@ -32,7 +40,7 @@ def test_cp2_prefill_matches_one_process(model_dir, tmp_path):
                          env=env, capture_output=True, text=True, timeout=300)
     assert one.returncode == 0, one.stderr[-2000:]
     two = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
-                          "--master-port", "29731", "-m", "longctx.eval.cli", "--cp", "2",
+                          "--master-port", str(_free_port()), "-m", "longctx.eval.cli", "--cp", "2",
                           *_args(model_dir, tmp_path / "two")], env=env, capture_output=True, text=True, timeout=300)
     assert two.returncode == 0, two.stderr[-3000:]
     a = json.loads((tmp_path / "one" / "results.json").read_text())
@@ -79,7 +87,8 @@ def test_cp_generate_ring_and_allgather_match_single_process(model_dir):
     ref = generate(model, prompts, 12)
     ctx = mp.get_context("spawn")
     q = ctx.Queue()
-    procs = [ctx.Process(target=_worker, args=(r, 29741, str(model_dir), q)) for r in range(2)]
+    port = _free_port()
+    procs = [ctx.Process(target=_worker, args=(r, port, str(model_dir), q)) for r in range(2)]
     for p in procs:
         p.start()
     results = [q.get(timeout=240) for _ in procs]
