@@ -73,12 +73,12 @@ def test_distance_control():
 
 
 def test_corpus_lengths_fit_rows_with_byte_and_bpe(tmp_path):
-    corpus = SyntheticCorpus(SyntheticConfig(), seq_len=256)
+    corpus = SyntheticCorpus(SyntheticConfig(style="short"), seq_len=256)
     lens = [len(corpus[i].text) + 2 for i in range(300)]
     assert max(lens) <= 256 and min(lens) >= 100
     assert abs(np.mean(lens) - 192) < 20  # uniform over [seq_len/2, seq_len]
     tasks = Counter(corpus[i].task for i in range(300))
-    assert abs(tasks["niah"] / 300 - 0.6) < 0.1
+    assert abs(tasks["niah"] / 300 - 0.6) < 0.1 and abs(tasks["multivalue"] / 300 - 0.2) < 0.08
     bpe = load_tokenizer(train_bpe(tmp_path / "tok"))
     corpus = SyntheticCorpus(SyntheticConfig(style="compact"), seq_len=512, tokenizer=bpe)
     n = [len(bpe.encode(corpus[i].text)) + 2 for i in range(60)]
@@ -108,3 +108,13 @@ def test_loader_answer_mask_marks_exactly_the_answer_digits():
         # one document per row in "pad" mode: nothing is split
         assert ((b["input_ids"] == TOK.bos_id).sum(1) >= 1).all()
     assert got == want
+
+
+def test_tasks_too_long_for_the_length_fall_back(caplog):
+    corpus = SyntheticCorpus(SyntheticConfig(style="compact"), seq_len=256)  # multivalue needs ~264
+    assert corpus.fallback == {"niah": "niah", "multivalue": "niah", "passkey": "passkey"}
+    assert "too short for multivalue" in caplog.text
+    tasks = Counter(corpus[i].task for i in range(300))
+    assert set(tasks) == {"niah", "passkey"} and abs(tasks["niah"] / 300 - 0.8) < 0.1
+    assert max(len(corpus[i].text) + 2 for i in range(300)) <= 256
+    assert SyntheticCorpus(SyntheticConfig(style="compact"), seq_len=320).fallback["multivalue"] == "multivalue"

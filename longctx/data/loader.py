@@ -92,13 +92,15 @@ class DataLoader:
 
     # ------------------------------------------------------------------ state
     def _snapshot(self) -> dict:
-        return copy.deepcopy({
+        # fresh dicts all the way down (the sources build new ones; the 🤗 stream state inside
+        # is a copy made when it was captured and never mutated), so no deepcopy per batch
+        return {
             "version": STATE_VERSION, "dp_rank": self.rank, "dp_size": self.world, "seed": self.seed,
             "seq_len": self.cfg.seq_len, "cached": bool(self.cfg.cache_dir), "rows": self.rows,
             "finished": self.finished, "source_rows": list(self.source_rows),
             "source_tokens": list(self.source_tokens),
             "sources": [s.state_dict() for s in self.sources],
-        })
+        }
 
     def state_dict(self) -> dict:
         """Everything needed to continue exactly after the last batch handed out (this rank)."""

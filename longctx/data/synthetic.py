@@ -18,42 +18,56 @@ can up-weight answer tokens. Format details: docs/data.md.
 """
 from __future__ import annotations
 
+import logging
 import random
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Tuple
 
 from longctx.data.config import SyntheticConfig
+from longctx.errors import UserError
+
+log = logging.getLogger(__name__)
+FALLBACK = ("multivalue", "niah", "passkey")  # from the longest document to the shortest
 
 __all__ = ["SyntheticConfig", "SyntheticDocument", "SyntheticCorpus", "generate_document", "min_document_chars", "TEMPLATES", "NOISE"]
 
 NOISE = "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again."
 NOISE_SENTENCES = [s.strip() + "." for s in NOISE.split(".") if s.strip()]
 
-# RULER's needle / question / answer-prefix wording. "ruler" keeps the instruction preamble,
-# "compact" drops it (as the eval suite's compact style does), "short" also shortens the
-# question so that documents of 64-128 tokens still have room for a haystack.
+# RULER's needle / question / answer-prefix wording, as the eval suite renders it.
+# "ruler": RULER's templates with their instruction preamble; "compact": the same needles,
+# no preamble, the short question of the eval suite's compact style; "short": shorter
+# needles and no question, so that documents of 64-128 tokens still have room for filler.
 _NEEDLE = "One of the special magic numbers for {key} is: {value}."
 _PASSKEY_NEEDLE = "The pass key is {value}. Remember it. {value} is the pass key."
-_RULER_Q = {
-    "niah": ("What is the special magic number for {key} mentioned in the provided text?",
-             "The special magic number for {key} mentioned in the provided text is"),
-    "multivalue": ("What are all the special magic numbers for {key} mentioned in the provided text?",
-                   "The special magic numbers for {key} mentioned in the provided text are"),
-    "passkey": ("What is the pass key?", "The pass key is"),
-}
+_PASSKEY_Q = ("What is the pass key?", "The pass key is")
 TEMPLATES: Dict[str, Dict[str, object]] = {
     "ruler": {
         "intro": {
-            "niah": "Some special magic numbers are hidden within the following text. Make sure to "
-                    "memorize it. I will quiz you about the numbers afterwards.",
-            "multivalue": "Some special magic numbers are hidden within the following text. Make sure "
-                          "to memorize it. I will quiz you about the numbers afterwards.",
+            "niah": "A special magic number is hidden within the following text. Make sure to memorize it. "
+                    "I will quiz you about the number afterwards.",
+            "multivalue": "Some special magic numbers are hidden within the following text. Make sure to "
+                          "memorize it. I will quiz you about the numbers afterwards.",
             "passkey": "There is an important info hidden inside a lot of irrelevant text. Find it and "
                        "memorize it. I will quiz you about the important information there.",
         },
-        "needle": _NEEDLE, "passkey_needle": _PASSKEY_NEEDLE, "question": _RULER_Q,
+        "needle": _NEEDLE, "passkey_needle": _PASSKEY_NEEDLE,
+        "question": {
+            "niah": ("What is the special magic number for {key} mentioned in the provided text?",
+                     "The special magic number for {key} mentioned in the provided text is"),
+            "multivalue": ("What are all the special magic numbers for {key} mentioned in the provided text?",
+                           "The special magic numbers for {key} mentioned in the provided text are"),
+            "passkey": _PASSKEY_Q,
+        },
     },
-    "compact": {"intro": {}, "needle": _NEEDLE, "passkey_needle": _PASSKEY_NEEDLE, "question": _RULER_Q},
+    "compact": {
+        "intro": {}, "needle": _NEEDLE, "passkey_needle": _PASSKEY_NEEDLE,
+        "question": {
+            "niah": ("What is the special magic number for {key}?", "The special magic number for {key} is"),
+            "multivalue": ("What are the special magic numbers for {key}?", "The special magic numbers for {key} are"),
+            "passkey": _PASSKEY_Q,
+        },
+    },
     "short": {
         "intro": {}, "needle": "The magic number for {key} is {value}.",
         "passkey_needle": "The pass key is {value}.",
@@ -310,6 +324,24 @@ class SyntheticCorpus:
         if not self._byte:
             sample = _filler(random.Random(0), self.cfg.filler, 4000) + " " + _NEEDLE.format(key="calm-river", value="1234567")
             self._ratio = len(sample) / max(1, len(tokenizer.encode(sample)))
+        # tasks whose shortest document does not fit length_max fall back to a smaller one
+        self.min_tokens = {t: int(min_document_chars(self.cfg, t, self.style) / self._ratio) + self.n_special
+                           for t in FALLBACK}
+        weighted = [t for t, w in dict(self.cfg.tasks).items() if float(w) > 0]
+        self.fallback = {}
+        for t in weighted:
+            chain = FALLBACK[FALLBACK.index(t):]
+            fit = next((c for c in chain if self.min_tokens[c] <= self.length_max), None)
+            if fit is None:
+                raise UserError(
+                    f"synthetic.length_max: {self.length_max} tokens is too short for a {t!r} document in "
+                    f"style {self.style!r} (needs ~{self.min_tokens[t]})"
+                )
+            self.fallback[t] = fit
+        changed = {t: f for t, f in self.fallback.items() if t != f}
+        if changed:
+            log.warning("synthetic corpus: documents of at most %d tokens are too short for %s; those "
+                        "documents become %s", self.length_max, ", ".join(changed), ", ".join(changed.values()))
 
     def __len__(self) -> int:
         return self.cfg.num_docs
@@ -323,6 +355,7 @@ class SyntheticCorpus:
             raise IndexError(index)
         target = self.target_tokens(index) - self.n_special
         task = _weighted(random.Random(f"longctx-synthetic-task:{self.cfg.seed}:{index}"), dict(self.cfg.tasks))
+        task = self.fallback[task]
         if self._byte:
             target = max(target, min(self.length_max - self.n_special, min_document_chars(self.cfg, task, self.style)))
             return generate_document(self.cfg, index, length_chars=target, task=task, style=self.style)

@@ -17,7 +17,7 @@ import hashlib
 import json
 import os
 import re
-from typing import Iterable, List, Optional, Sequence, Tuple
+from typing import List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -125,15 +125,22 @@ class HFTokenizer:
     def _ids(self, enc) -> np.ndarray:
         return np.asarray(enc.ids, dtype=np.int32)
 
+    def _encode_many(self, texts: List[str]):
+        # encode_batch_fast (tokenizers >= 0.21) skips character offsets: ~2x faster
+        fast = getattr(self._tok, "encode_batch_fast", None)
+        if fast is not None:
+            return fast(texts, add_special_tokens=False)
+        return self._tok.encode_batch(texts, add_special_tokens=False)
+
     def encode_np(self, text: str, add_bos: bool = False, add_eos: bool = False) -> np.ndarray:
-        ids = self._ids(self._tok.encode(text, add_special_tokens=False))
+        ids = self._ids(self._encode_many([text])[0])
         return _with_specials(ids, self.bos_id, self.eos_id, add_bos, add_eos)
 
     def encode(self, text: str, add_bos: bool = False, add_eos: bool = False) -> List[int]:
         return self.encode_np(text, add_bos, add_eos).tolist()
 
     def encode_batch(self, texts: Sequence[str], add_bos: bool = False, add_eos: bool = False) -> List[np.ndarray]:
-        encs = self._tok.encode_batch(list(texts), add_special_tokens=False)  # parallel in Rust
+        encs = self._encode_many(list(texts))  # parallel in Rust
         return [_with_specials(self._ids(e), self.bos_id, self.eos_id, add_bos, add_eos) for e in encs]
 
     def decode(self, ids) -> str:
@@ -260,13 +267,3 @@ def tokenizer_fingerprint(tokenizer) -> str:
         return str(fp)
     return f"{type(tokenizer).__name__}-{tokenizer.name}-{tokenizer.vocab_size}"
 
-
-def iter_batches(items: Iterable, n: int):
-    batch = []
-    for x in items:
-        batch.append(x)
-        if len(batch) == n:
-            yield batch
-            batch = []
-    if batch:
-        yield batch
