@@ -69,7 +69,7 @@ class TrainSection:
     grad_accum: int = 1
     seed: int = 0
     dtype: str = "float32"  # float32 | bfloat16 (parameters and compute; fp32 master weights in bf16)
-    loss_chunk_size: int = 4096  # tokens per chunk of the vocabulary head's cross-entropy
+    loss_chunk_size: int = 1024  # tokens per chunk of the vocabulary head's cross-entropy
     answer_loss_weight: float = 1.0  # >1 up-weights answer tokens of the synthetic corpus
 
 

@@ -18,13 +18,18 @@ def add_parser(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    import json
+
     from longctx.model.hf import save_pretrained
-    from longctx.model.loading import load_any
+    from longctx.model.loading import load_any, resolve_model_dir
 
     src, out = Path(args.checkpoint), Path(args.out)
     if out.resolve() == src.resolve():
         raise UserError(f"--out: {out} is the checkpoint itself; choose another directory")
-    model = load_any(src)
-    save_pretrained(model, out, dtype=_DTYPES[args.dtype] if args.dtype else None)
+    model_dir = resolve_model_dir(src)
+    model = load_any(model_dir)
+    recorded = json.loads((model_dir / "config.json").read_text()).get("longctx_tokenizer")
+    tokenizer = recorded or (str(model_dir) if (model_dir / "tokenizer.json").is_file() else None)
+    save_pretrained(model, out, dtype=_DTYPES[args.dtype] if args.dtype else None, tokenizer=tokenizer)
     print(f"exported {src} -> {out}")
     return 0

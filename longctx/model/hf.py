@@ -169,15 +169,30 @@ def _shards(state: dict[str, torch.Tensor], max_bytes: int) -> list[dict[str, to
     return shards
 
 
+_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model",
+                    "vocab.json", "merges.txt")
+
+
+def _copy_tokenizer(src: Path, dst: Path) -> None:
+    files = [src] if src.is_file() else [src / n for n in _TOKENIZER_FILES if (src / n).is_file()]
+    for f in files:
+        shutil.copy2(f, dst / f.name)
+
+
 def save_pretrained(model: Transformer, path: str | os.PathLike, *, dtype: Optional[torch.dtype] = None,
-                    max_shard_bytes: int = 5 * 2**30) -> Path:
+                    max_shard_bytes: int = 5 * 2**30, tokenizer: Optional[str] = None) -> Path:
     """Write an HF Llama directory atomically (temporary directory, then rename)."""
-    return save_hf_weights(model.state_dict(), model.config, path, dtype=dtype, max_shard_bytes=max_shard_bytes)
+    return save_hf_weights(model.state_dict(), model.config, path, dtype=dtype, max_shard_bytes=max_shard_bytes,
+                           tokenizer=tokenizer)
 
 
 def save_hf_weights(state_dict: dict[str, torch.Tensor], config: ModelConfig, path: str | os.PathLike, *,
-                    dtype: Optional[torch.dtype] = None, max_shard_bytes: int = 5 * 2**30) -> Path:
-    """Like save_pretrained, from our-named weights (e.g. gathered from ZeRO-3 shards)."""
+                    dtype: Optional[torch.dtype] = None, max_shard_bytes: int = 5 * 2**30,
+                    tokenizer: Optional[str] = None) -> Path:
+    """Like save_pretrained, from our-named weights (e.g. gathered from ZeRO-3 shards).
+
+    `tokenizer`: "byte" is recorded in config.json (`longctx_tokenizer`); a tokenizer file or
+    directory is copied next to the weights, so evaluation finds it without flags."""
     path = Path(path)
     parent = path.parent if str(path.parent) else Path(".")
     try:
@@ -206,7 +221,12 @@ def save_hf_weights(state_dict: dict[str, torch.Tensor], config: ModelConfig, pa
                     total += t.numel() * t.element_size()
             (tmp / "model.safetensors.index.json").write_text(
                 json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}, indent=2))
-        (tmp / "config.json").write_text(json.dumps(config_to_hf(config, out_dtype), indent=2))
+        hf_config = config_to_hf(config, out_dtype)
+        if tokenizer == "byte":
+            hf_config["longctx_tokenizer"] = "byte"
+        elif tokenizer:
+            _copy_tokenizer(Path(tokenizer), tmp)
+        (tmp / "config.json").write_text(json.dumps(hf_config, indent=2))
         if path.exists():
             old = path.with_name(f".{path.name}.old-{os.getpid()}")
             path.rename(old)

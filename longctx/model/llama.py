@@ -141,7 +141,7 @@ class Transformer(nn.Module):
     def forward(self, input_ids: torch.Tensor, position_ids: Optional[torch.Tensor] = None,
                 segment_ids: Optional[torch.Tensor] = None, kv_segment_ids: Optional[torch.Tensor] = None,
                 cache: Optional[KVCache] = None, labels: Optional[torch.Tensor] = None,
-                loss_weights: Optional[torch.Tensor] = None, loss_chunk_size: int = 4096):
+                loss_weights: Optional[torch.Tensor] = None, loss_chunk_size: int = 1024):
         """input_ids (B, T) -> logits (B, T, V).
 
         With `labels` (B, T) (pre-shifted: labels[t] is the target of position t, -100 ignored)

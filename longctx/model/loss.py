@@ -31,12 +31,12 @@ class _ChunkedLinearCrossEntropy(torch.autograd.Function):
             picked = logits.gather(1, y[:, None]).squeeze(1)  # (c,)
             total += ((lse - picked) * w).sum()
             if needs_grad:
-                probs = torch.exp(logits.sub_(lse[:, None]))  # softmax, in place: (c, V)
+                probs = logits.sub_(lse[:, None]).exp_()  # softmax, in place: (c, V) fp32
                 probs[torch.arange(len(y), device=y.device), y] -= 1.0
                 probs.mul_(w[:, None])  # d loss / d logits
-                g = probs.to(hidden.dtype)
-                grad_hidden[start:start + chunk_size] = g @ weight
-                grad_weight.addmm_(g.t().float(), h.float())  # fp32 accumulation across chunks
+                grad_hidden[start:start + chunk_size] = probs.to(hidden.dtype) @ weight
+                grad_weight.addmm_(probs.t(), h.float())  # fp32 accumulation across chunks
+            del logits
         if needs_grad:
             ctx.save_for_backward(grad_hidden, grad_weight.to(weight.dtype))
         return total
@@ -49,7 +49,7 @@ class _ChunkedLinearCrossEntropy(torch.autograd.Function):
 
 def chunked_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor,
                           token_weights: Optional[torch.Tensor] = None,
-                          chunk_size: int = 4096) -> tuple[torch.Tensor, torch.Tensor]:
+                          chunk_size: int = 1024) -> tuple[torch.Tensor, torch.Tensor]:
     """Sum of (weighted) token losses and the sum of weights over non-ignored labels.
 
     hidden (..., d) and labels (...) are flattened; weight is the (V, d) head. Returns

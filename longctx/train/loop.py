@@ -289,7 +289,7 @@ class Trainer:
 
         state = full_state_dict(self.engine, self.model)  # collective under ZeRO-3
         if self.rank == 0:
-            save_hf_weights(state, self.model.config, path)
+            save_hf_weights(state, self.model.config, path, tokenizer=self.cfg.data.tokenizer)
         dist.barrier()
 
     def _save(self, state: dict, loader_state: Optional[dict]) -> None:

@@ -1,0 +1,132 @@
+"""Training step: longctx vs Hugging Face transformers on the same model and shapes (CPU).
+
+Both sides: preset bench-44m (4 layers, d512, 8/4 heads, vocab 32000), bf16 parameters,
+full activation checkpointing, AdamW, one sequence of T tokens per step, single process.
+  ours: Transformer + apply_activation_checkpointing("full") + chunked cross-entropy
+  hf:   LlamaForCausalLM(attn_implementation="sdpa") + gradient_checkpointing_enable(),
+        model(input_ids, labels=labels).loss  (what a user would run)
+Each (impl, T) runs in a fresh subprocess so peak RSS is its own; reported: median step
+time over the timed steps, tokens/s, and peak RSS growth over the process baseline after
+the model and optimizer exist (ru_maxrss - RSS before the first step).
+
+    python benchmarks/bench_train.py --seq-lens 16384,32768,65536 --steps 2 --out docs/bench_train.json
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import time
+
+
+def _rss_bytes() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def _peak_bytes() -> int:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def worker(impl: str, seq_len: int, steps: int, warmup: int) -> dict:
+    import torch
+
+    from longctx.model import build_model, get_preset
+
+    torch.manual_seed(0)
+    cfg = get_preset("bench-44m").replace(max_position_embeddings=max(seq_len, 4096))
+    if impl == "ours":
+        from longctx.parallel.checkpointing import apply_activation_checkpointing
+
+        model = build_model(cfg, seed=0).to(torch.bfloat16)
+        apply_activation_checkpointing(model, "full")
+
+        def step_loss(ids, labels):
+            loss_sum, n = model(ids, labels=labels, loss_chunk_size=2048)
+            return loss_sum / n
+    else:
+        from transformers import LlamaConfig, LlamaForCausalLM
+
+        from longctx.model.hf import config_to_hf
+
+        hf_cfg = config_to_hf(cfg, torch.bfloat16)
+        for key in ("architectures", "model_type", "torch_dtype", "rope_scaling", "rope_theta"):
+            hf_cfg.pop(key)
+        model = LlamaForCausalLM(LlamaConfig(**hf_cfg, attn_implementation="sdpa")).to(torch.bfloat16)
+        model.gradient_checkpointing_enable()
+        model.config.use_cache = False
+
+        def step_loss(ids, labels):
+            return model(input_ids=ids, labels=labels).loss
+    model.train()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    ids = torch.randint(0, cfg.vocab_size, (1, seq_len))
+    # HF shifts labels internally; ours takes pre-shifted labels: both see the same targets
+    labels = ids.clone() if impl == "hf" else torch.cat([ids[:, 1:], torch.full((1, 1), -100)], 1)
+    base = _rss_bytes()
+    times, losses = [], []
+    for i in range(warmup + steps):
+        start = time.perf_counter()
+        loss = step_loss(ids, labels)
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        if i >= warmup:
+            times.append(time.perf_counter() - start)
+        losses.append(float(loss))
+    t = statistics.median(times)
+    return {"impl": impl, "seq_len": seq_len, "step_s": t, "tokens_per_s": seq_len / t,
+            "peak_rss_gb": _peak_bytes() / 2**30, "peak_growth_gb": (_peak_bytes() - base) / 2**30,
+            "loss": losses[0], "threads": torch.get_num_threads()}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--seq-lens", default="16384,32768,65536")
+    ap.add_argument("--impls", default="ours,hf")
+    ap.add_argument("--steps", type=int, default=2)
+    ap.add_argument("--warmup", type=int, default=1)
+    ap.add_argument("--hf-max-len", type=int, default=32768, help="skip HF above this (64k does not fit in 24 GiB)")
+    ap.add_argument("--out", default=None)
+    ap.add_argument("--worker", nargs=2, metavar=("IMPL", "SEQ_LEN"))
+    args = ap.parse_args()
+    if args.worker:
+        print(json.dumps(worker(args.worker[0], int(args.worker[1]), args.steps, args.warmup)))
+        return
+    rows = []
+    for T in [int(x) for x in args.seq_lens.split(",")]:
+        for impl in args.impls.split(","):
+            if impl == "hf" and T > args.hf_max_len:
+                rows.append({"impl": impl, "seq_len": T, "skipped": f"> --hf-max-len {args.hf_max_len}"})
+                continue
+            cmd = [sys.executable, __file__, "--worker", impl, str(T), "--steps", str(args.steps),
+                   "--warmup", str(args.warmup)]
+            res = subprocess.run(cmd, capture_output=True, text=True)
+            if res.returncode != 0:
+                rows.append({"impl": impl, "seq_len": T, "failed": res.stderr.strip().splitlines()[-1:]})
+            else:
+                rows.append(json.loads(res.stdout.strip().splitlines()[-1]))
+            print(json.dumps(rows[-1]), flush=True)
+    by = {(r["impl"], r["seq_len"]): r for r in rows if "step_s" in r}
+    print("\n| T | ours tok/s | HF tok/s | speed ratio | ours peak growth GB | HF peak growth GB | memory ratio |")
+    print("|---|---|---|---|---|---|---|")
+    for T in sorted({r["seq_len"] for r in rows}):
+        o, h = by.get(("ours", T)), by.get(("hf", T))
+        fmt = lambda r, k, f: (f % r[k]) if r else "—"  # noqa: E731
+        ratio = f"{o['tokens_per_s'] / h['tokens_per_s']:.2f}x" if o and h else "—"
+        mem = f"{o['peak_growth_gb'] / h['peak_growth_gb']:.3f}" if o and h else "—"
+        print(f"| {T} | {fmt(o, 'tokens_per_s', '%.0f')} | {fmt(h, 'tokens_per_s', '%.0f')} | {ratio} | "
+              f"{fmt(o, 'peak_growth_gb', '%.2f')} | {fmt(h, 'peak_growth_gb', '%.2f')} | {mem} |")
+    if ("ours", 32768) in by and ("ours", 65536) in by:
+        print(f"\nours 64k / 32k peak growth: {by[('ours', 65536)]['peak_growth_gb'] / by[('ours', 32768)]['peak_growth_gb']:.2f}")
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(rows, f, indent=2)
+
+
+if __name__ == "__main__":
+    main()
