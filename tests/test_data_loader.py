@@ -198,3 +198,13 @@ def test_omegaconf_structured_composition(files):
     assert default.sources[0].kind == "synthetic"
     b = next(iter(build_loader(default, TOK, dp_rank=0, dp_size=1, seed=0)))
     assert b["input_ids"].shape == (8, 256)
+
+
+def test_plain_dicts_are_accepted(files):
+    cfg = DataConfig(sources=[{"path": files["short"], "upsample": [{"min_tokens": 30, "factor": 2.0}]}],
+                     seq_len=32, micro_batch_size=2, prefetch=0)
+    assert next(iter(build_loader(cfg, TOK, dp_rank=0, dp_size=1, seed=0)))["input_ids"].shape == (2, 32)
+    as_dict = {"seq_len": 32, "micro_batch_size": 2, "sources": [{"path": files["short"]}]}
+    assert next(iter(build_loader(as_dict, TOK, dp_rank=0, dp_size=1, seed=0)))["input_ids"].shape == (2, 32)
+    with pytest.raises(UserError, match=r"data.sources\[0\]: .*unexpected keyword argument 'text_column'"):
+        build_loader(DataConfig(sources=[{"path": files["short"], "text_column": "x"}]), TOK, dp_rank=0, dp_size=1, seed=0)

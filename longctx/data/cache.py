@@ -241,8 +241,9 @@ class CachedRows:
     def _rank_order(self) -> np.ndarray:
         if self._order_epoch != self.epoch:
             n = self.cache.n_rows
-            order = (np.random.default_rng([self.seed, self.index, self.epoch, 0xCAC4E]).permutation(n)
-                     if self.shuffle else np.arange(n))
+            order = np.arange(n, dtype=np.int32 if n < 2**31 else np.int64)
+            if self.shuffle:
+                np.random.default_rng([self.seed, self.index, self.epoch, 0xCAC4E]).shuffle(order)
             self._order, self._order_epoch = order[self.rank :: self.world], self.epoch
         return self._order
 

@@ -301,10 +301,9 @@ class DocumentStream:
     def _rank_order(self) -> np.ndarray:
         if self._order_epoch != self.epoch:
             n = len(self.table)
+            order = np.arange(n, dtype=np.int32 if n < 2**31 else np.int64)  # 4 bytes per document
             if self.shuffle:
-                order = np.random.default_rng([self.seed, self.index, self.epoch, 0x5EED]).permutation(n)
-            else:
-                order = np.arange(n)
+                np.random.default_rng([self.seed, self.index, self.epoch, 0x5EED]).shuffle(order)
             self._order = order[self.rank :: self.world]
             self._order_epoch = self.epoch
         return self._order
