@@ -208,3 +208,26 @@ def test_plain_dicts_are_accepted(files):
     assert next(iter(build_loader(as_dict, TOK, dp_rank=0, dp_size=1, seed=0)))["input_ids"].shape == (2, 32)
     with pytest.raises(UserError, match=r"data.sources\[0\]: .*unexpected keyword argument 'text_column'"):
         build_loader(DataConfig(sources=[{"path": files["short"], "text_column": "x"}]), TOK, dp_rank=0, dp_size=1, seed=0)
+
+
+@pytest.mark.parametrize("prefetch", [0, 2])
+def test_a_new_iterator_replaces_the_old_one(files, prefetch):
+    cfg = mixture_config(files, prefetch=prefetch)
+    full = collect(build_loader(cfg, TOK, dp_rank=0, dp_size=1, seed=0), 8)
+    loader = build_loader(cfg, TOK, dp_rank=0, dp_size=1, seed=0)
+    old = iter(loader)
+    first = [{k: v.numpy() for k, v in next(old).items()} for _ in range(3)]
+    new = iter(loader)
+    rest = [{k: v.numpy() for k, v in next(new).items()} for _ in range(5)]
+    assert_batches_equal(first + rest, full)
+    with pytest.raises(RuntimeError, match="replaced by a newer"):
+        next(old)
+
+
+def test_errors_in_the_prefetch_thread_reach_the_consumer(tmp_path):
+    path = write_jsonl(tmp_path / "a.jsonl", ["hello"])
+    cfg = DataConfig(sources=[SourceConfig(path=path, text_field="id")], streaming=True, prefetch=2)
+    # streaming only sees values when reading: the error is raised in the producer thread
+    loader = build_loader(cfg, TOK, dp_rank=0, dp_size=1, seed=0)
+    with pytest.raises(UserError, match=r"data.sources\[0\].text_field: 'id' holds int, not text"):
+        next(iter(loader))

@@ -204,40 +204,61 @@ class DataLoader:
             yield batch, self._snapshot()
 
     def __iter__(self) -> Iterator[dict]:
+        """Batches from the last one handed out on. One live iterator at a time: starting a
+        new one stops the previous (which then raises if used)."""
+        self._generation = getattr(self, "_generation", 0) + 1
+        me = self._generation
+        self._halt_producer()
         if self._ahead:
             self.load_state_dict(self._consumed)
         if self.cfg.prefetch <= 0:
             for batch, state in self._produce():
                 self._consumed = state
                 yield batch
+                if self._generation != me:
+                    raise RuntimeError("this data loader iterator was replaced by a newer iter(loader)")
             return
-        yield from self._iter_prefetch()
+        yield from self._iter_prefetch(me)
 
-    def _iter_prefetch(self) -> Iterator[dict]:
+    def _halt_producer(self) -> None:
+        active = getattr(self, "_producer", None)
+        if active is not None:
+            stop, thread = active
+            stop.set()
+            thread.join()
+            self._producer = None
+
+    def _iter_prefetch(self, me: int) -> Iterator[dict]:
         q: "queue.Queue" = queue.Queue(maxsize=self.cfg.prefetch)
         stop = threading.Event()
         END = object()
 
+        def put(item) -> bool:
+            while not stop.is_set():
+                try:
+                    q.put(item, timeout=0.1)
+                    return True
+                except queue.Full:
+                    continue
+            return False
+
         def work():
             try:
                 for item in self._produce():
-                    while not stop.is_set():
-                        try:
-                            q.put(item, timeout=0.1)
-                            break
-                        except queue.Full:
-                            continue
-                    if stop.is_set():
+                    if not put(item):
                         return
-                q.put(END)
+                put(END)
             except BaseException as e:  # re-raised in the consumer
-                q.put(e)
+                put(e)
 
         self._ahead = True
         thread = threading.Thread(target=work, name="longctx-data", daemon=True)
+        self._producer = (stop, thread)
         thread.start()
         try:
             while True:
+                if self._generation != me:
+                    raise RuntimeError("this data loader iterator was replaced by a newer iter(loader)")
                 item = q.get()
                 if item is END:
                     self._ahead = False
@@ -253,6 +274,8 @@ class DataLoader:
                     q.get_nowait()
                 except queue.Empty:
                     thread.join(0.05)
+            if self._generation == me:
+                self._producer = None
         # the producer may have run ahead; __iter__ restores self._consumed on the next call
 
 
