@@ -89,12 +89,13 @@ def main() -> None:
     texts = make_corpus(path, args.mb)
     mb = sum(len(t.encode()) for t in texts) / 1e6
     t_bpe = train_bpe(texts, args.vocab, os.path.join(work, "bpe"))
-    print(f"corpus: {len(texts)} documents, {mb:.1f} MB; BPE (vocab {args.vocab}) trained in {t_bpe:.1f}s; "
+    got_vocab = load_tokenizer(os.path.join(work, "bpe")).vocab_size
+    print(f"corpus: {len(texts)} documents, {mb:.1f} MB; BPE (vocab {got_vocab} of {args.vocab} asked) trained in {t_bpe:.1f}s; "
           f"seq_len {args.seq_len}; {os.cpu_count()} CPUs", flush=True)
     base = dict(seq_len=args.seq_len, micro_batch_size=4, epochs=1, prefetch=0, progress=False,
                 hf_cache_dir=os.path.join(work, "hf"))
     rows = []
-    for name, spec in (("byte", "byte"), (f"BPE {args.vocab} (🤗 fast)", os.path.join(work, "bpe"))):
+    for name, spec in (("byte", "byte"), (f"BPE {got_vocab} (🤗 fast)", os.path.join(work, "bpe"))):
         tok = load_tokenizer(spec)
         t0 = time.perf_counter()
         for k in range(0, len(texts), 512):

@@ -6,7 +6,8 @@ import pytest
 
 from data_helpers import make_texts, rebuild_documents, rows_by_source, write_jsonl, write_parquet
 from longctx.data import ByteTokenizer, DataConfig, SourceConfig, UpsampleBucket, build_loader
-from longctx.data.sources import DocumentStream, open_table
+from longctx.data.documents import DocumentStream
+from longctx.data.sources import open_table
 
 TOK = ByteTokenizer()
 TEXTS = make_texts(40, seed=21, min_words=2, max_words=50)

@@ -31,7 +31,8 @@ import numpy as np
 
 from longctx.data.config import DataConfig, SourceConfig, has_glob, resolve_kind, source_label
 from longctx.data.packing import Packer, Row, segment_ids_from_position_ids
-from longctx.data.sources import DocumentStream, open_table
+from longctx.data.documents import DocumentStream
+from longctx.data.sources import open_table
 from longctx.data.tokenizer import tokenizer_fingerprint
 from longctx.errors import UserError
 

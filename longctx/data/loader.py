@@ -19,12 +19,13 @@ import copy
 import dataclasses
 import queue
 import threading
-from typing import Iterator, List, Optional
+from typing import Iterator, List
 
 from longctx.data.config import (DataConfig, SourceConfig, SyntheticConfig, UpsampleBucket, resolve_kind,
                                  validate_data_config)
 from longctx.data.packing import Packer, Row, empty_row, rows_to_batch
-from longctx.data.sources import DocumentStream, open_table, uniform
+from longctx.data.documents import DocumentStream, uniform
+from longctx.data.sources import open_table
 from longctx.errors import UserError
 
 STATE_VERSION = 1

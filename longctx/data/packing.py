@@ -27,7 +27,7 @@ from typing import Optional
 import numpy as np
 import torch
 
-from longctx.data.sources import Doc, DocumentStream
+from longctx.data.documents import Doc, DocumentStream
 
 IGNORE = -100
 
