@@ -156,3 +156,15 @@ def test_waits_for_another_builder(setup, monkeypatch):
     loader = build_loader(cfg, TOK, dp_rank=0, dp_size=1, seed=0)
     t.join()
     assert calls == [] and next(iter(loader))["input_ids"].shape == (3, 48)
+
+
+def test_resume_refuses_a_rebuilt_cache(setup):
+    from longctx.errors import UserError
+
+    path, cache_dir = setup
+    loader = build_loader(cfg_for(path, cache_dir), TOK, dp_rank=0, dp_size=1, seed=0)
+    collect(loader, 2)
+    state = loader.state_dict()
+    write_jsonl(path, TEXTS[:-3])  # the data changed: another cache key
+    with pytest.raises(UserError, match=r"data.sources\[0\]: the checkpoint's data came from cache docs-"):
+        build_loader(cfg_for(path, cache_dir), TOK, dp_rank=0, dp_size=1, seed=0).load_state_dict(state)

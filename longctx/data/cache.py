@@ -254,6 +254,12 @@ class CachedRows:
     def load_state_dict(self, state: dict) -> None:
         if "cursor" not in state:
             raise UserError("data loader state was saved without data.cache_dir; resume with the same data config")
+        mine = os.path.basename(self.cache.dir)
+        if state.get("cache", mine) != mine:
+            raise UserError(
+                f"{source_label(self.index)}: the checkpoint's data came from cache {state['cache']} but this run "
+                f"uses {mine} (the data, tokenizer or packing changed); resume with the same data"
+            )
         self.epoch, self.cursor, self.done = int(state["epoch"]), int(state["cursor"]), bool(state["done"])
 
     def next_row(self) -> Optional[Row]:
