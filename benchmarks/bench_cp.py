@@ -11,7 +11,9 @@ leave the resident set at once; the peak-RSS counter is reset (/proc/self/clear_
 start of a measured step and the reported figure is peak RSS minus RSS at step start, i.e.
 activations, transient communication buffers and autograd temporaries (parameters and
 their .grad buffers are allocated before the step). Time: median over iterations of the step wall
-time (max over ranks). Ratios are against cp = 1 in the same run (no absolute numbers are asserted).
+time (max over ranks). Ring wait: seconds a step spent blocked on ring transfers (communication not
+hidden behind compute), max over ranks. Ratios are against cp = 1 in the same run (no
+absolute numbers are asserted).
 """
 from __future__ import annotations
 
@@ -35,6 +37,11 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 from longctx.model import ModelConfig, build_model  # noqa: E402
 from longctx.parallel import make_cp_attention, shard_batch, validate_layout  # noqa: E402
+from longctx.parallel.comm import COMM_STATS, reset_comm_stats  # noqa: E402
+
+VARIANTS = {"ring": ("ring", None, True), "ring-no-overlap": ("ring", None, False),
+            "allgather": ("allgather", None, True), "ulysses": ("ulysses", None, True),
+            "hybrid": ("hybrid", 2, True)}
 
 
 def bench_model_config(args) -> ModelConfig:
@@ -88,19 +95,25 @@ def _worker(rank, world, port, out_path, args, variants, threads):
         step(attn)  # warm-up; also allocates the .grad buffers
     times = [[] for _ in variants]
     peaks = [[] for _ in variants]
-    for _ in range(args.iters):
-        for i, attn in enumerate(attns):
+    waits = [[] for _ in variants]
+    for it in range(args.iters):
+        order = list(range(len(attns)))
+        for i in (order if it % 2 == 0 else order[::-1]):  # alternate the order: no position bias
+            attn = attns[i]
             dist.barrier()
             base, _ = _rss_mib()
             _reset_peak()
+            reset_comm_stats()
             t0 = time.perf_counter()
             step(attn)
-            t = torch.tensor([time.perf_counter() - t0])
+            t = torch.tensor([time.perf_counter() - t0, COMM_STATS["wait_s"]])
             _, peak = _rss_mib()
             dist.all_reduce(t, op=dist.ReduceOp.MAX)
-            times[i].append(t.item())
+            times[i].append(t[0].item())
+            waits[i].append(t[1].item())
             peaks[i].append(peak - base)
-    res = [{"time": statistics.median(t), "peak_mib": max(m)} for t, m in zip(times, peaks)]
+    res = [{"time": statistics.median(t), "wait": statistics.median(w), "peak_mib": max(m)}
+           for t, w, m in zip(times, waits, peaks)]
     with open(f"{out_path}.{rank}", "w") as f:
         json.dump(res, f)
     dist.destroy_process_group()
@@ -121,7 +134,8 @@ def run_group(args, cp, variants):
         lay = validate_layout(cp, impl, u) if cp > 1 else None
         rows.append({"cp": cp, "impl": impl if cp > 1 else "none", "overlap": overlap,
                      "layout": f"{lay.ulysses_size} x {lay.ring_size}" if lay else "-",
-                     "time_s": max(r[i]["time"] for r in ranks), "peak_mib": max(r[i]["peak_mib"] for r in ranks)})
+                     "time_s": max(r[i]["time"] for r in ranks), "ring_wait_s": max(r[i]["wait"] for r in ranks),
+                     "peak_mib": max(r[i]["peak_mib"] for r in ranks)})
     return rows
 
 
@@ -137,6 +151,7 @@ def main(argv=None):
     p.add_argument("--iters", type=int, default=2)
     p.add_argument("--threads", type=int, default=0, help="total intra-op threads, split across ranks (0: all cores)")
     p.add_argument("--cp", type=int, nargs="+", default=[1, 2, 4])
+    p.add_argument("--impls", default=",".join(VARIANTS), help=f"comma list of {', '.join(VARIANTS)}")
     p.add_argument("--json", help="also write the rows here")
     args = p.parse_args(argv)
     rows = []
@@ -144,10 +159,8 @@ def main(argv=None):
         if cp == 1:
             variants = [("ring", None, True)]
         else:
-            variants = [("ring", None, True), ("ring", None, False), ("allgather", None, True),
-                        ("ulysses", None, True)]
-            if cp >= 4 and cp % 2 == 0:
-                variants.append(("hybrid", 2, True))
+            variants = [VARIANTS[name] for name in args.impls.split(",")
+                        if name != "hybrid" or (cp >= 4 and cp % 2 == 0)]
         for row in run_group(args, cp, variants):
             rows.append(row)
             print(f"# cp={cp} impl={row['impl']} overlap={row['overlap']}: {row['time_s']:.2f}s "
@@ -155,12 +168,12 @@ def main(argv=None):
     base = next((r for r in rows if r["cp"] == 1), None)
     print(f"\nseq_len={args.seq_len} batch={args.batch} hidden={args.hidden} layers={args.layers} "
           f"heads={args.heads}/{args.kv_heads} vocab={args.vocab} cores={os.cpu_count()}\n")
-    print("| cp | impl | ulysses x ring | overlap | step time (s) | peak mem / rank (MiB) | mem vs cp=1 |")
-    print("|---:|---|---|---|---:|---:|---:|")
+    print("| cp | impl | ulysses x ring | overlap | step time (s) | ring wait (s) | peak mem / rank (MiB) | mem vs cp=1 |")
+    print("|---:|---|---|---|---:|---:|---:|---:|")
     for r in rows:
         ratio = f"{r['peak_mib'] / base['peak_mib']:.2f}x" if base else "-"
         print(f"| {r['cp']} | {r['impl']} | {r['layout']} | {'yes' if r['overlap'] else 'no'} | {r['time_s']:.2f} | "
-              f"{r['peak_mib']:.0f} | {ratio} |")
+              f"{r['ring_wait_s']:.3f} | {r['peak_mib']:.0f} | {ratio} |")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(rows, f, indent=1)

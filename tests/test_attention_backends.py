@@ -197,3 +197,10 @@ def test_kernel_attention_no_grad_decode_matches():
     with torch.no_grad():
         out, _ = kernel_attention(SdpaKernel(), q, k, v, causal=True)
     assert_close("decode", out, eager_attention(q, k, v, causal=True), 1e-5)
+
+
+def test_flash_varlen_cu_seqlens_from_segments():
+    from longctx.attention.flash import _cu_seqlens
+    cu, max_len = _cu_seqlens(torch.tensor([[0, 0, 1, 1, 1], [3, 3, 3, 4, 4]]))
+    assert cu.tolist() == [0, 2, 5, 8, 10] and cu.dtype == torch.int32 and max_len == 3
+    assert _cu_seqlens(torch.tensor([[0, 1, 0]])) is None  # id 0 re-appears: not contiguous runs

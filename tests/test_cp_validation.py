@@ -93,11 +93,12 @@ def test_shard_batch_and_document_positions():
     assert positions_from_segments(seg).tolist() == [[0, 1, 2, 0, 1, 0, 1, 2]]
     ids = torch.arange(8)[None] + 100
     labels = torch.cat([ids[:, 1:], torch.tensor([[-100]])], 1)
-    full = {"input_ids": ids, "labels": labels, "segment_ids": seg, "note": "kept"}
+    full = {"input_ids": ids, "labels": labels, "segment_ids": seg, "loss_weights": torch.arange(8.)[None], "note": "kept"}
     local = shard_batch(full, 1, 2)
     assert local["input_ids"].tolist() == [[102, 103, 104, 105]]
     assert local["labels"].tolist() == [[103, 104, 105, 106]]  # targets stay with their inputs
     assert local["position_ids"].tolist() == [[2, 0, 1, 0]]  # global, restarting per document
     assert local["segment_ids"].tolist() == [[0, 1, 1, 2]] and local["note"] == "kept"
+    assert local["loss_weights"].tolist() == [[2.0, 3.0, 4.0, 5.0]]
     plain = shard_batch({"input_ids": ids}, 0, 2)
     assert plain["position_ids"].tolist() == [[0, 1, 6, 7]]

@@ -67,7 +67,7 @@ def _cu_seqlens(segment_ids: Tensor):
     change = torch.ones(B, T, dtype=torch.bool, device=segment_ids.device)
     change[:, 1:] = segment_ids[:, 1:] != segment_ids[:, :-1]
     starts = change.flatten().nonzero().flatten()
-    run_ids = segment_ids.flatten()[starts] + 0
+    run_ids = segment_ids.flatten()[starts]
     rows = starts // T
     key = rows * (int(segment_ids.max()) - int(segment_ids.min()) + 1) + (run_ids - segment_ids.min())
     if key.unique().numel() != key.numel():

@@ -8,6 +8,7 @@ own, so nothing has to be created collectively at setup).
 """
 from __future__ import annotations
 
+import time
 from typing import List, Optional, Sequence
 
 import torch
@@ -21,6 +22,15 @@ def group_ranks(group: Optional[dist.ProcessGroup]) -> List[int]:
     return list(dist.get_process_group_ranks(group if group is not None else dist.group.WORLD))
 
 
+# Process-wide counters for benchmarks: seconds spent blocked in Pending.wait (communication
+# not hidden behind compute) and bytes sent point to point. Reset with reset_comm_stats().
+COMM_STATS = {"wait_s": 0.0, "p2p_bytes": 0}
+
+
+def reset_comm_stats() -> None:
+    COMM_STATS.update(wait_s=0.0, p2p_bytes=0)
+
+
 class Pending:
     """In-flight send/recv; wait() returns the received tensor."""
 
@@ -28,8 +38,10 @@ class Pending:
         self._works, self._send, self.recv = works, send, recv
 
     def wait(self) -> Tensor:
+        t0 = time.perf_counter()
         for w in self._works:
             w.wait()
+        COMM_STATS["wait_s"] += time.perf_counter() - t0
         self._works, self._send = [], None
         return self.recv
 
@@ -45,6 +57,7 @@ class RingComm:
     def send_recv(self, t: Tensor, tag: int = 0) -> Pending:
         t = t.contiguous()
         recv = torch.empty_like(t)
+        COMM_STATS["p2p_bytes"] += t.numel() * t.element_size()
         ops = [dist.P2POp(dist.isend, t, self.next, self.group, tag),
                dist.P2POp(dist.irecv, recv, self.prev, self.group, tag)]
         return Pending(dist.batch_isend_irecv(ops), t, recv)

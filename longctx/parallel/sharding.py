@@ -21,7 +21,6 @@ import torch.distributed as dist
 from longctx.errors import require
 
 Tensor = torch.Tensor
-SEQUENCE_KEYS = ("input_ids", "labels", "position_ids", "segment_ids", "loss_mask", "attention_mask")
 
 
 def check_seq_len(seq_len: int, cp_size: int) -> None:
@@ -90,9 +89,11 @@ def positions_from_segments(segment_ids: Tensor) -> Tensor:
 
 
 def shard_batch(batch: Dict[str, Tensor], cp_rank: int, cp_size: int,
-                keys: Sequence[str] = SEQUENCE_KEYS) -> Dict[str, Tensor]:
-    """Shard the (B, T) sequence tensors of a batch into the zigzag layout.
+                keys: Optional[Sequence[str]] = None) -> Dict[str, Tensor]:
+    """Shard the per-token tensors of a batch into the zigzag layout.
 
+    Per-token tensors are those shaped (B, T, ...) like input_ids (input_ids, labels,
+    position_ids, segment_ids, loss weights, ...), or exactly `keys` when given.
     position_ids are created first when missing (0..T-1, or restarting per document when
     segment_ids are present), so RoPE sees global positions on every rank. Other entries
     are passed through unchanged.
@@ -104,9 +105,9 @@ def shard_batch(batch: Dict[str, Tensor], cp_rank: int, cp_size: int,
         out["position_ids"] = (positions_from_segments(seg) if seg is not None
                                else torch.arange(ref.shape[1], device=ref.device).expand(ref.shape[0], -1))
     check_seq_len(ref.shape[1], cp_size)
-    for key in keys:
+    for key in (out if keys is None else keys):
         val = out.get(key)
-        if isinstance(val, Tensor) and val.dim() >= 2 and val.shape[1] == ref.shape[1]:
+        if isinstance(val, Tensor) and val.dim() >= 2 and tuple(val.shape[:2]) == tuple(ref.shape):
             out[key] = shard_sequence(val, cp_rank, cp_size, dim=1).contiguous()
     return out
 
