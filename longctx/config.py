@@ -47,6 +47,7 @@ class ParallelSection:
     offload_params: bool = False  # stage 3 only
     activation_checkpointing: str = "none"  # none | full | selective
     checkpoint_every: int = 2  # selective: checkpoint every k-th block
+    recompute_attention: bool = False  # false: keep attention kernel outputs in checkpointed blocks
     deepspeed_config: Optional[str] = None  # a user DeepSpeed JSON merged over ours
 
 

@@ -107,7 +107,8 @@ class Trainer:
         else:
             model = build_model(model_cfg, device=self.device, seed=cfg.train.seed)
         model = model.to(self.dtype)
-        apply_activation_checkpointing(model, cfg.parallel.activation_checkpointing, cfg.parallel.checkpoint_every)
+        apply_activation_checkpointing(model, cfg.parallel.activation_checkpointing, cfg.parallel.checkpoint_every,
+                                       recompute_attention=cfg.parallel.recompute_attention)
         return model
 
     def _enter_stage(self, model, index: int) -> None:
