@@ -3,6 +3,7 @@
 Both sides: preset bench-44m (4 layers, d512, 8/4 heads, vocab 32000), bf16 parameters,
 full activation checkpointing, AdamW, one sequence of T tokens per step, single process.
   ours: Transformer + apply_activation_checkpointing("full") + chunked cross-entropy
+        (default: attention kernel outputs kept; `ours-recompute-all` recomputes them too)
   hf:   LlamaForCausalLM(attn_implementation="sdpa") + gradient_checkpointing_enable(),
         model(input_ids, labels=labels).loss  (what a user would run)
 Each (impl, T) runs in a fresh subprocess so peak RSS is its own; reported: median step
@@ -39,11 +40,13 @@ def worker(impl: str, seq_len: int, steps: int, warmup: int) -> dict:
 
     torch.manual_seed(0)
     cfg = get_preset("bench-44m").replace(max_position_embeddings=max(seq_len, 4096))
-    if impl == "ours":
+    if impl in ("ours", "ours-recompute-all"):
         from longctx.parallel.checkpointing import apply_activation_checkpointing
 
         model = build_model(cfg, seed=0).to(torch.bfloat16)
-        apply_activation_checkpointing(model, "full")
+        # "ours" keeps attention kernel outputs in checkpointed blocks (the default);
+        # "ours-recompute-all" recomputes everything, exactly like HF's checkpointing.
+        apply_activation_checkpointing(model, "full", recompute_attention=impl != "ours")
 
         def step_loss(ids, labels):
             loss_sum, n = model(ids, labels=labels, loss_chunk_size=2048)
