@@ -6,6 +6,7 @@ import torch.nn.functional as F
 from cp_helpers import run_distributed
 from longctx.model import build_model, get_preset
 from longctx.parallel import make_cp_attention, positions_from_segments, shard_batch
+from longctx.parallel.checkpointing import apply_activation_checkpointing
 
 REL_TOL = 1e-5
 
@@ -33,7 +34,7 @@ def _loss_sum(model, batch):
     return F.cross_entropy(logits.flatten(0, 1).float(), batch["labels"].flatten(), ignore_index=-100, reduction="sum")
 
 
-def _model_worker(rank, world, impls, L):
+def _model_worker(rank, world, impls, L, ckpt_impls=()):
     cfg = get_preset("debug-tiny")
     checks = []
     for docs in (False, True):
@@ -44,8 +45,12 @@ def _model_worker(rank, world, impls, L):
         ref_loss.backward()
         ref_grads = {n: p.grad for n, p in ref.named_parameters()}
         local = shard_batch(batch, rank, world)
-        for name, (impl, u) in impls.items():
+        variants = [(name, impl, u, None) for name, (impl, u) in impls.items()]
+        variants += [(f"{impl}+ckpt-{pol}", impl, None, pol) for impl in ckpt_impls for pol in ("sac", "full")]
+        for name, impl, u, ckpt in variants:
             model = build_model(cfg, seed=3)
+            if ckpt is not None:  # the recompute re-runs the CP forward, communication included
+                apply_activation_checkpointing(model, "full", recompute_attention=(ckpt == "full"))
             model.set_attention(make_cp_attention(None, impl=impl, ulysses_size=u))
             loss_sum = _loss_sum(model, local)
             (loss_sum / n_tokens).backward()
@@ -54,6 +59,7 @@ def _model_worker(rank, world, impls, L):
             case = f"{name}/{'docs' if docs else 'nodocs'}"
             checks.append((case, "loss", abs(total.item() / n_tokens - ref_loss.item()) / abs(ref_loss.item()), REL_TOL))
             for n, p in model.named_parameters():
+                n = n.replace("._checkpoint_wrapped_module", "")
                 g = p.grad.clone()
                 dist.all_reduce(g)  # CP ranks hold partial gradients of the same replica
                 rel = (g - ref_grads[n]).abs().max().item() / max(ref_grads[n].abs().max().item(), 1e-30)
@@ -68,8 +74,10 @@ def _check(results, n_impls):
 
 
 def test_model_cp2_matches_cp1():
+    """Also with activation checkpointing (selective: attention kernels kept; full recompute)."""
     impls = {"ring": ("ring", None), "allgather": ("allgather", None), "ulysses": ("ulysses", None)}
-    _check(run_distributed(_model_worker, 2, impls, 24), len(impls))
+    ckpt_impls = ("ring", "ulysses")
+    _check(run_distributed(_model_worker, 2, impls, 24, ckpt_impls), len(impls) + 2 * len(ckpt_impls))
 
 
 def test_model_cp4_matches_cp1():

@@ -1,11 +1,13 @@
 """Bad CP input fails with one clear UserError before any collective; sharding helpers."""
 import pytest
 import torch
+import torch.distributed as dist
 
 from cp_helpers import run_distributed
+from longctx.attention import eager_attention
 from longctx.errors import UserError
 from longctx.parallel import (
-    make_cp_attention, positions_from_segments, shard_batch, shard_sequence, unshard_sequence, validate_cp,
+    gather_sequence, make_cp_attention, positions_from_segments, shard_batch, shard_sequence, unshard_sequence, validate_cp,
     zigzag_indices,
 )
 
@@ -63,9 +65,17 @@ def _errors_worker(rank, world):
     expect(lambda: ring(q, k, k), "data.seq_len=10 must be divisible by 2*parallel.cp_size=4")
     expect(lambda: shard_batch({"input_ids": torch.zeros(1, 10, dtype=torch.long)}, rank, world), "data.seq_len=10")
     # the group is still usable: a valid call after the errors completes on both ranks
-    q, k = torch.randn(1, 2, 4, 8), torch.randn(1, 2, 4, 8)
-    out = ring(q, k, k)
-    assert out.shape == q.shape and torch.isfinite(out).all()
+    g = torch.Generator().manual_seed(0)
+    q, k = torch.randn(1, 2, 8, 8, generator=g), torch.randn(1, 2, 8, 8, generator=g)
+    ql, kl = shard_sequence(q, rank, world, dim=2), shard_sequence(k, rank, world, dim=2)
+    out = ring(ql, kl, kl)
+    # gather_sequence reassembles the natural order; it equals attention on the whole sequence
+    full = gather_sequence(out, None, dim=2)
+    assert (full - eager_attention(q, k, k)).abs().max() < 1e-5
+    # a CP group of size 1 (each rank alone) is plain local attention
+    singles = [dist.new_group([r]) for r in range(world)]
+    alone = make_cp_attention(singles[rank], impl="ring")
+    assert (alone(q, k, k) - eager_attention(q, k, k)).abs().max() < 1e-5
     return seen
 
 
