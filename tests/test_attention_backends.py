@@ -204,3 +204,37 @@ def test_flash_varlen_cu_seqlens_from_segments():
     cu, max_len = _cu_seqlens(torch.tensor([[0, 0, 1, 1, 1], [3, 3, 3, 4, 4]]))
     assert cu.tolist() == [0, 2, 5, 8, 10] and cu.dtype == torch.int32 and max_len == 3
     assert _cu_seqlens(torch.tensor([[0, 1, 0]])) is None  # id 0 re-appears: not contiguous runs
+
+
+@pytest.mark.parametrize("kernel_cls", [SdpaKernel, EagerKernel], ids=["sdpa", "eager"])
+@pytest.mark.parametrize("T, S, causal", [(30, 30, True), (30, 30, False), (12, 30, True), (30, 12, True)])
+def test_document_masks_are_tiled(kernel_cls, T, S, causal):
+    """Long packed sequences never build a T x S mask: with a small tile the kernel runs many
+    tiles (aligned / unaligned diagonals, skipped and merged tiles) and stays exact."""
+    from longctx.attention import plan_tiles
+
+    kernel = kernel_cls()
+    kernel.tile = 7
+    q, k, v = make_qkv(B=2, Hq=4, Hkv=2, T=T, S=S)
+    ids_k = packed_ids(2, S, [3, 11, 20])
+    ids_q = ids_k[:, S - T:] if T <= S else torch.cat([ids_k[:, :1].expand(2, T - S), ids_k], 1)
+    kw = dict(causal=causal, segment_ids=ids_q, kv_segment_ids=ids_k, scale=0.3)
+    tiles = plan_tiles(T, S, causal=causal, segment_ids=ids_q, kv_segment_ids=ids_k, device=q.device, tile=7)
+    assert len(tiles) > 3 and all(t.mask is None or t.mask.shape[-2:] == (t.q1 - t.q0, t.k1 - t.k0) for t in tiles)
+    assert all(t.q1 - t.q0 <= 7 and (t.mask is None or t.k1 - t.k0 <= 7) for t in tiles)
+    out_r, lse_r, dout, dq_r, dk_r, dv_r = reference(q, k, v, **kw)
+    (out, lse), dq, dk, dv = run_fn(lambda *a, **b: kernel_attention(kernel, *a, **b), q, k, v, dout, **kw)
+    assert torch.equal(torch.isinf(lse), torch.isinf(lse_r))
+    for name, a, b in [("out", out, out_r), ("lse", torch.nan_to_num(lse, neginf=0.0), torch.nan_to_num(lse_r, neginf=0.0)),
+                       ("dq", dq, dq_r), ("dk", dk, dk_r), ("dv", dv, dv_r)]:
+        assert_close(name, a, b, 1e-5)
+
+
+def test_causal_more_queries_than_keys_without_documents():
+    q, k, v = make_qkv(B=1, Hq=4, Hkv=2, T=10, S=6)
+    out_r, lse_r, dout, dq_r, dk_r, dv_r = reference(q, k, v, causal=True)
+    (out, lse), dq, dk, dv = run_fn(lambda *a, **b: attention_with_lse(*a, backend="sdpa", **b), q, k, v, dout,
+                                    causal=True)
+    assert torch.isinf(lse[:, :, :4]).all() and torch.equal(out[:, :, :4], torch.zeros_like(out[:, :, :4]))
+    for name, a, b in [("out", out, out_r), ("dq", dq, dq_r), ("dk", dk, dk_r), ("dv", dv, dv_r)]:
+        assert_close(name, a, b, 1e-5)

@@ -5,7 +5,6 @@ packed documents); each rank checks its output shard and its dQ/dK/dV shards.
 """
 import itertools
 
-import pytest
 import torch
 
 from cp_helpers import check_all, max_err, run_distributed

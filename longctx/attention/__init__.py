@@ -13,7 +13,7 @@ from longctx.attention.core import AttentionFn, build_mask
 from longctx.attention.eager import EagerKernel, eager_attention
 from longctx.attention.flash import flash_attention, flash_available
 from longctx.attention.function import KernelAttention, kernel_attention
-from longctx.attention.kernel import AttentionKernel, plan_blocks, resolve_scale
+from longctx.attention.kernel import AttentionKernel, plan_tiles, resolve_scale
 from longctx.attention.lse import merge_attention
 from longctx.attention.sdpa import sdpa_attention
 from longctx.attention.select import BACKENDS, get_attention, get_kernel, resolve_backend
@@ -39,5 +39,5 @@ def attention_with_lse(
 __all__ = [
     "AttentionFn", "AttentionKernel", "BACKENDS", "EagerKernel", "KernelAttention", "attention_with_lse",
     "build_mask", "eager_attention", "flash_attention", "flash_available", "get_attention", "get_kernel",
-    "kernel_attention", "merge_attention", "plan_blocks", "resolve_backend", "resolve_scale", "sdpa_attention",
+    "kernel_attention", "merge_attention", "plan_tiles", "resolve_backend", "resolve_scale", "sdpa_attention",
 ]

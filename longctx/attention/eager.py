@@ -8,7 +8,7 @@ parallelism on any device.
 """
 from __future__ import annotations
 
-from typing import Optional, Tuple
+from typing import Optional
 
 import torch
 

@@ -31,7 +31,6 @@ from typing import List, Optional, Tuple
 
 import torch
 
-from longctx.attention.core import build_mask
 from longctx.attention.lse import NEG_INF, lse_for_backward, merge_attention
 
 Tensor = torch.Tensor
@@ -41,15 +40,21 @@ def resolve_scale(scale: Optional[float], head_dim: int) -> float:
     return 1.0 / math.sqrt(head_dim) if scale is None else float(scale)
 
 
+DEFAULT_TILE = 1024  # document masks are built per (tile x tile) block, never T x S
+
+
 @dataclass
-class KeyBlock:
-    start: int  # key range [start, stop)
-    stop: int
+class Tile:
+    """Queries [q0, q1) x keys [k0, k1), run by one primitive call."""
+    q0: int
+    q1: int
+    k0: int
+    k1: int
     is_causal: bool  # square block, top-left == bottom-right causal, no mask
-    mask: Optional[Tensor]  # (B or 1, 1, T, stop - start) bool keep-mask, or None
+    mask: Optional[Tensor]  # (B or 1, 1, q1 - q0, k1 - k0) bool keep-mask, or None
 
 
-def plan_blocks(
+def plan_tiles(
     T: int,
     S: int,
     *,
@@ -57,43 +62,71 @@ def plan_blocks(
     segment_ids: Optional[Tensor],
     kv_segment_ids: Optional[Tensor],
     device: torch.device,
-) -> List[KeyBlock]:
-    """Split the key range into blocks the primitives can run without a T x S causal mask."""
+    tile: int = DEFAULT_TILE,
+) -> List[Tile]:
+    """Cover the visible (query, key) pairs with tiles the primitives can run.
+
+    Without documents no mask is ever built: causal attention with T < S is an unmasked
+    prefix plus a square causal block (T > S: the last S queries form the square, the first
+    T - S see nothing). With documents the pairs are tiled (tile x tile); a tile inside one
+    document runs unmasked (causal only on an aligned diagonal square), a tile without any
+    same-document pair is skipped, and only tiles straddling a boundary carry a small mask.
+    Adjacent unmasked tiles of a query row are merged into one call.
+    """
     if segment_ids is not None and kv_segment_ids is None:
         if T != S:
             raise ValueError("kv_segment_ids is required when query and key lengths differ")
         kv_segment_ids = segment_ids
-    if not causal:
-        pieces = [(0, S, False)]
-    elif T == S:
-        pieces = [(0, S, True)]
-    elif T < S:
-        pieces = [(0, S - T, False), (S - T, S, True)]
-    else:  # more queries than keys: the first T - S queries see nothing
-        mask = build_mask(T, S, causal=True, segment_ids=segment_ids, kv_segment_ids=kv_segment_ids, device=device)
-        return [KeyBlock(0, S, False, mask)] if bool(mask.any()) else []
-    blocks = []
-    for start, stop, is_causal in pieces:
-        if stop <= start:
-            continue
-        if segment_ids is None:
-            blocks.append(KeyBlock(start, stop, is_causal, None))
-            continue
-        same = segment_ids[:, :, None] == kv_segment_ids[:, None, start:stop]  # (B, T, s)
-        if bool(same.all()):
-            blocks.append(KeyBlock(start, stop, is_causal, None))
-            continue
-        if is_causal:
-            same = same & torch.ones(T, stop - start, dtype=torch.bool, device=device).tril()
-        if bool(same.any()):
-            blocks.append(KeyBlock(start, stop, False, same[:, None]))  # (B, 1, T, s)
-    return blocks
+    off = S - T  # query i sits at key position i + off (bottom-right alignment)
+    if segment_ids is not None:
+        lo, hi = segment_ids.min(), segment_ids.max()
+        if bool((lo == hi) & (kv_segment_ids.min() == lo) & (kv_segment_ids.max() == lo)):
+            segment_ids = kv_segment_ids = None  # a single document: no mask at all
+    if segment_ids is None:
+        if not causal:
+            return [Tile(0, T, 0, S, False, None)]
+        if T == S:
+            return [Tile(0, T, 0, S, True, None)]
+        if T < S:
+            return [Tile(0, T, 0, off, False, None), Tile(0, T, off, S, True, None)]
+        return [Tile(T - S, T, 0, S, True, None)] if S > 0 else []
+    tiles: List[Tile] = []
+    for qa in range(0, T, tile):
+        qb = min(T, qa + tile)
+        row: List[Tile] = []
+        for ka in range(0, S, tile):
+            kb = min(S, ka + tile)
+            if causal and ka > qb - 1 + off:
+                break  # this and all later key tiles lie after every query of the row
+            same = segment_ids[:, qa:qb, None] == kv_segment_ids[:, None, ka:kb]  # (B, tq, tk)
+            if not bool(same.any()):
+                continue
+            partial = causal and kb - 1 > qa + off  # some keys lie after some queries
+            if partial and qa + off == ka and qb - qa == kb - ka and bool(same.all()):
+                row.append(Tile(qa, qb, ka, kb, True, None))
+                continue
+            if partial:
+                qpos = torch.arange(qa + off, qb + off, device=device)
+                same = same & (torch.arange(ka, kb, device=device)[None, :] <= qpos[:, None])
+                if not bool(same.any()):
+                    continue
+            if not partial and bool(same.all()):
+                prev = row[-1] if row else None
+                if prev is not None and prev.mask is None and not prev.is_causal and prev.k1 == ka:
+                    prev.k1 = kb  # extend the previous unmasked tile
+                else:
+                    row.append(Tile(qa, qb, ka, kb, False, None))
+                continue
+            row.append(Tile(qa, qb, ka, kb, False, same[:, None]))
+        tiles.extend(row)
+    return tiles
 
 
 class AttentionKernel:
-    """Base class: block planning, LSE merging and gradient accumulation."""
+    """Base class: tile planning, LSE merging and gradient accumulation."""
 
     name = "base"
+    tile = DEFAULT_TILE  # tile edge for document-masked attention
 
     # -- primitives (one key block) -------------------------------------------------------
     def _fwd(self, q: Tensor, k: Tensor, v: Tensor, scale: float, is_causal: bool,
@@ -120,19 +153,20 @@ class AttentionKernel:
         _check_shapes(q, k, v)
         scale = resolve_scale(scale, q.shape[-1])
         B, H, T, D = q.shape
-        blocks = plan_blocks(T, k.shape[2], causal=causal, segment_ids=segment_ids,
-                             kv_segment_ids=kv_segment_ids, device=q.device)
-        out = lse = None
-        for blk in blocks:
-            o, l = self._fwd(q, k[:, :, blk.start:blk.stop], v[:, :, blk.start:blk.stop], scale, blk.is_causal, blk.mask)
-            l = l.float()
-            if blk.mask is not None:  # rows with no visible key in this block: (0, -inf)
-                empty = ~blk.mask.any(-1)  # (B, 1, T)
-                l = l.masked_fill(empty, NEG_INF)
-                o = o.masked_fill(empty[..., None], 0.0)
-            out, lse = (o, l) if out is None else merge_attention(out, lse, o, l)
-        if out is None:
-            return q.new_zeros(q.shape), torch.full((B, H, T), NEG_INF, dtype=torch.float32, device=q.device)
+        S = k.shape[2]
+        tiles = plan_tiles(T, S, causal=causal, segment_ids=segment_ids, kv_segment_ids=kv_segment_ids,
+                           device=q.device, tile=self.tile)
+        if len(tiles) == 1 and (tiles[0].q0, tiles[0].q1, tiles[0].k0, tiles[0].k1) == (0, T, 0, S):
+            t = tiles[0]  # the common case: one call, no accumulators
+            out, lse = self._fwd(q, k, v, scale, t.is_causal, t.mask)
+            return _fix_empty_rows(out, lse.float(), t.mask)
+        out = torch.zeros(B, H, T, D, dtype=torch.float32, device=q.device)
+        lse = torch.full((B, H, T), NEG_INF, dtype=torch.float32, device=q.device)
+        for t in tiles:
+            o, l = self._fwd(q[:, :, t.q0:t.q1], k[:, :, t.k0:t.k1], v[:, :, t.k0:t.k1], scale, t.is_causal, t.mask)
+            o, l = _fix_empty_rows(o, l.float(), t.mask)
+            rows = slice(t.q0, t.q1)
+            out[:, :, rows], lse[:, :, rows] = merge_attention(out[:, :, rows], lse[:, :, rows], o, l)
         return out.to(q.dtype), lse
 
     def backward(
@@ -153,26 +187,35 @@ class AttentionKernel:
         _check_shapes(q, k, v)
         scale = resolve_scale(scale, q.shape[-1])
         T, S = q.shape[2], k.shape[2]
-        blocks = plan_blocks(T, S, causal=causal, segment_ids=segment_ids, kv_segment_ids=kv_segment_ids,
-                             device=q.device)
+        tiles = plan_tiles(T, S, causal=causal, segment_ids=segment_ids, kv_segment_ids=kv_segment_ids,
+                           device=q.device, tile=self.tile)
         lse = lse_for_backward(lse)
         dout, out = dout.to(q.dtype).contiguous(), out.to(q.dtype).contiguous()
-        if len(blocks) == 1 and blocks[0].start == 0 and blocks[0].stop == S:
-            blk = blocks[0]
-            return self._bwd(dout, q, k, v, out, lse, scale, blk.is_causal, blk.mask)
+        if len(tiles) == 1 and (tiles[0].q0, tiles[0].q1, tiles[0].k0, tiles[0].k1) == (0, T, 0, S):
+            t = tiles[0]
+            return self._bwd(dout, q, k, v, out, lse, scale, t.is_causal, t.mask)
         dq = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
         dk = torch.zeros(k.shape, dtype=torch.float32, device=k.device)
         dv = torch.zeros(v.shape, dtype=torch.float32, device=v.device)
-        for blk in blocks:
-            sl = slice(blk.start, blk.stop)
-            gq, gk, gv = self._bwd(dout, q, k[:, :, sl], v[:, :, sl], out, lse, scale, blk.is_causal, blk.mask)
-            dq += gq
-            dk[:, :, sl] += gk
-            dv[:, :, sl] += gv
+        for t in tiles:
+            rows, cols = slice(t.q0, t.q1), slice(t.k0, t.k1)
+            gq, gk, gv = self._bwd(dout[:, :, rows], q[:, :, rows], k[:, :, cols], v[:, :, cols], out[:, :, rows],
+                                   lse[:, :, rows], scale, t.is_causal, t.mask)
+            dq[:, :, rows] += gq
+            dk[:, :, cols] += gk
+            dv[:, :, cols] += gv
         return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(name={self.name!r})"
+
+
+def _fix_empty_rows(out: Tensor, lse: Tensor, mask: Optional[Tensor]) -> Tuple[Tensor, Tensor]:
+    """Rows with no visible key in a masked call: (0, -inf), whatever the kernel returned."""
+    if mask is None:
+        return out, lse
+    empty = ~mask.any(-1)  # (B, 1, T)
+    return out.masked_fill(empty[..., None], 0.0), lse.masked_fill(empty, NEG_INF)
 
 
 def _check_shapes(q: Tensor, k: Tensor, v: Tensor) -> None:

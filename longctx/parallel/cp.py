@@ -27,7 +27,7 @@ import torch.distributed as dist
 
 from longctx.attention import get_kernel, resolve_backend
 from longctx.attention.kernel import AttentionKernel
-from longctx.errors import UserError, require
+from longctx.errors import require
 from longctx.parallel.allgather import AllGatherSpec, allgather_attention
 from longctx.parallel.comm import RingComm, all_gather_stack, group_ranks
 from longctx.parallel.hybrid import hybrid_attention
