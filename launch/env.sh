@@ -1,0 +1,68 @@
+# shellcheck shell=bash
+# Environment defaults for longctx jobs, sourced by launch/torchrun.sh and slurm/*.sbatch.
+#
+# Every value below is a default only: a variable already set in the environment (your
+# shell, your site's module, `sbatch --export`) wins. `longctx_print_env` prints what the job
+# actually runs with, so nothing here is hidden.
+#
+#   OMP_NUM_THREADS        CPU threads per process = CPUs of the node / processes per node
+#                          (torchrun would otherwise force 1, and unset it oversubscribes).
+#   TORCH_NCCL_ASYNC_ERROR_HANDLING=1
+#                          a rank that fails makes the others abort with an error instead of
+#                          hanging in a collective until the (30 min) timeout.
+#   NCCL_DEBUG=WARN        INFO prints the topology/transport NCCL picked: use it when a job is
+#                          slow or hangs at start-up.
+#   PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
+#                          fewer "reserved but unallocated" OOMs when sequence lengths or
+#                          buffers change between stages.
+#   LONGCTX_PYTHON         the interpreter (default: python3 on PATH, e.g. your activated .venv).
+#
+# Not set here, because they are specific to a cluster's network (set them in your site profile
+# or before sbatch; the values show up in the job log):
+#   NCCL_SOCKET_IFNAME     interface for bootstrap/socket traffic, e.g. ib0 or ^lo,docker
+#   NCCL_IB_HCA            InfiniBand adapters to use, e.g. mlx5_0,mlx5_1
+#   NCCL_IB_GID_INDEX      RoCE clusters (often 3)
+#   NCCL_NET_GDR_LEVEL     GPUDirect RDMA policy
+#   FI_PROVIDER=efa, FI_EFA_USE_DEVICE_RDMA=1   AWS EFA (with the aws-ofi-nccl plugin)
+#   NCCL_P2P_DISABLE / NCCL_IB_DISABLE           only to debug broken links, never for speed
+
+LONGCTX_ENV_VARS=(OMP_NUM_THREADS TORCH_NCCL_ASYNC_ERROR_HANDLING NCCL_DEBUG PYTORCH_CUDA_ALLOC_CONF
+                  NCCL_SOCKET_IFNAME NCCL_IB_HCA NCCL_IB_GID_INDEX NCCL_NET_GDR_LEVEL FI_PROVIDER
+                  CUDA_VISIBLE_DEVICES LONGCTX_PYTHON)
+
+# longctx_env_defaults NPROC_PER_NODE
+longctx_env_defaults() {
+    local nproc=${1:-1} cpus threads
+    cpus=${SLURM_CPUS_ON_NODE:-$(nproc 2>/dev/null || echo 1)}
+    threads=$(( cpus / (nproc > 0 ? nproc : 1) ))
+    (( threads >= 1 )) || threads=1
+    export OMP_NUM_THREADS=${OMP_NUM_THREADS:-$threads}
+    export TORCH_NCCL_ASYNC_ERROR_HANDLING=${TORCH_NCCL_ASYNC_ERROR_HANDLING:-1}
+    export NCCL_DEBUG=${NCCL_DEBUG:-WARN}
+    export PYTORCH_CUDA_ALLOC_CONF=${PYTORCH_CUDA_ALLOC_CONF:-expandable_segments:True}
+    export LONGCTX_PYTHON=${LONGCTX_PYTHON:-python3}
+}
+
+longctx_print_env() {
+    local v
+    echo "environment:"
+    for v in "${LONGCTX_ENV_VARS[@]}"; do
+        echo "  $v=${!v-<unset>}"
+    done
+}
+
+# longctx_gpus_per_node: GPUs (= processes) per node from SLURM's variables, then the
+# visible devices; prints nothing when it cannot tell.
+longctx_gpus_per_node() {
+    local n
+    if [[ -n ${LONGCTX_NPROC_PER_NODE:-} ]]; then n=$LONGCTX_NPROC_PER_NODE
+    elif [[ -n ${SLURM_GPUS_ON_NODE:-} ]]; then n=$SLURM_GPUS_ON_NODE
+    elif [[ -n ${SLURM_GPUS_PER_NODE:-} ]]; then n=${SLURM_GPUS_PER_NODE##*:}   # "8" or "h100:8"
+    elif [[ -n ${CUDA_VISIBLE_DEVICES:-} ]]; then
+        local ids
+        IFS=, read -r -a ids <<< "$CUDA_VISIBLE_DEVICES"
+        n=${#ids[@]}
+    elif command -v nvidia-smi >/dev/null 2>&1; then n=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')
+    fi
+    if [[ ${n:-} =~ ^[0-9]+$ ]] && (( n > 0 )); then echo "$n"; fi
+}

@@ -1,0 +1,134 @@
+#!/usr/bin/env python3
+"""Checks a training command before any process group exists (used by launch/torchrun.sh and
+slurm/train.sbatch), so a job that cannot run stops with one `error:` line and exit code 2
+instead of hanging in a rendezvous or failing on one rank of many.
+
+    python launch/preflight.py --world-size 16 [--gpu-mem 80GB] -- --config configs/x.yaml [key=value ...]
+
+Checks, in order:
+  1. the config loads (file exists, keys and types are valid);
+  2. a recipe's `# cluster: nodes=N gpus_per_node=G` line: fewer GPUs than it was written for
+     is an error (its global batch and cp layout would silently change), unless
+     LONGCTX_ALLOW_FEWER_GPUS=1; more is fine;
+  3. every stage's cp fits in the world size, then the trainer's own validation for this world
+     size (cp divides it, lengths divide 2*cp, out_dir writable, data paths, init_from, ...);
+  4. with --gpu-mem (or on a GPU node): the memory planner's peak per GPU, a warning if a stage
+     does not fit.
+On success it prints the absolute out_dir (the SLURM script reads the PREEMPTED marker there).
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+CLUSTER = re.compile(r"^#\s*cluster:\s*(.*)$", re.MULTILINE)
+
+
+def cluster_shape(config_path: str) -> dict:
+    """The `# cluster: nodes=8 gpus_per_node=8 gpu_mem=80GB` line of a recipe, as a dict."""
+    try:
+        text = Path(config_path).read_text()
+    except OSError:
+        return {}
+    match = CLUSTER.search(text)
+    if not match:
+        return {}
+    return dict(item.split("=", 1) for item in match.group(1).split() if "=" in item)
+
+
+def global_batch(cfg, world: int, stage) -> int:
+    cp = stage.cp_size or cfg.parallel.cp_size
+    return (world // cp) * cfg.data.micro_batch_size * cfg.train.grad_accum
+
+
+def check(world: int, config: str | None, overrides: list[str], gpu_mem: str | None) -> str:
+    from longctx.config import load_config, resolved_stages, validate_config
+    from longctx.errors import UserError
+
+    if world < 1:
+        raise UserError(f"world size must be >= 1, got {world}")
+    cfg = load_config(config, overrides)
+    stages = resolved_stages(cfg)
+    shape = cluster_shape(config) if config else {}
+    if shape:
+        try:
+            wanted = int(shape.get("nodes", 1)) * int(shape["gpus_per_node"])
+        except (KeyError, ValueError):
+            raise UserError(f"{config}: cannot read its '# cluster:' line {shape} "
+                            "(expected e.g. '# cluster: nodes=8 gpus_per_node=8')") from None
+        if world < wanted and os.environ.get("LONGCTX_ALLOW_FEWER_GPUS") != "1":
+            theirs = global_batch(cfg, wanted, stages[0])
+            raise UserError(
+                f"{config} is written for {wanted} GPUs (nodes={shape.get('nodes', 1)} x gpus_per_node="
+                f"{shape['gpus_per_node']}, global batch {theirs}) but this job has {world}; submit with "
+                f"--nodes={shape.get('nodes', 1)} --gpus-per-node={shape['gpus_per_node']}, or set "
+                "LONGCTX_ALLOW_FEWER_GPUS=1 to run it smaller (raise train.grad_accum to keep the global batch)")
+    for i, stage in enumerate(stages):
+        cp = stage.cp_size or cfg.parallel.cp_size
+        if cp > world:
+            where = f"stages[{i}].cp_size" if stage.cp_size else "parallel.cp_size"
+            raise UserError(f"{where}: {cp} needs at least {cp} GPUs (one sequence is split over {cp}), "
+                            f"this job has {world}")
+    validate_config(cfg, world)
+    _memory_warning(cfg, stages, world, gpu_mem)
+    return str(Path(cfg.out_dir).absolute())
+
+
+def _memory_warning(cfg, stages, world: int, gpu_mem: str | None) -> None:
+    from longctx.config import stage_model_config
+    from longctx.plan import estimate_memory, parse_size
+
+    if gpu_mem is None:
+        try:
+            import torch
+
+            if not torch.cuda.is_available():
+                return
+            device_bytes = float(torch.cuda.get_device_properties(0).total_memory)
+        except Exception:  # noqa: BLE001 - a warning only
+            return
+    else:
+        device_bytes = parse_size(gpu_mem)
+    for i, stage in enumerate(stages):
+        est = estimate_memory(cfg, stage, stage_model_config(cfg, stage), world)
+        if not est.fits(device_bytes):
+            print(f"warning: stage {i} ({stage.name or 'main'}) is estimated at {est.peak_gb:.1f} GiB per GPU, "
+                  f"more than {device_bytes / 2**30:.0f} GiB; see `longctx plan` for a layout that fits",
+                  file=sys.stderr)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--world-size", type=int, required=True)
+    ap.add_argument("--gpu-mem", default=None, help="e.g. 80GB: warn when a stage will not fit")
+    ap.add_argument("rest", nargs=argparse.REMAINDER, help="-- [--config FILE] [key=value ...]")
+    args = ap.parse_args(argv)
+    rest = args.rest[1:] if args.rest[:1] == ["--"] else args.rest
+    config, overrides, i = None, [], 0
+    while i < len(rest):
+        if rest[i] == "--config" and i + 1 < len(rest):
+            config, i = rest[i + 1], i + 2
+        elif rest[i].startswith("--config="):
+            config, i = rest[i].split("=", 1)[1], i + 1
+        elif rest[i].startswith("-"):
+            i += 1  # other train flags (--dry-run, ...) do not change what is checked
+        else:
+            overrides.append(rest[i])
+            i += 1
+    from longctx.errors import UserError
+
+    try:
+        print(check(args.world_size, config, overrides, args.gpu_mem))
+    except UserError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

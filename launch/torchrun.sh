@@ -1,0 +1,97 @@
+#!/bin/bash
+# torchrun wrapper for one or many nodes, used directly and by slurm/train.sbatch (one per node).
+#
+#   one node:    launch/torchrun.sh --nproc-per-node 8 -- train --config configs/x.yaml [key=value ...]
+#   many nodes:  on every node (same command, same endpoint and id):
+#                launch/torchrun.sh --nnodes 4 --nproc-per-node 8 --rdzv-endpoint node001:29500 \
+#                    --rdzv-id myrun -- train --config configs/x.yaml
+#   CPU test:    launch/torchrun.sh --nproc-per-node 2 -- train --config configs/cpu/yarn-llama2-7b-128k.yaml
+#
+# Everything after `--` is a longctx command line (train / eval / ...). Before a `train` it runs
+# launch/preflight.py for the world size it is about to start, so a config that cannot run
+# (cp larger than the GPUs, unwritable out_dir, a recipe written for a bigger cluster) fails
+# here with one `error:` line and exit code 2, before any rendezvous can hang.
+#
+# Rendezvous: c10d (torchrun's elastic agent; node ranks are assigned by the store on the
+# endpoint host), fixed size, no restarts: a failed worker fails the job, and the SLURM script
+# decides about requeueing.
+#
+# Signals: torchrun's agent forwards SIGTERM/SIGINT to its workers but not SIGUSR1. This script
+# forwards SIGUSR1 (SLURM's pre-timeout warning, delivered by srun to every task) to the worker
+# processes directly, so the trainer finishes its step, saves a checkpoint, writes
+# <out_dir>/PREEMPTED and exits with code 85.
+set -euo pipefail
+
+usage() { sed -n '2,10p' "$0" | sed 's/^# \{0,1\}//'; }
+die() { echo "error: $*" >&2; exit 2; }
+
+HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+# shellcheck source=launch/env.sh
+source "$HERE/env.sh"
+
+nproc="" nnodes=1 endpoint="" rdzv_id="" log_dir="" preflight=1
+while (( $# )); do
+    case $1 in
+        --nproc-per-node|--nproc_per_node) nproc=${2:?}; shift 2 ;;
+        --nnodes) nnodes=${2:?}; shift 2 ;;
+        --rdzv-endpoint) endpoint=${2:?}; shift 2 ;;
+        --rdzv-id) rdzv_id=${2:?}; shift 2 ;;
+        --log-dir) log_dir=${2:?}; shift 2 ;;
+        --no-preflight) preflight=0; shift ;;
+        -h|--help) usage; exit 0 ;;
+        --) shift; break ;;
+        *) die "launch/torchrun.sh: unknown option $1 (longctx arguments go after --)" ;;
+    esac
+done
+(( $# )) || die "launch/torchrun.sh: no longctx command after -- (e.g. -- train --config configs/x.yaml)"
+[[ $nnodes =~ ^[1-9][0-9]*$ ]] || die "--nnodes: expected a positive integer, got '$nnodes'"
+if [[ -z $nproc ]]; then
+    nproc=$(longctx_gpus_per_node)
+    nproc=${nproc:-1}
+fi
+[[ $nproc =~ ^[1-9][0-9]*$ ]] || die "--nproc-per-node: expected a positive integer, got '$nproc'"
+if (( nnodes > 1 )) && [[ -z $endpoint ]]; then
+    die "--nnodes $nnodes needs --rdzv-endpoint HOST:PORT (the same on every node, HOST = the first node)"
+fi
+longctx_env_defaults "$nproc"
+PY=$LONGCTX_PYTHON
+world=$(( nnodes * nproc ))
+
+if (( preflight )) && [[ $1 == train ]]; then
+    "$PY" "$HERE/preflight.py" --world-size "$world" -- "${@:2}" >/dev/null || exit 2
+fi
+
+args=(--nnodes "$nnodes" --nproc-per-node "$nproc" --max-restarts 0)
+if (( nnodes > 1 )) || [[ -n $endpoint ]]; then
+    args+=(--rdzv-backend c10d --rdzv-endpoint "$endpoint" --rdzv-id "${rdzv_id:-longctx}")
+else
+    args+=(--standalone)
+fi
+if [[ -n $log_dir ]]; then
+    # torchrun keeps every rank's stdout/stderr under log_dir (and still prints them)
+    mkdir -p "$log_dir" 2>/dev/null || die "--log-dir: cannot create $log_dir"
+    args+=(--log-dir "$log_dir" --redirects 3 --tee 3)
+fi
+
+echo "[torchrun.sh on $(hostname)] $nnodes node(s) x $nproc processes${endpoint:+, rendezvous $endpoint}" >&2
+"$PY" -m torch.distributed.run "${args[@]}" -m longctx "$@" &
+agent=$!
+
+# shellcheck disable=SC2317  # invoked by the traps below
+to_workers() {
+    # the agent's children are the worker processes
+    pkill "-$1" -P "$agent" 2>/dev/null || true
+}
+trap 'to_workers USR1' USR1
+trap 'kill -TERM "$agent" 2>/dev/null || true' TERM
+trap 'kill -INT "$agent" 2>/dev/null || true' INT
+
+rc=0
+while true; do
+    rc=0
+    wait "$agent" || rc=$?
+    # a trapped signal interrupts `wait` (status > 128) while the agent still runs
+    if (( rc > 128 )) && kill -0 "$agent" 2>/dev/null; then continue; fi
+    break
+done
+exit "$rc"

@@ -1,0 +1,217 @@
+"""`longctx plan --config FILE [key=value ...] [--gpus N] [--gpu-mem 80GB] [--seq-len 128k]`.
+
+Per-device memory of every stage of a training config (parameters, gradients, optimizer
+states by ZeRO stage and offload, activations under the checkpointing policy, attention and
+loss workspaces, communication buffers, runtime), whether it fits, and advice: for the target
+length (default: the longest stage), the smallest context-parallel size -- and for it the
+lowest ZeRO stage and the least activation checkpointing -- that fits, per cp size.
+
+Defaults come from a recipe's `# cluster: nodes=N gpus_per_node=G gpu_mem=80GB` line when the
+config has one, else 8 GPUs of 80 GB. No model is built and nothing is allocated.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+from pathlib import Path
+from typing import Optional
+
+CHECKPOINTING_ORDER = ("none", "selective", "full")
+
+
+def add_parser(p: argparse.ArgumentParser) -> None:
+    p.formatter_class = argparse.RawDescriptionHelpFormatter
+    p.description = __doc__
+    p.add_argument("--config", default=None, help="training YAML (default: the built-in defaults)")
+    p.add_argument("overrides", nargs="*", metavar="key=value", help="e.g. parallel.cp_size=4 data.seq_len=131072")
+    p.add_argument("--gpus", type=int, default=None, help="world size: processes/GPUs in the job")
+    p.add_argument("--gpu-mem", default=None, help="memory per GPU, e.g. 80GB, 141GB, 24GiB (default 80GB)")
+    p.add_argument("--seq-len", default=None, help="target length for the advice, e.g. 131072 or 128k "
+                                                   "(default: the longest stage)")
+    p.add_argument("--device", choices=("gpu", "cpu"), default="gpu",
+                   help="gpu (caching allocator, CUDA context) or cpu (process RSS, gloo)")
+    p.add_argument("--runtime-gb", type=float, default=None,
+                   help="fixed per-process runtime memory (default: 1.5 on GPU, 0.38 measured on CPU)")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.add_argument("--check", action="store_true", help="exit with code 3 when a stage does not fit")
+
+
+def _cluster_defaults(config: Optional[str]) -> dict:
+    if not config:
+        return {}
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+    import re
+
+    try:
+        text = Path(config).read_text()
+    except OSError:
+        return {}
+    m = re.search(r"^#\s*cluster:\s*(.*)$", text, re.MULTILINE)
+    if not m:
+        return {}
+    return dict(item.split("=", 1) for item in m.group(1).split() if "=" in item)
+
+
+def _model_config(cfg, stage, notes: list):
+    from longctx.config import stage_model_config
+    from longctx.model.config import PRESETS
+
+    m = cfg.model
+    if m.init_from and not (Path(m.init_from) / "config.json").is_file():
+        if m.preset in PRESETS:
+            notes.append(f"model.init_from {m.init_from} not found: planning with the architecture of "
+                         f"model.preset={m.preset}")
+            cfg = dataclasses.replace(cfg, model=dataclasses.replace(m, init_from=None))
+        # else stage_model_config raises the usual one-line error
+    return stage_model_config(cfg, stage)
+
+
+def _valid_cp(cp: int, seq_len: int, world: int, impl: str, heads: int, ulysses: int) -> bool:
+    if world % cp:
+        return False
+    if cp == 1:
+        return True
+    if impl in ("ring", "hybrid") and seq_len % (2 * cp):
+        return False
+    if impl in ("allgather", "ulysses") and seq_len % cp:
+        return False
+    if impl == "ulysses" and heads % cp:
+        return False
+    if impl == "hybrid" and (cp % ulysses or heads % ulysses):
+        return False
+    return True
+
+
+def advise(model_cfg, layout, device_bytes: float, *, device: str, runtime_gb: Optional[float]) -> list[dict]:
+    """For each valid cp size (ascending): the first option that fits, in the order
+    ZeRO 0..3 (lowest first), then checkpointing none/selective/full, then optimizer offload."""
+    from longctx.plan import estimate_layout
+
+    rows = []
+    world = layout.world_size
+    for cp in range(1, world + 1):
+        if not _valid_cp(cp, layout.seq_len, world, layout.cp_impl, model_cfg.num_attention_heads,
+                         layout.ulysses_size):
+            continue
+        found = None
+        options = [(z, ac, False) for z in (0, 1, 2, 3) for ac in CHECKPOINTING_ORDER]
+        options += [(z, "full", True) for z in (2, 3)]
+        smallest = None
+        for z, ac, offload in options:
+            lay = dataclasses.replace(layout, cp_size=cp, zero_stage=z, activation_checkpointing=ac,
+                                      offload_optimizer=offload, offload_params=False)
+            est = estimate_layout(model_cfg, lay, device=device, runtime_overhead_gb=runtime_gb)
+            if smallest is None or est.peak < smallest[1].peak:
+                smallest = (lay, est)
+            if est.fits(device_bytes):
+                found = (lay, est)
+                break
+        lay, est = found or smallest
+        rows.append({"cp_size": cp, "dp_size": world // cp, "fits": found is not None, "zero_stage": lay.zero_stage,
+                     "activation_checkpointing": lay.activation_checkpointing,
+                     "offload_optimizer": lay.offload_optimizer, "peak_gib": round(est.peak_gb, 2),
+                     "tokens_per_rank": lay.micro_batch_size * lay.seq_len // cp})
+    return rows
+
+
+def max_length(model_cfg, layout, device_bytes: float, *, device: str, runtime_gb: Optional[float]) -> int:
+    """Longest sequence (a multiple of 2 x cp x 64) that fits with this exact layout."""
+    from longctx.plan import estimate_layout
+
+    unit = 2 * layout.cp_size * 64
+
+    def fits(n: int) -> bool:
+        lay = dataclasses.replace(layout, seq_len=n * unit)
+        return estimate_layout(model_cfg, lay, device=device, runtime_overhead_gb=runtime_gb).fits(device_bytes)
+
+    if not fits(1):
+        return 0
+    lo, hi = 1, 2
+    while fits(hi) and hi < 2**24:
+        lo, hi = hi, hi * 2
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if fits(mid) else (lo, mid)
+    return lo * unit
+
+
+def run(args: argparse.Namespace) -> int:
+    from longctx.config import load_config, resolved_stages
+    from longctx.errors import UserError
+    from longctx.plan import GPU_USABLE, estimate_layout, format_estimate, layout_of, parse_length, parse_size
+
+    cfg = load_config(args.config, args.overrides)
+    cluster = _cluster_defaults(args.config)
+    notes: list[str] = []
+    if args.gpus is not None:
+        gpus = args.gpus
+    elif "gpus_per_node" in cluster:
+        gpus = int(cluster.get("nodes", 1)) * int(cluster["gpus_per_node"])
+        notes.append(f"--gpus {gpus} from the config's '# cluster:' line")
+    else:
+        gpus = 8
+        notes.append("--gpus not given: planning for 8")
+    if gpus < 1:
+        raise UserError(f"--gpus: must be >= 1, got {gpus}")
+    mem_text = args.gpu_mem or cluster.get("gpu_mem") or "80GB"
+    device_bytes = parse_size(mem_text)
+    stages = resolved_stages(cfg)
+    target = parse_length(args.seq_len) if args.seq_len else max(s.seq_len for s in stages)
+
+    report = {"gpus": gpus, "gpu_mem_gib": device_bytes / 2**30, "device": args.device, "stages": [], "notes": notes}
+    text = []
+    all_fit = True
+    longest = max(range(len(stages)), key=lambda i: stages[i].seq_len)
+    for i, stage in enumerate(stages):
+        model_cfg = _model_config(cfg, stage, notes if i == 0 else [])
+        layout = layout_of(cfg, stage, gpus)
+        if layout.cp_size > gpus or gpus % layout.cp_size:
+            raise UserError(f"{'stages[%d].cp_size' % i if stage.cp_size else 'parallel.cp_size'}: "
+                            f"{layout.cp_size} does not divide --gpus {gpus}")
+        est = estimate_layout(model_cfg, layout, device=args.device, runtime_overhead_gb=args.runtime_gb)
+        fits = est.fits(device_bytes)
+        all_fit &= fits
+        report["stages"].append({"name": stage.name or "main", "seq_len": stage.seq_len, "fits": fits,
+                                 "peak_gib": est.peak_gb, "phase": est.phase, "host_gib": est.host / 2**30,
+                                 "components_gib": {k: v / 2**30 for k, v in est.components().items()}})
+        text.append(f"stage {i} ({stage.name or 'main'}): seq_len {stage.seq_len:,}, "
+                    f"{est.info['parameters_total']:,} parameters, {gpus} x {device_bytes / 2**30:.0f} GiB")
+        text.append(format_estimate(est, device_bytes))
+        if i == longest:
+            report["max_seq_len_as_configured"] = max_length(model_cfg, layout, device_bytes, device=args.device,
+                                                             runtime_gb=args.runtime_gb)
+    # advice for the target length, with the longest stage's settings otherwise
+    stage = stages[longest]
+    model_cfg = _model_config(cfg, stage, [])
+    layout = dataclasses.replace(layout_of(cfg, stage, gpus), seq_len=target)
+    rows = advise(model_cfg, layout, device_bytes, device=args.device, runtime_gb=args.runtime_gb)
+    report["advice"] = {"seq_len": target, "options": rows}
+    best = next((r for r in rows if r["fits"]), None)
+    report["advice"]["recommended"] = best
+    if args.json:
+        print(json.dumps(report, indent=2))
+        return 3 if (args.check and not all_fit) else 0
+
+    for note in notes:
+        print(f"note: {note}")
+    print("\n".join(text))
+    usable = device_bytes * (GPU_USABLE if args.device == "gpu" else 1.0) / 2**30
+    print(f"\nlongest sequence that fits stage {longest}'s layout: {report['max_seq_len_as_configured']:,} tokens")
+    print(f"\nadvice for seq_len {target:,} on {gpus} x {device_bytes / 2**30:.0f} GiB "
+          f"({usable:.1f} GiB usable; order: smallest cp, then lowest ZeRO stage, then least checkpointing):")
+    print(f"  {'cp':>4} {'dp':>4} {'tokens/rank':>12}  {'ZeRO':>4}  {'checkpointing':<13} {'offload':<8} {'peak GiB':>9}")
+    for r in rows:
+        mark = "" if r["fits"] else "  does not fit (smallest option shown)"
+        print(f"  {r['cp_size']:>4} {r['dp_size']:>4} {r['tokens_per_rank']:>12,}  {r['zero_stage']:>4}  "
+              f"{r['activation_checkpointing']:<13} {'optimizer' if r['offload_optimizer'] else '-':<8} "
+              f"{r['peak_gib']:>9.2f}{mark}")
+    if best:
+        print(f"recommended: parallel.cp_size={best['cp_size']} parallel.zero_stage={best['zero_stage']} "
+              f"parallel.activation_checkpointing={best['activation_checkpointing']}"
+              + (" parallel.offload_optimizer=true" if best["offload_optimizer"] else ""))
+    else:
+        print(f"nothing fits {target:,} tokens on {gpus} GPUs: add GPUs (cp > {gpus}), lower "
+              "data.micro_batch_size or train.loss_chunk_size, or use a shorter target")
+    return 3 if (args.check and not all_fit) else 0
