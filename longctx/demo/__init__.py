@@ -1,0 +1,1 @@
+"""The `longctx demo` pipeline: plan (what runs), stages (training jobs), evaluation, report."""

@@ -1,0 +1,94 @@
+"""Steps 2 and 4: RULER-style retrieval at 1x..8x the training length, in this process.
+
+Each task runs at every length it fits (compact niah_multivalue needs ~389 byte tokens, so not
+at 256); the needle task of the heatmap runs on a depth grid, the others with random needle
+placement. Outputs are the eval suite's own (results.json, report.md, heatmap, curves).
+"""
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+import torch
+
+from longctx.demo.plan import EVAL_TASKS, HEATMAP_TASK, DemoPlan
+
+
+def task_min_length(task: str, tokenizer, options) -> int:
+    """Smallest target length the task's compact prompt fits (binary search over build_samples)."""
+    from longctx.errors import UserError
+    from longctx.eval.tasks import build_samples
+
+    lo, hi = 16, 4096
+    while lo < hi:
+        mid = (lo + hi) // 2
+        try:
+            build_samples(task, tokenizer, mid, 1, seed=0, options=options)
+            hi = mid
+        except UserError:
+            lo = mid + 1
+    return lo
+
+
+def eval_threads() -> int:
+    """All cores, or one thread when the CPU is already busy: OpenMP threads that wait for each
+    other on oversubscribed cores make a step several times slower than one thread."""
+    cpus = os.cpu_count() or 1
+    busy = hasattr(os, "getloadavg") and os.getloadavg()[0] >= cpus
+    return 1 if busy else cpus
+
+
+def evaluate_model(model_dir: Path, plan: DemoPlan, out_dir: Path, *, label: str, progress: bool = True) -> dict:
+    """Evaluate the HF model in model_dir; writes out_dir/{results.json,report.md,*.png}.
+    Returns the eval summary plus `wall_seconds` and `missing` ({task: [lengths not evaluated]})."""
+    from longctx.data import load_tokenizer
+    from longctx.eval.api import write_outputs
+    from longctx.eval.report import aggregate
+    from longctx.eval.runner import Engine, run_samples
+    from longctx.eval.tasks import TaskOptions, build_samples
+    from longctx.model.hf import load_pretrained
+
+    t0 = time.time()
+    torch.set_num_threads(eval_threads())
+    tokenizer = load_tokenizer("byte")
+    options = TaskOptions(style="compact")
+    model = load_pretrained(model_dir, dtype=getattr(torch, plan.dtype)).eval()  # the training dtype
+    samples, missing = [], {}
+    for task in EVAL_TASKS:
+        minimum = task_min_length(task, tokenizer, options)
+        for L in plan.lengths:
+            if L < minimum:
+                missing.setdefault(task, []).append(L)
+                continue
+            if task == HEATMAP_TASK:
+                samples += build_samples(task, tokenizer, L, plan.heatmap_samples, seed=plan.eval_seed,
+                                         options=options, depths=list(plan.heatmap_depths))
+            else:
+                samples += build_samples(task, tokenizer, L, plan.samples, seed=plan.eval_seed, options=options)
+    engine = Engine(model, tokenizer, max_batch_tokens=16384)
+    records = run_samples(engine, samples, progress=progress, desc=f"eval {label}")
+    summary = aggregate(records)
+    wall = time.time() - t0
+    meta = {"model": str(model_dir), "tokenizer": "byte", "style": "compact", "seed": plan.eval_seed,
+            "samples": plan.samples, "wall_seconds": round(wall, 1), "variant": label,
+            "rope_parameters": model.config.rope_parameters,
+            "max_position_embeddings": model.config.max_position_embeddings,
+            "dtype": plan.dtype, "generation": dict(engine.stats)}
+    notes = [f"{t}: not evaluated at {', '.join(map(str, Ls))} (the compact prompt needs more tokens)"
+             for t, Ls in missing.items()]
+    out_dir.mkdir(parents=True, exist_ok=True)
+    write_outputs(out_dir, meta, summary, records, None, notes, [],
+                  max_position=model.config.max_position_embeddings)
+    from longctx.model.llama import count_parameters
+
+    return {"summary": summary, "wall_seconds": wall, "missing": missing, "parameters": count_parameters(model)}
+
+
+def score_table(summary: dict, lengths: list) -> dict:
+    """{"average": {L: score}, task: {L: score}} with None where a task was not evaluated."""
+    out = {"average": {L: summary["average_by_length"].get(str(L)) for L in lengths}}
+    for task in EVAL_TASKS:
+        scores = summary["tasks"].get(task, {}).get("scores", {})
+        out[task] = {L: scores.get(str(L)) for L in lengths}
+    return out
+

@@ -1,0 +1,113 @@
+"""What `longctx demo` runs: the model, the two training jobs, the RoPE scaling and the eval grid.
+
+Two plans: `full` (the default job, <= 15 min on a 2-core laptop CPU) and `fast` (the CI
+smoke run, <= 3 min: the same pipeline, far fewer steps and samples, accuracy meaningless).
+Everything here is plain data; `longctx.demo.stages` turns it into training configs.
+
+Choices (and why; measured numbers in docs/demo.md):
+- Model: 2 layers, d256, 4 heads of 64, byte vocabulary (~1.8M parameters), bf16. Small
+  enough for ~20k tokens/s on two cores, big enough to learn key -> value retrieval.
+- Base training at 256 tokens with a length curriculum (128 -> 192 -> 256) and the answer
+  tokens weighted up: without both, 7-digit retrieval is not learned in minutes.
+- Extension x4 (256 -> 1024): YaRN. Its defaults (beta_fast 32, beta_slow 1) are in
+  "rotations over the original context", tuned for a 4096-token original length; over 256
+  tokens beta_fast=32 keeps only dimensions with wavelengths below 8 tokens and interpolates
+  everything else, which destroys the local position signal a byte-level model relies on.
+  beta_fast 4 keeps wavelengths below 64 tokens (the first 8 of 32 frequency pairs) exact
+  and interpolates those longer than the original context (beta_slow 1), as YaRN does for
+  LLaMA at 4k.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Any, Dict, List, Optional
+
+EVAL_TASKS = ("niah_single_1", "niah_multikey_2", "niah_multivalue", "passkey")
+HEATMAP_TASK = "niah_single_1"  # evaluated on a depth grid (the heatmap)
+
+
+@dataclass(frozen=True)
+class Stage:
+    name: str
+    seq_len: int
+    steps: int
+
+
+@dataclass(frozen=True)
+class DemoPlan:
+    name: str
+    # model
+    hidden_size: int = 256
+    num_layers: int = 2
+    num_heads: int = 4
+    head_dim: int = 64
+    intermediate_size: int = 688
+    rope_theta: float = 10000.0
+    dtype: str = "bfloat16"
+    # step 1: base training at a short context
+    train_len: int = 256
+    base_stages: tuple = (Stage("len128", 128, 150), Stage("len192", 192, 250), Stage("len256", 256, 600))
+    base_batch: int = 16  # rows per step, split over base_nproc data-parallel ranks
+    base_nproc: int = 2  # 2 processes x 1 thread: faster than 1 x 2 threads, and robust to a busy CPU
+    base_lr: float = 3e-3
+    base_warmup: int = 30
+    answer_loss_weight: float = 5.0
+    # step 3: extension (continued pretraining at factor x train_len, cp=2, ZeRO-3)
+    factor: int = 4
+    extend_steps: int = 150
+    extend_batch: int = 4  # rows of factor*train_len tokens per step (both cp ranks share each row)
+    extend_lr: float = 1e-3
+    extend_warmup: int = 10
+    extend_checkpoint_every: int = 75
+    nproc: int = 2
+    cp_size: int = 2
+    zero_stage: int = 3
+    yarn_beta_fast: float = 4.0
+    yarn_beta_slow: float = 1.0
+    # evaluation
+    multipliers: tuple = (1, 2, 4, 8)
+    samples: int = 15  # per task and length (random needle placement)
+    heatmap_depths: tuple = (0.0, 0.25, 0.5, 0.75, 1.0)
+    heatmap_samples: int = 3  # per depth and length
+    eval_seed: int = 0  # the test set is the same for every training seed
+    # corpus
+    num_keys: int = 4  # needles with distinct keys per niah document (1 queried, rest distractors)
+    extend_num_keys: int = 8
+    num_values: int = 4  # niah_multivalue asks for 4 values of one key
+
+    @property
+    def lengths(self) -> List[int]:
+        return [m * self.train_len for m in self.multipliers]
+
+    @property
+    def extend_len(self) -> int:
+        return self.factor * self.train_len
+
+    def model_overrides(self) -> Dict[str, Any]:
+        return {"vocab_size": 259, "hidden_size": self.hidden_size, "num_hidden_layers": self.num_layers,
+                "num_attention_heads": self.num_heads, "num_key_value_heads": self.num_heads,
+                "head_dim": self.head_dim, "intermediate_size": self.intermediate_size,
+                "bos_token_id": 256, "eos_token_id": 257}
+
+    def base_rope(self) -> Dict[str, Any]:
+        return {"rope_type": "default", "rope_theta": self.rope_theta}
+
+    def scaled_rope(self) -> Dict[str, Any]:
+        """The extension's RoPE: YaRN x factor over the base training length."""
+        return {"rope_type": "yarn", "rope_theta": self.rope_theta, "factor": float(self.factor),
+                "original_max_position_embeddings": self.train_len,
+                "beta_fast": self.yarn_beta_fast, "beta_slow": self.yarn_beta_slow}
+
+
+FULL = DemoPlan(name="full")
+
+# CI smoke run: every step of the pipeline for real (curriculum, torchrun cp=2 + ZeRO-3,
+# checkpoints, HF exports, eval at 1x..8x, report), with token-sized budgets.
+FAST = replace(
+    FULL, name="fast",
+    base_stages=(Stage("len192", 192, 6), Stage("len256", 256, 10)), base_batch=8, base_warmup=2,
+    extend_steps=4, extend_batch=2, extend_warmup=1, extend_checkpoint_every=2,
+    samples=2, heatmap_depths=(0.0, 1.0), heatmap_samples=1,
+)
+
+PLANS = {"full": FULL, "fast": FAST}

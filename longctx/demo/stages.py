@@ -1,0 +1,177 @@
+"""The demo's training jobs: configs written into the run directory, run as real
+`longctx train` processes (one process for the base model; `torchrun` with 2 ranks, cp=2 and
+ZeRO-3 for the extension), so each step can be re-run by hand from its YAML.
+"""
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any, Dict, Optional
+
+from omegaconf import OmegaConf
+
+from longctx.demo.plan import DemoPlan
+from longctx.errors import UserError
+
+
+def _synthetic(plan: DemoPlan, num_keys: int) -> Dict[str, Any]:
+    # compact style = the eval suite's compact prompts word for word (needles, question,
+    # answer prefix); mixed filler includes RULER's noise passage (the niah_single_1 and
+    # passkey haystack)
+    return {"name": "synthetic", "kind": "synthetic", "packing": "pad",
+            "synthetic": {"style": "compact", "filler": "mixed", "num_keys": num_keys,
+                          "num_values": plan.num_values,
+                          "tasks": {"niah": 0.6, "multivalue": 0.2, "passkey": 0.2}}}
+
+
+def base_config(plan: DemoPlan, out_dir: Path, seed: int) -> Dict[str, Any]:
+    """Step 1: a fresh model trained at train_len with a length curriculum."""
+    return {
+        "out_dir": str(out_dir),
+        "model": {"preset": "debug-tiny", "overrides": plan.model_overrides(),
+                  "rope_parameters": plan.base_rope(), "max_position_embeddings": plan.train_len},
+        "data": {"seq_len": plan.train_len, "micro_batch_size": plan.base_batch // plan.base_nproc,
+                 "sources": [_synthetic(plan, plan.num_keys)]},
+        "optim": {"lr": plan.base_lr, "warmup_steps": plan.base_warmup, "schedule": "cosine",
+                  "min_lr_ratio": 0.1, "weight_decay": 0.0, "grad_clip": 1.0},
+        "train": {"dtype": plan.dtype, "seed": seed, "answer_loss_weight": plan.answer_loss_weight},
+        "checkpoint": {"every": 0, "keep_last": 1, "save_hf": False, "export_hf": True},
+        "log": {"tensorboard": True, "progress": True},
+        "stages": [{"name": s.name, "seq_len": s.seq_len, "steps": s.steps, "warmup_steps": plan.base_warmup if i == 0 else 0}
+                   for i, s in enumerate(plan.base_stages)],
+    }
+
+
+def extend_config(plan: DemoPlan, out_dir: Path, init_from: Path, seed: int, rope: Dict[str, Any]) -> Dict[str, Any]:
+    """Step 3: continued pretraining at factor x train_len from the base model's HF export,
+    with new RoPE parameters, 2 ranks with context parallelism (cp=2) and ZeRO-3."""
+    return {
+        "out_dir": str(out_dir),
+        "model": {"init_from": str(init_from), "rope_parameters": dict(rope),
+                  "max_position_embeddings": plan.extend_len},
+        "data": {"seq_len": plan.extend_len, "micro_batch_size": plan.extend_batch,
+                 "sources": [_synthetic(plan, plan.extend_num_keys)]},
+        "parallel": {"cp_size": plan.cp_size, "cp_impl": "ring", "zero_stage": plan.zero_stage},
+        "optim": {"lr": plan.extend_lr, "warmup_steps": plan.extend_warmup, "schedule": "cosine",
+                  "min_lr_ratio": 0.1, "weight_decay": 0.0, "grad_clip": 1.0},
+        "train": {"steps": plan.extend_steps, "dtype": plan.dtype, "seed": seed,
+                  "answer_loss_weight": plan.answer_loss_weight},
+        "checkpoint": {"every": plan.extend_checkpoint_every, "keep_last": 2, "save_hf": True, "export_hf": True},
+        "log": {"tensorboard": True, "progress": True},
+    }
+
+
+def write_config(cfg: Dict[str, Any], path: Path) -> Path:
+    """Write a training config and check it with the trainer's own loader and validator."""
+    from longctx.config import load_config
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(OmegaConf.to_yaml(OmegaConf.create(cfg)))
+    load_config(str(path))  # raises UserError on anything the trainer would refuse
+    return path
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def train_command(config: Path, nproc: int) -> list[str]:
+    if nproc == 1:
+        return [sys.executable, "-m", "longctx", "train", "--config", str(config)]
+    return [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc),
+            "--master_port", str(_free_port()), "-m", "longctx", "train", "--config", str(config)]
+
+
+def _env(threads: int) -> dict:
+    env = dict(os.environ)
+    env["OMP_NUM_THREADS"] = str(threads)
+    env["PYTHONUNBUFFERED"] = "1"
+    env.setdefault("TOKENIZERS_PARALLELISM", "false")
+    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+        env.pop(key, None)  # a demo started inside another job must not join its process group
+    return env
+
+
+def _write(data: bytes) -> None:
+    buffer = getattr(sys.stderr, "buffer", None)
+    if buffer is not None:
+        buffer.write(data)
+    else:  # a replaced stderr without a byte buffer
+        sys.stderr.write(data.decode(errors="replace"))
+    sys.stderr.flush()
+
+
+class _ConsoleFilter:
+    """Pass a child's output to our stderr, minus third-party deprecation warnings (they stay
+    in the log file). Complete lines are filtered; a partial line ending in \\r (a progress
+    bar redraw) is passed through at once."""
+
+    NOISE = (b"FutureWarning", b"UserWarning", b"DeprecationWarning", b"return func(*args, **kwargs)",
+             b"warnings.warn(")
+
+    def __init__(self) -> None:
+        self.buf = b""
+
+    def feed(self, chunk: bytes) -> None:
+        self.buf += chunk
+        *lines, self.buf = self.buf.split(b"\n")
+        out = b"".join(line + b"\n" for line in lines if not any(n in line for n in self.NOISE))
+        cut = self.buf.rfind(b"\r")
+        if cut >= 0:
+            out, self.buf = out + self.buf[:cut + 1], self.buf[cut + 1:]
+        if out:
+            _write(out)
+
+    def flush(self) -> None:
+        if self.buf and not any(n in self.buf for n in self.NOISE):
+            _write(self.buf)
+        self.buf = b""
+
+
+def run_training(config: Path, out_dir: Path, nproc: int, log_name: str, threads: Optional[int] = None) -> None:
+    """Run `longctx train` (under torchrun when nproc > 1); the trainer's progress bar goes to
+    the terminal, everything to <out_dir>/<log_name>. Raises RuntimeError on failure."""
+    cmd = train_command(config, nproc)
+    threads = threads or max(1, (os.cpu_count() or 2) // nproc)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    log_path = out_dir / log_name
+    with open(log_path, "w") as log:
+        log.write("$ " + " ".join(cmd) + "\n")
+        log.flush()
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=_env(threads))
+        assert proc.stdout is not None
+        console = _ConsoleFilter()
+        # tee: the trainer writes its tqdm bar to stderr (merged here); pass bytes through as
+        # they come so the bar redraws in place
+        for chunk in iter(lambda: proc.stdout.read1(4096), b""):  # type: ignore[attr-defined]
+            console.feed(chunk)
+            log.write(chunk.decode(errors="replace"))
+        console.flush()
+        rc = proc.wait()
+    if rc != 0:
+        raise RuntimeError(f"`{' '.join(cmd[-4:])}` exited with code {rc}; see {log_path}")
+    if not (out_dir / "hf" / "config.json").is_file():
+        raise RuntimeError(f"training finished without an HF export in {out_dir / 'hf'}; see {log_path}")
+
+
+def save_scaled_only(base_hf: Path, out: Path, rope: Dict[str, Any], max_position_embeddings: int) -> Path:
+    """Variant (b): the base weights unchanged, only the RoPE scaling switched on."""
+    from longctx.model.hf import load_pretrained, read_hf_config, save_pretrained
+
+    cfg = read_hf_config(base_hf).replace(rope_parameters=dict(rope), max_position_embeddings=max_position_embeddings)
+    model = load_pretrained(base_hf, config=cfg)
+    save_pretrained(model, out, tokenizer="byte")
+    return out
+
+
+def check_out_dir(out: Path, marker: str) -> None:
+    """Refuse to write into a non-empty directory that is not a previous demo run."""
+    if out.exists() and not out.is_dir():
+        raise UserError(f"--out: {out} exists and is not a directory")
+    if out.is_dir() and any(out.iterdir()) and not (out / marker).is_file():
+        raise UserError(f"--out: {out} is not empty and not a demo run directory; choose another --out")
