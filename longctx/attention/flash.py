@@ -7,9 +7,9 @@ log-sum-exp that context parallelism merges.
 * `flash_attention` (local attention for the model): packed documents go through
   `flash_attn_varlen_func` with cu_seqlens built from the segment ids (each contiguous run of
   one id is a document).
-* `FlashKernel` (block kernel for context parallelism): unmasked blocks call flash-attn's
-  forward/backward directly; blocks that need a document mask use the exact fp32 math of
-  EagerKernel (logged once), since flash-attn has no arbitrary masks.
+* `FlashKernel` (block kernel for context parallelism): unmasked tiles call flash-attn's
+  forward/backward directly; the (tile x tile) tiles straddling a document boundary use the
+  exact fp32 math of EagerKernel (logged once), since flash-attn has no arbitrary masks.
 """
 from __future__ import annotations
 
