@@ -238,3 +238,22 @@ def test_causal_more_queries_than_keys_without_documents():
     assert torch.isinf(lse[:, :, :4]).all() and torch.equal(out[:, :, :4], torch.zeros_like(out[:, :, :4]))
     for name, a, b in [("out", out, out_r), ("dq", dq, dq_r), ("dk", dk, dk_r), ("dv", dv, dv_r)]:
         assert_close(name, a, b, 1e-5)
+
+
+def test_eager_kernel_row_chunks_are_exact():
+    """The materialized kernel bounds its score memory by chunking query rows; results are unchanged."""
+    q, k, v = make_qkv(B=2, Hq=4, Hkv=2, T=20, S=26)
+    ids_k = packed_ids(2, 26, [9])
+    kw = dict(causal=True, segment_ids=ids_k[:, 6:], kv_segment_ids=ids_k, scale=0.3)
+    whole = EagerKernel()
+    chunked = EagerKernel()
+    chunked.max_score_elems = 2 * 4 * 26 * 3  # 3 query rows per chunk
+    assert len(chunked._row_chunks(q, 26)) == 7
+    out, lse = whole.forward(q, k, v, **kw)
+    out_c, lse_c = chunked.forward(q, k, v, **kw)
+    assert_close("out", out_c, out, 1e-6)
+    assert_close("lse", lse_c, lse, 1e-6)
+    dout = torch.randn_like(out)
+    for name, a, b in zip("dq dk dv".split(), chunked.backward(dout, q, k, v, out, lse, **kw),
+                          whole.backward(dout, q, k, v, out, lse, **kw)):
+        assert_close(name, a, b, 1e-5)

@@ -47,43 +47,67 @@ def eager_attention(
 
 
 class EagerKernel(AttentionKernel):
-    """fp32 materialized block kernel with an explicit backward; GQA without repeating K/V."""
+    """fp32 materialized block kernel with an explicit backward; GQA without repeating K/V.
+
+    Query rows are processed in chunks so that one chunk's fp32 scores stay under
+    `max_score_elems` (rows are independent, so chunking is exact)."""
 
     name = "eager"
+    max_score_elems = 1 << 26  # 256 MiB of fp32 scores per chunk
+
+    def _row_chunks(self, q: Tensor, S: int):
+        B, Hq, T, _ = q.shape
+        rows = max(1, min(T, self.max_score_elems // max(1, B * Hq * S)))
+        return [slice(a, min(T, a + rows)) for a in range(0, T, rows)]
 
     @staticmethod
-    def _scores(q: Tensor, k: Tensor, scale: float, is_causal: bool, mask: Optional[Tensor]) -> Tensor:
-        B, Hq, T, D = q.shape
+    def _scores(q: Tensor, k: Tensor, scale: float, is_causal: bool, mask: Optional[Tensor], rows: slice,
+                T: int) -> Tensor:
+        """Scores of query rows `rows` (of T) against all S keys: (B, Hkv, G, rows, S) fp32."""
+        B, Hq, t, D = q.shape
         Hkv, S = k.shape[1], k.shape[2]
-        qg = q.float().view(B, Hkv, Hq // Hkv, T, D)  # (B, Hkv, G, T, D)
-        s = torch.matmul(qg, k.float()[:, :, None].transpose(-1, -2)) * scale  # (B, Hkv, G, T, S)
-        if is_causal:
-            keep = torch.ones(T, S, dtype=torch.bool, device=q.device).tril(S - T)
+        qg = q.float().view(B, Hkv, Hq // Hkv, t, D)  # (B, Hkv, G, t, D)
+        s = torch.matmul(qg, k.float()[:, :, None].transpose(-1, -2)) * scale  # (B, Hkv, G, t, S)
+        if is_causal:  # query i sits at key position i + S - T
+            qpos = torch.arange(rows.start, rows.stop, device=q.device) + (S - T)
+            keep = torch.arange(S, device=q.device)[None, :] <= qpos[:, None]  # (t, S)
             s = s.masked_fill(~keep, float("-inf"))
         if mask is not None:
-            s = s.masked_fill(~mask[:, :, None], float("-inf"))  # mask (B|1, 1, T, S) -> (B|1, 1, 1, T, S)
+            s = s.masked_fill(~mask[:, :, None, rows], float("-inf"))  # (B|1, 1, 1, t, S)
         return s
 
     def _fwd(self, q, k, v, scale, is_causal, mask):
         B, Hq, T, D = q.shape
-        s = self._scores(q, k, scale, is_causal, mask)
-        lse = torch.logsumexp(s, dim=-1)  # (B, Hkv, G, T)
-        safe = torch.where(torch.isinf(lse), torch.zeros_like(lse), lse)
-        p = torch.exp(s - safe[..., None])
-        out = torch.matmul(p, v.float()[:, :, None])  # (B, Hkv, G, T, D)
-        return out.reshape(B, Hq, T, D).to(q.dtype), lse.reshape(B, Hq, T)
+        Hkv, S = k.shape[1], k.shape[2]
+        out = torch.empty(B, Hq, T, D, dtype=q.dtype, device=q.device)
+        lse = torch.empty(B, Hq, T, dtype=torch.float32, device=q.device)
+        for rows in self._row_chunks(q, S):
+            t = rows.stop - rows.start
+            s = self._scores(q[:, :, rows].contiguous(), k, scale, is_causal, mask, rows, T)
+            l = torch.logsumexp(s, dim=-1)  # (B, Hkv, G, t); -inf where nothing is visible
+            safe = torch.where(torch.isinf(l), torch.zeros_like(l), l)
+            o = torch.matmul(torch.exp(s - safe[..., None]), v.float()[:, :, None])  # (B, Hkv, G, t, D)
+            out[:, :, rows] = o.reshape(B, Hq, t, D).to(q.dtype)
+            lse[:, :, rows] = l.reshape(B, Hq, t)
+        return out, lse
 
     def _bwd(self, dout, q, k, v, out, lse, scale, is_causal, mask):
         B, Hq, T, D = q.shape
         Hkv, S = k.shape[1], k.shape[2]
         G = Hq // Hkv
-        s = self._scores(q, k, scale, is_causal, mask)
-        p = torch.exp(s - lse.float().view(B, Hkv, G, T)[..., None])  # (B, Hkv, G, T, S)
-        do = dout.float().view(B, Hkv, G, T, D)
-        delta = (do * out.float().view(B, Hkv, G, T, D)).sum(-1, keepdim=True)  # (B, Hkv, G, T, 1)
-        dv = torch.matmul(p.transpose(-1, -2), do).sum(2)  # (B, Hkv, S, D)
-        dp = torch.matmul(do, v.float()[:, :, None].transpose(-1, -2))  # (B, Hkv, G, T, S)
-        ds = p * (dp - delta) * scale
-        dq = torch.matmul(ds, k.float()[:, :, None]).reshape(B, Hq, T, D)
-        dk = torch.matmul(ds.transpose(-1, -2), q.float().view(B, Hkv, G, T, D)).sum(2)
-        return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
+        dq = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+        dk = torch.zeros(k.shape, dtype=torch.float32, device=k.device)
+        dv = torch.zeros(v.shape, dtype=torch.float32, device=v.device)
+        kf, vf = k.float()[:, :, None], v.float()[:, :, None]  # (B, Hkv, 1, S, D)
+        for rows in self._row_chunks(q, S):
+            t = rows.stop - rows.start
+            qc = q[:, :, rows].contiguous()
+            s = self._scores(qc, k, scale, is_causal, mask, rows, T)
+            p = torch.exp(s - lse[:, :, rows].float().reshape(B, Hkv, G, t)[..., None])  # (B, Hkv, G, t, S)
+            do = dout[:, :, rows].float().reshape(B, Hkv, G, t, D)
+            delta = (do * out[:, :, rows].float().reshape(B, Hkv, G, t, D)).sum(-1, keepdim=True)
+            dv += torch.matmul(p.transpose(-1, -2), do).sum(2)  # (B, Hkv, S, D)
+            ds = p * (torch.matmul(do, vf.transpose(-1, -2)) - delta) * scale  # (B, Hkv, G, t, S)
+            dq[:, :, rows] = torch.matmul(ds, kf).reshape(B, Hq, t, D).to(q.dtype)
+            dk += torch.matmul(ds.transpose(-1, -2), qc.float().view(B, Hkv, G, t, D)).sum(2)
+        return dq, dk.to(k.dtype), dv.to(v.dtype)
