@@ -230,19 +230,29 @@ def _activations(m, lay: Layout, device: str, document_masking: bool = True) -> 
         attn_fwd = 2 * t * q * 4 + t * q * b  # fp32 output accumulator + merge temporaries, block output
         attn_bwd = t * q * 4 + t * (q + 2 * kv) * b  # fp32 dq accumulator + block gradients
     # Document masks: flash-attn (GPU default) runs packed documents as variable-length
-    # sequences; the sdpa/eager kernels (CPU, or chosen on GPU) build a boolean and an additive
-    # mask for every key block a document boundary crosses: (queries x keys) x (3 + b) bytes.
+    # sequences. The sdpa/eager kernels (CPU, or chosen on GPU) tile a call that has several
+    # documents into 1024 x 1024 blocks: fp32 accumulators for out/lse (forward) and dq/dk/dv
+    # (backward) plus boolean masks for the tiles a document boundary crosses (about 2 rows of
+    # tiles per boundary; a few documents per row assumed) and one additive mask tile.
     masked = document_masking and (device == "cpu" or lay.attention_backend in ("sdpa", "eager"))
     B = lay.micro_batch_size
-    if cp == 1 or lay.cp_impl == "ring":
-        block_q, block_k = t // B, t // B  # ring: one step's block is at most local x local
-    elif lay.cp_impl == "allgather":
-        block_q, block_k = t // B // 2, lay.seq_len  # one zigzag chunk against its key prefix
-    else:  # ulysses/hybrid: the whole sequence with a slice of the heads
-        block_q = block_k = lay.seq_len // (lay.ulysses_size if lay.cp_impl == "hybrid" else 1)
-    mask = B * block_q * block_k * (3 + b) if masked else 0
-    if lay.attention_backend == "eager":  # materialized fp32 scores and probabilities per head
-        mask += 2 * B * Hq * block_q * block_k * 4
+    tile = 1024
+    rows = t // B  # queries of one kernel call
+    if lay.cp_impl == "allgather" and cp > 1:
+        keys = lay.seq_len
+    elif lay.cp_impl in ("ulysses", "hybrid") and cp > 1:
+        rows = keys = lay.seq_len // (lay.ulysses_size if lay.cp_impl == "hybrid" else 1)
+    else:
+        keys = rows
+    if masked:
+        boundaries = 2
+        mask = B * (boundaries * 2 * max(rows, keys) * min(tile, keys) + tile * tile * b)
+        attn_fwd += B * rows * Hq * m.head_dim * 4 // (1 if lay.cp_impl != "ulysses" or cp == 1 else cp)
+        attn_bwd += t * (q + 2 * kv) * 4
+    else:
+        mask = 0
+    if lay.attention_backend == "eager":  # materialized fp32 scores and probabilities per tile/call
+        mask += 2 * B * Hq * (min(rows, tile) * min(keys, tile) if masked else rows * keys) * 4
 
     # context-parallel communication buffers (per layer, transient)
     comm_fwd = comm_bwd = 0
