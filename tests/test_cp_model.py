@@ -64,6 +64,45 @@ def _model_worker(rank, world, impls, L, ckpt_impls=()):
                 dist.all_reduce(g)  # CP ranks hold partial gradients of the same replica
                 rel = (g - ref_grads[n]).abs().max().item() / max(ref_grads[n].abs().max().item(), 1e-30)
                 checks.append((case, f"grad {n}", rel, REL_TOL))
+    if ckpt_impls:
+        checks += _sac_keeps_cp_op(rank, world, cfg, L)
+    return checks
+
+
+def _sac_keeps_cp_op(rank, world, cfg, L):
+    """Selective checkpointing that saves the single CP op's (out, lse) gives the same gradients
+    and replays none of the forward ring communication in the backward recompute."""
+    import functools
+
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointImpl, checkpoint_wrapper
+    from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
+
+    from longctx.parallel.comm import COMM_STATS, reset_comm_stats
+
+    batch = _batch(L, True)
+    n_tokens = int((batch["labels"] != -100).sum())
+    local = shard_batch(batch, rank, world)
+    cp_op = torch.ops.longctx.cp_attention.default
+    results, checks = {}, []
+    for keep in (False, True):
+        def policy(ctx, op, *args, **kwargs):
+            return CheckpointPolicy.MUST_SAVE if (keep and op == cp_op) else CheckpointPolicy.PREFER_RECOMPUTE
+        model = build_model(cfg, seed=3)
+        for i, block in enumerate(model.layers):
+            model.layers[i] = checkpoint_wrapper(block, checkpoint_impl=CheckpointImpl.NO_REENTRANT,
+                                                 context_fn=functools.partial(create_selective_checkpoint_contexts, policy))
+        model.set_attention(make_cp_attention(None, impl="ring"))
+        reset_comm_stats()
+        loss = _loss_sum(model, local) / n_tokens
+        fwd_bytes = COMM_STATS["p2p_bytes"]
+        reset_comm_stats()
+        loss.backward()
+        results[keep] = (fwd_bytes, COMM_STATS["p2p_bytes"], [p.grad for p in model.parameters()])
+    (f0, b0, g0), (f1, b1, g1) = results[False], results[True]
+    checks.append(("sac-cp-op", "forward sends", float(f0 != f1 or f0 == 0), 0.0))
+    checks.append(("sac-cp-op", "recompute replays forward comm", float(b0 != b1 + f0), 0.0))
+    for a, b in zip(g0, g1):
+        checks.append(("sac-cp-op", "grad", (a - b).abs().max().item() / max(b.abs().max().item(), 1e-30), REL_TOL))
     return checks
 
 

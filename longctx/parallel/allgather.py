@@ -10,7 +10,7 @@ owners in fp32. Simple and robust; costs P x local K/V memory per layer during c
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
+from typing import Optional, Tuple
 
 import torch
 import torch.distributed as dist
@@ -57,26 +57,53 @@ def _query_blocks(causal: bool, r: int, P: int, T: int):
     return [(slice(0, c), (a + 1) * c, True), (slice(c, T), (b + 1) * c, True)]
 
 
+def allgather_forward(q: Tensor, k: Tensor, v: Tensor, spec: AllGatherSpec, causal: bool, scale: float,
+                      q_seg: Optional[Tensor] = None, full_seg: Optional[Tensor] = None) -> Tuple[Tensor, Tensor]:
+    """q (B, H, T, D) local zigzag; k/v (B, Hkv, T, D); q_seg (B, T); full_seg (B, L) natural order.
+    -> out (B, H, T, D), lse (B, H, T) fp32."""
+    T = q.shape[2]
+    if T % 2:
+        raise ValueError(f"all-gather attention needs an even local length (two zigzag chunks), got {T}")
+    kv = _gather_kv(k, v, spec)
+    outs, lses = [], []
+    for rows, stop, is_causal in _query_blocks(causal, spec.index, spec.size, T):
+        stop = kv.shape[3] if stop is None else stop
+        o, l = spec.kernel.forward(
+            q[:, :, rows], kv[0][:, :, :stop], kv[1][:, :, :stop], causal=is_causal, scale=scale,
+            segment_ids=None if q_seg is None else q_seg[:, rows],
+            kv_segment_ids=None if full_seg is None else full_seg[:, :stop])
+        outs.append(o)
+        lses.append(l)
+    return torch.cat(outs, dim=2), torch.cat(lses, dim=2)
+
+
+def allgather_backward(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
+                       spec: AllGatherSpec, causal: bool, scale: float, q_seg: Optional[Tensor] = None,
+                       full_seg: Optional[Tensor] = None) -> Tuple[Tensor, Tensor, Tensor]:
+    T = q.shape[2]
+    kv = _gather_kv(k, v, spec)  # gathered again instead of kept alive since forward
+    dout = dout.to(q.dtype).contiguous()
+    dq = torch.empty_like(q)
+    dkv = torch.zeros(kv.shape, dtype=torch.float32, device=kv.device)
+    for rows, stop, is_causal in _query_blocks(causal, spec.index, spec.size, T):
+        stop = kv.shape[3] if stop is None else stop
+        gq, gk, gv = spec.kernel.backward(
+            dout[:, :, rows], q[:, :, rows], kv[0][:, :, :stop], kv[1][:, :, :stop], out[:, :, rows],
+            lse[:, :, rows], causal=is_causal, scale=scale,
+            segment_ids=None if q_seg is None else q_seg[:, rows],
+            kv_segment_ids=None if full_seg is None else full_seg[:, :stop])
+        dq[:, :, rows] = gq
+        dkv[0][:, :, :stop] += gk
+        dkv[1][:, :, :stop] += gv
+    dkv = _scatter_dkv(dkv, spec)  # reduce-scatter in fp32 back to the owners
+    return dq, dkv[0].to(k.dtype), dkv[1].to(v.dtype)
+
+
 class AllGatherAttention(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, spec: AllGatherSpec, causal: bool, scale: Optional[float],
+    def forward(ctx, q, k, v, spec: AllGatherSpec, causal: bool, scale: float,
                 q_seg: Optional[Tensor], full_seg: Optional[Tensor]):
-        # q (B, H, T, D) local zigzag; k/v (B, Hkv, T, D); q_seg (B, T); full_seg (B, L) natural order
-        T = q.shape[2]
-        if T % 2:
-            raise ValueError(f"all-gather attention needs an even local length (two zigzag chunks), got {T}")
-        scale = resolve_scale(scale, q.shape[-1])
-        kv = _gather_kv(k, v, spec)
-        outs, lses = [], []
-        for rows, stop, is_causal in _query_blocks(causal, spec.index, spec.size, T):
-            stop = kv.shape[3] if stop is None else stop
-            o, l = spec.kernel.forward(
-                q[:, :, rows], kv[0][:, :, :stop], kv[1][:, :, :stop], causal=is_causal, scale=scale,
-                segment_ids=None if q_seg is None else q_seg[:, rows],
-                kv_segment_ids=None if full_seg is None else full_seg[:, :stop])
-            outs.append(o)
-            lses.append(l)
-        out, lse = torch.cat(outs, dim=2), torch.cat(lses, dim=2)
+        out, lse = allgather_forward(q, k, v, spec, causal, scale, q_seg, full_seg)
         ctx.save_for_backward(q, k, v, out, lse, q_seg, full_seg)
         ctx.spec, ctx.causal, ctx.scale = spec, causal, scale
         return out
@@ -84,27 +111,11 @@ class AllGatherAttention(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dout):
         q, k, v, out, lse, q_seg, full_seg = ctx.saved_tensors
-        spec, causal, scale = ctx.spec, ctx.causal, ctx.scale
-        T = q.shape[2]
-        kv = _gather_kv(k, v, spec)  # gathered again instead of kept alive since forward
-        dout = dout.to(q.dtype).contiguous()
-        dq = torch.empty_like(q)
-        dkv = torch.zeros(kv.shape, dtype=torch.float32, device=kv.device)
-        for rows, stop, is_causal in _query_blocks(causal, spec.index, spec.size, T):
-            stop = kv.shape[3] if stop is None else stop
-            gq, gk, gv = spec.kernel.backward(
-                dout[:, :, rows], q[:, :, rows], kv[0][:, :, :stop], kv[1][:, :, :stop], out[:, :, rows],
-                lse[:, :, rows], causal=is_causal, scale=scale,
-                segment_ids=None if q_seg is None else q_seg[:, rows],
-                kv_segment_ids=None if full_seg is None else full_seg[:, :stop])
-            dq[:, :, rows] = gq
-            dkv[0][:, :, :stop] += gk
-            dkv[1][:, :, :stop] += gv
-        dkv = _scatter_dkv(dkv, spec)
-        return dq, dkv[0].to(k.dtype), dkv[1].to(v.dtype), None, None, None, None, None
+        grads = allgather_backward(dout, q, k, v, out, lse, ctx.spec, ctx.causal, ctx.scale, q_seg, full_seg)
+        return (*grads, None, None, None, None, None)
 
 
 def allgather_attention(q: Tensor, k: Tensor, v: Tensor, spec: AllGatherSpec, *, causal: bool = True,
                         scale: Optional[float] = None, q_seg: Optional[Tensor] = None,
                         full_seg: Optional[Tensor] = None) -> Tensor:
-    return AllGatherAttention.apply(q, k, v, spec, causal, scale, q_seg, full_seg)
+    return AllGatherAttention.apply(q, k, v, spec, causal, resolve_scale(scale, q.shape[-1]), q_seg, full_seg)

@@ -14,23 +14,25 @@ impl:  ring       K/V around a ring (point to point), zigzag balanced      cp_si
        hybrid     ulysses_size (inner, a2a) x cp_size/ulysses_size (outer ring)
 
 All checks of user input happen before any collective is issued, so a bad configuration is
-a one-line UserError on every rank, never a hang.
+a one-line UserError on every rank, never a hang. The whole CP attention is one dispatcher op,
+torch.ops.longctx.cp_attention, with an explicit backward (see the end of this file).
 """
 from __future__ import annotations
 
+import itertools
 import logging
 from dataclasses import dataclass
-from typing import Optional
+from typing import Dict, Optional, Tuple
 
 import torch
 import torch.distributed as dist
 
 from longctx.attention import get_kernel, resolve_backend
-from longctx.attention.kernel import AttentionKernel
+from longctx.attention.kernel import AttentionKernel, resolve_scale
 from longctx.errors import require
-from longctx.parallel.allgather import AllGatherSpec, allgather_attention
+from longctx.parallel.allgather import AllGatherSpec, allgather_backward, allgather_forward
 from longctx.parallel.comm import RingComm, all_gather_stack, group_ranks
-from longctx.parallel.hybrid import hybrid_attention
+from longctx.parallel.hybrid import hybrid_backward, hybrid_forward
 from longctx.parallel.ring import RingSpec
 from longctx.parallel.sharding import check_seq_len, unshard_sequence
 from longctx.parallel.ulysses import UlyssesSpec
@@ -114,6 +116,8 @@ class ContextParallelAttention:
         self.ring = RingSpec(RingComm(ring_ranks, j, group), kernel, overlap)
         self.allgather = AllGatherSpec(group, self.rank, P, kernel)
         self._seg_cache = None  # (local segment tensor, its version, gathered natural-order ids)
+        self.handle = next(_next_handle)
+        _INSTANCES[self.handle] = self
 
     def __repr__(self) -> str:
         L = self.layout
@@ -143,18 +147,73 @@ class ContextParallelAttention:
                             f"2*parallel.cp_size={2 * self.layout.cp_size} (zigzag layout)")
         validate_heads(self.layout, q.shape[1], k.shape[1])
 
+    # -- explicit forward / backward (local layout in, local layout out) --------------------------
+    def forward_with_lse(self, q: Tensor, k: Tensor, v: Tensor, causal: bool, scale: float,
+                         segment_ids: Optional[Tensor]) -> Tuple[Tensor, Tensor]:
+        full_seg = None if segment_ids is None else self._global_segments(segment_ids)
+        if self.layout.impl == "allgather":
+            return allgather_forward(q, k, v, self.allgather, causal, scale, segment_ids, full_seg)
+        return hybrid_forward(q, k, v, ulysses=self.ulysses, ring=self.ring, kernel=self.kernel, causal=causal,
+                              scale=scale, full_seg=full_seg)
+
+    def backward(self, dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, causal: bool,
+                 scale: float, segment_ids: Optional[Tensor]) -> Tuple[Tensor, Tensor, Tensor]:
+        full_seg = None if segment_ids is None else self._global_segments(segment_ids)
+        if self.layout.impl == "allgather":
+            return allgather_backward(dout, q, k, v, out, lse, self.allgather, causal, scale, segment_ids, full_seg)
+        return hybrid_backward(dout, q, k, v, out, lse, ulysses=self.ulysses, ring=self.ring, kernel=self.kernel,
+                               causal=causal, scale=scale, full_seg=full_seg)
+
     # -- the attention function ---------------------------------------------------------------
     def __call__(self, q: Tensor, k: Tensor, v: Tensor, *, causal: bool = True, scale: Optional[float] = None,
                  segment_ids: Optional[Tensor] = None, kv_segment_ids: Optional[Tensor] = None) -> Tensor:
         # q (B, Hq, T, D), k/v (B, Hkv, T, D): this rank's zigzag shard; segment_ids (B, T) local.
+        out, _ = self.attention_with_lse(q, k, v, causal=causal, scale=scale, segment_ids=segment_ids,
+                                         kv_segment_ids=kv_segment_ids)
+        return out
+
+    def attention_with_lse(self, q: Tensor, k: Tensor, v: Tensor, *, causal: bool = True,
+                           scale: Optional[float] = None, segment_ids: Optional[Tensor] = None,
+                           kv_segment_ids: Optional[Tensor] = None) -> Tuple[Tensor, Tensor]:
+        """(out, lse) of the local queries; differentiable in q, k, v (one dispatcher op)."""
         self._check(q, k, v, segment_ids, kv_segment_ids)
-        L = self.layout
-        full_seg = None if segment_ids is None else self._global_segments(segment_ids)
-        if L.impl == "allgather":
-            return allgather_attention(q, k, v, self.allgather, causal=causal, scale=scale,
-                                       q_seg=segment_ids, full_seg=full_seg)
-        return hybrid_attention(q, k, v, ulysses=self.ulysses, ring=self.ring, kernel=self.kernel, causal=causal,
-                                scale=scale, full_seg=full_seg)
+        return cp_attention_op(q, k, v, self.handle, causal, resolve_scale(scale, q.shape[-1]), segment_ids)
+
+
+# One dispatcher-level op for the whole CP attention: selective activation checkpointing can keep
+# its (out, lse) as a unit (instead of every ring step's kernel output) and then never replays its
+# communication in the recompute; torch.compile sees one opaque op. The op finds its process
+# group and layout through an integer handle.
+_INSTANCES: Dict[int, ContextParallelAttention] = {}
+_next_handle = itertools.count()
+
+
+@torch.library.custom_op("longctx::cp_attention", mutates_args=())
+def cp_attention_op(q: Tensor, k: Tensor, v: Tensor, handle: int, causal: bool, scale: float,
+                    segment_ids: Optional[Tensor]) -> Tuple[Tensor, Tensor]:
+    return _INSTANCES[handle].forward_with_lse(q, k, v, causal, scale, segment_ids)
+
+
+@cp_attention_op.register_fake
+def _cp_attention_fake(q, k, v, handle, causal, scale, segment_ids):
+    return torch.empty_like(q), q.new_empty(q.shape[:3], dtype=torch.float32)
+
+
+def _cp_setup_context(ctx, inputs, output):
+    q, k, v, handle, causal, scale, segment_ids = inputs
+    out, lse = output
+    ctx.save_for_backward(q, k, v, out, lse, segment_ids)
+    ctx.handle, ctx.causal, ctx.scale = handle, causal, scale
+    ctx.mark_non_differentiable(lse)
+
+
+def _cp_backward(ctx, dout, _dlse):
+    q, k, v, out, lse, segment_ids = ctx.saved_tensors
+    dq, dk, dv = _INSTANCES[ctx.handle].backward(dout, q, k, v, out, lse, ctx.causal, ctx.scale, segment_ids)
+    return dq, dk, dv, None, None, None, None
+
+
+cp_attention_op.register_autograd(_cp_backward, setup_context=_cp_setup_context)
 
 
 def make_cp_attention(group: Optional[dist.ProcessGroup] = None, impl: str = "ring",

@@ -3,36 +3,82 @@
 The a2a inside a Ulysses group (best inside a node) turns U sequence shards into one ring
 shard of H/U heads; the ring (point to point, best across nodes) then runs over the R
 members that hold the same heads. U = 1 is plain ring attention, R = 1 plain Ulysses.
+
+Forward and backward are explicit: the backward re-distributes q, k, v, out, lse and dout
+with the same all-to-all (cheap next to attention) instead of keeping head-sharded copies
+alive, runs the ring / local kernel backward, and sends the gradients back. Gradients of
+replicated kv heads (U > Hkv) are summed over their replicas.
 """
 from __future__ import annotations
 
-from typing import Optional
+from typing import Optional, Tuple
 
 import torch
 
-from longctx.attention.function import kernel_attention
 from longctx.attention.kernel import AttentionKernel
-from longctx.parallel.ring import RingSpec, ring_attention
+from longctx.parallel.ring import RingSpec, ring_backward, ring_forward
 from longctx.parallel.sharding import shard_sequence
-from longctx.parallel.ulysses import UlyssesSpec, heads_to_seq, replicate_kv_heads, seq_to_heads
+from longctx.parallel.ulysses import UlyssesSpec, gather_heads, replicate_kv_heads, scatter_heads
 
 Tensor = torch.Tensor
 
 
-def hybrid_attention(q: Tensor, k: Tensor, v: Tensor, *, ulysses: UlyssesSpec, ring: RingSpec,
-                     kernel: AttentionKernel, causal: bool = True, scale: Optional[float] = None,
-                     full_seg: Optional[Tensor] = None) -> Tensor:
-    """q (B, H, T, D), k/v (B, Hkv, T, D) local zigzag shards; full_seg (B, U*R*T) natural-order ids."""
-    U, R = ulysses.size, ring.size
-    if U > 1:
-        k, v = replicate_kv_heads(k, U), replicate_kv_heads(v, U)
-        q, k, v = (seq_to_heads(x, ulysses) for x in (q, k, v))  # (B, H/U, U*T, D) ring-zigzag shard
-    if R == 1:  # pure Ulysses: the whole sequence in natural order, H/U heads
-        out, _ = kernel_attention(kernel, q, k, v, causal=causal, scale=scale, segment_ids=full_seg)
+def _ring_segments(full_seg: Optional[Tensor], ring: RingSpec):
+    """(q_seg of this ring member, kv_segs of all members) from natural-order ids (B, L)."""
+    if full_seg is None:
+        return None, None
+    R = ring.size
+    kv_segs = torch.stack([shard_sequence(full_seg, i, R, dim=1) for i in range(R)])  # (R, B, L/R)
+    return kv_segs[ring.index], kv_segs
+
+
+def _to_heads(q: Tensor, k: Tensor, v: Tensor, ulysses: UlyssesSpec):
+    U = ulysses.size
+    if U == 1:
+        return q, k, v
+    k, v = replicate_kv_heads(k, U), replicate_kv_heads(v, U)
+    return scatter_heads(q, ulysses), scatter_heads(k, ulysses), scatter_heads(v, ulysses)  # (B, H/U, U*T, D)
+
+
+def hybrid_forward(q: Tensor, k: Tensor, v: Tensor, *, ulysses: UlyssesSpec, ring: RingSpec,
+                   kernel: AttentionKernel, causal: bool, scale: float,
+                   full_seg: Optional[Tensor] = None) -> Tuple[Tensor, Tensor]:
+    """q (B, H, T, D), k/v (B, Hkv, T, D) local zigzag shards; full_seg (B, U*R*T) natural-order ids.
+    -> out (B, H, T, D), lse (B, H, T) fp32, both in the local layout."""
+    U = ulysses.size
+    q2, k2, v2 = _to_heads(q, k, v, ulysses)
+    if ring.size == 1:  # pure Ulysses: the whole sequence in natural order, H/U heads
+        out2, lse2 = kernel.forward(q2, k2, v2, causal=causal, scale=scale, segment_ids=full_seg)
     else:
-        q_seg = kv_segs = None
-        if full_seg is not None:
-            kv_segs = torch.stack([shard_sequence(full_seg, i, R, dim=1) for i in range(R)])  # (R, B, U*T)
-            q_seg = kv_segs[ring.index]
-        out = ring_attention(q, k, v, ring, causal=causal, scale=scale, q_seg=q_seg, kv_segs=kv_segs)
-    return heads_to_seq(out, ulysses) if U > 1 else out
+        q_seg, kv_segs = _ring_segments(full_seg, ring)
+        out2, lse2 = ring_forward(q2, k2, v2, ring, causal, scale, q_seg, kv_segs)
+    if U == 1:
+        return out2, lse2
+    return gather_heads(out2, ulysses), gather_heads(lse2.unsqueeze(-1), ulysses).squeeze(-1)
+
+
+def hybrid_backward(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, *,
+                    ulysses: UlyssesSpec, ring: RingSpec, kernel: AttentionKernel, causal: bool, scale: float,
+                    full_seg: Optional[Tensor] = None) -> Tuple[Tensor, Tensor, Tensor]:
+    U = ulysses.size
+    q2, k2, v2 = _to_heads(q, k, v, ulysses)
+    if U > 1:
+        out2, dout2 = scatter_heads(out, ulysses), scatter_heads(dout.to(out.dtype), ulysses)
+        lse2 = scatter_heads(lse.unsqueeze(-1), ulysses).squeeze(-1)
+    else:
+        out2, dout2, lse2 = out, dout, lse
+    if ring.size == 1:
+        dq2, dk2, dv2 = kernel.backward(dout2, q2, k2, v2, out2, lse2, causal=causal, scale=scale,
+                                        segment_ids=full_seg)
+    else:
+        q_seg, kv_segs = _ring_segments(full_seg, ring)
+        dq2, dk2, dv2 = ring_backward(dout2, q2, k2, v2, out2, lse2, ring, causal, scale, q_seg, kv_segs)
+    if U == 1:
+        return dq2, dk2, dv2
+    dq, dk, dv = (gather_heads(x, ulysses) for x in (dq2, dk2, dv2))
+    Hkv = k.shape[1]
+    if dk.shape[1] != Hkv:  # kv heads were replicated: sum the replicas' gradients
+        B, _, T, D = dk.shape
+        dk = dk.view(B, Hkv, -1, T, D).sum(2)
+        dv = dv.view(B, Hkv, -1, T, D).sum(2)
+    return dq, dk, dv

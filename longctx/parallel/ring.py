@@ -19,7 +19,7 @@ member's local sequence (tiny, gathered once), so blocks are masked exactly.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
+from typing import Optional, Tuple
 
 import torch
 
@@ -61,32 +61,73 @@ def _seg(ids: Optional[Tensor], sl: slice) -> Optional[Tensor]:
     return None if ids is None else ids[:, sl]
 
 
+def ring_forward(q: Tensor, k: Tensor, v: Tensor, spec: RingSpec, causal: bool, scale: float,
+                 q_seg: Optional[Tensor] = None, kv_segs: Optional[Tensor] = None) -> Tuple[Tensor, Tensor]:
+    """q (B, H, T, D), k/v (B, Hkv, T, D): local zigzag sequence; q_seg (B, T), kv_segs (P, B, T).
+    -> out (B, H, T, D) in q.dtype, lse (B, H, T) fp32."""
+    P, r = spec.size, spec.index
+    B, H, T, D = q.shape
+    if T % 2:
+        raise ValueError(f"ring attention needs an even local length (two zigzag chunks), got {T}")
+    c = T // 2
+    q = q.contiguous()
+    kv = torch.stack([k, v])  # (2, B, Hkv, T, D): one message per hop
+    out = torch.zeros(B, H, T, D, dtype=torch.float32, device=q.device)
+    lse = torch.full((B, H, T), NEG_INF, dtype=torch.float32, device=q.device)
+    for step in range(P):
+        src = (r - step) % P
+        pending = spec.comm.send_recv(kv) if step + 1 < P else None  # next hop, before computing
+        nxt = pending.wait() if (pending is not None and not spec.overlap) else None
+        rows, cols, is_causal = _block(step, src, r, causal, c)
+        o, l = spec.kernel.forward(
+            q[:, :, rows], kv[0][:, :, cols], kv[1][:, :, cols], causal=is_causal, scale=scale,
+            segment_ids=_seg(q_seg, rows), kv_segment_ids=None if kv_segs is None else kv_segs[src][:, cols])
+        out[:, :, rows], lse[:, :, rows] = merge_attention(out[:, :, rows], lse[:, :, rows], o, l)
+        if pending is not None:
+            kv = nxt if nxt is not None else pending.wait()
+    return out.to(q.dtype), lse
+
+
+def ring_backward(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, spec: RingSpec,
+                  causal: bool, scale: float, q_seg: Optional[Tensor] = None,
+                  kv_segs: Optional[Tensor] = None) -> Tuple[Tensor, Tensor, Tensor]:
+    """Gradients of ring_forward given its final out/lse: (dq, dk, dv) for the local shard."""
+    P, r = spec.size, spec.index
+    c = q.shape[2] // 2
+    q, out = q.contiguous(), out.contiguous()
+    dout = dout.to(q.dtype).contiguous()
+    dq = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
+    kv = torch.stack([k, v])
+    dkv = torch.zeros(kv.shape, dtype=torch.float32, device=kv.device)  # travels with kv
+    dkv_pending = None
+    for step in range(P):
+        src = (r - step) % P
+        kv_pending = spec.comm.send_recv(kv, tag=0) if step + 1 < P else None
+        kv_next = kv_pending.wait() if (kv_pending is not None and not spec.overlap) else None
+        rows, cols, is_causal = _block(step, src, r, causal, c)
+        gq, gk, gv = spec.kernel.backward(
+            dout[:, :, rows], q[:, :, rows], kv[0][:, :, cols], kv[1][:, :, cols], out[:, :, rows],
+            lse[:, :, rows], causal=is_causal, scale=scale, segment_ids=_seg(q_seg, rows),
+            kv_segment_ids=None if kv_segs is None else kv_segs[src][:, cols])
+        dq[:, :, rows] += gq
+        if dkv_pending is not None:
+            dkv = dkv_pending.wait()  # the accumulator that came with the kv block we hold
+        dkv[0][:, :, cols] += gk
+        dkv[1][:, :, cols] += gv
+        if P > 1:
+            dkv_pending = spec.comm.send_recv(dkv, tag=1)
+        if kv_pending is not None:
+            kv = kv_next if kv_next is not None else kv_pending.wait()
+    if dkv_pending is not None:
+        dkv = dkv_pending.wait()  # one extra hop: our own K/V's gradients come home
+    return dq.to(q.dtype), dkv[0].to(k.dtype), dkv[1].to(v.dtype)
+
+
 class RingAttention(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, spec: RingSpec, causal: bool, scale: Optional[float],
+    def forward(ctx, q, k, v, spec: RingSpec, causal: bool, scale: float,
                 q_seg: Optional[Tensor], kv_segs: Optional[Tensor]):
-        # q (B, H, T, D), k/v (B, Hkv, T, D): local zigzag sequence. q_seg (B, T), kv_segs (P, B, T).
-        P, r = spec.size, spec.index
-        B, H, T, D = q.shape
-        if T % 2:
-            raise ValueError(f"ring attention needs an even local length (two zigzag chunks), got {T}")
-        c, scale = T // 2, resolve_scale(scale, D)
-        q = q.contiguous()
-        kv = torch.stack([k, v])  # (2, B, Hkv, T, D): one message per hop
-        out = torch.zeros(B, H, T, D, dtype=torch.float32, device=q.device)
-        lse = torch.full((B, H, T), NEG_INF, dtype=torch.float32, device=q.device)
-        for step in range(P):
-            src = (r - step) % P
-            pending = spec.comm.send_recv(kv) if step + 1 < P else None
-            nxt = pending.wait() if (pending is not None and not spec.overlap) else None
-            rows, cols, is_causal = _block(step, src, r, causal, c)
-            o, l = spec.kernel.forward(
-                q[:, :, rows], kv[0][:, :, cols], kv[1][:, :, cols], causal=is_causal, scale=scale,
-                segment_ids=_seg(q_seg, rows), kv_segment_ids=None if kv_segs is None else kv_segs[src][:, cols])
-            out[:, :, rows], lse[:, :, rows] = merge_attention(out[:, :, rows], lse[:, :, rows], o, l)
-            if pending is not None:
-                kv = nxt if nxt is not None else pending.wait()
-        out = out.to(q.dtype)
+        out, lse = ring_forward(q, k, v, spec, causal, scale, q_seg, kv_segs)
         ctx.save_for_backward(q, k, v, out, lse, q_seg, kv_segs)
         ctx.spec, ctx.causal, ctx.scale = spec, causal, scale
         return out
@@ -94,40 +135,12 @@ class RingAttention(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dout):
         q, k, v, out, lse, q_seg, kv_segs = ctx.saved_tensors
-        spec, causal, scale = ctx.spec, ctx.causal, ctx.scale
-        P, r = spec.size, spec.index
-        T = q.shape[2]
-        c = T // 2
-        dout = dout.to(q.dtype).contiguous()
-        dq = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
-        kv = torch.stack([k, v])
-        dkv = torch.zeros(kv.shape, dtype=torch.float32, device=kv.device)  # travels with kv
-        dkv_pending = None
-        for step in range(P):
-            src = (r - step) % P
-            kv_pending = spec.comm.send_recv(kv, tag=0) if step + 1 < P else None
-            kv_next = kv_pending.wait() if (kv_pending is not None and not spec.overlap) else None
-            rows, cols, is_causal = _block(step, src, r, causal, c)
-            gq, gk, gv = spec.kernel.backward(
-                dout[:, :, rows], q[:, :, rows], kv[0][:, :, cols], kv[1][:, :, cols], out[:, :, rows],
-                lse[:, :, rows], causal=is_causal, scale=scale, segment_ids=_seg(q_seg, rows),
-                kv_segment_ids=None if kv_segs is None else kv_segs[src][:, cols])
-            dq[:, :, rows] += gq
-            if dkv_pending is not None:
-                dkv = dkv_pending.wait()  # the accumulator that came with the kv block we hold
-            dkv[0][:, :, cols] += gk
-            dkv[1][:, :, cols] += gv
-            if P > 1:
-                dkv_pending = spec.comm.send_recv(dkv, tag=1)
-            if kv_pending is not None:
-                kv = kv_next if kv_next is not None else kv_pending.wait()
-        if dkv_pending is not None:
-            dkv = dkv_pending.wait()  # one extra hop: our own K/V's gradients come home
-        return dq.to(q.dtype), dkv[0].to(k.dtype), dkv[1].to(v.dtype), None, None, None, None, None
+        grads = ring_backward(dout, q, k, v, out, lse, ctx.spec, ctx.causal, ctx.scale, q_seg, kv_segs)
+        return (*grads, None, None, None, None, None)
 
 
 def ring_attention(q: Tensor, k: Tensor, v: Tensor, spec: RingSpec, *, causal: bool = True,
                    scale: Optional[float] = None, q_seg: Optional[Tensor] = None,
                    kv_segs: Optional[Tensor] = None) -> Tensor:
     """Exact attention of the local zigzag queries over the whole ring's keys; see module doc."""
-    return RingAttention.apply(q, k, v, spec, causal, scale, q_seg, kv_segs)
+    return RingAttention.apply(q, k, v, spec, causal, resolve_scale(scale, q.shape[-1]), q_seg, kv_segs)

@@ -43,7 +43,7 @@ def _slot_order(U: int) -> List[int]:
     return [2 * t for t in range(U)] + [2 * (U - 1 - t) + 1 for t in range(U)]
 
 
-def _seq_to_heads(x: Tensor, spec: UlyssesSpec) -> Tensor:
+def scatter_heads(x: Tensor, spec: UlyssesSpec) -> Tensor:
     """(B, H, T, D) sequence-sharded -> (B, H/U, U*T, D) head-sharded, reordered."""
     x = x.contiguous()
     B, H, T, D = x.shape
@@ -55,8 +55,8 @@ def _seq_to_heads(x: Tensor, spec: UlyssesSpec) -> Tensor:
     return slots.index_select(2, order).reshape(B, H // U, U * T, D)
 
 
-def _heads_to_seq(y: Tensor, spec: UlyssesSpec) -> Tensor:
-    """Inverse of _seq_to_heads: (B, H/U, U*T, D) -> (B, H, T, D)."""
+def gather_heads(y: Tensor, spec: UlyssesSpec) -> Tensor:
+    """Inverse of scatter_heads: (B, H/U, U*T, D) -> (B, H, T, D)."""
     y = y.contiguous()
     B, Hl, L, D = y.shape
     U = spec.size
@@ -71,22 +71,22 @@ class SeqToHeads(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, spec: UlyssesSpec):
         ctx.spec = spec
-        return _seq_to_heads(x, spec)
+        return scatter_heads(x, spec)
 
     @staticmethod
     def backward(ctx, g):
-        return _heads_to_seq(g.contiguous(), ctx.spec), None
+        return gather_heads(g.contiguous(), ctx.spec), None
 
 
 class HeadsToSeq(torch.autograd.Function):
     @staticmethod
     def forward(ctx, y, spec: UlyssesSpec):
         ctx.spec = spec
-        return _heads_to_seq(y, spec)
+        return gather_heads(y, spec)
 
     @staticmethod
     def backward(ctx, g):
-        return _seq_to_heads(g.contiguous(), ctx.spec), None
+        return scatter_heads(g.contiguous(), ctx.spec), None
 
 
 def seq_to_heads(x: Tensor, spec: UlyssesSpec) -> Tensor:
