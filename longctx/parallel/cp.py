@@ -21,8 +21,9 @@ from __future__ import annotations
 
 import itertools
 import logging
+import weakref
 from dataclasses import dataclass
-from typing import Dict, Optional, Tuple
+from typing import Optional, Tuple
 
 import torch
 import torch.distributed as dist
@@ -184,7 +185,7 @@ class ContextParallelAttention:
 # its (out, lse) as a unit (instead of every ring step's kernel output) and then never replays its
 # communication in the recompute; torch.compile sees one opaque op. The op finds its process
 # group and layout through an integer handle.
-_INSTANCES: Dict[int, ContextParallelAttention] = {}
+_INSTANCES: "weakref.WeakValueDictionary[int, ContextParallelAttention]" = weakref.WeakValueDictionary()
 _next_handle = itertools.count()
 
 
@@ -203,13 +204,13 @@ def _cp_setup_context(ctx, inputs, output):
     q, k, v, handle, causal, scale, segment_ids = inputs
     out, lse = output
     ctx.save_for_backward(q, k, v, out, lse, segment_ids)
-    ctx.handle, ctx.causal, ctx.scale = handle, causal, scale
+    ctx.attn, ctx.causal, ctx.scale = _INSTANCES[handle], causal, scale  # alive until backward
     ctx.mark_non_differentiable(lse)
 
 
 def _cp_backward(ctx, dout, _dlse):
     q, k, v, out, lse, segment_ids = ctx.saved_tensors
-    dq, dk, dv = _INSTANCES[ctx.handle].backward(dout, q, k, v, out, lse, ctx.causal, ctx.scale, segment_ids)
+    dq, dk, dv = ctx.attn.backward(dout, q, k, v, out, lse, ctx.causal, ctx.scale, segment_ids)
     return dq, dk, dv, None, None, None, None
 
 
