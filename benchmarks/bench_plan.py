@@ -11,6 +11,8 @@ activations are negligible. Nothing else is fitted.
 
     python benchmarks/bench_plan.py --out docs/bench_plan.json            # measure + predict
     python benchmarks/bench_plan.py --from-json docs/bench_plan.json      # re-predict, no training
+    python benchmarks/bench_plan.py --from-json docs/bench_plan.json --only "T4k cp1 z0 none" --out docs/bench_plan.json
+                                                                          # re-measure some, keep the rest
 """
 from __future__ import annotations
 
@@ -80,7 +82,9 @@ def measure(nproc: int, overrides: list[str], workdir: Path) -> dict:
     if res.returncode != 0:
         raise SystemExit(f"training failed for {overrides}:\n{res.stderr[-3000:]}")
     recs = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-    return {"measured_gb": max(r["peak_memory_gb"] for r in recs), "wall_s": time.perf_counter() - start}
+    commit = subprocess.run(["git", "describe", "--always", "--dirty"], capture_output=True, text=True, cwd=ROOT).stdout.strip()
+    return {"measured_gb": max(r["peak_memory_gb"] for r in recs), "wall_s": time.perf_counter() - start,
+            "commit": commit}
 
 
 def predict(nproc: int, overrides: list[str], overhead_gb: float) -> dict:
@@ -108,29 +112,36 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", help="write measurements and predictions as JSON")
     ap.add_argument("--from-json", help="reuse measurements from an earlier --out file (no training)")
-    ap.add_argument("--only", help="comma list of configuration names to run")
+    ap.add_argument("--only", help="comma list of configuration names to (re-)measure")
     args = ap.parse_args()
     names = [n.strip() for n in args.only.split(",")] if args.only else list(CONFIGS)
+    unknown = [n for n in names if n not in CONFIGS]
+    if unknown:
+        raise SystemExit(f"--only: unknown {unknown}; valid: {list(CONFIGS)}")
+    measured: dict = {}
+    overhead = None
     if args.from_json:
         saved = json.loads(Path(args.from_json).read_text())
         overhead = saved["overhead_gb"]
         measured = {r["name"]: r for r in saved["rows"]}
-    else:
+    to_run = names if not args.from_json else (names if args.only else [])
+    if to_run:
         with tempfile.TemporaryDirectory() as tmp:
-            overhead = measure(*BASELINE, Path(tmp))["measured_gb"]
-            print(f"baseline (runtime overhead): {overhead:.3f} GiB", flush=True)
-            measured = {}
-            for name in names:
+            if overhead is None:
+                overhead = measure(*BASELINE, Path(tmp))["measured_gb"]
+                print(f"baseline (runtime overhead): {overhead:.3f} GiB", flush=True)
+            for name in to_run:
                 m = measure(CONFIGS[name][0], [*MODEL, *CONFIGS[name][1]], Path(tmp))
                 measured[name] = m
                 print(f"{name}: measured {m['measured_gb']:.3f} GiB in {m['wall_s']:.0f} s", flush=True)
+    names = [n for n in CONFIGS if n in measured]
     rows = []
     for name in names:
         if name not in measured:
             continue
         nproc, overrides = CONFIGS[name]
         row = {"name": name, "ranks": nproc, "overrides": overrides, "measured_gb": measured[name]["measured_gb"],
-               "wall_s": measured[name].get("wall_s")}
+               "wall_s": measured[name].get("wall_s"), "commit": measured[name].get("commit")}
         try:
             row.update(predict(nproc, overrides, overhead))
         except ImportError:

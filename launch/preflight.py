@@ -11,7 +11,8 @@ Checks, in order:
      is an error (its global batch and cp layout would silently change), unless
      LONGCTX_ALLOW_FEWER_GPUS=1; more is fine;
   3. every stage's cp fits in the world size, then the trainer's own validation for this world
-     size (cp divides it, lengths divide 2*cp, out_dir writable, data paths, init_from, ...);
+     size (cp divides it, lengths divide 2*cp, out_dir writable, data paths, init_from, ...),
+     and a parallel.deepspeed_config JSON agrees with parallel.zero_stage;
   4. with --gpu-mem (or on a GPU node): the memory planner's peak per GPU, a warning if a stage
      does not fit.
 On success it prints the absolute out_dir (the SLURM script reads the PREEMPTED marker there).
@@ -75,8 +76,29 @@ def check(world: int, config: str | None, overrides: list[str], gpu_mem: str | N
             raise UserError(f"{where}: {cp} needs at least {cp} GPUs (one sequence is split over {cp}), "
                             f"this job has {world}")
     validate_config(cfg, world)
+    _check_deepspeed_json(cfg)
     _memory_warning(cfg, stages, world, gpu_mem)
     return str(Path(cfg.out_dir).absolute())
+
+
+def _check_deepspeed_json(cfg) -> None:
+    """A user DeepSpeed JSON (e.g. launch/deepspeed/zero3.json) must not silently change the
+    ZeRO stage the rest of the config (and the planner) assumes."""
+    import json
+
+    from longctx.errors import UserError
+
+    path = cfg.parallel.deepspeed_config
+    if not path:
+        return
+    try:
+        user = json.loads(Path(path).read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise UserError(f"parallel.deepspeed_config: cannot read {path} ({e})") from None
+    stage = (user.get("zero_optimization") or {}).get("stage")
+    if stage is not None and stage != cfg.parallel.zero_stage:
+        raise UserError(f"parallel.deepspeed_config: {path} sets ZeRO stage {stage} but parallel.zero_stage is "
+                        f"{cfg.parallel.zero_stage}; set parallel.zero_stage={stage}")
 
 
 def _memory_warning(cfg, stages, world: int, gpu_mem: str | None) -> None:

@@ -47,7 +47,7 @@ from typing import Optional
 GiB = 2**30
 BUCKET = int(5e8)  # DeepSpeed reduce_bucket_size / allreduce bucket (elements), our config leaves the default
 PREFETCH = int(5e7)  # stage3_prefetch_bucket_size (elements)
-PERSISTENCE = int(1e5)  # stage3_param_persistence_threshold: smaller params stay gathered
+MAX_LIVE = int(1e9)  # stage3_max_live_parameters: gathered parameters kept at most
 # Fixed per-process runtime memory (Python, torch, DeepSpeed, data loader; CUDA context and
 # NCCL on GPU). CPU: measured as the peak RSS of the trainer with the debug-tiny model
 # (benchmarks/bench_plan.py prints it; 0.38 GiB with torch 2.13 / DeepSpeed 0.19). GPU: CUDA
@@ -110,11 +110,31 @@ class Layout:
     dtype: str
     loss_chunk_size: int
     attention_backend: str
+    # DeepSpeed buffer sizes (elements): its defaults, or a parallel.deepspeed_config's values
+    reduce_bucket_size: int = BUCKET
+    prefetch_bucket_size: int = PREFETCH
+    max_live_parameters: int = MAX_LIVE
+
+
+def _deepspeed_knobs(path: Optional[str]) -> dict:
+    """Bucket sizes from a user DeepSpeed JSON (parallel.deepspeed_config), where it sets them."""
+    import json
+    from pathlib import Path
+
+    if not path or not Path(path).is_file():
+        return {}
+    try:
+        zero = json.loads(Path(path).read_text()).get("zero_optimization") or {}
+    except (OSError, ValueError):
+        return {}
+    keys = {"reduce_bucket_size": "reduce_bucket_size", "stage3_prefetch_bucket_size": "prefetch_bucket_size",
+            "stage3_max_live_parameters": "max_live_parameters"}
+    return {ours: int(float(zero[theirs])) for theirs, ours in keys.items() if theirs in zero}
 
 
 def layout_of(cfg, stage, world_size: int) -> Layout:
     par = cfg.parallel
-    return Layout(seq_len=stage.seq_len, world_size=world_size, cp_size=stage.cp_size or par.cp_size,
+    return Layout(**_deepspeed_knobs(par.deepspeed_config), seq_len=stage.seq_len, world_size=world_size, cp_size=stage.cp_size or par.cp_size,
                   cp_impl=par.cp_impl, ulysses_size=par.ulysses_size, zero_stage=par.zero_stage,
                   offload_optimizer=par.offload_optimizer, offload_params=par.offload_params,
                   activation_checkpointing=par.activation_checkpointing, checkpoint_every=par.checkpoint_every,
@@ -144,11 +164,11 @@ def _model_states(n: dict, lay: Layout, device: str) -> dict:
     mixed = b == 2
     gpu = device == "gpu"
     # elements of a DeepSpeed bucket that count: all of it on GPU, the touched part on CPU
-    def bucket(elements_used: int, size: int = BUCKET) -> int:
-        return size if gpu else min(size, elements_used)
+    def bucket(elements_used: int) -> int:
+        return lay.reduce_bucket_size if gpu else min(lay.reduce_bucket_size, elements_used)
 
     out = {"params": 0.0, "grads": 0.0, "grads_transient": 0.0, "opt": 0.0, "host": 0.0,
-           "opt_step": 0.0, "comm": 0.0, "gathered": 0.0, "init": 0.0}
+           "opt_step": 0.0, "comm": 0.0, "comm_persistent": 0.0, "gathered": 0.0, "init": 0.0}
     opt_host = lay.offload_optimizer
     if z == 0:
         out["params"] = b * P
@@ -188,10 +208,11 @@ def _model_states(n: dict, lay: Layout, device: str) -> dict:
         if lay.offload_params:
             out["host"] += out["params"]
             out["params"] = 0.0
-        # gathered working set: the largest module (embedding / head) plus prefetched blocks
-        big = max(n["embed"], n["head"])
-        out["gathered"] = b * (big + min(PREFETCH, 2 * n["layer"]) + n["layer"])
-        out["comm"] = b * bucket(P)  # reduce-scatter bucket
+        # gathered parameters: ZeRO-3 keeps a parameter gathered while its next use is within
+        # stage3_max_reuse_distance (1e9) and caps what is live at stage3_max_live_parameters
+        # (1e9): small models stay fully gathered, a 7B model holds about 1e9 parameters
+        out["gathered"] = b * min(P, lay.max_live_parameters + lay.prefetch_bucket_size)
+        out["comm_persistent"] = b * bucket(P)  # the reduce-scatter bucket, allocated once
         out["opt_step"] = 4 * part
     return out
 
@@ -294,14 +315,16 @@ def estimate_layout(m, lay: Layout, *, device: str = "gpu", runtime_overhead_gb:
     # DeepSpeed's partitions (z2/z3 keep theirs allocated)
     grads_fwd = ms["grads"] if (accum or z >= 2) else 0.0
     phases: dict[str, dict] = {}
-    base = {"parameters": ms["params"], "optimizer": ms["opt"], "runtime": runtime}
-    phases["init"] = dict(base, parameters=ms["params"] + ms["init"], optimizer=0.0)
+    base = {"parameters": ms["params"], "optimizer": ms["opt"], "runtime": runtime,
+            "communication": ms["comm_persistent"]}
+    phases["init"] = dict(base, parameters=ms["params"] + ms["init"], optimizer=0.0, communication=0.0)
     phases["loss"] = dict(base, gradients=grads_fwd, activations=act["saved"], loss=act["loss_fwd"],
                           parameters=ms["params"] + ms["gathered"])
     # the forward of the last block: its attention with the mask and the cp K/V buffers
     phases["forward"] = dict(base, gradients=grads_fwd, parameters=ms["params"] + ms["gathered"],
                              activations=act["top"] - act["mlp_saved"],
-                             attention=act["attn_fwd"] + act["mask"], communication=act["comm_fwd"])
+                             attention=act["attn_fwd"] + act["mask"],
+                             communication=ms["comm_persistent"] + act["comm_fwd"])
     # backward of the last block's MLP: every saved activation (+ the block recomputed under
     # checkpointing) and the MLP's gradient temporaries; the head's gradient already exists
     head_grad = b_model * n["head"] if z <= 1 else 0.0
@@ -313,18 +336,20 @@ def estimate_layout(m, lay: Layout, *, device: str = "gpu", runtime_overhead_gb:
     phases["backward_attention"] = dict(
         base, parameters=ms["params"] + ms["gathered"], gradients=grads_fwd + head_grad,
         activations=act["top"] - act["mlp_saved"],
-        attention=act["attn_bwd"] + act["mask"], communication=act["comm_bwd"])
+        attention=act["attn_bwd"] + act["mask"], communication=ms["comm_persistent"] + act["comm_bwd"])
     # the recomputed forward of a checkpointed block (its attention forward with the mask)
     if act["recompute"]:
         phases["recompute"] = dict(
             base, parameters=ms["params"] + ms["gathered"], gradients=grads_fwd + head_grad,
             activations=act["top"] - act["mlp_saved"],
-            attention=act["attn_fwd"] + act["mask"], communication=act["comm_fwd"])
+            attention=act["attn_fwd"] + act["mask"],
+                             communication=ms["comm_persistent"] + act["comm_fwd"])
     # start of the backward: the loss hands back its saved gradients (scaled copies)
     phases["loss_backward"] = dict(base, gradients=grads_fwd, parameters=ms["params"] + ms["gathered"],
                                    activations=act["saved"], loss=act["loss_bwd"])
     # end of the backward: all gradients exist, activations are gone, buckets are filled
-    phases["step"] = dict(base, gradients=ms["grads"] + ms["grads_transient"], communication=ms["comm"],
+    phases["step"] = dict(base, gradients=ms["grads"] + ms["grads_transient"],
+                          communication=ms["comm_persistent"] + ms["comm"],
                           optimizer=ms["opt"] + ms["opt_step"])
     totals = {k: sum(v.values()) for k, v in phases.items()}
     peak_phase = max(totals, key=totals.get)
