@@ -19,10 +19,9 @@ from longctx.errors import UserError
 
 def _synthetic(plan: DemoPlan, num_keys: int) -> Dict[str, Any]:
     # compact style = the eval suite's compact prompts word for word (needles, question,
-    # answer prefix); mixed filler includes RULER's noise passage (the niah_single_1 and
-    # passkey haystack)
+    # answer prefix); noise filler = RULER's passage, the haystack of niah_single_1 / passkey
     return {"name": "synthetic", "kind": "synthetic", "packing": "pad",
-            "synthetic": {"style": "compact", "filler": "mixed", "num_keys": num_keys,
+            "synthetic": {"style": "compact", "filler": plan.filler, "num_keys": num_keys,
                           "num_values": plan.num_values,
                           "tasks": {"niah": 0.6, "multivalue": 0.2, "passkey": 0.2}}}
 
@@ -112,7 +111,7 @@ class _ConsoleFilter:
     bar redraw) is passed through at once."""
 
     NOISE = (b"FutureWarning", b"UserWarning", b"DeprecationWarning", b"return func(*args, **kwargs)",
-             b"warnings.warn(")
+             b"warnings.warn(", b"Setting accelerator to CPU", b"deepspeed_shm_comm_op built successfully")
 
     def __init__(self) -> None:
         self.buf = b""
