@@ -271,27 +271,24 @@ def validate_config(cfg: TrainConfig, world_size: int) -> None:
         cp_where = f"stages[{i}].cp_size" if stage.cp_size else "parallel.cp_size"
         if cp < 1 or world_size % cp != 0:
             raise UserError(f"{cp_where}: {cp} must divide the world size {world_size} (world = dp x cp)")
-        _validate_cp_shape(cp, par, stage.seq_len, seq_where, cp_where)
         validate_data_config(dataclasses.replace(cfg.data, seq_len=stage.seq_len))
         model_cfg = stage_model_config(cfg, stage, where=f"stages[{i}]" if cfg.stages else "model")
-        if cp > 1 and par.cp_impl in ("ulysses", "hybrid"):
-            degree = cp if par.cp_impl == "ulysses" else par.ulysses_size
-            if model_cfg.num_attention_heads % degree != 0:
-                raise UserError(f"parallel.ulysses_size: the Ulysses degree {degree} must divide "
-                                f"num_attention_heads={model_cfg.num_attention_heads}")
+        _validate_cp(cfg, cp, world_size, model_cfg, stage.seq_len, seq_where, cp_where)
     _check_out_dir(cfg.out_dir)
 
 
-def _validate_cp_shape(cp: int, par: ParallelSection, seq_len: int, seq_where: str, cp_where: str) -> None:
-    if cp == 1:
-        return
-    if par.cp_impl in ("ring", "hybrid"):
-        if seq_len % (2 * cp) != 0:
-            raise UserError(f"{seq_where}: {seq_len} must be divisible by 2 x cp_size = {2 * cp} for the zigzag layout")
-    elif seq_len % cp != 0:
-        raise UserError(f"{seq_where}: {seq_len} must be divisible by cp_size = {cp}")
-    if par.cp_impl == "hybrid" and (par.ulysses_size < 1 or cp % par.ulysses_size != 0):
-        raise UserError(f"parallel.ulysses_size: {par.ulysses_size} must divide {cp_where}={cp} for the hybrid layout")
+def _validate_cp(cfg: TrainConfig, cp: int, world_size: int, model_cfg, seq_len: int,
+                 seq_where: str, cp_where: str) -> None:
+    """The context-parallel checks of longctx.parallel, with this config's field names."""
+    from longctx.parallel.cp import validate_cp
+
+    par = cfg.parallel
+    ulysses = cp if par.cp_impl == "ulysses" else (par.ulysses_size if par.cp_impl == "hybrid" else None)
+    try:
+        validate_cp(world_size, cp, par.cp_impl, ulysses, model_cfg.num_attention_heads,
+                    model_cfg.num_key_value_heads, seq_len)
+    except UserError as e:
+        raise UserError(str(e).replace("data.seq_len", seq_where).replace("parallel.cp_size", cp_where)) from None
 
 
 def _check_out_dir(out_dir: str) -> None:

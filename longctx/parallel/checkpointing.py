@@ -20,8 +20,12 @@ def _attention_kernel_ops() -> set:
     names = ["_scaled_dot_product_flash_attention_for_cpu", "_scaled_dot_product_flash_attention",
              "_scaled_dot_product_efficient_attention", "_scaled_dot_product_cudnn_attention"]
     ops = {getattr(aten, n).default for n in names if hasattr(aten, n)}
-    for ns, name in (("flash_attn", "_flash_attn_forward"), ("flash_attn", "_flash_attn_varlen_forward")):
-        try:  # flash-attn >= 2.6 registers its kernels as torch custom ops
+    import longctx.parallel.cp  # noqa: F401  (registers torch.ops.longctx.cp_attention)
+
+    # The context-parallel op: keeping its output also skips replaying its communication.
+    for ns, name in (("longctx", "cp_attention"), ("flash_attn", "_flash_attn_forward"),
+                     ("flash_attn", "_flash_attn_varlen_forward")):
+        try:  # flash-attn >= 2.6 registers its kernels as torch custom ops too
             ops.add(getattr(getattr(torch.ops, ns), name).default)
         except (AttributeError, RuntimeError):
             pass
