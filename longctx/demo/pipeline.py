@@ -41,6 +41,10 @@ def findings(plan: DemoPlan, tables: dict, noise: float = 5.0) -> list[str]:
         d = dx - dy
         return "no measurable difference" if abs(d) <= noise else (f"+{d:.0f} points" if d > 0 else f"{d:.0f} points")
 
+    a1 = avg["a"].get(plan.train_len)
+    if a1 is not None and a1 < 50:
+        out.append(f"The base model scores only {a1:.0f} at its own training length ({plan.train_len}): it has not "
+                   "learned retrieval yet, so the comparisons below say little about context extension.")
     a4, c4 = avg["a"].get(L4), avg.get("c", {}).get(L4)
     if a4 is not None:
         out.append(f"Without extension the model scores {a4:.0f} at {plan.factor}x ({L4} tokens) "
