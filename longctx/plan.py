@@ -105,6 +105,7 @@ class Layout:
     offload_params: bool
     activation_checkpointing: str
     checkpoint_every: int
+    recompute_attention: bool
     micro_batch_size: int
     grad_accum: int
     dtype: str
@@ -138,6 +139,7 @@ def layout_of(cfg, stage, world_size: int) -> Layout:
                   cp_impl=par.cp_impl, ulysses_size=par.ulysses_size, zero_stage=par.zero_stage,
                   offload_optimizer=par.offload_optimizer, offload_params=par.offload_params,
                   activation_checkpointing=par.activation_checkpointing, checkpoint_every=par.checkpoint_every,
+                  recompute_attention=bool(getattr(par, "recompute_attention", False)),
                   micro_batch_size=cfg.data.micro_batch_size, grad_accum=cfg.train.grad_accum,
                   dtype=cfg.train.dtype, loss_chunk_size=cfg.train.loss_chunk_size,
                   attention_backend=par.attention_backend)
@@ -232,7 +234,13 @@ def _activations(m, lay: Layout, device: str, document_masking: bool = True) -> 
     final = 3 * t * b * d  # last block output, final norm's normalized value and output (the loss input)
     is_wrapped = [lay.activation_checkpointing == "full" or
                   (lay.activation_checkpointing == "selective" and i % lay.checkpoint_every == 0) for i in range(L)]
-    kept = [block_input if w else per_layer for w in is_wrapped]
+    # a checkpointed block keeps its input and, unless parallel.recompute_attention, the
+    # attention kernel's output and LSE (selective activation checkpointing keeps the fused
+    # kernel's results so the recomputation never reruns attention or its cp communication).
+    # CPU kernels tile multi-document calls: about two kernel calls (outputs) per query row.
+    calls = 2 if (document_masking and cp == 1 and (device == "cpu" or lay.attention_backend in ("sdpa", "eager"))) else 1
+    attn_kept = 0 if lay.recompute_attention else calls * t * (q * b + 4 * Hq)
+    kept = [block_input + attn_kept if w else per_layer for w in is_wrapped]
     saved = sum(kept) + rope + final  # at the end of the forward
     # while the last block runs (forward, recomputation, backward), the blocks below keep what
     # they saved and the last block has all of its activations (saved or recomputed)
@@ -337,8 +345,9 @@ def estimate_layout(m, lay: Layout, *, device: str = "gpu", runtime_overhead_gb:
         base, parameters=ms["params"] + ms["gathered"], gradients=grads_fwd + head_grad,
         activations=act["top"] - act["mlp_saved"],
         attention=act["attn_bwd"] + act["mask"], communication=ms["comm_persistent"] + act["comm_bwd"])
-    # the recomputed forward of a checkpointed block (its attention forward with the mask)
-    if act["recompute"]:
+    # the recomputed forward of a checkpointed block: reruns its attention (mask, cp buffers)
+    # only with parallel.recompute_attention (else the kept kernel outputs are reused)
+    if act["recompute"] and lay.recompute_attention:
         phases["recompute"] = dict(
             base, parameters=ms["params"] + ms["gathered"], gradients=grads_fwd + head_grad,
             activations=act["top"] - act["mlp_saved"],
