@@ -184,3 +184,16 @@ def test_planner_within_20_percent_of_a_real_run(tmp_path):
     measured = bench_plan.measure(1, [*bench_plan.MODEL, *overrides], tmp_path)["measured_gb"]
     predicted = bench_plan.predict(1, overrides, overhead)["predicted_gb"]
     assert abs(predicted - measured) / measured < 0.20, (predicted, measured, overhead)
+
+
+def test_plan_through_the_cli_entry_point(capsys):
+    """`longctx plan` as the CLI runs it (registered here the way longctx/cli.py registers it)."""
+    from longctx import cli
+
+    if "plan" not in cli.COMMANDS:
+        cli.optional_command("plan", "longctx.commands.plan", "add_parser", "run",
+                             "per-device memory estimate and the smallest cp/ZeRO layout that fits")
+    assert cli.main(["plan", "--gpus", "8", "model.preset=llama2-7b", "data.seq_len=32768"]) == 0
+    assert "recommended: parallel.cp_size=" in capsys.readouterr().out
+    assert cli.main(["plan", "--gpu-mem", "lots"]) == 2
+    assert capsys.readouterr().err.strip() == "error: --gpu-mem: cannot read 'lots'; use e.g. 80GB, 141GB or 24GiB"
