@@ -96,3 +96,23 @@ def test_preflight_messages(tmp_path, capsys):
     rc = preflight.main(["--world-size", "8", "--gpu-mem", "24GB", "--", "model.preset=llama3-8b",
                          "data.seq_len=131072", "parallel.cp_size=8", f"out_dir={tmp_path}/run"])
     assert rc == 0 and "more than 24 GiB; see `longctx plan`" in capsys.readouterr().err
+
+
+@pytest.mark.heavy
+def test_accelerate_launch_zero2_trains(tmp_path):
+    """`accelerate launch` with launch/accelerate/zero2.yaml starts 2 CPU processes that train."""
+    import json
+
+    from train_helpers import env
+
+    out = tmp_path / "run"
+    res = subprocess.run([str(Path(sys.executable).parent / "accelerate"), "launch", "--config_file",
+                          "launch/accelerate/zero2.yaml", "--num_processes", "2", "-m", "longctx", "train",
+                          f"out_dir={out}", "train.steps=3", "data.seq_len=256", "data.micro_batch_size=2",
+                          "parallel.zero_stage=2", "parallel.deepspeed_config=launch/deepspeed/zero2.json",
+                          "log.progress=false", "log.tensorboard=false", "checkpoint.save_hf=false",
+                          "checkpoint.export_hf=false"], cwd=ROOT, env=env(), capture_output=True, text=True,
+                         timeout=600)
+    assert res.returncode == 0, res.stderr[-3000:]
+    last = json.loads((out / "metrics.jsonl").read_text().splitlines()[-1])
+    assert last["step"] == 3 and last["dp_size"] == 2
