@@ -50,9 +50,9 @@ PREFETCH = int(5e7)  # stage3_prefetch_bucket_size (elements)
 MAX_LIVE = int(1e9)  # stage3_max_live_parameters: gathered parameters kept at most
 # Fixed per-process runtime memory (Python, torch, DeepSpeed, data loader; CUDA context and
 # NCCL on GPU). CPU: measured as the peak RSS of the trainer with the debug-tiny model
-# (benchmarks/bench_plan.py prints it; 0.38 GiB with torch 2.13 / DeepSpeed 0.19). GPU: CUDA
+# (benchmarks/bench_plan.py prints it; 0.36 GiB with torch 2.13 / DeepSpeed 0.19). GPU: CUDA
 # context + cuBLAS/NCCL workspaces, typical for H100/A100 with NCCL's default buffers.
-RUNTIME_GB = {"cpu": 0.38, "gpu": 1.5}
+RUNTIME_GB = {"cpu": 0.36, "gpu": 1.5}
 GPU_USABLE = 0.92  # fraction of nominal memory a plan may use (allocator fragmentation, reserve)
 
 COMPONENTS = ("parameters", "gradients", "optimizer", "activations", "attention", "loss", "communication", "runtime")

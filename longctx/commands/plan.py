@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import sys
 from pathlib import Path
 from typing import Optional
 
@@ -33,16 +32,16 @@ def add_parser(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", choices=("gpu", "cpu"), default="gpu",
                    help="gpu (caching allocator, CUDA context) or cpu (process RSS, gloo)")
     p.add_argument("--runtime-gb", type=float, default=None,
-                   help="fixed per-process runtime memory (default: 1.5 on GPU, 0.38 measured on CPU)")
+                   help="fixed per-process runtime memory (default: 1.5 on GPU, 0.36 measured on CPU)")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.add_argument("--check", action="store_true", help="exit with code 3 when a stage does not fit")
 
 
 def _cluster_defaults(config: Optional[str]) -> dict:
+    import re
+
     if not config:
         return {}
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-    import re
 
     try:
         text = Path(config).read_text()
