@@ -159,8 +159,20 @@ def test_plan_cli_text_for_a_recipe_and_nothing_fits(capsys):
 def test_plan_cli_bad_input():
     with pytest.raises(UserError, match="--gpu-mem"):
         _run_plan(["--gpu-mem", "lots"])
-    with pytest.raises(UserError, match="parallel.cp_size: 8 does not divide --gpus 4"):
-        _run_plan(["--gpus", "4", "parallel.cp_size=8", "data.seq_len=4096"])
+    with pytest.raises(UserError, match="--gpus: must be >= 1"):
+        _run_plan(["--gpus", "0"])
+
+
+def test_plan_recipe_on_fewer_gpus_than_a_stage_needs(capsys):
+    """The 128k stage of the Llama 3 recipe uses cp 16: on 8 GPUs it is reported, and the advice
+    answers the question for 8 GPUs anyway."""
+    rc = _run_plan(["--config", str(ROOT / "configs/llama3-8b-128k.yaml"), "--gpus", "8", "--gpu-mem", "80GB",
+                    "--check"])
+    out = capsys.readouterr().out
+    assert rc == 3
+    assert "stage 3 (128k): seq_len 131,072: stages[3].cp_size=16 does not divide --gpus 8" in out
+    assert out.count("memory per GPU") == 3
+    assert "advice for seq_len 131,072 on 8 x 80 GiB" in out and "recommended: parallel.cp_size=" in out
 
 
 def test_train_dry_run_prints_the_breakdown():

@@ -166,16 +166,22 @@ def run(args: argparse.Namespace) -> int:
     for i, stage in enumerate(stages):
         model_cfg = _model_config(cfg, stage, notes if i == 0 else [])
         layout = layout_of(cfg, stage, gpus)
-        if layout.cp_size > gpus or gpus % layout.cp_size:
-            raise UserError(f"{'stages[%d].cp_size' % i if stage.cp_size else 'parallel.cp_size'}: "
-                            f"{layout.cp_size} does not divide --gpus {gpus}")
+        name = stage.name or "main"
+        if gpus % layout.cp_size:
+            where = f"stages[{i}].cp_size" if stage.cp_size else "parallel.cp_size"
+            all_fit = False
+            report["stages"].append({"name": name, "seq_len": stage.seq_len, "fits": False,
+                                     "error": f"{where}={layout.cp_size} does not divide {gpus} GPUs"})
+            text.append(f"stage {i} ({name}): seq_len {stage.seq_len:,}: {where}={layout.cp_size} does not divide "
+                        f"--gpus {gpus}; see the advice below for a cp size that does")
+            continue
         est = estimate_layout(model_cfg, layout, device=args.device, runtime_overhead_gb=args.runtime_gb)
         fits = est.fits(device_bytes)
         all_fit &= fits
-        report["stages"].append({"name": stage.name or "main", "seq_len": stage.seq_len, "fits": fits,
+        report["stages"].append({"name": name, "seq_len": stage.seq_len, "fits": fits,
                                  "peak_gib": est.peak_gb, "phase": est.phase, "host_gib": est.host / 2**30,
                                  "components_gib": {k: v / 2**30 for k, v in est.components().items()}})
-        text.append(f"stage {i} ({stage.name or 'main'}): seq_len {stage.seq_len:,}, "
+        text.append(f"stage {i} ({name}): seq_len {stage.seq_len:,}, "
                     f"{est.info['parameters_total']:,} parameters, {gpus} x {device_bytes / 2**30:.0f} GiB")
         text.append(format_estimate(est, device_bytes))
         if i == longest:
@@ -197,7 +203,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"note: {note}")
     print("\n".join(text))
     usable = device_bytes * (GPU_USABLE if args.device == "gpu" else 1.0) / 2**30
-    print(f"\nlongest sequence that fits stage {longest}'s layout: {report['max_seq_len_as_configured']:,} tokens")
+    if "max_seq_len_as_configured" in report:
+        print(f"\nlongest sequence that fits stage {longest}'s layout: {report['max_seq_len_as_configured']:,} tokens")
     print(f"\nadvice for seq_len {target:,} on {gpus} x {device_bytes / 2**30:.0f} GiB "
           f"({usable:.1f} GiB usable; order: smallest cp, then lowest ZeRO stage, then least checkpointing):")
     print(f"  {'cp':>4} {'dp':>4} {'tokens/rank':>12}  {'ZeRO':>4}  {'checkpointing':<13} {'offload':<8} {'peak GiB':>9}")
