@@ -16,6 +16,7 @@ from longctx.errors import UserError
 COMMANDS: dict[str, tuple[str, str, str, str]] = {
     "train": ("longctx.commands.train", "add_parser", "run", "train or continue pretraining (torchrun/SLURM/DeepSpeed)"),
     "eval": ("longctx.eval.cli", "add_eval_parser", "run_eval", "long-context evaluation (RULER, needle, passkey, ppl)"),
+    "plan": ("longctx.commands.plan", "add_parser", "run", "per-GPU memory estimate and the smallest cp / ZeRO stage that fits"),
     "export": ("longctx.commands.export", "add_parser", "run", "export a checkpoint as a Hugging Face Llama directory"),
     "demo": ("longctx.commands.demo", "add_parser", "run", "run the built-in end-to-end default job"),
 }
