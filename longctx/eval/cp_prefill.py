@@ -24,6 +24,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from longctx.attention import get_kernel
+from longctx.model.generate import greedy_decode
 from longctx.parallel import make_cp_attention, shard_sequence
 
 PAD_SEGMENT = -1
@@ -125,29 +126,17 @@ def cp_generate(model, prompts: Sequence[Sequence[int]], max_new_tokens: int, *,
 
         cache.decoding = True
         model.set_attention(DistributedDecodeAttention(group, cache, get_kernel(backend, device)))
-        out = torch.empty((B, max_new_tokens), dtype=torch.long, device=device)
-        finished = torch.zeros(B, dtype=torch.bool, device=device)
-        steps = 0
-        for step in range(max_new_tokens):
-            tok = torch.where(finished, torch.full_like(nxt, pad_id), nxt)
-            out[:, step] = tok
-            steps = step + 1
-            if eos_id is not None:
-                finished |= tok == eos_id
-            if step == max_new_tokens - 1 or bool(finished.all()):
-                break
+
+        def step(i: int, tok: torch.Tensor) -> torch.Tensor:
             if owner:
                 cache.kv_segments[:, cache.seq_len] = 0
-            hidden = model.forward_hidden(tok[:, None], (lengths + step)[:, None], None, None, cache)
-            nxt = F.linear(hidden[:, -1], model.output_weight).argmax(-1)
-            dist.broadcast(nxt, src=src, group=group)  # identical already; keeps ranks in lockstep
+            hidden = model.forward_hidden(tok[:, None], (lengths + i)[:, None], None, None, cache)
+            predicted = F.linear(hidden[:, -1], model.output_weight).argmax(-1)
+            dist.broadcast(predicted, src=src, group=group)  # identical already; keeps ranks in lockstep
+            return predicted
+
+        results = greedy_decode(nxt, step, max_new_tokens, eos_id=eos_id, pad_id=pad_id)
     finally:
         for layer, fn in zip(model.layers, restore):
             layer.self_attn.attn_fn = fn
-    results = []
-    for b in range(B):
-        row = out[b, :steps].tolist()
-        if eos_id is not None and eos_id in row:
-            row = row[:row.index(eos_id)]
-        results.append(row)
     return results, {"cache_bytes": cache.nbytes(), "padded_len": L}

@@ -1,7 +1,7 @@
 """Batched greedy decoding with a KV cache (left padding, per-row positions)."""
 from __future__ import annotations
 
-from typing import Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -41,23 +41,37 @@ def generate(model, prompts: Sequence[Sequence[int]], max_new_tokens: int, *,
     hidden = model.forward_hidden(ids, positions, seg, seg, cache)  # (B, L, hidden)
     next_tok = F.linear(hidden[:, -1], model.output_weight).argmax(-1)  # (B,)
 
-    out = torch.empty((B, max_new_tokens), dtype=torch.long, device=device)
-    finished = torch.zeros(B, dtype=torch.bool, device=device)
-    steps = 0
-    for step in range(max_new_tokens):
+    def step(i: int, tok: torch.Tensor) -> torch.Tensor:
+        pos = (lengths + i)[:, None]  # (B, 1)
+        q_seg = kv_segments[:, L + i:L + i + 1] if padded else None
+        kv_seg = kv_segments[:, :L + i + 1] if padded else None
+        hidden = model.forward_hidden(tok[:, None], pos, q_seg, kv_seg, cache)  # (B, 1, hidden)
+        return F.linear(hidden[:, -1], model.output_weight).argmax(-1)
+
+    return greedy_decode(next_tok, step, max_new_tokens, eos_id=eos_id, pad_id=pad_id)
+
+
+def greedy_decode(first: torch.Tensor, step: Callable[[int, torch.Tensor], torch.Tensor], max_new_tokens: int,
+                  *, eos_id: Optional[int], pad_id: int) -> list[list[int]]:
+    """The decode loop shared by local and context-parallel generation.
+
+    first (B,): the token predicted by the prefill; step(i, tok) feeds tok as new token i and
+    returns the next prediction (B,). Rows that produced eos_id are fed pad_id afterwards; the
+    loop stops when every row has finished. Returns each row cut before its first eos_id.
+    """
+    B = first.shape[0]
+    out = torch.empty((B, max_new_tokens), dtype=torch.long, device=first.device)
+    finished = torch.zeros(B, dtype=torch.bool, device=first.device)
+    next_tok, steps = first, 0
+    for i in range(max_new_tokens):
         tok = torch.where(finished, torch.full_like(next_tok, pad_id), next_tok)  # (B,)
-        out[:, step] = tok
-        steps = step + 1
+        out[:, i] = tok
+        steps = i + 1
         if eos_id is not None:
             finished |= tok == eos_id
-        if step == max_new_tokens - 1 or bool(finished.all()):
+        if i == max_new_tokens - 1 or bool(finished.all()):
             break
-        pos = (lengths + step)[:, None]  # (B, 1)
-        q_seg = kv_segments[:, L + step:L + step + 1] if padded else None
-        kv_seg = kv_segments[:, :L + step + 1] if padded else None
-        hidden = model.forward_hidden(tok[:, None], pos, q_seg, kv_seg, cache)  # (B, 1, hidden)
-        next_tok = F.linear(hidden[:, -1], model.output_weight).argmax(-1)
-
+        next_tok = step(i, tok)
     results = []
     for b in range(B):
         row = out[b, :steps].tolist()
