@@ -8,14 +8,13 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
-import os
 import tempfile
 import typing
 from dataclasses import dataclass, field, fields, is_dataclass
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
-from omegaconf import MISSING, DictConfig, ListConfig, OmegaConf
+from omegaconf import MISSING, DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from longctx.data.config import DataConfig

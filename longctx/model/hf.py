@@ -23,7 +23,6 @@ _SAME_NAME_FIELDS = ("vocab_size", "hidden_size", "intermediate_size", "num_hidd
                      "num_attention_heads", "num_key_value_heads", "head_dim", "max_position_embeddings",
                      "rms_norm_eps", "tie_word_embeddings", "attention_bias", "mlp_bias",
                      "initializer_range", "bos_token_id", "eos_token_id", "pad_token_id")
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 # ----------------------------------------------------------------------------- config
@@ -134,7 +133,7 @@ def load_pretrained(path: str | os.PathLike, dtype: Optional[torch.dtype] = None
     with torch.device("meta"):
         model = Transformer(cfg, attn_fn or sdpa_attention)
     expected = {to_hf_key(k): v for k, v in model.state_dict().items()}
-    state, seen_dtype = {}, None
+    state = {}
     for f, key, tensor in _iter_tensors(files):
         if key.endswith("rotary_emb.inv_freq"):
             continue  # old checkpoints stored RoPE buffers; we recompute them
@@ -145,7 +144,6 @@ def load_pretrained(path: str | os.PathLike, dtype: Optional[torch.dtype] = None
         want = tuple(expected[key].shape)
         if tuple(tensor.shape) != want:
             raise UserError(f"{f}: tensor {key!r} has shape {list(tensor.shape)}, config.json implies {list(want)}")
-        seen_dtype = seen_dtype or tensor.dtype
         state[from_hf_key(key)] = tensor.to(device=device, dtype=dtype or tensor.dtype)
     missing = sorted(set(expected) - {to_hf_key(k) for k in state})
     if missing:

@@ -21,6 +21,7 @@ import torch.distributed as dist
 
 from longctx.config import TrainConfig, resolved_stages, stage_model_config, to_yaml, validate_config
 from longctx.errors import UserError
+from longctx.train.checkpoint import find_resume
 from longctx.train.signals import PREEMPTED_EXIT_CODE, PREEMPTED_MARKER
 
 log = logging.getLogger("longctx.train")
@@ -58,7 +59,7 @@ class Trainer:
         validate_config(cfg, self.env.world_size)  # everything cheap, before any process group
         self.stages = resolved_stages(cfg)
         self.out = Path(cfg.out_dir)
-        self._check_resume_source()
+        self.resume_from = find_resume(self.out, cfg.checkpoint.resume)  # a bad path fails before any process group
         init_distributed()
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
         if self.rank == 0:
@@ -70,11 +71,6 @@ class Trainer:
         self.dtype = DTYPES[cfg.train.dtype]
         self.device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
         self._meshes: dict[int, object] = {}
-
-    def _check_resume_source(self) -> None:
-        from longctx.train.checkpoint import find_resume
-
-        self.resume_from = find_resume(self.out, self.cfg.checkpoint.resume)
 
     # ------------------------------------------------------------------ building blocks
     def _mesh(self, cp: int):
