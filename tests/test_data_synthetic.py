@@ -118,3 +118,26 @@ def test_tasks_too_long_for_the_length_fall_back(caplog):
     assert set(tasks) == {"niah", "passkey"} and abs(tasks["niah"] / 300 - 0.8) < 0.1
     assert max(len(corpus[i].text) + 2 for i in range(300)) <= 256
     assert SyntheticCorpus(SyntheticConfig(style="compact"), seq_len=320).fallback["multivalue"] == "multivalue"
+
+
+def test_length_min_ratio_fills_documents_with_distractors():
+    """length_min_ratio near 1: every document close to seq_len, so a 256-token compact
+    niah document always has room for a distractor needle (the demo's base training)."""
+    from longctx.data.words import WORD_PAIRS
+
+    corpus = SyntheticCorpus(SyntheticConfig(style="compact", filler="noise", length_min_ratio=0.95,
+                                             tasks={"niah": 1.0}), seq_len=256)
+    docs = [corpus[i] for i in range(100)]
+    assert min(len(d.text) + 2 for d in docs) >= int(0.95 * 256) - 12  # exact to within a word
+    # the queried key + one distractor (a few very long keys leave room for none)
+    assert sum(len(d.keys) == 2 for d in docs) >= 95
+    assert all(k in WORD_PAIRS for d in docs for k in d.keys)  # keys drawn like the eval's
+
+
+@pytest.mark.parametrize("ratio", [0, 1.5, "half"])
+def test_length_min_ratio_validated(ratio):
+    from longctx.data.config import validate_synthetic
+    from longctx.errors import UserError
+
+    with pytest.raises(UserError, match=r"synthetic.length_min_ratio: must be in \(0, 1\]"):
+        validate_synthetic(SyntheticConfig(length_min_ratio=ratio), "data.sources[0].synthetic", 256)

@@ -39,7 +39,10 @@ class SyntheticConfig:
 
     num_docs: int = 20000  # documents per epoch
     seed: int = 1234  # corpus seed (independent of the training seed)
-    length_min: Optional[int] = None  # null: seq_len // 2
+    length_min: Optional[int] = None  # null: length_min_ratio x seq_len
+    # the shortest document as a fraction of seq_len when length_min is null; near 1 packs every
+    # document full of needles (distractors fit only in long documents)
+    length_min_ratio: float = 0.5
     length_max: Optional[int] = None  # null: seq_len
     num_keys: int = 4  # needles with distinct keys per niah/multivalue document (1 queried)
     num_values: int = 2  # values of the queried key in a multivalue document
@@ -175,7 +178,9 @@ def validate_synthetic(syn: SyntheticConfig, name: str, seq_len: int) -> None:
     _pos_int(syn.num_keys, f"{name}.num_keys")
     _pos_int(syn.num_values, f"{name}.num_values")
     _pos_int(syn.value_digits, f"{name}.value_digits")
-    lo = syn.length_min if syn.length_min is not None else seq_len // 2
+    if not (isinstance(syn.length_min_ratio, (int, float)) and 0 < syn.length_min_ratio <= 1):
+        raise UserError(f"{name}.length_min_ratio: must be in (0, 1], got {syn.length_min_ratio!r}")
+    lo = syn.length_min if syn.length_min is not None else max(1, int(seq_len * syn.length_min_ratio))
     hi = syn.length_max if syn.length_max is not None else seq_len
     if lo < 1 or hi < lo:
         raise UserError(f"{name}.length_min/length_max: need 1 <= length_min <= length_max, got {lo}..{hi}")

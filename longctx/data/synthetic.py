@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Tuple
 
 from longctx.data.config import SyntheticConfig
+from longctx.data.words import WORD_PAIRS
 from longctx.errors import UserError
 
 log = logging.getLogger(__name__)
@@ -156,8 +157,10 @@ class SyntheticDocument:
 
 
 def _make_key(rng: random.Random, taken: set) -> str:
+    # drawn like the eval suite's "words" keys (same lists), so a model trained here is
+    # asked at eval time to match keys of the kind it learned to match
     while True:
-        k = f"{rng.choice(_ADJ)}-{rng.choice(_NOUN)}"
+        k = rng.choice(WORD_PAIRS)
         if k not in taken:
             taken.add(k)
             return k
@@ -290,7 +293,7 @@ def min_document_chars(cfg: SyntheticConfig, task: str, style: str) -> int:
     """Characters (BOS/EOS excluded) of the shortest `task` document: queried needle(s),
     question and answer, no distractor, no filler (longest key, as a bound)."""
     tpl = TEMPLATES[style]
-    key = max(_ADJ, key=len) + "-" + max(_NOUN, key=len)
+    key = max(WORD_PAIRS, key=len)
     if task == "passkey":
         values = ["9" * max(1, min(cfg.value_digits, 5))]
         needles = [tpl["passkey_needle"].format(value=values[0])]
@@ -315,7 +318,8 @@ class SyntheticCorpus:
                  add_bos: bool = True, add_eos: bool = True, style: Optional[str] = None):
         self.cfg = cfg or SyntheticConfig()
         self.style = style or self.cfg.style
-        self.length_min = self.cfg.length_min if self.cfg.length_min is not None else seq_len // 2
+        self.length_min = (self.cfg.length_min if self.cfg.length_min is not None
+                           else max(1, int(seq_len * self.cfg.length_min_ratio)))
         self.length_max = self.cfg.length_max if self.cfg.length_max is not None else seq_len
         self.tokenizer = tokenizer
         self.n_special = int(add_bos) + int(add_eos)

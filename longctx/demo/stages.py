@@ -22,7 +22,7 @@ def _synthetic(plan: DemoPlan, num_keys: int) -> Dict[str, Any]:
     # answer prefix); noise filler = RULER's passage, the haystack of niah_single_1 / passkey
     return {"name": "synthetic", "kind": "synthetic", "packing": "pad",
             "synthetic": {"style": "compact", "filler": plan.filler, "num_keys": num_keys,
-                          "num_values": plan.num_values,
+                          "num_values": plan.num_values, "length_min_ratio": plan.length_min_ratio,
                           "tasks": {"niah": 0.6, "multivalue": 0.2, "passkey": 0.2}}}
 
 
