@@ -59,7 +59,7 @@ class DemoPlan:
     factor: int = 4
     extend_steps: int = 300
     extend_batch: int = 4  # rows of factor*train_len tokens per step (both cp ranks share each row)
-    extend_lr: float = 5e-4
+    extend_lr: float = 1e-3
     extend_warmup: int = 10
     extend_checkpoint_every: int = 150
     nproc: int = 2
@@ -82,8 +82,13 @@ class DemoPlan:
     # extension documents from 1x to 4x the base length: training only on 4x-long documents
     # made the model forget the short ones (measured: 100 -> 33 at 1x)
     extend_length_min_ratio: float = 0.25
+    # extension corpus: noise + varied sentences as filler (the eval's essay haystack is neither;
+    # varied text is closer) and more multivalue documents (they first fit at ~389 tokens)
+    extend_filler: str = "mixed"
+    extend_tasks: tuple = (("niah", 0.5), ("multivalue", 0.3), ("passkey", 0.2))
     num_values: int = 4  # niah_multivalue asks for 4 values of one key
     filler: str = "noise"  # RULER's noise passage: the haystack of niah_single_1 and passkey
+    tasks: tuple = (("niah", 0.6), ("multivalue", 0.2), ("passkey", 0.2))  # multivalue needs ~389 tokens: niah at 256
 
     @property
     def lengths(self) -> List[int]:

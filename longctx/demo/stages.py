@@ -17,13 +17,13 @@ from longctx.demo.plan import DemoPlan
 from longctx.errors import UserError
 
 
-def _synthetic(plan: DemoPlan, num_keys: int, length_min_ratio: float) -> Dict[str, Any]:
+def _synthetic(num_keys: int, length_min_ratio: float, filler: str, tasks: tuple, num_values: int) -> Dict[str, Any]:
     # compact style = the eval suite's compact prompts word for word (needles, question,
-    # answer prefix); noise filler = RULER's passage, the haystack of niah_single_1 / passkey
+    # answer prefix); filler per plan (noise = RULER's passage, the niah_single_1 / passkey haystack)
     return {"name": "synthetic", "kind": "synthetic", "packing": "pad",
-            "synthetic": {"style": "compact", "filler": plan.filler, "num_keys": num_keys,
-                          "num_values": plan.num_values, "length_min_ratio": length_min_ratio,
-                          "tasks": {"niah": 0.6, "multivalue": 0.2, "passkey": 0.2}}}
+            "synthetic": {"style": "compact", "filler": filler, "num_keys": num_keys,
+                          "num_values": num_values, "length_min_ratio": length_min_ratio,
+                          "tasks": dict(tasks)}}
 
 
 def base_config(plan: DemoPlan, out_dir: Path, seed: int) -> Dict[str, Any]:
@@ -33,7 +33,7 @@ def base_config(plan: DemoPlan, out_dir: Path, seed: int) -> Dict[str, Any]:
         "model": {"preset": "debug-tiny", "overrides": plan.model_overrides(),
                   "rope_parameters": plan.base_rope(), "max_position_embeddings": plan.train_len},
         "data": {"seq_len": plan.train_len, "micro_batch_size": plan.base_batch // plan.base_nproc,
-                 "sources": [_synthetic(plan, plan.num_keys, plan.length_min_ratio)]},
+                 "sources": [_synthetic(plan.num_keys, plan.length_min_ratio, plan.filler, plan.tasks, plan.num_values)]},
         "optim": {"lr": plan.base_lr, "warmup_steps": plan.base_warmup, "schedule": "cosine",
                   "min_lr_ratio": 0.1, "weight_decay": 0.0, "grad_clip": 1.0},
         "train": {"dtype": plan.dtype, "seed": seed, "answer_loss_weight": plan.answer_loss_weight},
@@ -52,7 +52,8 @@ def extend_config(plan: DemoPlan, out_dir: Path, init_from: Path, seed: int, rop
         "model": {"init_from": str(init_from), "rope_parameters": dict(rope),
                   "max_position_embeddings": plan.extend_len},
         "data": {"seq_len": plan.extend_len, "micro_batch_size": plan.extend_batch,
-                 "sources": [_synthetic(plan, plan.extend_num_keys, plan.extend_length_min_ratio)]},
+                 "sources": [_synthetic(plan.extend_num_keys, plan.extend_length_min_ratio, plan.extend_filler,
+                                         plan.extend_tasks, plan.num_values)]},
         "parallel": {"cp_size": plan.cp_size, "cp_impl": "ring", "zero_stage": plan.zero_stage},
         "optim": {"lr": plan.extend_lr, "warmup_steps": plan.extend_warmup, "schedule": "cosine",
                   "min_lr_ratio": 0.1, "weight_decay": 0.0, "grad_clip": 1.0},
