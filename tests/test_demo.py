@@ -146,3 +146,20 @@ def test_findings_state_only_what_the_table_shows():
     assert "scores 10 at 4x" in text and "90 at 4x" in text
     assert "256: no measurable difference, 512: +10 points, 1024: +30 points, 2048: no measurable difference" in text
     assert "1024: no measurable difference, 2048: +18 points" in text
+
+
+def test_training_configs_carry_the_measured_recipe(tmp_path):
+    """The written YAMLs are what the trainer validates and runs: base documents near-full
+    (a distractor in every 256-token niah document), extension documents 1x..4x."""
+    from longctx.config import load_config
+    from longctx.demo import stages
+
+    base = stages.write_config(stages.base_config(FULL, tmp_path / "base", 0), tmp_path / "base.yaml")
+    ext = stages.write_config(stages.extend_config(FULL, tmp_path / "ext", tmp_path / "base" / "hf", 0,
+                                                   FULL.scaled_rope()), tmp_path / "ext.yaml")
+    b, e = load_config(str(base)), load_config(str(ext))
+    b_syn, e_syn = b.data.sources[0].synthetic, e.data.sources[0].synthetic
+    assert b.optim.lr == FULL.base_lr == 1e-3 and b_syn.length_min_ratio == 0.95 and b_syn.filler == "noise"
+    assert [(s.seq_len, s.steps) for s in b.stages] == [(s.seq_len, s.steps) for s in FULL.base_stages]
+    assert e_syn.length_min_ratio == 0.25 and e_syn.num_keys == FULL.extend_num_keys
+    assert e.data.seq_len == 1024 and e.parallel.cp_size == 2 and e.parallel.zero_stage == 3
