@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Tuple
 
 from longctx.data.config import SyntheticConfig
-from longctx.data.words import WORD_PAIRS
+from longctx.data.words import LONGEST_PAIR, WORD_PAIRS
 from longctx.errors import UserError
 
 log = logging.getLogger(__name__)
@@ -293,7 +293,7 @@ def min_document_chars(cfg: SyntheticConfig, task: str, style: str) -> int:
     """Characters (BOS/EOS excluded) of the shortest `task` document: queried needle(s),
     question and answer, no distractor, no filler (longest key, as a bound)."""
     tpl = TEMPLATES[style]
-    key = max(WORD_PAIRS, key=len)
+    key = LONGEST_PAIR
     if task == "passkey":
         values = ["9" * max(1, min(cfg.value_digits, 5))]
         needles = [tpl["passkey_needle"].format(value=values[0])]

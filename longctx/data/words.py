@@ -89,3 +89,5 @@ wish wobble wonder work worry wrap write yawn yell zoom
 WORD_PAIRS = sorted({f"{a}-{n}" for a in ADJECTIVES for n in NOUNS})
 # Single words for common-words extraction (cwe).
 SINGLE_WORDS = sorted(set(ADJECTIVES) | set(NOUNS) | set(VERBS))
+# the longest key (bounds document sizes)
+LONGEST_PAIR = max(WORD_PAIRS, key=len)
