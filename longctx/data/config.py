@@ -11,7 +11,7 @@ import glob
 import math
 import os
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Tuple
 
 from longctx.errors import UserError
 
@@ -54,6 +54,12 @@ class SyntheticConfig:
     tasks: Dict[str, float] = field(
         default_factory=lambda: {"niah": 0.6, "multivalue": 0.2, "passkey": 0.2}
     )
+
+    def length_bounds(self, seq_len: int) -> Tuple[int, int]:
+        """(length_min, length_max) in tokens for rows of seq_len, nulls resolved."""
+        lo = self.length_min if self.length_min is not None else max(1, int(seq_len * self.length_min_ratio))
+        hi = self.length_max if self.length_max is not None else seq_len
+        return lo, hi
 
 
 @dataclass
@@ -180,8 +186,7 @@ def validate_synthetic(syn: SyntheticConfig, name: str, seq_len: int) -> None:
     _pos_int(syn.value_digits, f"{name}.value_digits")
     if not (isinstance(syn.length_min_ratio, (int, float)) and 0 < syn.length_min_ratio <= 1):
         raise UserError(f"{name}.length_min_ratio: must be in (0, 1], got {syn.length_min_ratio!r}")
-    lo = syn.length_min if syn.length_min is not None else max(1, int(seq_len * syn.length_min_ratio))
-    hi = syn.length_max if syn.length_max is not None else seq_len
+    lo, hi = syn.length_bounds(seq_len)
     if lo < 1 or hi < lo:
         raise UserError(f"{name}.length_min/length_max: need 1 <= length_min <= length_max, got {lo}..{hi}")
     if syn.filler not in ("noise", "varied", "mixed"):

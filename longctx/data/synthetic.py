@@ -318,9 +318,7 @@ class SyntheticCorpus:
                  add_bos: bool = True, add_eos: bool = True, style: Optional[str] = None):
         self.cfg = cfg or SyntheticConfig()
         self.style = style or self.cfg.style
-        self.length_min = (self.cfg.length_min if self.cfg.length_min is not None
-                           else max(1, int(seq_len * self.cfg.length_min_ratio)))
-        self.length_max = self.cfg.length_max if self.cfg.length_max is not None else seq_len
+        self.length_min, self.length_max = self.cfg.length_bounds(seq_len)
         self.tokenizer = tokenizer
         self.n_special = int(add_bos) + int(add_eos)
         self._byte = tokenizer is None or getattr(tokenizer, "name", None) == "byte"
