@@ -37,6 +37,8 @@ def _entry(rank, world_size, port, outdir, fn, args):
     with open(os.path.join(outdir, f"rank{rank}.pkl"), "wb") as f:
         pickle.dump(result, f)
     try:
+        # rank 0 hosts the TCP store: let every rank finish before anyone tears the group down
+        dist.barrier()
         dist.destroy_process_group()
     except Exception:
         pass
