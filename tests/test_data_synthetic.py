@@ -141,3 +141,23 @@ def test_length_min_ratio_validated(ratio):
 
     with pytest.raises(UserError, match=r"synthetic.length_min_ratio: must be in \(0, 1\]"):
         validate_synthetic(SyntheticConfig(length_min_ratio=ratio), "data.sources[0].synthetic", 256)
+
+
+@pytest.mark.parametrize("filler", ["noise", "varied"])
+def test_queried_needle_rank_is_not_a_shortcut(filler):
+    """Near-full short documents have few insertion points; needles sharing one must not keep
+    a fixed order, or a model scores by copying the first (or last) needle instead of matching
+    the key. The queried needle's rank among the needles must be uniform."""
+    cfg = SyntheticConfig(style="compact", filler=filler, num_keys=3)
+    first = last = n = 0
+    for i in range(600):
+        d = generate_document(cfg, i, length_chars=300, task="niah")
+        keys = re.findall(r"magic numbers for ([\w-]+) is:", d.text[: d.prompt_len])
+        if len(keys) < 2:
+            continue
+        n += 1
+        first += keys[0] == d.key
+        last += keys[-1] == d.key
+    assert n > 300
+    # mean needle count is 2..3: first and last each expected at 1/3..1/2 of documents
+    assert 0.28 < first / n < 0.55 and 0.28 < last / n < 0.55, (first / n, last / n, n)

@@ -242,12 +242,15 @@ def generate_document(
     bounds.append(len(filler))
     lo_d = cfg.distance_min if distance is None else distance
     hi_d = cfg.distance_max if distance is None else distance
-    placed: List[Tuple[int, int, str, bool]] = []  # (position, order, needle, queried)
+    placed: List[Tuple[int, float, str, bool]] = []  # (position, tie-break, needle, queried)
     targeted = lo_d is not None or hi_d is not None
-    for order, (needle, queried) in enumerate(needles):
+    # needles on the same insertion point are ordered at random: a fixed order (queried first)
+    # lets a model score by copying the first needle instead of matching the key, since short
+    # documents have only a few insertion points
+    for needle, queried in needles:
         if not (queried and targeted):
-            placed.append((rng.choice(bounds), order, needle, queried))
-    for order, (needle, queried) in enumerate(needles):
+            placed.append((rng.choice(bounds), rng.random(), needle, queried))
+    for needle, queried in needles:
         if queried and targeted:
             d = rng.randint(lo_d or 0, max(lo_d or 0, hi_d if hi_d is not None else len(filler)))
 

@@ -23,10 +23,14 @@ def insert_at(units: Sequence[str], inserts: Sequence[tuple[int, str]]) -> list[
 
 
 def unit_indices(n: int, fracs: Sequence[float], depth: Optional[float]) -> list[int]:
-    """Insertion indices among n units: all at `depth` when given, else at the random fractions."""
+    """Insertion indices among n units: all at `depth` when given, else at the random fractions,
+    uniform over all n + 1 gaps. (RULER draws from the first n gaps, so a needle never follows the
+    last unit; harmless with thousands of units, but with the 1-5 units of a 256-512-token prompt
+    the queried needle of niah_multikey_2 would almost always come first, and "copy the first
+    needle" would score as key matching.)"""
     if depth is not None:
         return [round(depth * n)] * len(fracs)
-    return [min(int(u * n), n) for u in fracs]
+    return [min(int(u * (n + 1)), n) for u in fracs]
 
 
 def essay_context(corpus: Corpus, n: int, needles: Sequence[str], depth_fracs: Sequence[float],
