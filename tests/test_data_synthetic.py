@@ -161,3 +161,44 @@ def test_queried_needle_rank_is_not_a_shortcut(filler):
     assert n > 300
     # mean needle count is 2..3: first and last each expected at 1/3..1/2 of documents
     assert 0.28 < first / n < 0.55 and 0.28 < last / n < 0.55, (first / n, last / n, n)
+
+
+def test_multivalue_answer_lists_values_in_text_order():
+    cfg = SyntheticConfig(style="compact", filler="varied", num_keys=3, num_values=4)
+    for i in range(40):
+        d = generate_document(cfg, i, length_chars=1200, task="multivalue")
+        prompt = d.text[: d.prompt_len]
+        in_text = re.findall(re.escape(d.key) + r" is: (\d+)\.", prompt)
+        assert in_text == d.values and d.answer == " " + ", ".join(in_text) + "."
+        assert [d.text[s:e] for s, e in d.answer_spans] == d.values
+
+
+def test_queries_ask_several_keys_per_document():
+    cfg = SyntheticConfig(style="compact", filler="mixed", num_keys=8, queries=3)
+    asked_counts = Counter()
+    for i in range(60):
+        d = generate_document(cfg, i, length_chars=1000, task="niah")
+        prompt = d.text[: d.prompt_len]
+        qa = re.findall(r"\nWhat is the special magic number for ([\w-]+)\? The special magic number for \1 is (\d+)\.", prompt)
+        asked_counts[len(qa)] += 1
+        assert len({k for k, _ in qa} | {d.key}) == len(qa) + 1  # distinct keys, the final one last
+        for k, v in qa:  # each earlier answer is the value of that key's needle, and a weighted span
+            assert re.search(re.escape(f"numbers for {k} is: {v}."), prompt)
+        assert [d.text[s:e] for s, e in d.answer_spans] == [v for _, v in qa] + d.values
+        assert d.text.endswith(f"The special magic number for {d.key} is {d.values[0]}.") and len(d.text) <= 1000
+    assert asked_counts[2] == 60  # 8 needles + 3 questions fit in 1000 chars
+    # short documents drop earlier questions before the final one
+    for i in range(20):
+        d = generate_document(cfg, i, length_chars=250, task="niah")
+        assert len(d.answer_spans) == 1 and d.prompt_len == d.text.index(f"The special magic number for {d.key} is ") + len(f"The special magic number for {d.key} is")
+    # queries=1 leaves the corpus as it was
+    assert generate_document(SyntheticConfig(num_keys=8), 3, length_chars=900).text == \
+        generate_document(SyntheticConfig(num_keys=8, queries=1), 3, length_chars=900).text
+
+
+def test_queries_validated():
+    from longctx.data.config import validate_synthetic
+    from longctx.errors import UserError
+
+    with pytest.raises(UserError, match=r"synthetic.queries"):
+        validate_synthetic(SyntheticConfig(queries=0), "data.sources[0].synthetic", 256)

@@ -46,6 +46,10 @@ class SyntheticConfig:
     length_max: Optional[int] = None  # null: seq_len
     num_keys: int = 4  # needles with distinct keys per niah/multivalue document (1 queried)
     num_values: int = 2  # values of the queried key in a multivalue document
+    # questions per niah document: the first queries-1 distractor keys are asked (and answered)
+    # before the final question, so one document holds several key-matching examples;
+    # questions that do not fit the document's length are left out
+    queries: int = 1
     value_digits: int = 7
     distance_min: Optional[int] = None  # tokens between the queried needle and the question
     distance_max: Optional[int] = None  # null: anywhere in the document
@@ -183,6 +187,7 @@ def validate_synthetic(syn: SyntheticConfig, name: str, seq_len: int) -> None:
     _pos_int(syn.num_docs, f"{name}.num_docs")
     _pos_int(syn.num_keys, f"{name}.num_keys")
     _pos_int(syn.num_values, f"{name}.num_values")
+    _pos_int(syn.queries, f"{name}.queries")
     _pos_int(syn.value_digits, f"{name}.value_digits")
     if not (isinstance(syn.length_min_ratio, (int, float)) and 0 < syn.length_min_ratio <= 1):
         raise UserError(f"{name}.length_min_ratio: must be in (0, 1], got {syn.length_min_ratio!r}")

@@ -148,7 +148,7 @@ class SyntheticDocument:
     task: str  # "niah" | "multivalue" | "passkey"
     answer: str  # the expected continuation of text[:prompt_len], e.g. " 8816342."
     prompt_len: int  # text[:prompt_len] ends with the answer prefix
-    answer_spans: List[Tuple[int, int]]  # [start, end) char spans of the value(s) in the answer
+    answer_spans: List[Tuple[int, int]]  # [start, end) char spans of the answered values (earlier questions first)
     key: Optional[str]  # the queried key (None for passkey)
     values: List[str]  # the queried value(s), in answer order
     keys: List[str] = field(default_factory=list)  # all keys planted (queried first)
@@ -205,6 +205,7 @@ def generate_document(
     key = None
     values: List[str] = []
     keys: List[str] = []
+    asked: List[Tuple[str, str, str]] = []  # distractors asked before the final question: (key, value, needle)
     if task == "passkey":
         values = [_number(rng, max(1, min(cfg.value_digits, 5)), vals_taken)]
         needles.append((tpl["passkey_needle"].format(value=values[0]), True))
@@ -215,24 +216,44 @@ def generate_document(
         n_vals = cfg.num_values if task == "multivalue" else 1
         values = [_number(rng, cfg.value_digits, vals_taken) for _ in range(n_vals)]
         needles += [(tpl["needle"].format(key=key, value=v), True) for v in values]
-        for _ in range(cfg.num_keys - 1):  # distractors: other keys, other values
+        for i in range(cfg.num_keys - 1):  # distractors: other keys, other values
             k = _make_key(rng, keys_taken)
+            v = _number(rng, cfg.value_digits, vals_taken)
             keys.append(k)
-            needles.append((tpl["needle"].format(key=k, value=_number(rng, cfg.value_digits, vals_taken)), False))
+            needles.append((tpl["needle"].format(key=k, value=v), False))
+            if task == "niah" and i < cfg.queries - 1:
+                asked.append((k, v, needles[-1][0]))
         q, prefix = tpl["question"][task]
         q, prefix = q.format(key=key), prefix.format(key=key)
     intro = tpl["intro"].get(task, "")
     answer = " " + ", ".join(values) + "."
     head = intro + "\n" if intro else ""
-    tail = "\n" + (q + " " if q else "") + prefix
-    fixed = len(head) + len(tail) + len(answer)
-    # needles that do not fit are dropped, distractors first (never the queried ones);
-    # each needle costs its length + 2 separators at most
-    while needles and fixed + sum(len(n) + 2 for n, _ in needles) > length_chars:
-        drop = [i for i, (_, queried) in enumerate(needles) if not queried]
-        if not drop:
+    final_q = "\n" + (q + " " if q else "") + prefix
+
+    def render_tail():  # earlier questions answered in turn, then the final question
+        text, spans = "", []
+        for k, v, _ in asked:
+            qk, pk = tpl["question"]["niah"]
+            text += "\n" + (qk.format(key=k) + " " if qk else "") + pk.format(key=k) + " "
+            spans.append((len(text), len(text) + len(v)))
+            text += v + "."
+        return text + final_q, spans
+
+    # needles that do not fit are dropped, distractors first (never the queried ones), then
+    # earlier questions with their needles; each needle costs its length + 2 separators at most
+    while True:
+        tail, asked_spans = render_tail()
+        fixed = len(head) + len(tail) + len(answer)
+        if not needles or fixed + sum(len(n) + 2 for n, _ in needles) <= length_chars:
             break
-        needles.pop(drop[-1])
+        protected = {n for _, _, n in asked}
+        drop = [i for i, (n, queried) in enumerate(needles) if not queried and n not in protected]
+        if drop:
+            needles.pop(drop[-1])
+        elif asked:
+            asked.pop()
+        else:
+            break
     if key is not None:
         keys = keys[: 1 + sum(1 for _, queried in needles if not queried)]
     n_filler = max(0, length_chars - fixed - sum(len(n) + 2 for n, _ in needles))
@@ -260,6 +281,12 @@ def generate_document(
             pos = min(bounds, key=lambda b: (abs(distance_at(b) - d), b))
             placed.append((pos, -1, needle, queried))  # before any needle at the same place
     placed.sort()
+    # the answer lists the values in the order their needles appear (the eval scores any order;
+    # text order makes "next needle of this key" the rule instead of an arbitrary permutation)
+    if len(values) > 1:
+        text_order = [n for _, _, n, queried in placed if queried]
+        values.sort(key=lambda v: next(i for i, n in enumerate(text_order) if f" {v}." in n))
+    answer = " " + ", ".join(values) + "."
     body = head
     last = 0
     needle_spans: List[Tuple[int, int]] = []
@@ -278,7 +305,7 @@ def generate_document(
         body = (body + " " + _filler(rng, cfg.filler, deficit - 1)).rstrip(" ")
     prompt = body + tail
     text = prompt + answer
-    spans = []
+    spans = [(len(body) + a, len(body) + b) for a, b in asked_spans]
     at = len(prompt) + 1
     for v in values:
         spans.append((at, at + len(v)))
