@@ -90,6 +90,7 @@ class DemoPlan:
     # varied text is closer) and more multivalue documents (they first fit at ~389 tokens)
     extend_filler: str = "mixed"
     extend_tasks: tuple = (("niah", 0.5), ("multivalue", 0.3), ("passkey", 0.2))
+    extend_queries: int = 1  # answered questions per niah document (several keys matched per document)
     num_values: int = 4  # niah_multivalue asks for 4 values of one key
     filler: str = "noise"  # RULER's noise passage: the haystack of niah_single_1 and passkey
     tasks: tuple = (("niah", 0.6), ("multivalue", 0.2), ("passkey", 0.2))  # multivalue needs ~389 tokens: niah at 256

@@ -17,13 +17,14 @@ from longctx.demo.plan import DemoPlan
 from longctx.errors import UserError
 
 
-def _synthetic(num_keys: int, length_min_ratio: float, filler: str, tasks: tuple, num_values: int) -> Dict[str, Any]:
+def _synthetic(num_keys: int, length_min_ratio: float, filler: str, tasks: tuple, num_values: int,
+               queries: int = 1) -> Dict[str, Any]:
     # compact style = the eval suite's compact prompts word for word (needles, question,
     # answer prefix); filler per plan (noise = RULER's passage, the niah_single_1 / passkey haystack)
     return {"name": "synthetic", "kind": "synthetic", "packing": "pad",
             "synthetic": {"style": "compact", "filler": filler, "num_keys": num_keys,
                           "num_values": num_values, "length_min_ratio": length_min_ratio,
-                          "tasks": dict(tasks)}}
+                          "queries": queries, "tasks": dict(tasks)}}
 
 
 def base_config(plan: DemoPlan, out_dir: Path, seed: int) -> Dict[str, Any]:
@@ -53,7 +54,7 @@ def extend_config(plan: DemoPlan, out_dir: Path, init_from: Path, seed: int, rop
                   "max_position_embeddings": plan.extend_len},
         "data": {"seq_len": plan.extend_len, "micro_batch_size": plan.extend_batch,
                  "sources": [_synthetic(plan.extend_num_keys, plan.extend_length_min_ratio, plan.extend_filler,
-                                         plan.extend_tasks, plan.num_values)]},
+                                         plan.extend_tasks, plan.num_values, plan.extend_queries)]},
         "parallel": {"cp_size": plan.cp_size, "cp_impl": "ring", "zero_stage": plan.zero_stage},
         "optim": {"lr": plan.extend_lr, "warmup_steps": plan.extend_warmup, "schedule": "cosine",
                   "min_lr_ratio": 0.1, "weight_decay": 0.0, "grad_clip": 1.0},
