@@ -162,4 +162,5 @@ def test_training_configs_carry_the_measured_recipe(tmp_path):
     assert b.optim.lr == FULL.base_lr == 1e-3 and b_syn.length_min_ratio == 0.95 and b_syn.filler == "noise"
     assert [(s.seq_len, s.steps) for s in b.stages] == [(s.seq_len, s.steps) for s in FULL.base_stages]
     assert e_syn.length_min_ratio == 0.25 and e_syn.num_keys == FULL.extend_num_keys
+    assert e_syn.queries == FULL.extend_queries == 8 and b_syn.queries == 1  # no room for 2 questions at 256
     assert e.data.seq_len == 1024 and e.parallel.cp_size == 2 and e.parallel.zero_stage == 3
