@@ -191,9 +191,6 @@ def _setup_distributed(cp: int):
 
 def run_eval(args) -> int:
     """Entry point for `longctx eval`; UserError propagates to the CLI layer (exit 2)."""
-    import torch
-
-    from longctx.eval.api import evaluate
     from longctx.eval.model_io import check_lengths, check_pair, load_model, load_tokenizer_for, parse_dtype
     from longctx.eval.tasks import TaskOptions
 
@@ -222,6 +219,24 @@ def run_eval(args) -> int:
     for w in caught:
         print(f"warning: {w.message}", file=sys.stderr)
     cp_group = _setup_distributed(int(opts["cp"]))
+    completed = False
+    try:
+        rc = _evaluate_and_report(opts, model, model_dir, tokenizer, tasks, grid, lengths, ppl_lengths, options,
+                                  cp_group, cp_impl, notes)
+        completed = True
+        return rc
+    finally:
+        from longctx.parallel.mesh import shutdown_distributed
+
+        shutdown_distributed(completed)
+
+
+def _evaluate_and_report(opts, model, model_dir, tokenizer, tasks, grid, lengths, ppl_lengths, options,
+                         cp_group, cp_impl, notes) -> int:
+    import torch
+
+    from longctx.eval.api import evaluate
+
     torch.manual_seed(0)
     meta = {"model": str(model_dir), "tokenizer": getattr(tokenizer, "name", str(opts["tokenizer"])),
             "suite": opts["suite"] if opts["tasks"] is None else "tasks", "cp": int(opts["cp"]),

@@ -63,6 +63,24 @@ def init_distributed(timeout_s: float = 1800.0) -> DistEnv:
     return info
 
 
+def shutdown_distributed(completed: bool) -> None:
+    """Tear the process group down. After a completed job the ranks first meet at a barrier: a
+    rank that leaves while another still talks to the group (rank 0 writing reports, say) gets
+    its gloo threads killed mid-operation and the process dies with SIGABRT at exit. After a
+    failure no barrier (the other ranks may be gone); errors here are not worth masking the job's."""
+    if not dist.is_initialized():
+        return
+    try:
+        if completed and dist.get_world_size() > 1:
+            dist.barrier()
+    except Exception:  # noqa: BLE001 - teardown must not replace the job's result
+        pass
+    try:
+        dist.destroy_process_group()
+    except Exception:  # noqa: BLE001
+        pass
+
+
 def _free_port() -> int:
     import socket
 

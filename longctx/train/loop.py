@@ -8,7 +8,6 @@ gradient of  sum(all token losses) / N  -- the single-device mean.
 """
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import logging
 import sys
@@ -306,10 +305,13 @@ def _replicated_grad_norm(model) -> float:
 
 
 def train(cfg: TrainConfig) -> int:
+    from longctx.parallel.mesh import shutdown_distributed
+
     trainer = Trainer(cfg)
+    completed = False
     try:
-        return trainer.run()
+        rc = trainer.run()
+        completed = True
+        return rc
     finally:
-        if dist.is_initialized():
-            with contextlib.suppress(Exception):
-                dist.destroy_process_group()
+        shutdown_distributed(completed)
