@@ -10,7 +10,7 @@ import torch
 
 import longctx
 from longctx.train.signals import PREEMPTED_EXIT_CODE
-from train_helpers import TINY, env, losses, metrics, run_train, start_train
+from train_helpers import TINY, env, metrics, run_train, start_train
 
 
 def _ok(res):

@@ -28,8 +28,8 @@ Choices (and why; measured numbers in docs/demo.md):
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
-from typing import Any, Dict, List, Optional
+from dataclasses import dataclass, replace
+from typing import Any, Dict, List
 
 EVAL_TASKS = ("niah_single_1", "niah_multikey_2", "niah_multivalue", "passkey")
 HEATMAP_TASK = "niah_single_1"  # evaluated on a depth grid (the heatmap)
