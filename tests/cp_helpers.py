@@ -19,6 +19,8 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from longctx.parallel.mesh import shutdown_distributed
+
 
 def _free_port() -> int:
     with socket.socket() as s:
@@ -36,12 +38,8 @@ def _entry(rank, world_size, port, outdir, fn, args):
         result = ("error", f"rank {rank}: {type(e).__name__}: {e}\n{traceback.format_exc()}")
     with open(os.path.join(outdir, f"rank{rank}.pkl"), "wb") as f:
         pickle.dump(result, f)
-    try:
-        # rank 0 hosts the TCP store: let every rank finish before anyone tears the group down
-        dist.barrier()
-        dist.destroy_process_group()
-    except Exception:
-        pass
+    # every rank finishes before anyone tears the group down (rank 0 hosts the TCP store)
+    shutdown_distributed(completed=True)
 
 
 def run_distributed(fn, world_size: int, *args, timeout: float = 240.0):

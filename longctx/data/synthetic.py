@@ -230,10 +230,11 @@ def generate_document(
     head = intro + "\n" if intro else ""
     final_q = "\n" + (q + " " if q else "") + prefix
 
+    qk, pk = tpl["question"]["niah"]
+
     def render_tail():  # earlier questions answered in turn, then the final question
         text, spans = "", []
         for k, v, _ in asked:
-            qk, pk = tpl["question"]["niah"]
             text += "\n" + (qk.format(key=k) + " " if qk else "") + pk.format(key=k) + " "
             spans.append((len(text), len(text) + len(v)))
             text += v + "."
