@@ -17,7 +17,7 @@ from typing import Any, Dict, List, Optional
 from omegaconf import MISSING, DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from longctx.data.config import DataConfig
+from longctx.data.config import DataConfig, SourceConfig
 from longctx.errors import UserError
 
 CP_IMPLS = ("ring", "allgather", "ulysses", "hybrid")
@@ -102,6 +102,9 @@ class StageSection:
     cp_size: Optional[int] = None
     rope_parameters: Optional[Dict[str, Any]] = None
     max_position_embeddings: Optional[int] = None
+    # this stage's data sources instead of data.sources (e.g. an easy task mix first); the
+    # rest of the data section (tokenizer, packing, batch size) is shared
+    sources: Optional[List[SourceConfig]] = None
 
 
 @dataclass
@@ -210,6 +213,12 @@ def resolved_stages(cfg: TrainConfig) -> list[StageSection]:
     return [StageSection(name="main", seq_len=cfg.data.seq_len, steps=cfg.train.steps)]
 
 
+def stage_data_config(cfg: TrainConfig, stage: StageSection) -> DataConfig:
+    """The data section a stage trains on: its seq_len, and its own sources when it has them."""
+    sources = stage.sources if stage.sources is not None else cfg.data.sources
+    return dataclasses.replace(cfg.data, seq_len=stage.seq_len, sources=list(sources))
+
+
 def validate_config(cfg: TrainConfig, world_size: int) -> None:
     """Cheap cross-field checks, before any model, data or process-group work."""
     from longctx.data.config import validate_data_config
@@ -270,7 +279,13 @@ def validate_config(cfg: TrainConfig, world_size: int) -> None:
         cp_where = f"stages[{i}].cp_size" if stage.cp_size else "parallel.cp_size"
         if cp < 1 or world_size % cp != 0:
             raise UserError(f"{cp_where}: {cp} must divide the world size {world_size} (world = dp x cp)")
-        validate_data_config(dataclasses.replace(cfg.data, seq_len=stage.seq_len))
+        try:
+            validate_data_config(stage_data_config(cfg, stage))
+        except UserError as e:
+            msg = str(e)
+            if stage.sources is not None and msg.startswith("data.sources"):  # name the stage's field
+                msg = f"stages[{i}].sources" + msg[len("data.sources"):]
+            raise UserError(msg) from None
         model_cfg = stage_model_config(cfg, stage, where=f"stages[{i}]" if cfg.stages else "model")
         _validate_cp(cfg, cp, world_size, model_cfg, stage.seq_len, seq_where, cp_where)
     _check_out_dir(cfg.out_dir)

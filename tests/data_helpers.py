@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import random
+from pathlib import Path
 from typing import Dict, List
 
 import numpy as np
@@ -43,18 +44,12 @@ def file_config(path, *, seq_len=64, mbs=4, **kw) -> DataConfig:
 
 
 def train_bpe(directory, vocab_size: int = 400, with_config: bool = True) -> str:
-    """A tiny byte-level BPE trained here (no network); returns the directory."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    """A tiny byte-level BPE trained here (no network) with the project's trainer; returns the
+    directory (with a tokenizer_config.json naming the specials unless with_config=False)."""
+    from longctx.data.bpe import train_bpe as train
 
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=["<s>", "</s>", "<pad>"],
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
     corpus = make_texts(300, seed=1) + ["The grass is green. The sky is blue. One of the special magic numbers"] * 20
-    tok.train_from_iterator(corpus, trainer)
-    os.makedirs(directory, exist_ok=True)
-    tok.save(os.path.join(directory, "tokenizer.json"))
+    train(corpus, vocab_size, Path(directory))
     if with_config:
         with open(os.path.join(directory, "tokenizer_config.json"), "w") as f:
             json.dump({"bos_token": "<s>", "eos_token": {"content": "</s>"}, "pad_token": "<pad>"}, f)

@@ -202,3 +202,33 @@ def test_queries_validated():
 
     with pytest.raises(UserError, match=r"synthetic.queries"):
         validate_synthetic(SyntheticConfig(queries=0), "data.sources[0].synthetic", 256)
+
+
+def test_hard_keys_share_a_word_with_the_queried_key():
+    def shared(doc):  # distractor keys sharing the adjective or the noun of the queried key
+        adj, noun = doc.key.split("-", 1)
+        return [k.startswith(adj + "-") or k.endswith("-" + noun) for k in doc.keys[1:]]
+
+    hard = SyntheticConfig(num_keys=6, hard_keys=1.0, tasks={"niah": 1.0})
+    docs = [generate_document(hard, i, length_chars=900) for i in range(40)]
+    flags = [f for d in docs for f in shared(d)]
+    assert len(flags) > 100 and all(flags)
+    assert all(len(set(d.keys)) == len(d.keys) for d in docs)  # still distinct keys
+    # both kinds of overlap: same noun (the key's end) and same adjective (its start)
+    nouns = sum(k.endswith("-" + d.key.split("-", 1)[1]) for d in docs for k in d.keys[1:])
+    assert 0.3 < nouns / len(flags) < 0.7
+    half = [f for i in range(80) for f in shared(generate_document(
+        SyntheticConfig(num_keys=6, hard_keys=0.5, tasks={"niah": 1.0}), i, length_chars=900))]
+    assert 0.35 < sum(half) / len(half) < 0.65
+    # hard_keys=0 leaves the corpus as it was (no extra random draws)
+    assert generate_document(SyntheticConfig(num_keys=6), 5, length_chars=900).text == \
+        generate_document(SyntheticConfig(num_keys=6, hard_keys=0.0), 5, length_chars=900).text
+
+
+@pytest.mark.parametrize("bad", [-0.1, 1.5, "0.5", True])
+def test_hard_keys_validated(bad):
+    from longctx.data.config import validate_synthetic
+    from longctx.errors import UserError
+
+    with pytest.raises(UserError, match=r"synthetic.hard_keys: must be a probability in \[0, 1\]"):
+        validate_synthetic(SyntheticConfig(hard_keys=bad), "data.sources[0].synthetic", 256)

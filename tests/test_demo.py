@@ -154,9 +154,13 @@ def test_training_configs_carry_the_measured_recipe(tmp_path):
     from longctx.config import load_config
     from longctx.demo import stages
 
-    base = stages.write_config(stages.base_config(FULL, tmp_path / "base", 0), tmp_path / "base.yaml")
+    from longctx.data import load_tokenizer
+
+    byte = load_tokenizer(stages.prepare_tokenizer(FULL, tmp_path / "tokenizer"))
+    assert byte.name == "byte" and not (tmp_path / "tokenizer").exists()
+    base = stages.write_config(stages.base_config(FULL, tmp_path / "base", 0, byte), tmp_path / "base.yaml")
     ext = stages.write_config(stages.extend_config(FULL, tmp_path / "ext", tmp_path / "base" / "hf", 0,
-                                                   FULL.scaled_rope()), tmp_path / "ext.yaml")
+                                                   FULL.scaled_rope(), byte), tmp_path / "ext.yaml")
     b, e = load_config(str(base)), load_config(str(ext))
     b_syn, e_syn = b.data.sources[0].synthetic, e.data.sources[0].synthetic
     assert b.optim.lr == FULL.base_lr == 1e-3 and b_syn.length_min_ratio == 0.95 and b_syn.filler == "noise"
@@ -164,3 +168,25 @@ def test_training_configs_carry_the_measured_recipe(tmp_path):
     assert e_syn.length_min_ratio == 0.25 and e_syn.num_keys == FULL.extend_num_keys
     assert e_syn.queries == FULL.extend_queries == 8 and b_syn.queries == 1  # no room for 2 questions at 256
     assert e.data.seq_len == 1024 and e.parallel.cp_size == 2 and e.parallel.zero_stage == 3
+
+
+def test_bpe_plan_trains_its_tokenizer_and_sizes_the_model_by_it(tmp_path):
+    """tokenizer_vocab > 0: a BPE trained on both corpora, recorded in both configs, the model's
+    vocabulary and BOS/EOS taken from it."""
+    from dataclasses import replace
+
+    from longctx.config import load_config
+    from longctx.data import load_tokenizer
+    from longctx.demo import stages
+
+    plan = replace(FULL, tokenizer_vocab=600, tokenizer_docs=200)
+    spec = stages.prepare_tokenizer(plan, tmp_path / "tokenizer")
+    assert spec == str(tmp_path / "tokenizer" / "tokenizer.json")
+    tok = load_tokenizer(spec)
+    assert tok.vocab_size == 600 and len(tok.encode("One of the special magic numbers for")) <= 8
+    base = load_config(str(stages.write_config(stages.base_config(plan, tmp_path / "base", 0, tok), tmp_path / "b.yaml")))
+    ext = load_config(str(stages.write_config(stages.extend_config(plan, tmp_path / "ext", tmp_path / "base" / "hf", 0,
+                                                                   plan.scaled_rope(), tok), tmp_path / "e.yaml")))
+    assert base.data.tokenizer == ext.data.tokenizer == spec
+    over = base.model.overrides
+    assert (over["vocab_size"], over["bos_token_id"], over["eos_token_id"]) == (600, tok.bos_id, tok.eos_id)

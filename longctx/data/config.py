@@ -28,6 +28,9 @@ EXT_TO_KIND = {
 }
 
 
+DEFAULT_TASKS = {"niah": 0.6, "multivalue": 0.2, "passkey": 0.2}
+
+
 @dataclass
 class SyntheticConfig:
     """The built-in retrieval corpus (format documented in docs/data.md).
@@ -50,14 +53,21 @@ class SyntheticConfig:
     # before the final question, so one document holds several key-matching examples;
     # questions that do not fit the document's length are left out
     queries: int = 1
+    # probability that a distractor key shares a word (the adjective or the noun, evenly) with
+    # the queried key: hard negatives, so that matching only part of the key does not pay
+    hard_keys: float = 0.0
     value_digits: int = 7
     distance_min: Optional[int] = None  # tokens between the queried needle and the question
     distance_max: Optional[int] = None  # null: anywhere in the document
     filler: str = "mixed"  # "noise" (RULER's repeated sentences) | "varied" | "mixed"
     style: str = "compact"  # "compact" (RULER's needles, the eval suite's compact question) | "ruler" | "short"
-    tasks: Dict[str, float] = field(
-        default_factory=lambda: {"niah": 0.6, "multivalue": 0.2, "passkey": 0.2}
-    )
+    # task mix; null means DEFAULT_TASKS (a null schema default: a config's `tasks` then
+    # replaces the mix instead of being merged into it key by key)
+    tasks: Optional[Dict[str, float]] = None
+
+    def task_mix(self) -> Dict[str, float]:
+        """{task: weight}: `tasks`, or DEFAULT_TASKS when unset."""
+        return dict(self.tasks) if self.tasks else dict(DEFAULT_TASKS)
 
     def length_bounds(self, seq_len: int) -> Tuple[int, int]:
         """(length_min, length_max) in tokens for rows of seq_len, nulls resolved."""
@@ -189,6 +199,8 @@ def validate_synthetic(syn: SyntheticConfig, name: str, seq_len: int) -> None:
     _pos_int(syn.num_values, f"{name}.num_values")
     _pos_int(syn.queries, f"{name}.queries")
     _pos_int(syn.value_digits, f"{name}.value_digits")
+    if isinstance(syn.hard_keys, bool) or not (isinstance(syn.hard_keys, (int, float)) and 0 <= syn.hard_keys <= 1):
+        raise UserError(f"{name}.hard_keys: must be a probability in [0, 1], got {syn.hard_keys!r}")
     if not (isinstance(syn.length_min_ratio, (int, float)) and 0 < syn.length_min_ratio <= 1):
         raise UserError(f"{name}.length_min_ratio: must be in (0, 1], got {syn.length_min_ratio!r}")
     lo, hi = syn.length_bounds(seq_len)
@@ -198,7 +210,7 @@ def validate_synthetic(syn: SyntheticConfig, name: str, seq_len: int) -> None:
         raise UserError(f"{name}.filler: {syn.filler!r} is not one of noise, varied, mixed")
     if syn.style not in ("ruler", "compact", "short"):
         raise UserError(f"{name}.style: {syn.style!r} is not one of ruler, compact, short")
-    tasks = dict(syn.tasks)
+    tasks = syn.task_mix()
     bad = [t for t in tasks if t not in SYNTHETIC_TASKS]
     if bad:
         raise UserError(f"{name}.tasks: unknown task {bad[0]!r}; valid: {', '.join(SYNTHETIC_TASKS)}")

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Tuple
 
 from longctx.data.config import SyntheticConfig
-from longctx.data.words import LONGEST_PAIR, WORD_PAIRS
+from longctx.data.words import ADJECTIVES, LONGEST_PAIR, NOUNS, WORD_PAIRS
 from longctx.errors import UserError
 
 log = logging.getLogger(__name__)
@@ -166,6 +166,18 @@ def _make_key(rng: random.Random, taken: set) -> str:
             return k
 
 
+def _make_similar_key(rng: random.Random, taken: set, like: str) -> str:
+    """A new key that shares the adjective or the noun of `like` (the other word random)."""
+    adjective, noun = like.split("-", 1)
+    keep_noun = rng.random() < 0.5
+    for _ in range(100):
+        k = f"{rng.choice(ADJECTIVES)}-{noun}" if keep_noun else f"{adjective}-{rng.choice(NOUNS)}"
+        if k not in taken:
+            taken.add(k)
+            return k
+    return _make_key(rng, taken)
+
+
 def _number(rng: random.Random, digits: int, taken: set) -> str:
     while True:
         v = str(rng.randint(10 ** (digits - 1), 10**digits - 1))
@@ -196,7 +208,7 @@ def generate_document(
         lo = cfg.length_min if cfg.length_min is not None else 128
         hi = cfg.length_max if cfg.length_max is not None else 256
         length_chars = rng.randint(lo, hi)
-    task = task or _weighted(rng, dict(cfg.tasks))
+    task = task or _weighted(rng, cfg.task_mix())
     tpl = TEMPLATES[style]
     keys_taken: set = set()
     vals_taken: set = set()
@@ -217,7 +229,8 @@ def generate_document(
         values = [_number(rng, cfg.value_digits, vals_taken) for _ in range(n_vals)]
         needles += [(tpl["needle"].format(key=key, value=v), True) for v in values]
         for i in range(cfg.num_keys - 1):  # distractors: other keys, other values
-            k = _make_key(rng, keys_taken)
+            hard = cfg.hard_keys > 0 and rng.random() < cfg.hard_keys
+            k = _make_similar_key(rng, keys_taken, key) if hard else _make_key(rng, keys_taken)
             v = _number(rng, cfg.value_digits, vals_taken)
             keys.append(k)
             needles.append((tpl["needle"].format(key=k, value=v), False))
@@ -360,7 +373,7 @@ class SyntheticCorpus:
         # tasks whose shortest document does not fit length_max fall back to a smaller one
         self.min_tokens = {t: int(min_document_chars(self.cfg, t, self.style) / self._ratio) + self.n_special
                            for t in FALLBACK}
-        weighted = [t for t, w in dict(self.cfg.tasks).items() if float(w) > 0]
+        weighted = [t for t, w in self.cfg.task_mix().items() if float(w) > 0]
         self.fallback = {}
         for t in weighted:
             chain = FALLBACK[FALLBACK.index(t):]
@@ -387,7 +400,7 @@ class SyntheticCorpus:
         if not 0 <= index < len(self):
             raise IndexError(index)
         target = self.target_tokens(index) - self.n_special
-        task = _weighted(random.Random(f"longctx-synthetic-task:{self.cfg.seed}:{index}"), dict(self.cfg.tasks))
+        task = _weighted(random.Random(f"longctx-synthetic-task:{self.cfg.seed}:{index}"), self.cfg.task_mix())
         task = self.fallback[task]
         if self._byte:
             target = max(target, min(self.length_max - self.n_special, min_document_chars(self.cfg, task, self.style)))

@@ -18,6 +18,7 @@ import sys
 import time
 from pathlib import Path
 
+from longctx.data import load_tokenizer
 from longctx.demo import evaluation, report, stages
 from longctx.demo.plan import DemoPlan
 
@@ -85,9 +86,12 @@ def run_demo(plan: DemoPlan, out: Path, *, seed: int = 0, ablation: bool = False
         _say(f"\n[{i}/{n_steps}] {text}")
         return time.time()
 
-    t = step(1, f"train a {plan.num_layers}-layer byte model at {plan.train_len} tokens "
+    tok_spec = stages.prepare_tokenizer(plan, out / "tokenizer")
+    tokenizer = load_tokenizer(tok_spec)
+    kind = "byte" if tok_spec == "byte" else f"BPE-{tokenizer.vocab_size}"
+    t = step(1, f"train a {plan.num_layers}-layer {kind} model at {plan.train_len} tokens "
                 f"(curriculum {' -> '.join(str(s.seq_len) for s in plan.base_stages)}), {plan.base_nproc} data-parallel processes")
-    cfg = stages.write_config(stages.base_config(plan, out / "base", seed), out / "configs" / "base.yaml")
+    cfg = stages.write_config(stages.base_config(plan, out / "base", seed, tokenizer), out / "configs" / "base.yaml")
     stages.run_training(cfg, out / "base", nproc=plan.base_nproc, log_name="train.log")
     timings["1 train base"] = time.time() - t
 
@@ -99,7 +103,7 @@ def run_demo(plan: DemoPlan, out: Path, *, seed: int = 0, ablation: bool = False
 
     t = step(3, f"extend: YaRN x{plan.factor} + {plan.extend_steps} steps at {plan.extend_len} tokens, "
                 f"torchrun {plan.nproc} processes, cp={plan.cp_size}, ZeRO-{plan.zero_stage}")
-    cfg = stages.write_config(stages.extend_config(plan, out / "extend", out / "base" / "hf", seed, rope),
+    cfg = stages.write_config(stages.extend_config(plan, out / "extend", out / "base" / "hf", seed, rope, tokenizer),
                               out / "configs" / "extend.yaml")
     stages.run_training(cfg, out / "extend", nproc=plan.nproc, log_name="train.log")
     timings["3 extend (cp=2, ZeRO-3)"] = time.time() - t
@@ -121,7 +125,7 @@ def run_demo(plan: DemoPlan, out: Path, *, seed: int = 0, ablation: bool = False
 
         t = step(6, f"ablation (d): the same {plan.extend_steps} steps at {plan.extend_len} tokens with plain RoPE")
         cfg = stages.write_config(stages.extend_config(plan, out / "extend_plain", out / "base" / "hf", seed,
-                                                       plan.base_rope()), out / "configs" / "extend_plain.yaml")
+                                                       plan.base_rope(), tokenizer), out / "configs" / "extend_plain.yaml")
         stages.run_training(cfg, out / "extend_plain", nproc=plan.nproc, log_name="train.log")
         res = evaluation.evaluate_model(out / "extend_plain" / "hf", plan, out / "eval" / "d_plain", label="(d) plain")
         tables["d"] = evaluation.score_table(res["summary"], plan.lengths)

@@ -29,7 +29,7 @@ Choices (and why; measured numbers in docs/demo.md):
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Any, Dict, List
+from typing import Any, Dict, List, Optional
 
 EVAL_TASKS = ("niah_single_1", "niah_multikey_2", "niah_multivalue", "passkey")
 HEATMAP_TASK = "niah_single_1"  # evaluated on a depth grid (the heatmap)
@@ -40,6 +40,7 @@ class Stage:
     name: str
     seq_len: int
     steps: int
+    tasks: Optional[tuple] = None  # this stage's synthetic task mix; None: the plan's `tasks`
 
 
 @dataclass(frozen=True)
@@ -53,6 +54,10 @@ class DemoPlan:
     intermediate_size: int = 688
     rope_theta: float = 10000.0
     dtype: str = "bfloat16"
+    # 0: the byte tokenizer; else a byte-level BPE of this many ids, trained on the demo's own
+    # corpus at the start of the run (run_dir/tokenizer/tokenizer.json)
+    tokenizer_vocab: int = 0
+    tokenizer_docs: int = 3000  # synthetic documents the BPE is trained on
     # step 1: base training at a short context
     train_len: int = 256
     base_stages: tuple = (Stage("len128", 128, 100), Stage("len192", 192, 150), Stage("len256", 256, 1100))
@@ -96,6 +101,7 @@ class DemoPlan:
     # tokens this asks about nearly every needle that fits (1-6 questions, 2-6 needles); more
     # key-matching examples per document (multikey_2 at 4x: 7 with 4 questions, 20 with 8)
     extend_queries: int = 8
+    hard_keys: float = 0.0  # share of distractor keys with a word of the queried key (both corpora)
     num_values: int = 4  # niah_multivalue asks for 4 values of one key
     filler: str = "noise"  # RULER's noise passage: the haystack of niah_single_1 and passkey
     tasks: tuple = (("niah", 0.6), ("multivalue", 0.2), ("passkey", 0.2))  # multivalue needs ~389 tokens: niah at 256
@@ -108,11 +114,11 @@ class DemoPlan:
     def extend_len(self) -> int:
         return self.factor * self.train_len
 
-    def model_overrides(self) -> Dict[str, Any]:
-        return {"vocab_size": 259, "hidden_size": self.hidden_size, "num_hidden_layers": self.num_layers,
+    def model_overrides(self, tokenizer) -> Dict[str, Any]:
+        return {"vocab_size": tokenizer.vocab_size, "hidden_size": self.hidden_size, "num_hidden_layers": self.num_layers,
                 "num_attention_heads": self.num_heads, "num_key_value_heads": self.num_heads,
                 "head_dim": self.head_dim, "intermediate_size": self.intermediate_size,
-                "bos_token_id": 256, "eos_token_id": 257}
+                "bos_token_id": tokenizer.bos_id, "eos_token_id": tokenizer.eos_id}
 
     def base_rope(self) -> Dict[str, Any]:
         return {"rope_type": "default", "rope_theta": self.rope_theta}

@@ -18,34 +18,72 @@ from longctx.errors import UserError
 
 
 def _synthetic(num_keys: int, length_min_ratio: float, filler: str, tasks: tuple, num_values: int,
-               queries: int = 1) -> Dict[str, Any]:
+               queries: int = 1, hard_keys: float = 0.0) -> Dict[str, Any]:
     # compact style = the eval suite's compact prompts word for word (needles, question,
     # answer prefix); filler per plan (noise = RULER's passage, the niah_single_1 / passkey haystack)
     return {"name": "synthetic", "kind": "synthetic", "packing": "pad",
             "synthetic": {"style": "compact", "filler": filler, "num_keys": num_keys,
                           "num_values": num_values, "length_min_ratio": length_min_ratio,
-                          "queries": queries, "tasks": dict(tasks)}}
+                          "queries": queries, "hard_keys": hard_keys, "tasks": dict(tasks)}}
 
 
-def base_config(plan: DemoPlan, out_dir: Path, seed: int) -> Dict[str, Any]:
-    """Step 1: a fresh model trained at train_len with a length curriculum."""
+def base_synthetic(plan: DemoPlan, tasks: Optional[tuple] = None) -> Dict[str, Any]:
+    return _synthetic(plan.num_keys, plan.length_min_ratio, plan.filler, tasks or plan.tasks, plan.num_values,
+                      hard_keys=plan.hard_keys)
+
+
+def extend_synthetic(plan: DemoPlan) -> Dict[str, Any]:
+    return _synthetic(plan.extend_num_keys, plan.extend_length_min_ratio, plan.extend_filler,
+                      plan.extend_tasks, plan.num_values, plan.extend_queries, plan.hard_keys)
+
+
+def prepare_tokenizer(plan: DemoPlan, out_dir: Path) -> str:
+    """The run's tokenizer spec: "byte", or a BPE trained here on documents of both training
+    corpora (base and extension), written to out_dir/tokenizer.json."""
+    if not plan.tokenizer_vocab:
+        return "byte"
+    from longctx.data.bpe import train_bpe
+    from longctx.data.config import SyntheticConfig
+    from longctx.data.synthetic import generate_document
+
+    texts = []
+    for i, source in enumerate((base_synthetic(plan), extend_synthetic(plan))):
+        cfg = SyntheticConfig(**source["synthetic"])
+        # byte lengths from one base row to one extension row: every task, filler and question kind
+        for j in range(plan.tokenizer_docs // 2):
+            length = plan.train_len + (j * 7919) % (plan.extend_len * 3)
+            texts.append(generate_document(cfg, i * plan.tokenizer_docs + j, length_chars=length).text)
+    return str(train_bpe(texts, plan.tokenizer_vocab, out_dir))
+
+
+def base_config(plan: DemoPlan, out_dir: Path, seed: int, tokenizer) -> Dict[str, Any]:
+    """Step 1: a fresh model trained at train_len with a length curriculum. `tokenizer`: the
+    loaded tokenizer (sizes the vocabulary), its spec recorded as data.tokenizer."""
     return {
         "out_dir": str(out_dir),
-        "model": {"preset": "debug-tiny", "overrides": plan.model_overrides(),
+        "model": {"preset": "debug-tiny", "overrides": plan.model_overrides(tokenizer),
                   "rope_parameters": plan.base_rope(), "max_position_embeddings": plan.train_len},
         "data": {"seq_len": plan.train_len, "micro_batch_size": plan.base_batch // plan.base_nproc,
-                 "sources": [_synthetic(plan.num_keys, plan.length_min_ratio, plan.filler, plan.tasks, plan.num_values)]},
+                 "tokenizer": tokenizer_spec(tokenizer),
+                 "sources": [base_synthetic(plan)]},
         "optim": {"lr": plan.base_lr, "warmup_steps": plan.base_warmup, "schedule": "cosine",
                   "min_lr_ratio": 0.1, "weight_decay": 0.0, "grad_clip": 1.0},
         "train": {"dtype": plan.dtype, "seed": seed, "answer_loss_weight": plan.answer_loss_weight},
         "checkpoint": {"every": 0, "keep_last": 1, "save_hf": False, "export_hf": True},
         "log": {"tensorboard": True, "progress": True},
-        "stages": [{"name": s.name, "seq_len": s.seq_len, "steps": s.steps, "warmup_steps": plan.base_warmup if i == 0 else 0}
+        "stages": [{"name": s.name, "seq_len": s.seq_len, "steps": s.steps,
+                    "warmup_steps": plan.base_warmup if i == 0 else 0,
+                    **({"sources": [base_synthetic(plan, s.tasks)]} if s.tasks else {})}
                    for i, s in enumerate(plan.base_stages)],
     }
 
 
-def extend_config(plan: DemoPlan, out_dir: Path, init_from: Path, seed: int, rope: Dict[str, Any]) -> Dict[str, Any]:
+def tokenizer_spec(tokenizer) -> str:
+    return "byte" if tokenizer.name == "byte" else tokenizer.name
+
+
+def extend_config(plan: DemoPlan, out_dir: Path, init_from: Path, seed: int, rope: Dict[str, Any],
+                  tokenizer) -> Dict[str, Any]:
     """Step 3: continued pretraining at factor x train_len from the base model's HF export,
     with new RoPE parameters, 2 ranks with context parallelism (cp=2) and ZeRO-3."""
     return {
@@ -53,8 +91,7 @@ def extend_config(plan: DemoPlan, out_dir: Path, init_from: Path, seed: int, rop
         "model": {"init_from": str(init_from), "rope_parameters": dict(rope),
                   "max_position_embeddings": plan.extend_len},
         "data": {"seq_len": plan.extend_len, "micro_batch_size": plan.extend_batch,
-                 "sources": [_synthetic(plan.extend_num_keys, plan.extend_length_min_ratio, plan.extend_filler,
-                                         plan.extend_tasks, plan.num_values, plan.extend_queries)]},
+                 "tokenizer": tokenizer_spec(tokenizer), "sources": [extend_synthetic(plan)]},
         "parallel": {"cp_size": plan.cp_size, "cp_impl": "ring", "zero_stage": plan.zero_stage},
         "optim": {"lr": plan.extend_lr, "warmup_steps": plan.extend_warmup, "schedule": "cosine",
                   "min_lr_ratio": 0.1, "weight_decay": 0.0, "grad_clip": 1.0},
@@ -166,7 +203,8 @@ def save_scaled_only(base_hf: Path, out: Path, rope: Dict[str, Any], max_positio
 
     cfg = read_hf_config(base_hf).replace(rope_parameters=dict(rope), max_position_embeddings=max_position_embeddings)
     model = load_pretrained(base_hf, config=cfg)
-    save_pretrained(model, out, tokenizer="byte")
+    has_files = (base_hf / "tokenizer.json").is_file()
+    save_pretrained(model, out, tokenizer=str(base_hf / "tokenizer.json") if has_files else "byte")
     return out
 
 

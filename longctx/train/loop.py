@@ -18,7 +18,7 @@ from typing import Optional
 import torch
 import torch.distributed as dist
 
-from longctx.config import TrainConfig, resolved_stages, stage_model_config, to_yaml, validate_config
+from longctx.config import TrainConfig, resolved_stages, stage_data_config, stage_model_config, to_yaml, validate_config
 from longctx.errors import UserError
 from longctx.train.checkpoint import find_resume
 from longctx.train.signals import PREEMPTED_EXIT_CODE, PREEMPTED_MARKER
@@ -47,6 +47,17 @@ def _all_reduce_sum(values: list[float]) -> list[float]:
         t = t.cuda()
     dist.all_reduce(t)
     return t.cpu().tolist()
+
+
+def stage_loader(cfg: TrainConfig, stage_index: int, tokenizer, *, dp_rank: int, dp_size: int):
+    """The loader of stage `stage_index`: its seq_len and sources (see stage_data_config), answer
+    masks when answer tokens are weighted, and a seed of its own."""
+    from longctx.data import build_loader
+
+    stage = resolved_stages(cfg)[stage_index]
+    data_cfg = dataclasses.replace(stage_data_config(cfg, stage),
+                                   emit_answer_mask=cfg.data.emit_answer_mask or cfg.train.answer_loss_weight != 1.0)
+    return build_loader(data_cfg, tokenizer, dp_rank=dp_rank, dp_size=dp_size, seed=cfg.train.seed + 1000 * stage_index)
 
 
 class Trainer:
@@ -122,7 +133,7 @@ class Trainer:
     def run(self) -> int:
         from tqdm import tqdm
 
-        from longctx.data import build_loader, check_vocab, load_tokenizer
+        from longctx.data import check_vocab, load_tokenizer
         from longctx.model.llama import count_parameters
         from longctx.parallel.zero import build_optimizer, deepspeed_config, initialize_engine
         from longctx.train.checkpoint import load_checkpoint
@@ -169,10 +180,7 @@ class Trainer:
                 si = state["stage"]
                 stage = self.stages[si]
                 self._enter_stage(model, si)
-                data_cfg = dataclasses.replace(cfg.data, seq_len=stage.seq_len,
-                                               emit_answer_mask=cfg.data.emit_answer_mask or cfg.train.answer_loss_weight != 1.0)
-                loader = build_loader(data_cfg, tokenizer, dp_rank=self.mesh.dp_rank, dp_size=self.mesh.dp_size,
-                                      seed=cfg.train.seed + 1000 * si)
+                loader = stage_loader(cfg, si, tokenizer, dp_rank=self.mesh.dp_rank, dp_size=self.mesh.dp_size)
                 if loader_state is not None:
                     loader.load_state_dict(loader_state)
                     loader_state = None
