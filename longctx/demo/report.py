@@ -18,6 +18,10 @@ VARIANTS = {
 }
 
 
+def vocabulary(plan: DemoPlan) -> str:
+    return f"BPE-{plan.tokenizer_vocab} vocabulary" if plan.tokenizer_vocab else "byte vocabulary"
+
+
 def _fmt(x: Optional[float]) -> str:
     return "n/a" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.1f}"
 
@@ -81,7 +85,7 @@ def plot_variants(plan: DemoPlan, tables: dict, path: Path) -> Path:
     ax.set_xscale("log", base=2)
     ax.set_xticks(plan.lengths, [str(L) for L in plan.lengths])
     ax.set_ylim(-3, 103)
-    ax.set_xlabel("context length (byte tokens)")
+    ax.set_xlabel(f"context length ({vocabulary(plan).split()[0]} tokens)")
     ax.set_ylabel("retrieval accuracy (avg over tasks)")
     ax.legend(fontsize=7)
     fig.tight_layout()
@@ -108,7 +112,7 @@ def write_report(out: Path, plan: DemoPlan, seed: int, tables: dict, timings: di
              f"- plan: `{plan.name}`{' (CI smoke run: budgets far too small for meaningful accuracy)' if plan.name == 'fast' else ''}; training seed {seed}; eval seed {plan.eval_seed} "
              f"({plan.samples} samples per task and length; {HEATMAP_NOTE.format(n=plan.heatmap_samples, d=len(plan.heatmap_depths))})",
              f"- model: {extra.get('parameters', '?'):,} parameters ({plan.num_layers} layers, d{plan.hidden_size}, "
-             f"{plan.num_heads} heads x {plan.head_dim}, byte vocabulary), {plan.dtype}, RoPE theta {plan.rope_theta:g}",
+             f"{plan.num_heads} heads x {plan.head_dim}, {vocabulary(plan)}), {plan.dtype}, RoPE theta {plan.rope_theta:g}",
              f"- base training: {' → '.join(str(s.seq_len) for s in plan.base_stages)} tokens "
              f"({' + '.join(str(s.steps) for s in plan.base_stages)} steps), answer tokens weighted x{plan.answer_loss_weight:g}",
              f"- extension: `{json.dumps(rope)}`, max_position_embeddings {XL}; {plan.extend_steps} steps at "
