@@ -78,7 +78,7 @@ class EagerKernel(AttentionKernel):
 
     def _fwd(self, q, k, v, scale, is_causal, mask):
         B, Hq, T, D = q.shape
-        Hkv, S = k.shape[1], k.shape[2]
+        S = k.shape[2]  # k: (B, Hkv, S, D)
         out = torch.empty(B, Hq, T, D, dtype=q.dtype, device=q.device)
         lse = torch.empty(B, Hq, T, dtype=torch.float32, device=q.device)
         for rows in self._row_chunks(q, S):

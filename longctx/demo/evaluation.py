@@ -41,8 +41,8 @@ def eval_threads() -> int:
 def evaluate_model(model_dir: Path, plan: DemoPlan, out_dir: Path, *, label: str, progress: bool = True) -> dict:
     """Evaluate the HF model in model_dir; writes out_dir/{results.json,report.md,*.png}.
     Returns the eval summary plus `wall_seconds` and `missing` ({task: [lengths not evaluated]})."""
-    from longctx.eval.model_io import load_tokenizer_for, tokenizer_spec_for
     from longctx.eval.api import write_outputs
+    from longctx.eval.model_io import load_tokenizer_for, tokenizer_spec_for
     from longctx.eval.report import aggregate
     from longctx.eval.runner import Engine, run_samples
     from longctx.eval.tasks import TaskOptions, build_samples

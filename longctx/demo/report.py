@@ -107,7 +107,7 @@ def write_report(out: Path, plan: DemoPlan, seed: int, tables: dict, timings: di
     (out / "summary.json").write_text(json.dumps(summary, indent=1))
 
     rope = plan.scaled_rope()
-    L, XL, F = plan.train_len, plan.extend_len, plan.factor
+    L, XL = plan.train_len, plan.extend_len
     lines = [f"# longctx demo: context extension {L} → {XL} tokens", "",
              f"- plan: `{plan.name}`{' (CI smoke run: budgets far too small for meaningful accuracy)' if plan.name == 'fast' else ''}; training seed {seed}; eval seed {plan.eval_seed} "
              f"({plan.samples} samples per task and length; {HEATMAP_NOTE.format(n=plan.heatmap_samples, d=len(plan.heatmap_depths))})",

@@ -49,7 +49,8 @@ def prepare_tokenizer(plan: DemoPlan, out_dir: Path) -> str:
     texts = []
     for i, source in enumerate((base_synthetic(plan), extend_synthetic(plan))):
         cfg = SyntheticConfig(**source["synthetic"])
-        # byte lengths from one base row to one extension row: every task, filler and question kind
+        # character lengths from train_len to ~3 x extend_len (a BPE token is ~3 characters):
+        # documents of both rows' sizes, every task, filler and question kind
         for j in range(plan.tokenizer_docs // 2):
             length = plan.train_len + (j * 7919) % (plan.extend_len * 3)
             texts.append(generate_document(cfg, i * plan.tokenizer_docs + j, length_chars=length).text)
@@ -58,13 +59,14 @@ def prepare_tokenizer(plan: DemoPlan, out_dir: Path) -> str:
 
 def base_config(plan: DemoPlan, out_dir: Path, seed: int, tokenizer) -> Dict[str, Any]:
     """Step 1: a fresh model trained at train_len with a length curriculum. `tokenizer`: the
-    loaded tokenizer (sizes the vocabulary), its spec recorded as data.tokenizer."""
+    loaded tokenizer (sizes the vocabulary); its name ("byte" or the tokenizer.json path) is
+    the config's data.tokenizer."""
     return {
         "out_dir": str(out_dir),
         "model": {"preset": "debug-tiny", "overrides": plan.model_overrides(tokenizer),
                   "rope_parameters": plan.base_rope(), "max_position_embeddings": plan.train_len},
         "data": {"seq_len": plan.train_len, "micro_batch_size": plan.base_batch // plan.base_nproc,
-                 "tokenizer": tokenizer_spec(tokenizer),
+                 "tokenizer": tokenizer.name,
                  "sources": [base_synthetic(plan)]},
         "optim": {"lr": plan.base_lr, "warmup_steps": plan.base_warmup, "schedule": "cosine",
                   "min_lr_ratio": 0.1, "weight_decay": 0.0, "grad_clip": 1.0},
@@ -78,10 +80,6 @@ def base_config(plan: DemoPlan, out_dir: Path, seed: int, tokenizer) -> Dict[str
     }
 
 
-def tokenizer_spec(tokenizer) -> str:
-    return "byte" if tokenizer.name == "byte" else tokenizer.name
-
-
 def extend_config(plan: DemoPlan, out_dir: Path, init_from: Path, seed: int, rope: Dict[str, Any],
                   tokenizer) -> Dict[str, Any]:
     """Step 3: continued pretraining at factor x train_len from the base model's HF export,
@@ -91,7 +89,7 @@ def extend_config(plan: DemoPlan, out_dir: Path, init_from: Path, seed: int, rop
         "model": {"init_from": str(init_from), "rope_parameters": dict(rope),
                   "max_position_embeddings": plan.extend_len},
         "data": {"seq_len": plan.extend_len, "micro_batch_size": plan.extend_batch,
-                 "tokenizer": tokenizer_spec(tokenizer), "sources": [extend_synthetic(plan)]},
+                 "tokenizer": tokenizer.name, "sources": [extend_synthetic(plan)]},
         "parallel": {"cp_size": plan.cp_size, "cp_impl": "ring", "zero_stage": plan.zero_stage},
         "optim": {"lr": plan.extend_lr, "warmup_steps": plan.extend_warmup, "schedule": "cosine",
                   "min_lr_ratio": 0.1, "weight_decay": 0.0, "grad_clip": 1.0},
