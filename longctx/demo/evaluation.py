@@ -42,7 +42,8 @@ def evaluate_model(model_dir: Path, plan: DemoPlan, out_dir: Path, *, label: str
     """Evaluate the HF model in model_dir; writes out_dir/{results.json,report.md,*.png}.
     Returns the eval summary plus `wall_seconds` and `missing` ({task: [lengths not evaluated]})."""
     from longctx.eval.api import write_outputs
-    from longctx.eval.model_io import load_tokenizer_for, tokenizer_spec_for
+    from longctx.data import load_tokenizer
+    from longctx.eval.model_io import tokenizer_spec_for
     from longctx.eval.report import aggregate
     from longctx.eval.runner import Engine, run_samples
     from longctx.eval.tasks import TaskOptions, build_samples
@@ -50,7 +51,8 @@ def evaluate_model(model_dir: Path, plan: DemoPlan, out_dir: Path, *, label: str
 
     t0 = time.time()
     torch.set_num_threads(eval_threads())
-    tokenizer = load_tokenizer_for(model_dir, None)  # the export's own: "byte" or its tokenizer.json
+    tokenizer_spec = tokenizer_spec_for(model_dir, None)  # the export's own: "byte" or its tokenizer files
+    tokenizer = load_tokenizer(tokenizer_spec)
     options = TaskOptions(style="compact")
     model = load_pretrained(model_dir, dtype=getattr(torch, plan.dtype)).eval()  # the training dtype
     samples, missing = [], {}
@@ -69,7 +71,7 @@ def evaluate_model(model_dir: Path, plan: DemoPlan, out_dir: Path, *, label: str
     records = run_samples(engine, samples, progress=progress, desc=f"eval {label}")
     summary = aggregate(records)
     wall = time.time() - t0
-    meta = {"model": str(model_dir), "tokenizer": tokenizer_spec_for(model_dir, None), "style": "compact", "seed": plan.eval_seed,
+    meta = {"model": str(model_dir), "tokenizer": tokenizer_spec, "style": "compact", "seed": plan.eval_seed,
             "samples": plan.samples, "wall_seconds": round(wall, 1), "variant": label,
             "rope_parameters": model.config.rope_parameters,
             "max_position_embeddings": model.config.max_position_embeddings,

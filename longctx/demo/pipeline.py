@@ -88,8 +88,7 @@ def run_demo(plan: DemoPlan, out: Path, *, seed: int = 0, ablation: bool = False
 
     tok_spec = stages.prepare_tokenizer(plan, out / "tokenizer")
     tokenizer = load_tokenizer(tok_spec)
-    kind = "byte" if tok_spec == "byte" else f"BPE-{tokenizer.vocab_size}"
-    t = step(1, f"train a {plan.num_layers}-layer {kind} model at {plan.train_len} tokens "
+    t = step(1, f"train a {plan.num_layers}-layer model ({report.vocabulary(plan)}) at {plan.train_len} tokens "
                 f"(curriculum {' -> '.join(str(s.seq_len) for s in plan.base_stages)}), {plan.base_nproc} data-parallel processes")
     cfg = stages.write_config(stages.base_config(plan, out / "base", seed, tokenizer), out / "configs" / "base.yaml")
     stages.run_training(cfg, out / "base", nproc=plan.base_nproc, log_name="train.log")

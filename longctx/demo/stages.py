@@ -197,12 +197,12 @@ def run_training(config: Path, out_dir: Path, nproc: int, log_name: str, threads
 
 def save_scaled_only(base_hf: Path, out: Path, rope: Dict[str, Any], max_position_embeddings: int) -> Path:
     """Variant (b): the base weights unchanged, only the RoPE scaling switched on."""
+    from longctx.eval.model_io import tokenizer_spec_for
     from longctx.model.hf import load_pretrained, read_hf_config, save_pretrained
 
     cfg = read_hf_config(base_hf).replace(rope_parameters=dict(rope), max_position_embeddings=max_position_embeddings)
     model = load_pretrained(base_hf, config=cfg)
-    has_files = (base_hf / "tokenizer.json").is_file()
-    save_pretrained(model, out, tokenizer=str(base_hf / "tokenizer.json") if has_files else "byte")
+    save_pretrained(model, out, tokenizer=tokenizer_spec_for(base_hf, None))  # "byte", or its tokenizer files
     return out
 
 
