@@ -88,7 +88,7 @@ def test_corpus_lengths_fit_rows_with_byte_and_bpe(tmp_path):
 def test_min_document_chars_is_a_bound():
     cfg = SyntheticConfig(num_keys=1)
     for style in TEMPLATES:
-        for task in ("niah", "multivalue", "passkey"):
+        for task in ("niah", "multivalue", "passkey", "recall"):
             need = min_document_chars(cfg, task, style)
             for i in range(5):
                 assert len(generate_document(cfg, i, length_chars=10, task=task, style=style).text) <= need
@@ -232,3 +232,93 @@ def test_hard_keys_validated(bad):
 
     with pytest.raises(UserError, match=r"synthetic.hard_keys: must be a probability in \[0, 1\]"):
         validate_synthetic(SyntheticConfig(hard_keys=bad), "data.sources[0].synthetic", 256)
+
+
+@pytest.mark.parametrize("length", [120, 256, 1024, 3000])
+def test_recall_documents_repeat_every_entry_in_another_order(length):
+    cfg = SyntheticConfig(filler="noise", tasks={"recall": 1.0})
+    shuffled = 0
+    for i in range(30):
+        d = generate_document(cfg, i, length_chars=length)
+        assert d.task == "recall" and length - 30 <= len(d.text) <= length
+        assert d.text == d.text[: d.prompt_len] + d.answer and d.answer == f" {d.values[0]}."
+        defined, asked = d.text.split("\n")
+        pairs = re.findall(r"([\w-]+) is: (\d{7})\.", defined)
+        queries = re.findall(r"([\w-]+) is: (\d{7})\.", asked)
+        assert len(pairs) >= 1 and sorted(pairs) == sorted(queries)  # each entry asked once
+        assert len({k for k, _ in pairs}) == len(pairs) and len({v for _, v in pairs}) == len(pairs)
+        assert not re.search(r"\d", re.sub(r"[\w-]+ is: \d{7}\.", "", d.text))  # no other digits
+        # every repeated value is a weighted answer, in query order; the last one is the answer
+        assert [d.text[s:e] for s, e in d.answer_spans] == [v for _, v in queries]
+        assert all(s > len(defined) for s, _ in d.answer_spans)
+        assert (d.key, d.values[0]) == queries[-1] and set(d.keys) == {k for k, _ in pairs}
+        s, e = d.needle_spans[0]
+        assert d.text[s:e] == f"{d.key} is: {d.values[0]}." and e <= len(defined)
+        shuffled += [k for k, _ in pairs] != [k for k, _ in queries]
+    assert shuffled >= (25 if length >= 256 else 0)  # the order is not a shortcut
+    # ~26 characters per entry, each written twice
+    n = len(re.findall(r"is: ", generate_document(cfg, 0, length_chars=length).text)) // 2
+    assert n >= 1 and (length < 256 or abs(n - length / 52) <= 2)
+
+
+def test_recall_in_the_corpus_and_the_loader_answer_mask():
+    syn = SyntheticConfig(num_docs=24, tasks={"recall": 0.5, "passkey": 0.5}, length_min_ratio=0.9)
+    corpus = SyntheticCorpus(syn, seq_len=256)
+    assert corpus.fallback == {"recall": "recall", "passkey": "passkey"}
+    assert Counter(corpus[i].task for i in range(24)).keys() == {"recall", "passkey"}
+    assert max(len(corpus[i].text) + 2 for i in range(24)) <= 256
+    # one document per row ("pad"): a row's weighted labels are exactly its document's answers
+    want = Counter("".join(corpus[i].text[s:e] for s, e in corpus[i].answer_spans) for i in range(24))
+    cfg = DataConfig(seq_len=256, micro_batch_size=4, emit_answer_mask=True, prefetch=0, epochs=1,
+                     sources=[SourceConfig(kind="synthetic", packing="pad", synthetic=syn)])
+    got = Counter()
+    for b in build_loader(cfg, TOK, dp_rank=0, dp_size=1, seed=0):
+        for labels, mask in zip(b["labels"].numpy(), b["answer_mask"].numpy()):
+            got[bytes(labels[mask].astype(np.uint8)).decode()] += 1
+    assert got == want
+
+
+def test_recall_too_long_for_the_row_is_a_config_error():
+    from longctx.data.config import validate_synthetic
+    from longctx.errors import UserError
+
+    validate_synthetic(SyntheticConfig(tasks={"recall": 1.0}), "data.sources[0].synthetic", 80)
+    with pytest.raises(UserError, match=r"length_max: 60 tokens is too short for a 'recall' document .*"
+                                        r"use length_max >= \d+, or data.sources\[0\].synthetic.tasks without 'recall'$"):
+        validate_synthetic(SyntheticConfig(tasks={"recall": 1.0}), "data.sources[0].synthetic", 60)
+
+
+def test_recall_multivalue_keys_list_their_values_in_text_order():
+    cfg = SyntheticConfig(filler="varied", num_values=4, recall_multivalue=0.5, tasks={"recall": 1.0})
+    counts = Counter()
+    for i in range(40):
+        d = generate_document(cfg, i, length_chars=1024)
+        defined, asked = d.text.split("\n")
+        entries = re.findall(r"([\w-]+) is: (\d{7})\.", defined)
+        answers = re.findall(r"([\w-]+) is: (\d{7}(?:, \d{7})*)\.", asked)
+        assert len({v for _, v in entries}) == len(entries)  # values are distinct
+        by_key = {}
+        for k, v in entries:  # text order
+            by_key.setdefault(k, []).append(v)
+        assert {k: vs.split(", ") for k, vs in answers} == by_key  # every key once, all its values
+        counts.update(len(vs) for vs in by_key.values())
+        assert [d.text[s:e] for s, e in d.answer_spans] == [v for _, vs in answers for v in vs.split(", ")]
+        assert d.values == by_key[d.key] and d.answer == " " + ", ".join(d.values) + "."
+        assert d.text == d.text[: d.prompt_len] + d.answer
+        assert sorted(d.text[s:e] for s, e in d.needle_spans) == sorted(f"{d.key} is: {v}." for v in d.values)
+    singles = counts[1] / sum(counts.values())
+    assert 0.35 < singles < 0.65 and set(counts) == {1, 2, 3, 4}
+    # the default (0) keeps one value per key; the option draws nothing extra when off
+    plain = generate_document(SyntheticConfig(num_values=4, tasks={"recall": 1.0}), 7, length_chars=600)
+    assert plain.text == generate_document(SyntheticConfig(num_values=4, recall_multivalue=0.0, tasks={"recall": 1.0}),
+                                           7, length_chars=600).text
+    assert all(len(vs.split(", ")) == 1 for _, vs in re.findall(r"([\w-]+) is: ([\d, ]+)\.", plain.text))
+
+
+@pytest.mark.parametrize("bad", [-0.1, 1.5, "0.5", True])
+def test_recall_multivalue_validated(bad):
+    from longctx.data.config import validate_synthetic
+    from longctx.errors import UserError
+
+    with pytest.raises(UserError, match=r"synthetic.recall_multivalue: must be a probability in \[0, 1\]"):
+        validate_synthetic(SyntheticConfig(recall_multivalue=bad), "data.sources[0].synthetic", 256)

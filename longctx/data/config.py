@@ -20,7 +20,15 @@ FILE_KINDS = ("json", "jsonl", "parquet", "text", "arrow", "csv")
 SOURCE_KINDS = ("auto", "synthetic", "hub", "disk") + FILE_KINDS
 PACKING_MODES = ("carry", "pad")
 FINAL_PARTIAL = ("pad", "drop")
-SYNTHETIC_TASKS = ("niah", "multivalue", "passkey")
+SYNTHETIC_TASKS = ("niah", "multivalue", "passkey", "recall")
+# a task whose document does not fit the row falls back along this chain (longest first);
+# recall documents shrink with the row, so recall has no fallback
+FALLBACK_ORDER = ("multivalue", "niah", "passkey")
+
+
+def fallback_chain(task: str) -> Tuple[str, ...]:
+    """The task itself, then the shorter tasks it falls back to."""
+    return FALLBACK_ORDER[FALLBACK_ORDER.index(task):] if task in FALLBACK_ORDER else (task,)
 EXT_TO_KIND = {
     ".jsonl": "json", ".json": "json", ".jsonl.gz": "json", ".json.gz": "json",
     ".parquet": "parquet", ".txt": "text", ".txt.gz": "text", ".arrow": "arrow",
@@ -56,6 +64,9 @@ class SyntheticConfig:
     # probability that a distractor key shares a word (the adjective or the noun, evenly) with
     # the queried key: hard negatives, so that matching only part of the key does not pay
     hard_keys: float = 0.0
+    # probability that a recall key has several values (2..num_values entries, asked as one
+    # list in text order): the multivalue skill, "the next value of this key", drilled densely
+    recall_multivalue: float = 0.0
     value_digits: int = 7
     distance_min: Optional[int] = None  # tokens between the queried needle and the question
     distance_max: Optional[int] = None  # null: anywhere in the document
@@ -201,6 +212,8 @@ def validate_synthetic(syn: SyntheticConfig, name: str, seq_len: int) -> None:
     _pos_int(syn.value_digits, f"{name}.value_digits")
     if isinstance(syn.hard_keys, bool) or not (isinstance(syn.hard_keys, (int, float)) and 0 <= syn.hard_keys <= 1):
         raise UserError(f"{name}.hard_keys: must be a probability in [0, 1], got {syn.hard_keys!r}")
+    if isinstance(syn.recall_multivalue, bool) or not (isinstance(syn.recall_multivalue, (int, float)) and 0 <= syn.recall_multivalue <= 1):
+        raise UserError(f"{name}.recall_multivalue: must be a probability in [0, 1], got {syn.recall_multivalue!r}")
     if not (isinstance(syn.length_min_ratio, (int, float)) and 0 < syn.length_min_ratio <= 1):
         raise UserError(f"{name}.length_min_ratio: must be in (0, 1], got {syn.length_min_ratio!r}")
     lo, hi = syn.length_bounds(seq_len)
@@ -222,11 +235,10 @@ def validate_synthetic(syn: SyntheticConfig, name: str, seq_len: int) -> None:
     # a task too long for length_max falls back to a shorter one (multivalue → niah →
     # passkey); it is an error only when even the fallback does not fit
     fits = {t: min_document_chars(syn, t, syn.style) + 2 <= hi for t in SYNTHETIC_TASKS}
-    order = ("multivalue", "niah", "passkey")
     for task, w in tasks.items():
-        if float(w) > 0 and not any(fits[t] for t in order[order.index(task):]):
+        if float(w) > 0 and not any(fits[t] for t in fallback_chain(task)):
             need = min_document_chars(syn, task, syn.style) + 2  # BOS/EOS
-            fixes = ("style 'short', " if syn.style != "short" else "") + f"length_max >= {need}, or {name}.tasks without {task!r}"
+            fixes = ("style 'short', " if syn.style != "short" and task != "recall" else "") + f"length_max >= {need}, or {name}.tasks without {task!r}"
             raise UserError(
                 f"{name}.length_max: {hi} tokens is too short for a {task!r} document in style "
                 f"{syn.style!r} (needs ~{need}); use {fixes}"

@@ -23,12 +23,11 @@ import random
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Tuple
 
-from longctx.data.config import SyntheticConfig
+from longctx.data.config import SYNTHETIC_TASKS, SyntheticConfig, fallback_chain
 from longctx.data.words import ADJECTIVES, LONGEST_PAIR, NOUNS, WORD_PAIRS
 from longctx.errors import UserError
 
 log = logging.getLogger(__name__)
-FALLBACK = ("multivalue", "niah", "passkey")  # from the longest document to the shortest
 
 __all__ = ["SyntheticConfig", "SyntheticDocument", "SyntheticCorpus", "generate_document", "min_document_chars", "TEMPLATES", "NOISE"]
 
@@ -42,6 +41,11 @@ NOISE_SENTENCES = [s.strip() + "." for s in NOISE.split(".") if s.strip()]
 _NEEDLE = "One of the special magic numbers for {key} is: {value}."
 _PASSKEY_NEEDLE = "The pass key is {value}. Remember it. {value} is the pass key."
 _PASSKEY_Q = ("What is the pass key?", "The pass key is")
+# recall (associative recall): short key-value entries, then the same entries again in another
+# order; every repeated value is an answer. Its "K is: V" is the needle's ending, so the skill it
+# drills (find the entry whose key matches, copy its value) is the one niah needs, at ~26
+# characters per entry instead of ~64: 4-5 keys to choose from in 256 bytes, ~19 in 1024.
+RECALL_ENTRY = "{key} is: {value}."
 TEMPLATES: Dict[str, Dict[str, object]] = {
     "ruler": {
         "intro": {
@@ -145,7 +149,7 @@ def _filler(rng: random.Random, kind: str, n_chars: int) -> str:
 @dataclass
 class SyntheticDocument:
     text: str
-    task: str  # "niah" | "multivalue" | "passkey"
+    task: str  # "niah" | "multivalue" | "passkey" | "recall"
     answer: str  # the expected continuation of text[:prompt_len], e.g. " 8816342."
     prompt_len: int  # text[:prompt_len] ends with the answer prefix
     answer_spans: List[Tuple[int, int]]  # [start, end) char spans of the answered values (earlier questions first)
@@ -209,6 +213,8 @@ def generate_document(
         hi = cfg.length_max if cfg.length_max is not None else 256
         length_chars = rng.randint(lo, hi)
     task = task or _weighted(rng, cfg.task_mix())
+    if task == "recall":
+        return _recall_document(cfg, rng, length_chars)
     tpl = TEMPLATES[style]
     keys_taken: set = set()
     vals_taken: set = set()
@@ -333,9 +339,62 @@ def generate_document(
     )
 
 
+def _recall_document(cfg: SyntheticConfig, rng: random.Random, length_chars: int) -> SyntheticDocument:
+    """Entries "K is: V." (one per value; a key has 2..num_values values with probability
+    recall_multivalue) in a random order, a newline, then every key once in a random order
+    with its values in text order ("K is: V1, V2."); as many keys as fit, filler pads the
+    front to length_chars. The values after the newline are the answers, the last key's the
+    document's answer."""
+    keys_taken: set = set()
+    vals_taken: set = set()
+    keyed: List[Tuple[str, List[str]]] = []
+    used = 1  # the newline between the lists
+    while True:
+        k = _make_key(rng, keys_taken)
+        multi = cfg.recall_multivalue > 0 and cfg.num_values > 1 and rng.random() < cfg.recall_multivalue
+        vs = [_number(rng, cfg.value_digits, vals_taken) for _ in range(rng.randint(2, cfg.num_values) if multi else 1)]
+        # each entry and the answer line, with a separator each
+        cost = sum(len(RECALL_ENTRY.format(key=k, value=v)) + 1 for v in vs) + len(RECALL_ENTRY.format(key=k, value=", ".join(vs))) + 1
+        if keyed and used + cost > length_chars:
+            break
+        keyed.append((k, vs))
+        used += cost
+    entries = [(k, v) for k, vs in keyed for v in vs]
+    rng.shuffle(entries)
+    asked = [(k, sorted(vs, key=lambda v: entries.index((k, v)))) for k, vs in keyed]  # values in text order
+    rng.shuffle(asked)
+    filler = _filler(rng, cfg.filler, length_chars - used)
+    defined = filler + " " if filler else ""
+    entry_spans: Dict[str, List[Tuple[int, int]]] = {}
+    for k, v in entries:
+        entry = RECALL_ENTRY.format(key=k, value=v)
+        entry_spans.setdefault(k, []).append((len(defined), len(defined) + len(entry)))
+        defined += entry + " "
+    text = defined.rstrip(" ") + "\n"
+    spans: List[Tuple[int, int]] = []
+    for i, (k, vs) in enumerate(asked):
+        if i:
+            text += " "
+        query_start = len(text)
+        text += RECALL_ENTRY.format(key=k, value="")[:-1]  # "K is: "
+        for j, v in enumerate(vs):
+            spans.append((len(text), len(text) + len(v)))
+            text += v + (", " if j < len(vs) - 1 else ".")
+    key, values = asked[-1]
+    first_answer = len(spans) - len(values)
+    needle_spans = entry_spans[key]
+    return SyntheticDocument(
+        text=text, task="recall", answer=text[spans[first_answer][0] - 1:], prompt_len=spans[first_answer][0] - 1,
+        answer_spans=spans, key=key, values=values, keys=[key] + [k for k, _ in keyed if k != key],
+        needle_spans=needle_spans, distance=query_start - min(e for _, e in needle_spans),
+    )
+
+
 def min_document_chars(cfg: SyntheticConfig, task: str, style: str) -> int:
     """Characters (BOS/EOS excluded) of the shortest `task` document: queried needle(s),
     question and answer, no distractor, no filler (longest key, as a bound)."""
+    if task == "recall":  # one single-value entry, asked once
+        return 2 * (len(RECALL_ENTRY.format(key=LONGEST_PAIR, value="9" * cfg.value_digits)) + 1) + 1
     tpl = TEMPLATES[style]
     key = LONGEST_PAIR
     if task == "passkey":
@@ -372,11 +431,11 @@ class SyntheticCorpus:
             self._ratio = len(sample) / max(1, len(tokenizer.encode(sample)))
         # tasks whose shortest document does not fit length_max fall back to a smaller one
         self.min_tokens = {t: int(min_document_chars(self.cfg, t, self.style) / self._ratio) + self.n_special
-                           for t in FALLBACK}
+                           for t in SYNTHETIC_TASKS}
         weighted = [t for t, w in self.cfg.task_mix().items() if float(w) > 0]
         self.fallback = {}
         for t in weighted:
-            chain = FALLBACK[FALLBACK.index(t):]
+            chain = fallback_chain(t)
             fit = next((c for c in chain if self.min_tokens[c] <= self.length_max), None)
             if fit is None:
                 raise UserError(

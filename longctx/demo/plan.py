@@ -111,6 +111,7 @@ class DemoPlan:
     # key-matching examples per document (multikey_2 at 4x: 7 with 4 questions, 20 with 8)
     extend_queries: int = 8
     hard_keys: float = 0.0  # share of distractor keys with a word of the queried key (both corpora)
+    recall_multivalue: float = 0.0  # share of recall keys with several values (both corpora)
     num_values: int = 4  # niah_multivalue asks for 4 values of one key
     filler: str = "noise"  # RULER's noise passage: the haystack of niah_single_1 and passkey
     tasks: tuple = (("niah", 0.6), ("multivalue", 0.2), ("passkey", 0.2))  # multivalue needs ~389 tokens: niah at 256
