@@ -307,7 +307,7 @@ def test_recall_multivalue_keys_list_their_values_in_text_order():
         assert d.text == d.text[: d.prompt_len] + d.answer
         assert sorted(d.text[s:e] for s, e in d.needle_spans) == sorted(f"{d.key} is: {v}." for v in d.values)
     singles = counts[1] / sum(counts.values())
-    assert 0.35 < singles < 0.65 and set(counts) == {1, 2, 3, 4}
+    assert 0.35 < singles < 0.65 and set(counts) == {1, 4}  # one value, or num_values
     # the default (0) keeps one value per key; the option draws nothing extra when off
     plain = generate_document(SyntheticConfig(num_values=4, tasks={"recall": 1.0}), 7, length_chars=600)
     assert plain.text == generate_document(SyntheticConfig(num_values=4, recall_multivalue=0.0, tasks={"recall": 1.0}),

@@ -109,6 +109,46 @@ def test_fast_demo_run_directory_is_self_contained(fast_run):
     assert base_hf["max_position_embeddings"] == FAST.train_len
 
 
+def _processes_mentioning(text: str) -> list[int]:
+    pids = []
+    for proc_dir in Path("/proc").iterdir():
+        if proc_dir.name.isdigit():
+            try:
+                if text in (proc_dir / "cmdline").read_bytes().decode(errors="replace"):
+                    pids.append(int(proc_dir.name))
+            except OSError:  # exited meanwhile
+                pass
+    return pids
+
+
+@pytest.mark.skipif(not Path("/proc/self/cmdline").exists(), reason="needs /proc")
+def test_sigterm_stops_the_running_training_job(tmp_path):
+    """Killing the demo (SIGTERM: `kill`, a scheduler) must not leave its torchrun/trainer behind."""
+    import signal
+    import time
+
+    out = tmp_path / "run"
+    demo = subprocess.Popen([sys.executable, "-m", "longctx", "demo", "--fast", "--out", str(out)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=_env(), cwd=ROOT)
+    job = str(out / "configs" / "base.yaml")
+    try:
+        deadline = time.time() + 120
+        while not _processes_mentioning(job) and time.time() < deadline and demo.poll() is None:
+            time.sleep(0.2)
+        assert _processes_mentioning(job), "the base training job never started"
+        demo.send_signal(signal.SIGTERM)
+        assert demo.wait(timeout=120) == 128 + signal.SIGTERM
+        deadline = time.time() + 30
+        while _processes_mentioning(job) and time.time() < deadline:
+            time.sleep(0.2)
+        assert not _processes_mentioning(job), "the training job outlived the demo"
+    finally:
+        if demo.poll() is None:
+            demo.kill()
+        for pid in _processes_mentioning(job):
+            os.kill(pid, signal.SIGKILL)
+
+
 def test_bad_flags_are_one_line_errors(tmp_path):
     for args in (["--bogus"], ["--seed", "x"], ["--seed", "-1"], ["stray"]):
         proc = _demo(*args, "--out", str(tmp_path / "never"), timeout=120)
@@ -168,6 +208,10 @@ def test_training_configs_carry_the_measured_recipe(tmp_path):
     assert e_syn.length_min_ratio == 0.25 and e_syn.num_keys == FULL.extend_num_keys
     assert e_syn.queries == FULL.extend_queries == 8 and b_syn.queries == 1  # no room for 2 questions at 256
     assert e.data.seq_len == 1024 and e.parallel.cp_size == 2 and e.parallel.zero_stage == 3
+    # recall documents drill key matching in both corpora; multi-valued keys only in the extension
+    assert dict(b_syn.tasks) == dict(FULL.tasks) and b_syn.tasks["recall"] > 0 and b_syn.recall_multivalue == 0
+    assert dict(e_syn.tasks) == dict(FULL.extend_tasks) and e_syn.recall_multivalue == FULL.extend_recall_multivalue > 0
+    assert [dict(s.sources[0].synthetic.tasks) for s in b.stages[:2]] == [{"passkey": 1.0}] * 2  # copying first
 
 
 def test_bpe_plan_trains_its_tokenizer_and_sizes_the_model_by_it(tmp_path):

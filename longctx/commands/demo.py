@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 
 
@@ -47,6 +48,9 @@ def run(args: argparse.Namespace) -> int:
     if args.seed < 0:
         raise UserError(f"--seed: must be >= 0, got {args.seed}")
     plan = PLANS["fast" if args.fast else "full"]
+    # SIGTERM (kill, a job scheduler) unwinds like Ctrl-C, so the running training job is
+    # stopped too (stages.stop_job) instead of being left behind
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     try:
         return run_demo(plan, Path(args.out), seed=args.seed, ablation=args.ablation, argv=sys.argv[1:])
     except RuntimeError as e:  # a training job failed; its log is named in the message

@@ -64,8 +64,8 @@ class SyntheticConfig:
     # probability that a distractor key shares a word (the adjective or the noun, evenly) with
     # the queried key: hard negatives, so that matching only part of the key does not pay
     hard_keys: float = 0.0
-    # probability that a recall key has several values (2..num_values entries, asked as one
-    # list in text order): the multivalue skill, "the next value of this key", drilled densely
+    # probability that a recall key has num_values values (asked as one list in text order):
+    # the multivalue skill, "the next value of this key", drilled densely
     recall_multivalue: float = 0.0
     value_digits: int = 7
     distance_min: Optional[int] = None  # tokens between the queried needle and the question

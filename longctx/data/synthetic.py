@@ -340,11 +340,11 @@ def generate_document(
 
 
 def _recall_document(cfg: SyntheticConfig, rng: random.Random, length_chars: int) -> SyntheticDocument:
-    """Entries "K is: V." (one per value; a key has 2..num_values values with probability
-    recall_multivalue) in a random order, a newline, then every key once in a random order
-    with its values in text order ("K is: V1, V2."); as many keys as fit, filler pads the
-    front to length_chars. The values after the newline are the answers, the last key's the
-    document's answer."""
+    """Entries "K is: V." in a random order, one per value (a key has num_values values with
+    probability recall_multivalue, like a multivalue document's key, else one); a newline;
+    then every key once, in a random order, with its values in text order ("K is: V1, V2.").
+    As many keys as fit; filler pads the front to length_chars. The values after the newline
+    are the answers, the last key's the document's answer."""
     keys_taken: set = set()
     vals_taken: set = set()
     keyed: List[Tuple[str, List[str]]] = []
@@ -352,7 +352,7 @@ def _recall_document(cfg: SyntheticConfig, rng: random.Random, length_chars: int
     while True:
         k = _make_key(rng, keys_taken)
         multi = cfg.recall_multivalue > 0 and cfg.num_values > 1 and rng.random() < cfg.recall_multivalue
-        vs = [_number(rng, cfg.value_digits, vals_taken) for _ in range(rng.randint(2, cfg.num_values) if multi else 1)]
+        vs = [_number(rng, cfg.value_digits, vals_taken) for _ in range(cfg.num_values if multi else 1)]
         # each entry and the answer line, with a separator each
         cost = sum(len(RECALL_ENTRY.format(key=k, value=v)) + 1 for v in vs) + len(RECALL_ENTRY.format(key=k, value=", ".join(vs))) + 1
         if keyed and used + cost > length_chars:

@@ -115,6 +115,7 @@ def write_report(out: Path, plan: DemoPlan, seed: int, tables: dict, timings: di
              f"{plan.num_heads} heads x {plan.head_dim}, {vocabulary(plan)}), {plan.dtype}, RoPE theta {plan.rope_theta:g}",
              f"- base training: {' → '.join(str(s.seq_len) for s in plan.base_stages)} tokens "
              f"({' + '.join(str(s.steps) for s in plan.base_stages)} steps), answer tokens weighted x{plan.answer_loss_weight:g}",
+             f"- corpora (synthetic task mix): {corpus_mixes(plan)}",
              f"- extension: `{json.dumps(rope)}`, max_position_embeddings {XL}; {plan.extend_steps} steps at "
              f"{XL} tokens on {plan.nproc} processes, cp={plan.cp_size}, ZeRO-{plan.zero_stage}", "",
              "## Retrieval accuracy (average over tasks, 0-100)", ""]
@@ -142,6 +143,19 @@ def write_report(out: Path, plan: DemoPlan, seed: int, tables: dict, timings: di
     path = out / "report.md"
     path.write_text("\n".join(lines))
     return path
+
+
+def _mix(tasks: tuple, recall_multivalue: float) -> str:
+    parts = [f"{t} {w:g}" for t, w in tasks]
+    if recall_multivalue and any(t == "recall" for t, _ in tasks):
+        parts.append(f"{recall_multivalue:.0%} of recall keys multi-valued")
+    return ", ".join(parts)
+
+
+def corpus_mixes(plan: DemoPlan) -> str:
+    stages = [f"{s.seq_len}: {_mix(s.tasks, plan.recall_multivalue)}" for s in plan.base_stages if s.tasks]
+    return (f"base {_mix(plan.tasks, plan.recall_multivalue)}" + (f" ({'; '.join(stages)})" if stages else "") +
+            f"; extension {_mix(plan.extend_tasks, plan.extend_recall_multivalue)}")
 
 
 HEATMAP_NOTE = "niah_single_1: {n} per depth x {d} depths"

@@ -35,7 +35,8 @@ def base_synthetic(plan: DemoPlan, tasks: Optional[tuple] = None) -> Dict[str, A
 
 def extend_synthetic(plan: DemoPlan) -> Dict[str, Any]:
     return _synthetic(plan.extend_num_keys, plan.extend_length_min_ratio, plan.extend_filler,
-                      plan.extend_tasks, plan.num_values, plan.extend_queries, plan.hard_keys, plan.recall_multivalue)
+                      plan.extend_tasks, plan.num_values, plan.extend_queries, plan.hard_keys,
+                      plan.extend_recall_multivalue)
 
 
 def prepare_tokenizer(plan: DemoPlan, out_dir: Path) -> str:
@@ -170,6 +171,20 @@ class _ConsoleFilter:
         self.buf = b""
 
 
+def stop_job(proc: subprocess.Popen, grace_s: float = 60.0) -> None:
+    """Interrupted (Ctrl-C, SIGTERM) while a job runs: stop it instead of orphaning it.
+    SIGTERM lets torchrun stop its ranks (each saves a checkpoint and exits); SIGKILL after
+    grace_s."""
+    if proc.poll() is not None:
+        return
+    proc.terminate()
+    try:
+        proc.wait(timeout=grace_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
 def run_training(config: Path, out_dir: Path, nproc: int, log_name: str, threads: Optional[int] = None) -> None:
     """Run `longctx train` (under torchrun when nproc > 1); the trainer's progress bar goes to
     the terminal, everything to <out_dir>/<log_name>. Raises RuntimeError on failure."""
@@ -183,13 +198,16 @@ def run_training(config: Path, out_dir: Path, nproc: int, log_name: str, threads
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=_env(threads))
         assert proc.stdout is not None
         console = _ConsoleFilter()
-        # tee: the trainer writes its tqdm bar to stderr (merged here); pass bytes through as
-        # they come so the bar redraws in place
-        for chunk in iter(lambda: proc.stdout.read1(4096), b""):  # type: ignore[attr-defined]
-            console.feed(chunk)
-            log.write(chunk.decode(errors="replace"))
-        console.flush()
-        rc = proc.wait()
+        try:
+            # tee: the trainer writes its tqdm bar to stderr (merged here); pass bytes through as
+            # they come so the bar redraws in place
+            for chunk in iter(lambda: proc.stdout.read1(4096), b""):  # type: ignore[attr-defined]
+                console.feed(chunk)
+                log.write(chunk.decode(errors="replace"))
+            console.flush()
+            rc = proc.wait()
+        finally:
+            stop_job(proc)
     if rc != 0:
         raise RuntimeError(f"`{' '.join(cmd[-4:])}` exited with code {rc}; see {log_path}")
     if not (out_dir / "hf" / "config.json").is_file():
