@@ -204,16 +204,19 @@ def _pos_int(value, name: str, minimum: int = 1) -> None:
         raise UserError(f"{name}: must be an integer >= {minimum}, got {value!r}")
 
 
+def _probability(value, name: str) -> None:
+    if isinstance(value, bool) or not (isinstance(value, (int, float)) and 0 <= value <= 1):
+        raise UserError(f"{name}: must be a probability in [0, 1], got {value!r}")
+
+
 def validate_synthetic(syn: SyntheticConfig, name: str, seq_len: int) -> None:
     _pos_int(syn.num_docs, f"{name}.num_docs")
     _pos_int(syn.num_keys, f"{name}.num_keys")
     _pos_int(syn.num_values, f"{name}.num_values")
     _pos_int(syn.queries, f"{name}.queries")
     _pos_int(syn.value_digits, f"{name}.value_digits")
-    if isinstance(syn.hard_keys, bool) or not (isinstance(syn.hard_keys, (int, float)) and 0 <= syn.hard_keys <= 1):
-        raise UserError(f"{name}.hard_keys: must be a probability in [0, 1], got {syn.hard_keys!r}")
-    if isinstance(syn.recall_multivalue, bool) or not (isinstance(syn.recall_multivalue, (int, float)) and 0 <= syn.recall_multivalue <= 1):
-        raise UserError(f"{name}.recall_multivalue: must be a probability in [0, 1], got {syn.recall_multivalue!r}")
+    _probability(syn.hard_keys, f"{name}.hard_keys")
+    _probability(syn.recall_multivalue, f"{name}.recall_multivalue")
     if not (isinstance(syn.length_min_ratio, (int, float)) and 0 < syn.length_min_ratio <= 1):
         raise UserError(f"{name}.length_min_ratio: must be in (0, 1], got {syn.length_min_ratio!r}")
     lo, hi = syn.length_bounds(seq_len)

@@ -361,7 +361,10 @@ def _recall_document(cfg: SyntheticConfig, rng: random.Random, length_chars: int
         used += cost
     entries = [(k, v) for k, vs in keyed for v in vs]
     rng.shuffle(entries)
-    asked = [(k, sorted(vs, key=lambda v: entries.index((k, v)))) for k, vs in keyed]  # values in text order
+    in_text_order: Dict[str, List[str]] = {}
+    for k, v in entries:
+        in_text_order.setdefault(k, []).append(v)
+    asked = [(k, in_text_order[k]) for k, _ in keyed]
     rng.shuffle(asked)
     filler = _filler(rng, cfg.filler, length_chars - used)
     defined = filler + " " if filler else ""
