@@ -322,3 +322,45 @@ def test_recall_multivalue_validated(bad):
 
     with pytest.raises(UserError, match=r"synthetic.recall_multivalue: must be a probability in \[0, 1\]"):
         validate_synthetic(SyntheticConfig(recall_multivalue=bad), "data.sources[0].synthetic", 256)
+
+
+@pytest.mark.parametrize("style", ["short", "compact", "ruler"])
+@pytest.mark.parametrize("task", ["niah", "multivalue", "passkey"])
+def test_line_breaks_put_each_needle_on_a_line_of_its_own(style, task):
+    kw = dict(num_keys=8, queries=3, num_values=3, filler="mixed", tasks={task: 1.0})
+    lined = 0
+    for i in range(40):
+        length = 300 + 17 * i
+        a = generate_document(SyntheticConfig(line_breaks=1.0, **kw), i, length_chars=length, style=style)
+        b = generate_document(SyntheticConfig(**kw), i, length_chars=length, style=style)
+        # the same document with some spaces turned into newlines: same length, answers, spans
+        assert a.text.replace("\n", " ") == b.text.replace("\n", " ")
+        assert (a.answer_spans, a.needle_spans, a.prompt_len, a.answer) == (b.answer_spans, b.needle_spans, b.prompt_len, b.answer)
+        assert "\n\n" not in a.text and not a.text.startswith("\n")
+        lines = a.text[: a.prompt_len].split("\n")
+        for s, e in a.needle_spans:  # every queried needle is a line
+            assert a.text[s:e] in lines
+        for n in re.findall(r"One of the special magic numbers for [\w-]+ is: \d+\.", a.text):  # and every distractor
+            assert n in lines
+        lined += len(a.needle_spans)
+    assert lined >= 40
+
+
+def test_line_breaks_share_of_documents():
+    kw = dict(num_keys=4, filler="noise", tasks={"niah": 1.0})
+    half = [("\n" in generate_document(SyntheticConfig(line_breaks=0.5, **kw), i, length_chars=400).text.split("\nWhat")[0])
+            for i in range(200)]
+    assert 0.35 < sum(half) / len(half) < 0.65
+    # line_breaks=0 is the corpus as it was (the draw comes from its own stream)
+    for i in range(20):
+        assert generate_document(SyntheticConfig(line_breaks=0.0, **kw), i, length_chars=400).text == \
+            generate_document(SyntheticConfig(**kw), i, length_chars=400).text
+
+
+@pytest.mark.parametrize("bad", [-0.1, 1.5, "0.5", True])
+def test_line_breaks_validated(bad):
+    from longctx.data.config import validate_synthetic
+    from longctx.errors import UserError
+
+    with pytest.raises(UserError, match=r"synthetic.line_breaks: must be a probability in \[0, 1\]"):
+        validate_synthetic(SyntheticConfig(line_breaks=bad), "data.sources[0].synthetic", 256)

@@ -214,6 +214,8 @@ def test_training_configs_carry_the_measured_recipe(tmp_path):
     assert dict(b_syn.tasks) == dict(FULL.tasks) and b_syn.tasks["recall"] > 0 and b_syn.recall_multivalue == 0
     assert dict(e_syn.tasks) == dict(FULL.extend_tasks) and e_syn.recall_multivalue == FULL.extend_recall_multivalue > 0
     assert [dict(s.sources[0].synthetic.tasks) for s in b.stages[:2]] == [{"passkey": 1.0}] * 2  # copying first
+    # half the extension's niah/multivalue/passkey documents put needles on lines of their own
+    assert e_syn.line_breaks == FULL.extend_line_breaks == 0.5 and b_syn.line_breaks == FULL.line_breaks == 0
 
 
 def test_bpe_plan_trains_its_tokenizer_and_sizes_the_model_by_it(tmp_path):

@@ -67,6 +67,10 @@ class SyntheticConfig:
     # probability that a recall key has num_values values (asked as one list in text order):
     # the multivalue skill, "the next value of this key", drilled densely
     recall_multivalue: float = 0.0
+    # probability that a niah/multivalue/passkey document puts each needle on a line of its own
+    # (a newline before and after instead of a space), the way RULER's niah haystacks separate
+    # their units; the text is otherwise the same document, character for character
+    line_breaks: float = 0.0
     value_digits: int = 7
     distance_min: Optional[int] = None  # tokens between the queried needle and the question
     distance_max: Optional[int] = None  # null: anywhere in the document
@@ -217,6 +221,7 @@ def validate_synthetic(syn: SyntheticConfig, name: str, seq_len: int) -> None:
     _pos_int(syn.value_digits, f"{name}.value_digits")
     _probability(syn.hard_keys, f"{name}.hard_keys")
     _probability(syn.recall_multivalue, f"{name}.recall_multivalue")
+    _probability(syn.line_breaks, f"{name}.line_breaks")
     if not (isinstance(syn.length_min_ratio, (int, float)) and 0 < syn.length_min_ratio <= 1):
         raise UserError(f"{name}.length_min_ratio: must be in (0, 1], got {syn.length_min_ratio!r}")
     lo, hi = syn.length_bounds(seq_len)

@@ -307,22 +307,31 @@ def generate_document(
         text_order = [n for _, _, n, queried in placed if queried]
         values.sort(key=lambda v: next(i for i, n in enumerate(text_order) if f" {v}." in n))
     answer = " " + ", ".join(values) + "."
+    # needles on lines of their own: drawn from a separate stream, so the document is the same
+    # text with some spaces turned into newlines (and line_breaks=0 changes nothing)
+    sep = " "
+    if cfg.line_breaks > 0 and random.Random(f"longctx-synthetic-lines:{cfg.seed}:{index}").random() < cfg.line_breaks:
+        sep = "\n"
     body = head
     last = 0
     needle_spans: List[Tuple[int, int]] = []
     for pos, _, needle, queried in placed:
         body += filler[last:pos]
         last = pos
-        if len(body) > len(head) and not body.endswith(" "):
-            body += " "
+        if body.endswith(" "):  # the filler's space before the needle becomes the separator
+            body = body[:-1]
+        if len(body) > len(head) and not body.endswith("\n"):
+            body += sep
         if queried:
             needle_spans.append((len(body), len(body) + len(needle)))
-        body += needle + " "
+        body += needle + sep
     body += filler[last:]
-    body = body.rstrip(" ")
+    body = body.rstrip(" \n")
     deficit = length_chars - len(body) - len(tail) - len(answer)
     if deficit > 1:  # top up towards the target with more filler
-        body = (body + " " + _filler(rng, cfg.filler, deficit - 1)).rstrip(" ")
+        more = _filler(rng, cfg.filler, deficit - 1)
+        if more:
+            body += (sep if placed and body.endswith(placed[-1][2]) else " ") + more.rstrip(" ")
     prompt = body + tail
     text = prompt + answer
     spans = [(len(body) + a, len(body) + b) for a, b in asked_spans]

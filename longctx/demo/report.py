@@ -145,17 +145,19 @@ def write_report(out: Path, plan: DemoPlan, seed: int, tables: dict, timings: di
     return path
 
 
-def _mix(tasks: tuple, recall_multivalue: float) -> str:
+def _mix(tasks: tuple, recall_multivalue: float, line_breaks: float = 0.0) -> str:
     parts = [f"{t} {w:g}" for t, w in tasks]
     if recall_multivalue and any(t == "recall" for t, _ in tasks):
         parts.append(f"{recall_multivalue:.0%} of recall keys multi-valued")
+    if line_breaks and any(t != "recall" for t, _ in tasks):
+        parts.append(f"{line_breaks:.0%} of the other documents with each needle on its own line")
     return ", ".join(parts)
 
 
 def corpus_mixes(plan: DemoPlan) -> str:
-    stages = [f"{s.seq_len}: {_mix(s.tasks, plan.recall_multivalue)}" for s in plan.base_stages if s.tasks]
-    return (f"base {_mix(plan.tasks, plan.recall_multivalue)}" + (f" ({'; '.join(stages)})" if stages else "") +
-            f"; extension {_mix(plan.extend_tasks, plan.extend_recall_multivalue)}")
+    stages = [f"{s.seq_len}: {_mix(s.tasks, plan.recall_multivalue, plan.line_breaks)}" for s in plan.base_stages if s.tasks]
+    return (f"base {_mix(plan.tasks, plan.recall_multivalue, plan.line_breaks)}" + (f" ({'; '.join(stages)})" if stages else "") +
+            f"; extension {_mix(plan.extend_tasks, plan.extend_recall_multivalue, plan.extend_line_breaks)}")
 
 
 HEATMAP_NOTE = "niah_single_1: {n} per depth x {d} depths"

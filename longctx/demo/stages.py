@@ -18,25 +18,27 @@ from longctx.errors import UserError
 
 
 def _synthetic(num_keys: int, length_min_ratio: float, filler: str, tasks: tuple, num_values: int,
-               queries: int = 1, hard_keys: float = 0.0, recall_multivalue: float = 0.0) -> Dict[str, Any]:
+               queries: int = 1, hard_keys: float = 0.0, recall_multivalue: float = 0.0,
+               line_breaks: float = 0.0) -> Dict[str, Any]:
     # compact style = the eval suite's compact prompts word for word (needles, question,
     # answer prefix); filler per plan (noise = RULER's passage, the niah_single_1 / passkey haystack)
     return {"name": "synthetic", "kind": "synthetic", "packing": "pad",
             "synthetic": {"style": "compact", "filler": filler, "num_keys": num_keys,
                           "num_values": num_values, "length_min_ratio": length_min_ratio,
                           "queries": queries, "hard_keys": hard_keys, "recall_multivalue": recall_multivalue,
+                          "line_breaks": line_breaks,
                           "tasks": dict(tasks)}}
 
 
 def base_synthetic(plan: DemoPlan, tasks: Optional[tuple] = None) -> Dict[str, Any]:
     return _synthetic(plan.num_keys, plan.length_min_ratio, plan.filler, tasks or plan.tasks, plan.num_values,
-                      hard_keys=plan.hard_keys, recall_multivalue=plan.recall_multivalue)
+                      hard_keys=plan.hard_keys, recall_multivalue=plan.recall_multivalue, line_breaks=plan.line_breaks)
 
 
 def extend_synthetic(plan: DemoPlan) -> Dict[str, Any]:
     return _synthetic(plan.extend_num_keys, plan.extend_length_min_ratio, plan.extend_filler,
                       plan.extend_tasks, plan.num_values, plan.extend_queries, plan.hard_keys,
-                      plan.extend_recall_multivalue)
+                      plan.extend_recall_multivalue, plan.extend_line_breaks)
 
 
 def prepare_tokenizer(plan: DemoPlan, out_dir: Path) -> str:
