@@ -76,7 +76,7 @@ class DemoPlan:
     # document fits 128-192 tokens; a BPE run that mixed niah in from the start never learned
     # to copy), then the task mix at 256
     base_stages: tuple = (Stage("len128", 128, 100, PASSKEY_ONLY), Stage("len192", 192, 150, PASSKEY_ONLY),
-                          Stage("len256", 256, 1250))
+                          Stage("len256", 256, 1100))
     base_batch: int = 16  # rows per step, split over base_nproc data-parallel ranks
     base_nproc: int = 2  # 2 processes x 1 thread: faster than 1 x 2 threads, and robust to a busy CPU
     base_lr: float = 1e-3  # 3e-3 sits at the edge of divergence in bf16 and never learned retrieval
