@@ -37,8 +37,8 @@ def base_synthetic(plan: DemoPlan, tasks: Optional[tuple] = None) -> Dict[str, A
 
 def extend_synthetic(plan: DemoPlan) -> Dict[str, Any]:
     return _synthetic(plan.extend_num_keys, plan.extend_length_min_ratio, plan.extend_filler,
-                      plan.extend_tasks, plan.num_values, plan.extend_queries, plan.hard_keys,
-                      plan.extend_recall_multivalue, plan.extend_line_breaks)
+                      plan.extend_tasks, plan.num_values, queries=plan.extend_queries, hard_keys=plan.hard_keys,
+                      recall_multivalue=plan.extend_recall_multivalue, line_breaks=plan.extend_line_breaks)
 
 
 def prepare_tokenizer(plan: DemoPlan, out_dir: Path) -> str:
