@@ -24,7 +24,7 @@ def expected_docs(texts):
     return Counter(tuple(TOK.encode(t, add_bos=True, add_eos=True)) for t in texts)
 
 
-@pytest.mark.parametrize("packing", ["carry", "pad"])
+@pytest.mark.parametrize("packing", ["carry", "pad", "fit"])
 @pytest.mark.parametrize("dp_size", [1, 2, 3])
 def test_epoch_loses_and_duplicates_no_token(corpus, packing, dp_size):
     path, texts = corpus

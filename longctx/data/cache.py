@@ -30,7 +30,7 @@ from typing import Optional
 import numpy as np
 
 from longctx.data.config import DataConfig, SourceConfig, has_glob, resolve_kind, source_label
-from longctx.data.packing import Packer, Row, segment_ids_from_position_ids
+from longctx.data.packing import Row, make_packer, segment_ids_from_position_ids
 from longctx.data.documents import DocumentStream
 from longctx.data.sources import open_table
 from longctx.data.tokenizer import tokenizer_fingerprint
@@ -69,6 +69,7 @@ def cache_description(src: SourceConfig, i: int, cfg: DataConfig, tokenizer) -> 
         "add_bos": cfg.add_bos,
         "add_eos": cfg.add_eos,
         "packing": src.packing or cfg.packing,
+        "fit_lookahead": cfg.fit_lookahead if (src.packing or cfg.packing) == "fit" else None,
         "final_partial": cfg.final_partial,
         "cross_document_labels": cfg.cross_document_labels,
         "shuffle": cfg.shuffle,
@@ -134,9 +135,9 @@ def _build(directory: str, src: SourceConfig, i: int, cfg: DataConfig, tokenizer
     stream = DocumentStream(table, src, i, tokenizer, seed=BUILD_SEED, dp_rank=0, dp_size=1,
                             window=cfg.shuffle_window, shuffle=cfg.shuffle, epochs=1, add_bos=cfg.add_bos,
                             add_eos=cfg.add_eos, answer_mask=has_answer, on_doc=on_doc)
-    packer = Packer(stream, T, mode=src.packing or cfg.packing, pad_id=pad_id,
-                    cross_document_labels=cfg.cross_document_labels, final_partial=cfg.final_partial,
-                    answer=has_answer)
+    packer = make_packer(stream, T, mode=src.packing or cfg.packing, lookahead=cfg.fit_lookahead, pad_id=pad_id,
+                         cross_document_labels=cfg.cross_document_labels, final_partial=cfg.final_partial,
+                         answer=has_answer)
     names = ["input_ids", "labels", "position_ids", "n_real"] + (["answer"] if has_answer else [])
     files = {k: open(os.path.join(directory, f"{k}.bin"), "wb") for k in names}
     n_rows = n_real = 0

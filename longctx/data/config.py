@@ -18,7 +18,7 @@ from longctx.errors import UserError
 # kinds a source may have; "auto" infers from path / hub_name.
 FILE_KINDS = ("json", "jsonl", "parquet", "text", "arrow", "csv")
 SOURCE_KINDS = ("auto", "synthetic", "hub", "disk") + FILE_KINDS
-PACKING_MODES = ("carry", "pad")
+PACKING_MODES = ("carry", "pad", "fit")
 FINAL_PARTIAL = ("pad", "drop")
 SYNTHETIC_TASKS = ("niah", "multivalue", "passkey", "recall")
 # a task whose document does not fit the row falls back along this chain (longest first);
@@ -140,7 +140,10 @@ class DataConfig:
     cross_document_labels: bool = False  # the last token of a document predicts the next one's first
     add_bos: bool = True
     add_eos: bool = True
-    packing: str = "carry"  # "carry": split documents at row ends | "pad": start a new row instead
+    # "carry": split documents at row ends | "pad": start a new row instead | "fit": as pad, but
+    # first fill the row with the first of the next fit_lookahead documents that fits
+    packing: str = "carry"
+    fit_lookahead: int = 16
     final_partial: str = "pad"  # finite epochs only: last partial row "pad"ded (labels -100) or "drop"ped
     epochs: Optional[int] = None  # null: repeat forever (the trainer counts steps)
     shuffle: bool = True
@@ -267,6 +270,7 @@ def validate_data_config(cfg: DataConfig, model_vocab_size: Optional[int] = None
     _pos_int(cfg.seq_len, "data.seq_len", 2)
     _pos_int(cfg.micro_batch_size, "data.micro_batch_size", 1)
     _pos_int(cfg.shuffle_window, "data.shuffle_window", 1)
+    _pos_int(cfg.fit_lookahead, "data.fit_lookahead", 1)
     if not isinstance(cfg.prefetch, int) or cfg.prefetch < 0:
         raise UserError(f"data.prefetch: must be an integer >= 0, got {cfg.prefetch!r}")
     if cfg.epochs is not None:

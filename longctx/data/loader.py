@@ -23,7 +23,7 @@ from typing import Iterator, List
 
 from longctx.data.config import (DataConfig, SourceConfig, SyntheticConfig, UpsampleBucket, resolve_kind,
                                  validate_data_config)
-from longctx.data.packing import Packer, Row, empty_row, rows_to_batch
+from longctx.data.packing import Row, empty_row, make_packer, rows_to_batch
 from longctx.data.documents import DocumentStream, uniform
 from longctx.data.sources import open_table
 from longctx.errors import UserError
@@ -117,9 +117,9 @@ class DataLoader:
                                 dp_size=self.world, window=cfg.shuffle_window, shuffle=cfg.shuffle,
                                 epochs=cfg.epochs, add_bos=cfg.add_bos, add_eos=cfg.add_eos,
                                 answer_mask=answer and resolve_kind(src, i) == "synthetic")
-        return Packer(stream, cfg.seq_len, mode=src.packing or cfg.packing, pad_id=self.pad_id,
-                      cross_document_labels=cfg.cross_document_labels, final_partial=cfg.final_partial,
-                      answer=answer)
+        return make_packer(stream, cfg.seq_len, mode=src.packing or cfg.packing, lookahead=cfg.fit_lookahead,
+                           pad_id=self.pad_id, cross_document_labels=cfg.cross_document_labels,
+                           final_partial=cfg.final_partial, answer=answer)
 
     # ------------------------------------------------------------------ state
     def _snapshot(self) -> dict:

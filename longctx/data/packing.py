@@ -12,11 +12,12 @@ A row (all int32, (T,)):
                   segment of its own
     answer        bool, labels[t] is an answer token (synthetic corpus), or None
 
-Two policies for a document that does not fit the rest of the row:
+Three policies for a document that does not fit the rest of the row:
     carry  (default) split it: the row is filled to the end, the remainder starts the next row
            (its label at the row's last position is still its next token: nothing is lost)
     pad    pad the row and start the document on the next one; a document longer than
            seq_len is still split into seq_len pieces
+    fit    as pad, but first fill the row with later documents that fit (fit_packing.py)
 At the end of a finite epoch the last partial row is padded or dropped (DataConfig.final_partial).
 """
 from __future__ import annotations
@@ -96,47 +97,79 @@ class Packer:
         if self.done:
             return None
         T = self.T
-        ids = np.full(T, self.pad_id, dtype=np.int32)
-        labels = np.full(T, IGNORE, dtype=np.int32)
-        pos = np.zeros(T, dtype=np.int32)
-        seg = np.zeros(T, dtype=np.int32)
-        ans = np.zeros(T, dtype=bool) if self.answer else None
-        fill, seg_id = 0, 0
-        prev_ended = False  # the piece before `fill` ended its document
+        row = RowBuilder(T, self.pad_id, self.answer, self.cross)
         exhausted = False
-        while fill < T:
+        while row.fill < T:
             if not self._pull():
                 exhausted = True
                 break
             d, off = self.doc, self.offset
             rem = len(d) - off
-            space = T - fill
-            if self.mode == "pad" and rem > space and fill > 0:
+            if self.mode == "pad" and rem > row.space and row.fill > 0:
                 break
-            take = min(rem, space)
-            ids[fill : fill + take] = d.tokens[off : off + take]
-            nxt = d.tokens[off + 1 : off + take + 1]  # take, or take - 1 when the doc ends here
-            labels[fill : fill + len(nxt)] = nxt
-            if ans is not None and d.answer is not None:
-                ans[fill : fill + len(nxt)] = d.answer[off + 1 : off + take + 1]
-            if self.cross and prev_ended and off == 0:
-                labels[fill - 1] = d.tokens[0]
-            pos[fill : fill + take] = np.arange(take, dtype=np.int32)
-            seg[fill : fill + take] = seg_id
-            seg_id += 1
-            fill += take
+            take = row.put(d, off, min(rem, row.space))
             self.offset += take
-            prev_ended = self.offset == len(d)
-            if prev_ended:
+            if self.offset == len(d):
                 self.doc = None
         if exhausted:
             self.done = True
-            if fill == 0 or (fill < T and self.final_partial == "drop"):
+            if row.fill == 0 or (row.fill < T and self.final_partial == "drop"):
                 return None
-        if fill < T:
-            pos[fill:] = np.arange(T - fill, dtype=np.int32)
-            seg[fill:] = seg_id
-        return Row(ids, labels, pos, seg, ans, fill)
+        return row.finish()
+
+
+class RowBuilder:
+    """One row being filled with document pieces, left to right; the rest becomes padding."""
+
+    def __init__(self, seq_len: int, pad_id: int, answer: bool, cross_document_labels: bool):
+        T = self.T = seq_len
+        self.ids = np.full(T, pad_id, dtype=np.int32)
+        self.labels = np.full(T, IGNORE, dtype=np.int32)
+        self.pos = np.zeros(T, dtype=np.int32)
+        self.seg = np.zeros(T, dtype=np.int32)
+        self.ans = np.zeros(T, dtype=bool) if answer else None
+        self.cross = cross_document_labels
+        self.fill, self.seg_id = 0, 0
+        self.prev_ended = False  # the piece before `fill` ended its document
+
+    @property
+    def space(self) -> int:
+        return self.T - self.fill
+
+    def put(self, d: Doc, off: int, take: int) -> int:
+        """Append d.tokens[off:off + take] as a new segment; returns take."""
+        a = self.fill
+        self.ids[a : a + take] = d.tokens[off : off + take]
+        nxt = d.tokens[off + 1 : off + take + 1]  # take, or take - 1 when the doc ends here
+        self.labels[a : a + len(nxt)] = nxt
+        if self.ans is not None and d.answer is not None:
+            self.ans[a : a + len(nxt)] = d.answer[off + 1 : off + take + 1]
+        if self.cross and self.prev_ended and off == 0:
+            self.labels[a - 1] = d.tokens[0]
+        self.pos[a : a + take] = np.arange(take, dtype=np.int32)
+        self.seg[a : a + take] = self.seg_id
+        self.seg_id += 1
+        self.fill += take
+        self.prev_ended = off + take == len(d)
+        return take
+
+    def finish(self) -> Row:
+        f, T = self.fill, self.T
+        if f < T:
+            self.pos[f:] = np.arange(T - f, dtype=np.int32)
+            self.seg[f:] = self.seg_id
+        return Row(self.ids, self.labels, self.pos, self.seg, self.ans, f)
+
+
+def make_packer(stream: DocumentStream, seq_len: int, *, mode: str, lookahead: int, pad_id: int,
+                cross_document_labels: bool, final_partial: str, answer: bool) -> Packer:
+    """The packer for `mode` (carry | pad | fit; fit_packing.py has the third)."""
+    kw = dict(pad_id=pad_id, cross_document_labels=cross_document_labels, final_partial=final_partial, answer=answer)
+    if mode == "fit":
+        from longctx.data.fit_packing import FitPacker
+
+        return FitPacker(stream, seq_len, lookahead=lookahead, **kw)
+    return Packer(stream, seq_len, mode=mode, **kw)
 
 
 def rows_to_batch(rows, *, document_masking: bool, answer_mask: bool) -> dict:
@@ -156,6 +189,25 @@ def rows_to_batch(rows, *, document_masking: bool, answer_mask: bool) -> dict:
             np.stack([r.answer if r.answer is not None else np.zeros(T, bool) for r in rows])
         )
     return batch
+
+
+def fold_trailing_padding(segment_ids: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Give a row's last segment the id of the one before it when none of its labels count.
+
+    segment_ids, labels: (B, T) -> (B, T). Under causal attention no token attends to a later
+    one, so tokens at the end of a row whose labels are all ignored (the padding of `pad`
+    packing) can share the last document's segment without changing the loss or any
+    gradient: their own outputs are never scored, and no scored token sees them. The
+    attention kernels then run a row holding one document and its padding unmasked (the
+    masked CPU kernel is ~1.4x slower, and most rows of the demo's extension are like that).
+    """
+    last = segment_ids[:, -1:]  # (B, 1)
+    in_last = segment_ids == last  # (B, T)
+    unscored = ((labels != IGNORE) & in_last).sum(1) == 0  # (B,)
+    has_prev = (~in_last).any(1)  # (B,)
+    prev = torch.where(in_last, torch.full_like(segment_ids, torch.iinfo(segment_ids.dtype).min), segment_ids).amax(1)
+    fold = (unscored & has_prev)[:, None] & in_last  # (B, T)
+    return torch.where(fold, prev[:, None].expand_as(segment_ids), segment_ids)
 
 
 def segment_ids_from_position_ids(position_ids: np.ndarray) -> np.ndarray:

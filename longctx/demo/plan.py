@@ -133,6 +133,10 @@ class DemoPlan:
     # corpus at 1024 and fail on the eval's newline-separated multikey haystack (seed 1:
     # niah_multikey_2 at 4x 7 -> 87 with 0.5 here, same base)
     extend_line_breaks: float = 0.5
+    # extension rows: `fit` fills the space a document leaves with later documents that fit
+    # (padding 24.5% -> 9.8%: 1.19x the real tokens per step; the base's documents nearly fill
+    # their rows, so the base keeps `pad`)
+    extend_packing: str = "fit"
     num_values: int = 4  # niah_multivalue asks for 4 values of one key
     filler: str = "noise"  # RULER's noise passage: the haystack of niah_single_1 and passkey
     # base mix at 256 (multivalue does not fit 256 tokens; recall drills key matching)

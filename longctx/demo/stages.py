@@ -19,10 +19,11 @@ from longctx.errors import UserError
 
 def _synthetic(num_keys: int, length_min_ratio: float, filler: str, tasks: tuple, num_values: int,
                queries: int = 1, hard_keys: float = 0.0, recall_multivalue: float = 0.0,
-               line_breaks: float = 0.0) -> Dict[str, Any]:
+               line_breaks: float = 0.0, packing: str = "pad") -> Dict[str, Any]:
     # compact style = the eval suite's compact prompts word for word (needles, question,
-    # answer prefix); filler per plan (noise = RULER's passage, the niah_single_1 / passkey haystack)
-    return {"name": "synthetic", "kind": "synthetic", "packing": "pad",
+    # answer prefix); filler per plan (noise = RULER's passage, the niah_single_1 / passkey haystack);
+    # documents are never split across rows (pad / fit packing)
+    return {"name": "synthetic", "kind": "synthetic", "packing": packing,
             "synthetic": {"style": "compact", "filler": filler, "num_keys": num_keys,
                           "num_values": num_values, "length_min_ratio": length_min_ratio,
                           "queries": queries, "hard_keys": hard_keys, "recall_multivalue": recall_multivalue,
@@ -38,7 +39,8 @@ def base_synthetic(plan: DemoPlan, tasks: Optional[tuple] = None) -> Dict[str, A
 def extend_synthetic(plan: DemoPlan) -> Dict[str, Any]:
     return _synthetic(plan.extend_num_keys, plan.extend_length_min_ratio, plan.extend_filler,
                       plan.extend_tasks, plan.num_values, queries=plan.extend_queries, hard_keys=plan.hard_keys,
-                      recall_multivalue=plan.extend_recall_multivalue, line_breaks=plan.extend_line_breaks)
+                      recall_multivalue=plan.extend_recall_multivalue, line_breaks=plan.extend_line_breaks,
+                      packing=plan.extend_packing)
 
 
 def prepare_tokenizer(plan: DemoPlan, out_dir: Path) -> str:

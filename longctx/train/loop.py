@@ -278,9 +278,11 @@ class Trainer:
         }
 
     def _prepare(self, batch: dict) -> dict:
+        from longctx.data.packing import fold_trailing_padding
+
         out = {k: batch[k].to(self.device) for k in ("input_ids", "labels", "position_ids")}
         if self.cfg.data.document_masking:
-            out["segment_ids"] = batch["segment_ids"].to(self.device)
+            out["segment_ids"] = fold_trailing_padding(batch["segment_ids"], batch["labels"]).to(self.device)
         w = self.cfg.train.answer_loss_weight
         if w != 1.0 and "answer_mask" in batch:
             out["loss_weights"] = 1.0 + (w - 1.0) * batch["answer_mask"].to(self.device).float()
