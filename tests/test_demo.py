@@ -66,7 +66,10 @@ def test_fast_demo_completes_with_a_wellformed_report(fast_run):
     for L, m in zip(summary["lengths"], summary["multipliers"]):
         assert f"| {L} ({m}x) |" in report  # one before/after row per length
     acc_rows = [line for line in report.splitlines() if line.startswith("| (a)") or line.startswith("| (c)")]
-    assert len(acc_rows) == 2 and all(len(re.findall(r"\d+\.\d", r)) == 4 for r in acc_rows)
+    assert len(acc_rows) == 2 and all(len(re.findall(r"\d+\.\d ± \d+\.\d", r)) == 4 for r in acc_rows)
+    for variant in summary["variants"].values():  # the averages' standard errors (eval samples)
+        assert {str(L) for L in summary["lengths"]} == set(variant["average_stderr"])
+        assert all(v >= 0.0 for v in variant["average_stderr"].values())
     assert "FutureWarning" not in proc.stderr  # third-party noise stays in the logs
     assert "retrieval score before -> after extension" in proc.stderr
 
@@ -188,6 +191,15 @@ def test_findings_state_only_what_the_table_shows():
     assert "scores 10 at 4x" in text and "90 at 4x" in text
     assert "256: no measurable difference, 512: +10 points, 1024: +30 points, 2048: no measurable difference" in text
     assert "1024: no measurable difference, 2048: +18 points" in text
+    # with standard errors a difference must exceed two of them (of the difference)
+    for t, s in zip(tables.values(), ([2.0, 4.0, 3.0, 1.0], [2.0, 4.0, 3.0, 2.0], [1.0, 2.0, 3.0, 5.0],
+                                      [1.0, 3.0, 3.0, 6.0])):
+        t["average_se"] = dict(zip(FULL.lengths, s))
+    text = "\n".join(findings(FULL, tables))
+    assert "90 ± 3 at 4x" in text
+    # b - a at 512: +10 > 2 * hypot(4, 4) = 11.3 fails; at 1024 +30 > 8.5 holds
+    assert "256: no measurable difference, 512: no measurable difference, 1024: +30 points" in text
+    assert "2048: +18 points" in text  # 18 > 2 * hypot(5, 6) = 15.6
 
 
 def test_training_configs_carry_the_measured_recipe(tmp_path):

@@ -50,3 +50,20 @@ def test_effective_length_is_the_last_length_of_the_passing_prefix():
     assert effective_length(scores, threshold=70.0) == 32768
     assert effective_length({4096: 50.0}) == 0
     assert effective_length({4096: 85.6}) == 0  # strictly above the threshold
+
+
+def test_aggregate_reports_standard_errors():
+    import math
+
+    from longctx.eval.report import aggregate, standard_error
+
+    recs = [{"task": "t1", "metric": "all", "target_length": 256, "score": s} for s in (100.0, 0.0, 100.0, 0.0)]
+    recs += [{"task": "t2", "metric": "all", "target_length": 256, "score": s} for s in (100.0, 100.0, 50.0)]
+    summary = aggregate(recs)
+    se1 = math.sqrt(sum((x - 50) ** 2 for x in (100, 0, 100, 0)) / 3 / 4)  # 28.87
+    se2 = math.sqrt(sum((x - 250 / 3) ** 2 for x in (100, 100, 50)) / 2 / 3)
+    assert summary["tasks"]["t1"]["stderr"]["256"] == pytest.approx(se1)
+    assert summary["tasks"]["t2"]["stderr"]["256"] == pytest.approx(se2)
+    # the average over tasks: independent samples, so its variance is sum(se^2) / k^2
+    assert summary["average_stderr_by_length"]["256"] == pytest.approx(math.hypot(se1, se2) / 2)
+    assert standard_error([100.0]) == 0.0 and standard_error([40.0] * 5) == 0.0

@@ -87,8 +87,10 @@ def evaluate_model(model_dir: Path, plan: DemoPlan, out_dir: Path, *, label: str
 
 
 def score_table(summary: dict, lengths: list) -> dict:
-    """{"average": {L: score}, task: {L: score}} with None where a task was not evaluated."""
-    out = {"average": {L: summary["average_by_length"].get(str(L)) for L in lengths}}
+    """{"average": {L: score}, "average_se": {L: standard error}, task: {L: score}} with None
+    where a task was not evaluated."""
+    out = {"average": {L: summary["average_by_length"].get(str(L)) for L in lengths},
+           "average_se": {L: summary.get("average_stderr_by_length", {}).get(str(L)) for L in lengths}}
     for task in EVAL_TASKS:
         scores = summary["tasks"].get(task, {}).get("scores", {})
         out[task] = {L: scores.get(str(L)) for L in lengths}

@@ -13,6 +13,7 @@ Run directory (self-contained):
 from __future__ import annotations
 
 import json
+import math
 import shutil
 import sys
 import time
@@ -30,17 +31,26 @@ def _say(msg: str) -> None:
 
 
 def findings(plan: DemoPlan, tables: dict, noise: float = 5.0) -> list[str]:
-    """Plain statements read off the table (differences within `noise` points count as none)."""
+    """Plain statements read off the table. Two scores differ only by more than two standard
+    errors of their difference (from the eval samples), or by more than `noise` points when the
+    tables carry no standard errors."""
     L4 = plan.extend_len
     avg = {k: t["average"] for k, t in tables.items()}
+    se = {k: t.get("average_se", {}) for k, t in tables.items()}
     out = []
+
+    def pm(key: str, L: int) -> str:
+        s = se[key].get(L)
+        return f"{avg[key][L]:.0f}" if s is None else f"{avg[key][L]:.0f} ± {s:.0f}"
 
     def cmp(x: str, y: str, L: int) -> str:
         dx, dy = avg[x][L], avg[y][L]
         if dx is None or dy is None:
             return "n/a"
         d = dx - dy
-        return "no measurable difference" if abs(d) <= noise else (f"+{d:.0f} points" if d > 0 else f"{d:.0f} points")
+        sx, sy = se[x].get(L), se[y].get(L)
+        limit = noise if sx is None or sy is None else 2 * math.hypot(sx, sy)
+        return "no measurable difference" if abs(d) <= limit else (f"+{d:.0f} points" if d > 0 else f"{d:.0f} points")
 
     a1 = avg["a"].get(plan.train_len)
     if a1 is not None and a1 < 50:
@@ -48,10 +58,10 @@ def findings(plan: DemoPlan, tables: dict, noise: float = 5.0) -> list[str]:
                    "learned retrieval yet, so the comparisons below say little about context extension.")
     a4, c4 = avg["a"].get(L4), avg.get("c", {}).get(L4)
     if a4 is not None:
-        out.append(f"Without extension the model scores {a4:.0f} at {plan.factor}x ({L4} tokens) "
+        out.append(f"Without extension the model scores {pm('a', L4)} at {plan.factor}x ({L4} tokens) "
                    f"vs {avg['a'][plan.train_len]:.0f} at its training length (target at {plan.factor}x: <= 30).")
     if c4 is not None:
-        out.append(f"After YaRN x{plan.factor} + {plan.extend_steps} steps at {L4} tokens: {c4:.0f} at {plan.factor}x "
+        out.append(f"After YaRN x{plan.factor} + {plan.extend_steps} steps at {L4} tokens: {pm('c', L4)} at {plan.factor}x "
                    f"(target >= 80); at {plan.train_len} tokens {avg['c'][plan.train_len]:.0f} "
                    f"(base: {avg['a'][plan.train_len]:.0f}).")
         L8 = plan.lengths[-1]
@@ -63,9 +73,8 @@ def findings(plan: DemoPlan, tables: dict, noise: float = 5.0) -> list[str]:
     if "d" in avg and "c" in avg:
         per = ", ".join(f"{L}: {cmp('c', 'd', L)}" for L in plan.lengths)
         out.append(f"YaRN + training (c) vs the same training with plain RoPE (d), per length: {per}. "
-                   f"Differences within {noise:.0f} points count as none: with {plan.samples} samples per task "
-                   f"one sample moves a 4-task average by ~{100 / plan.samples / 4:.1f} points, and seeds "
-                   f"differ by more (a rerun with the same seed reproduces every score).")
+                   f"A difference counts only beyond two standard errors of the eval samples ({plan.samples} per "
+                   f"task and length); training seeds differ by more (a rerun with the same seed reproduces every score).")
     return out
 
 

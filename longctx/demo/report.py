@@ -35,12 +35,18 @@ def describe(plan: DemoPlan, key: str) -> tuple[str, str]:
     return label, what.format(L=plan.train_len, F=plan.factor, S=plan.extend_steps, XL=plan.extend_len)
 
 
+def _fmt_se(x: Optional[float], se: Optional[float]) -> str:
+    return _fmt(x) if se is None or x is None else f"{_fmt(x)} ± {se:.1f}"
+
+
 def accuracy_table(plan: DemoPlan, tables: dict) -> list[str]:
-    """Average over tasks per length, one row per variant."""
+    """Average over tasks per length (± its standard error), one row per variant."""
     lines = ["| variant | " + _len_header(plan) + " |", "|---|" + "---:|" * len(plan.lengths)]
     for key in sorted(tables):
         label, _ = describe(plan, key)
-        lines.append(f"| {label} | " + " | ".join(_fmt(tables[key]["average"][L]) for L in plan.lengths) + " |")
+        t = tables[key]
+        se = t.get("average_se", {})
+        lines.append(f"| {label} | " + " | ".join(_fmt_se(t["average"][L], se.get(L)) for L in plan.lengths) + " |")
     return lines
 
 
@@ -102,8 +108,10 @@ def write_report(out: Path, plan: DemoPlan, seed: int, tables: dict, timings: di
                "scaled_rope": plan.scaled_rope(), "variants": {}, "timings_s": timings, **extra}
     for key, t in tables.items():
         label, what = describe(plan, key)
-        summary["variants"][key] = {"label": label, "description": what,
-                                    "scores": {task: {str(L): v for L, v in row.items()} for task, row in t.items()}}
+        summary["variants"][key] = {
+            "label": label, "description": what,
+            "scores": {task: {str(L): v for L, v in row.items()} for task, row in t.items() if task != "average_se"},
+            "average_stderr": {str(L): v for L, v in t.get("average_se", {}).items()}}
     (out / "summary.json").write_text(json.dumps(summary, indent=1))
 
     rope = plan.scaled_rope()
@@ -122,7 +130,9 @@ def write_report(out: Path, plan: DemoPlan, seed: int, tables: dict, timings: di
     lines += accuracy_table(plan, tables)
     lines += ["", "Variants: " + "; ".join(f"{describe(plan, k)[0]}: {describe(plan, k)[1]}" for k in sorted(tables)) + ".",
               f"At {L} tokens the average is over {len(EVAL_TASKS) - sum(1 for t in EVAL_TASKS if tables['a'][t][L] is None)} tasks "
-              "(compact niah_multivalue needs ~389 tokens).", ""]
+              "(compact niah_multivalue needs ~389 tokens). ± is one standard error of the average over the "
+              f"eval's samples ({plan.samples} per task and length): the test set's sampling noise alone; "
+              "a different training seed moves the scores by more.", ""]
     if "c" in tables:
         lines += ["## Before → after extension, per task and length", ""]
         lines += before_after_table(plan, tables["a"], tables["c"])

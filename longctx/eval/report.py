@@ -27,14 +27,18 @@ def aggregate(records: Sequence[dict], threshold: float = DEFAULT_THRESHOLD) -> 
         out_tasks[name] = {
             "metric": t["metric"],
             "scores": {str(L): s for L, s in scores.items()},
+            "stderr": {str(L): standard_error(v) for L, v in sorted(t["_by_len"].items())},
             "samples": {str(L): len(v) for L, v in sorted(t["_by_len"].items())},
             "average": mean(scores.values()),
             "effective_length": effective_length(scores, threshold),
         }
-    avg_by_len = {}
+    avg_by_len, avg_se_by_len = {}, {}
     for L in lengths:
         vals = [t["scores"][str(L)] for t in out_tasks.values() if str(L) in t["scores"]]
         avg_by_len[L] = mean(vals)
+        # the tasks' samples are independent: the average's variance is the mean of theirs / k
+        ses = [t["stderr"][str(L)] for t in out_tasks.values() if str(L) in t["stderr"]]
+        avg_se_by_len[L] = math.sqrt(sum(se * se for se in ses)) / len(ses)
     out_grids = {}
     for name, cells in grids.items():
         depths = sorted({d for d, _ in cells})
@@ -48,10 +52,21 @@ def aggregate(records: Sequence[dict], threshold: float = DEFAULT_THRESHOLD) -> 
         "lengths": lengths,
         "tasks": out_tasks,
         "average_by_length": {str(L): v for L, v in avg_by_len.items()},
+        "average_stderr_by_length": {str(L): v for L, v in avg_se_by_len.items()},
         "average": mean(avg_by_len.values()) if avg_by_len else float("nan"),
         "effective_length": effective_length(avg_by_len, threshold) if avg_by_len else 0,
         "grids": out_grids,
     }
+
+
+def standard_error(scores: Sequence[float]) -> float:
+    """Standard error of the mean of per-sample scores (sample standard deviation / sqrt(n));
+    0 for a single sample: the sampling noise of a score on this many test samples."""
+    n = len(scores)
+    if n < 2:
+        return 0.0
+    m = sum(scores) / n
+    return math.sqrt(sum((x - m) ** 2 for x in scores) / (n - 1) / n)
 
 
 def _clean(x):
