@@ -265,6 +265,9 @@ def _print_summary(result: dict) -> None:
         for name, t in summary["tasks"].items():
             print(name.ljust(width) + "".join(f"{t['scores'].get(str(L), float('nan')):9.1f}" for L in lengths))
         print("average".ljust(width) + "".join(f"{summary['average_by_length'][str(L)]:9.1f}" for L in lengths))
+        se = summary.get("average_stderr_by_length", {})
+        if se:  # the sampling noise of the average (one standard error over the samples)
+            print("± (std err)".ljust(width) + "".join(f"{se.get(str(L), float('nan')):9.1f}" for L in lengths))
         print(f"effective length (> {summary['threshold']}): {summary['effective_length'] or 'none'}")
     if result.get("ppl"):
         print("ppl: " + ", ".join(f"{r['length']}: {r['ppl']:.3f}" for r in result["ppl"]["rows"]))
