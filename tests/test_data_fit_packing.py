@@ -79,8 +79,8 @@ def test_documents_longer_than_a_row_are_split_into_row_pieces():
     ]
 
 
-def test_lookahead_one_is_pad_packing():
-    path = write_jsonl(__import__("tempfile").mkdtemp() + "/d.jsonl", make_texts(80, seed=4, max_words=40))
+def test_lookahead_one_is_pad_packing(tmp_path):
+    path = write_jsonl(tmp_path / "d.jsonl", make_texts(80, seed=4, max_words=40))
     pad = collect(build_loader(file_config(path, epochs=1, packing="pad"), TOK, dp_rank=0, dp_size=1, seed=0))
     fit1 = collect(build_loader(file_config(path, epochs=1, packing="fit", fit_lookahead=1), TOK, dp_rank=0,
                                 dp_size=1, seed=0))
