@@ -136,8 +136,9 @@ class DemoPlan:
     # niah_multikey_2 at 4x 7 -> 87 with 0.5 here, same base)
     extend_line_breaks: float = 0.5
     # extension rows: `pad`. `fit` (filling the space a document leaves with later documents:
-    # padding 24.5% -> 9.8%, 1.19x the real tokens per step at 1.07x the step time) measured no
-    # better: multikey_2 / multivalue at 4x on 100 samples 39 / 57.5 vs 39 / 56.8 (seed 0)
+    # padding 24.5% -> 9.8%, 1.19x the real tokens per step, more masked attention blocks per
+    # step) measured no better: multikey_2 / multivalue at 4x on 100 samples 39 / 57.5 vs
+    # 39 / 56.8 (seed 0)
     extend_packing: str = "pad"
     num_values: int = 4  # niah_multivalue asks for 4 values of one key
     filler: str = "noise"  # RULER's noise passage: the haystack of niah_single_1 and passkey
