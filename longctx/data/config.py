@@ -141,7 +141,7 @@ class DataConfig:
     add_bos: bool = True
     add_eos: bool = True
     # "carry": split documents at row ends | "pad": start a new row instead | "fit": as pad, but
-    # first fill the row with the first of the next fit_lookahead documents that fits
+    # first fill the row with the longest of the next fit_lookahead documents that fits
     packing: str = "carry"
     fit_lookahead: int = 16
     final_partial: str = "pad"  # finite epochs only: last partial row "pad"ded (labels -100) or "drop"ped
