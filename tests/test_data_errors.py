@@ -97,6 +97,7 @@ def test_other_fields_named():
     cases = [
         (DataConfig(micro_batch_size=0), "data.micro_batch_size"),
         (DataConfig(packing="greedy"), "data.packing: 'greedy' is not one of carry, pad, fit"),
+        (DataConfig(packing="fit", fit_lookahead=0), "data.fit_lookahead: must be an integer >= 1, got 0"),
         (DataConfig(final_partial="keep"), "data.final_partial"),
         (DataConfig(sources=[]), "data.sources: empty"),
         (DataConfig(sources=[SourceConfig(kind="hub")]), r"data.sources\[0\].hub_name: required"),
