@@ -62,8 +62,10 @@ def _worker(rank, port, model_path, q):
     import torch.distributed as dist
 
     from longctx.eval.cp_prefill import cp_generate
+    from longctx.parallel.mesh import import_torch_dynamo_first, shutdown_distributed
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    import_torch_dynamo_first()
     dist.init_process_group("gloo", rank=rank, world_size=2)
     torch.set_num_threads(1)
     model = longctx.load_pretrained(model_path).eval()
@@ -73,7 +75,7 @@ def _worker(rank, port, model_path, q):
     for impl in ("ring", "allgather"):
         out[impl], stats = cp_generate(model, prompts, 12, impl=impl)
     q.put((rank, out, stats["cache_bytes"]))
-    dist.destroy_process_group()
+    shutdown_distributed(completed=True)
 
 
 def test_cp_generate_ring_and_allgather_match_single_process(model_dir):

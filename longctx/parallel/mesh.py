@@ -46,6 +46,7 @@ def init_distributed(timeout_s: float = 1800.0) -> DistEnv:
     info = read_env()
     if dist.is_initialized():
         return info
+    import_torch_dynamo_first()
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     if info.launcher == "single":
         os.environ.setdefault("MASTER_PORT", str(_free_port()))
@@ -61,6 +62,15 @@ def init_distributed(timeout_s: float = 1800.0) -> DistEnv:
     dist.init_process_group(backend, rank=info.rank, world_size=info.world_size,
                             timeout=datetime.timedelta(seconds=timeout_s))
     return info
+
+
+def import_torch_dynamo_first() -> None:
+    """Import torch._dynamo before any process group exists. Its import keeps references to
+    every process group alive at that moment, and the first call of a torch.library custom op
+    (the CP attention op) imports it lazily; a group it holds survives destroy_process_group
+    with its gloo threads, which then die in interpreter shutdown (SIGABRT at exit). ~1 s,
+    paid anyway by the first custom-op call. tests/test_process_group_teardown.py checks it."""
+    import torch._dynamo  # noqa: F401
 
 
 def shutdown_distributed(completed: bool) -> None:
