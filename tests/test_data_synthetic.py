@@ -364,3 +364,45 @@ def test_line_breaks_validated(bad):
 
     with pytest.raises(UserError, match=r"synthetic.line_breaks: must be a probability in \[0, 1\]"):
         validate_synthetic(SyntheticConfig(line_breaks=bad), "data.sources[0].synthetic", 256)
+
+
+@pytest.mark.parametrize("line_breaks", [0.0, 1.0])
+def test_inline_queries_sit_after_their_needle_inside_the_text(line_breaks):
+    kw = dict(style="compact", filler="mixed", num_keys=8, queries=4, line_breaks=line_breaks)
+    cfg = SyntheticConfig(inline_queries=1.0, **kw)
+    last_unit_asked = 0
+    for i in range(60):
+        d = generate_document(cfg, i, length_chars=1000, task="niah")
+        tail = generate_document(SyntheticConfig(**kw), i, length_chars=1000, task="niah")
+        prompt = d.text[: d.prompt_len]
+        qa = [(m.start(), m.group(1), m.group(2)) for m in
+              re.finditer(r"What is the special magic number for ([\w-]+)\? The special magic number for \1 is (\d+)\.", prompt)]
+        # the same questions as the tail version, the final one still last and alone at the end
+        assert sorted((k, v) for _, k, v in qa) == sorted(re.findall(
+            r"\nWhat is the special magic number for ([\w-]+)\? The special magic number for \1 is (\d+)\.", tail.text[: tail.prompt_len]))
+        assert d.text.endswith(f"\nWhat is the special magic number for {d.key}? The special magic number for {d.key} is "
+                               f"{d.values[0]}.") and len(d.text) <= 1000
+        for at, k, v in qa:  # after the needle it asks about
+            assert 0 <= prompt.index(f"numbers for {k} is: {v}.") < at
+        assert [d.text[s:e] for s, e in d.answer_spans] == [v for _, _, v in sorted(qa)] + d.values
+        assert Counter(re.findall(r"numbers for ([\w-]+) is", prompt)) == Counter(re.findall(r"numbers for ([\w-]+) is", tail.text))
+        units = re.findall(r"numbers for ([\w-]+) is: \d+\.|The special magic number for ([\w-]+) is \d+\.", prompt)
+        last_unit_asked += bool(units[-1][1])
+    assert 0 < last_unit_asked < 60  # sometimes an answered question, sometimes a needle, right before the final one
+    # inline_queries=0 leaves the corpus as it was; a probability picks documents
+    for i in range(10):
+        assert generate_document(SyntheticConfig(inline_queries=0.0, **kw), i, length_chars=900).text == \
+            generate_document(SyntheticConfig(**kw), i, length_chars=900).text
+    half = SyntheticConfig(inline_queries=0.5, **kw)
+    inlined = sum(generate_document(half, i, length_chars=1000, task="niah").text !=
+                  generate_document(SyntheticConfig(**kw), i, length_chars=1000, task="niah").text for i in range(200))
+    assert 70 < inlined < 130
+
+
+@pytest.mark.parametrize("bad", [-0.1, 1.5, "0.5", True])
+def test_inline_queries_validated(bad):
+    from longctx.data.config import validate_synthetic
+    from longctx.errors import UserError
+
+    with pytest.raises(UserError, match=r"synthetic.inline_queries: must be a probability in \[0, 1\]"):
+        validate_synthetic(SyntheticConfig(inline_queries=bad), "data.sources[0].synthetic", 256)

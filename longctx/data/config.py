@@ -61,6 +61,11 @@ class SyntheticConfig:
     # before the final question, so one document holds several key-matching examples;
     # questions that do not fit the document's length are left out
     queries: int = 1
+    # probability that a niah document puts its answered questions inside the text, each at a
+    # random point after its needle, instead of as a block before the final question: a block
+    # teaches "the nearest key-value statement (the previous answer) is never the one asked",
+    # and an extended model then avoids a needle right before the question
+    inline_queries: float = 0.0
     # probability that a distractor key shares a word (the adjective or the noun, evenly) with
     # the queried key: hard negatives, so that matching only part of the key does not pay
     hard_keys: float = 0.0
@@ -225,6 +230,7 @@ def validate_synthetic(syn: SyntheticConfig, name: str, seq_len: int) -> None:
     _probability(syn.hard_keys, f"{name}.hard_keys")
     _probability(syn.recall_multivalue, f"{name}.recall_multivalue")
     _probability(syn.line_breaks, f"{name}.line_breaks")
+    _probability(syn.inline_queries, f"{name}.inline_queries")
     if not (isinstance(syn.length_min_ratio, (int, float)) and 0 < syn.length_min_ratio <= 1):
         raise UserError(f"{name}.length_min_ratio: must be in (0, 1], got {syn.length_min_ratio!r}")
     lo, hi = syn.length_bounds(seq_len)

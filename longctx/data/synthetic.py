@@ -259,11 +259,15 @@ def generate_document(
             text += v + "."
         return text + final_q, spans
 
+    # answered questions inside the text (a separate stream: the same document otherwise)
+    inline = bool(asked) and cfg.inline_queries > 0 and \
+        random.Random(f"longctx-synthetic-inline:{cfg.seed}:{index}").random() < cfg.inline_queries
     # needles that do not fit are dropped, distractors first (never the queried ones), then
     # earlier questions with their needles; each needle costs its length + 2 separators at most
+    # (an inline question too: one more than its leading newline in the tail)
     while True:
         tail, asked_spans = render_tail()
-        fixed = len(head) + len(tail) + len(answer)
+        fixed = len(head) + len(tail) + len(answer) + (len(asked) if inline else 0)
         if not needles or fixed + sum(len(n) + 2 for n, _ in needles) <= length_chars:
             break
         protected = {n for _, _, n in asked}
@@ -301,6 +305,17 @@ def generate_document(
             pos = min(bounds, key=lambda b: (abs(distance_at(b) - d), b))
             placed.append((pos, -1, needle, queried))  # before any needle at the same place
     placed.sort()
+    units = list(placed)  # (position, tie-break, text, queried: True | False | None = a question)
+    qa_values: Dict[str, str] = {}
+    if inline:
+        tail = final_q
+        qrng = random.Random(f"longctx-synthetic-inline-at:{cfg.seed}:{index}")
+        at_needle = {n: p for p, _, n, _ in placed}
+        for k, v, needle in asked:  # each at a random point after its needle (after the needles there)
+            qa = (qk.format(key=k) + " " if qk else "") + pk.format(key=k) + " " + v + "."
+            qa_values[qa] = v
+            units.append((qrng.choice([b for b in bounds if b >= at_needle[needle]]), 1 + qrng.random(), qa, None))
+        units.sort()
     # the answer lists the values in the order their needles appear (the eval scores any order;
     # text order makes "next needle of this key" the rule instead of an arbitrary permutation)
     if len(values) > 1:
@@ -315,26 +330,30 @@ def generate_document(
     body = head
     last = 0
     needle_spans: List[Tuple[int, int]] = []
-    for pos, _, needle, queried in placed:
+    inline_spans: List[Tuple[int, int]] = []  # the answers of inline questions
+    for pos, _, unit, queried in units:
         body += filler[last:pos]
         last = pos
         if body.endswith(" "):  # the filler's space before the needle becomes the separator
             body = body[:-1]
         if len(body) > len(head) and not body.endswith("\n"):
             body += sep
-        if queried:
-            needle_spans.append((len(body), len(body) + len(needle)))
-        body += needle + sep
+        if queried is True:
+            needle_spans.append((len(body), len(body) + len(unit)))
+        elif queried is None:
+            end = len(body) + len(unit) - 1  # before the final "."
+            inline_spans.append((end - len(qa_values[unit]), end))
+        body += unit + sep
     body += filler[last:]
     body = body.rstrip(" \n")
     deficit = length_chars - len(body) - len(tail) - len(answer)
     if deficit > 1:  # top up towards the target with more filler
         more = _filler(rng, cfg.filler, deficit - 1)
         if more:
-            body += (sep if placed and body.endswith(placed[-1][2]) else " ") + more.rstrip(" ")
+            body += (sep if units and body.endswith(units[-1][2]) else " ") + more.rstrip(" ")
     prompt = body + tail
     text = prompt + answer
-    spans = [(len(body) + a, len(body) + b) for a, b in asked_spans]
+    spans = inline_spans if inline else [(len(body) + a, len(body) + b) for a, b in asked_spans]
     at = len(prompt) + 1
     for v in values:
         spans.append((at, at + len(v)))

@@ -125,6 +125,10 @@ class DemoPlan:
     # tokens this asks about nearly every needle that fits (1-6 questions, 2-6 needles); more
     # key-matching examples per document (multikey_2 at 4x: 7 with 4 questions, 20 with 8)
     extend_queries: int = 8
+    # share of those niah documents whose answered questions sit inside the text after their
+    # needle instead of as a block before the final question (see docs/demo.md, "the needle
+    # next to the question")
+    extend_inline_queries: float = 0.0
     hard_keys: float = 0.0  # share of distractor keys with a word of the queried key (both corpora)
     recall_multivalue: float = 0.0  # share of recall keys with several values (base corpus)
     extend_recall_multivalue: float = 0.3  # the same in the extension corpus

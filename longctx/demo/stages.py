@@ -19,7 +19,7 @@ from longctx.errors import UserError
 
 def _synthetic(num_keys: int, length_min_ratio: float, filler: str, tasks: tuple, num_values: int,
                queries: int = 1, hard_keys: float = 0.0, recall_multivalue: float = 0.0,
-               line_breaks: float = 0.0, packing: str = "pad") -> Dict[str, Any]:
+               line_breaks: float = 0.0, packing: str = "pad", inline_queries: float = 0.0) -> Dict[str, Any]:
     # compact style = the eval suite's compact prompts word for word (needles, question,
     # answer prefix); filler per plan (noise = RULER's passage, the niah_single_1 / passkey haystack);
     # documents are never split across rows (pad / fit packing)
@@ -27,7 +27,7 @@ def _synthetic(num_keys: int, length_min_ratio: float, filler: str, tasks: tuple
             "synthetic": {"style": "compact", "filler": filler, "num_keys": num_keys,
                           "num_values": num_values, "length_min_ratio": length_min_ratio,
                           "queries": queries, "hard_keys": hard_keys, "recall_multivalue": recall_multivalue,
-                          "line_breaks": line_breaks,
+                          "line_breaks": line_breaks, "inline_queries": inline_queries,
                           "tasks": dict(tasks)}}
 
 
@@ -40,7 +40,7 @@ def extend_synthetic(plan: DemoPlan) -> Dict[str, Any]:
     return _synthetic(plan.extend_num_keys, plan.extend_length_min_ratio, plan.extend_filler,
                       plan.extend_tasks, plan.num_values, queries=plan.extend_queries, hard_keys=plan.hard_keys,
                       recall_multivalue=plan.extend_recall_multivalue, line_breaks=plan.extend_line_breaks,
-                      packing=plan.extend_packing)
+                      packing=plan.extend_packing, inline_queries=plan.extend_inline_queries)
 
 
 def prepare_tokenizer(plan: DemoPlan, out_dir: Path) -> str:
