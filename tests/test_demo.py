@@ -250,3 +250,27 @@ def test_bpe_plan_trains_its_tokenizer_and_sizes_the_model_by_it(tmp_path):
     assert base.data.tokenizer == ext.data.tokenizer == spec
     over = base.model.overrides
     assert (over["vocab_size"], over["bos_token_id"], over["eos_token_id"]) == (600, tok.bos_id, tok.eos_id)
+
+
+def test_extension_dense_source_and_inline_questions_reach_the_trainer_config(tmp_path):
+    """extend_dense_weight adds a second, niah-only source with its own corpus seed and the
+    plan's key / question counts; extend_inline_queries reaches the main corpus."""
+    from dataclasses import replace
+
+    from longctx.config import load_config
+    from longctx.data import load_tokenizer
+    from longctx.demo import stages
+    from longctx.demo.report import corpus_mixes
+
+    byte = load_tokenizer("byte")
+    plan = replace(FULL, extend_dense_weight=0.25, extend_dense_keys=16, extend_dense_queries=2, extend_inline_queries=1.0)
+    e = load_config(str(stages.write_config(stages.extend_config(plan, tmp_path / "ext", tmp_path / "base" / "hf", 0,
+                                                                 plan.scaled_rope(), byte), tmp_path / "ext.yaml")))
+    main, dense = e.data.sources
+    assert (main.weight, dense.weight) == (0.75, 0.25) and dense.name == "dense"
+    assert dict(dense.synthetic.tasks) == {"niah": 1.0} and (dense.synthetic.num_keys, dense.synthetic.queries) == (16, 2)
+    assert dense.synthetic.seed != main.synthetic.seed and main.synthetic.inline_queries == 1.0
+    assert "25% of rows dense niah (16 keys, 2 questions)" in corpus_mixes(plan)
+    assert "100% of niah documents with their answered questions inside the text" in corpus_mixes(plan)
+    off = replace(FULL, extend_dense_weight=0.0, extend_inline_queries=0.0)
+    assert len(stages.extend_sources(off)) == 1 and "dense" not in corpus_mixes(off)

@@ -129,6 +129,12 @@ class DemoPlan:
     # needle instead of as a block before the final question (see docs/demo.md, "the needle
     # next to the question")
     extend_inline_queries: float = 0.0
+    # a second extension source drawn for this share of the rows: niah documents with
+    # extend_dense_keys needles (multikey_2 holds 14 at 4x; the main corpus's question block
+    # leaves room for <= 7) and extend_dense_queries questions (0: no second source)
+    extend_dense_weight: float = 0.0
+    extend_dense_keys: int = 16
+    extend_dense_queries: int = 2
     hard_keys: float = 0.0  # share of distractor keys with a word of the queried key (both corpora)
     recall_multivalue: float = 0.0  # share of recall keys with several values (base corpus)
     extend_recall_multivalue: float = 0.3  # the same in the extension corpus

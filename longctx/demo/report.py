@@ -167,7 +167,18 @@ def _mix(tasks: tuple, recall_multivalue: float, line_breaks: float = 0.0) -> st
 def corpus_mixes(plan: DemoPlan) -> str:
     stages = [f"{s.seq_len}: {_mix(s.tasks, plan.recall_multivalue, plan.line_breaks)}" for s in plan.base_stages if s.tasks]
     return (f"base {_mix(plan.tasks, plan.recall_multivalue, plan.line_breaks)}" + (f" ({'; '.join(stages)})" if stages else "") +
-            f"; extension {_mix(plan.extend_tasks, plan.extend_recall_multivalue, plan.extend_line_breaks)}")
+            f"; extension {_mix(plan.extend_tasks, plan.extend_recall_multivalue, plan.extend_line_breaks)}" +
+            _extension_extras(plan))
+
+
+def _extension_extras(plan: DemoPlan) -> str:
+    parts = []
+    if plan.extend_inline_queries:
+        parts.append(f"{plan.extend_inline_queries:.0%} of niah documents with their answered questions inside the text")
+    if plan.extend_dense_weight > 0:
+        parts.append(f"{plan.extend_dense_weight:.0%} of rows dense niah ({plan.extend_dense_keys} keys, "
+                     f"{plan.extend_dense_queries} questions)")
+    return "".join(f", {p}" for p in parts)
 
 
 HEATMAP_NOTE = "niah_single_1: {n} per depth x {d} depths"

@@ -4,12 +4,13 @@ ZeRO-3 for the extension), so each step can be re-run by hand from its YAML.
 """
 from __future__ import annotations
 
+import copy
 import os
 import socket
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any, Dict, Optional
+from typing import Any, Dict, List, Optional
 
 from omegaconf import OmegaConf
 
@@ -41,6 +42,20 @@ def extend_synthetic(plan: DemoPlan) -> Dict[str, Any]:
                       plan.extend_tasks, plan.num_values, queries=plan.extend_queries, hard_keys=plan.hard_keys,
                       recall_multivalue=plan.extend_recall_multivalue, line_breaks=plan.extend_line_breaks,
                       packing=plan.extend_packing, inline_queries=plan.extend_inline_queries)
+
+
+def extend_sources(plan: DemoPlan) -> List[Dict[str, Any]]:
+    """The extension's data sources: the main corpus, plus the dense-needle one when the plan
+    draws it (its own corpus seed, so its documents are not the main corpus's)."""
+    main = extend_synthetic(plan)
+    if plan.extend_dense_weight <= 0:
+        return [main]
+    dense = copy.deepcopy(main)
+    dense["name"], dense["weight"] = "dense", plan.extend_dense_weight
+    dense["synthetic"].update(num_keys=plan.extend_dense_keys, queries=plan.extend_dense_queries,
+                              tasks={"niah": 1.0}, seed=4321)
+    main["weight"] = 1.0 - plan.extend_dense_weight
+    return [main, dense]
 
 
 def prepare_tokenizer(plan: DemoPlan, out_dir: Path) -> str:
@@ -95,7 +110,7 @@ def extend_config(plan: DemoPlan, out_dir: Path, init_from: Path, seed: int, rop
         "model": {"init_from": str(init_from), "rope_parameters": dict(rope),
                   "max_position_embeddings": plan.extend_len},
         "data": {"seq_len": plan.extend_len, "micro_batch_size": plan.extend_batch,
-                 "tokenizer": tokenizer.name, "sources": [extend_synthetic(plan)]},
+                 "tokenizer": tokenizer.name, "sources": extend_sources(plan)},
         "parallel": {"cp_size": plan.cp_size, "cp_impl": "ring", "zero_stage": plan.zero_stage},
         "optim": {"lr": plan.extend_lr, "warmup_steps": plan.extend_warmup, "schedule": "cosine",
                   "min_lr_ratio": 0.1, "weight_decay": 0.0, "grad_clip": 1.0},
