@@ -38,7 +38,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 from longctx.model import ModelConfig, build_model  # noqa: E402
 from longctx.parallel import make_cp_attention, shard_batch, validate_layout  # noqa: E402
 from longctx.parallel.comm import COMM_STATS, reset_comm_stats  # noqa: E402
-from longctx.parallel.mesh import import_torch_dynamo_first, shutdown_distributed  # noqa: E402
+from longctx.parallel.mesh import import_before_process_groups, shutdown_distributed  # noqa: E402
 
 VARIANTS = {"ring": ("ring", None, True), "ring-no-overlap": ("ring", None, False),
             "allgather": ("allgather", None, True), "ulysses": ("ulysses", None, True),
@@ -72,7 +72,7 @@ def _worker(rank, world, port, out_path, args, variants, threads):
     libc.mallopt(-3, 1 << 16)  # M_MMAP_THRESHOLD: big blocks are mmapped, returned on free
     torch.set_num_threads(threads)
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    import_torch_dynamo_first()
+    import_before_process_groups()
     dist.init_process_group("gloo", rank=rank, world_size=world)
     cfg = bench_model_config(args)
     model = build_model(cfg, seed=0)

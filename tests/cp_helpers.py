@@ -19,7 +19,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from longctx.parallel.mesh import import_torch_dynamo_first, shutdown_distributed
+from longctx.parallel.mesh import import_before_process_groups, shutdown_distributed
 
 
 def _free_port() -> int:
@@ -31,7 +31,7 @@ def _free_port() -> int:
 def _entry(rank, world_size, port, outdir, fn, args):
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)  # N processes share the machine's cores
-    import_torch_dynamo_first()  # else the groups outlive shutdown (see its docstring)
+    import_before_process_groups()  # else the groups outlive shutdown (see its docstring)
     dist.init_process_group("gloo", rank=rank, world_size=world_size, timeout=timedelta(seconds=120))
     try:
         result = ("ok", fn(rank, world_size, *args))

@@ -62,10 +62,10 @@ def _worker(rank, port, model_path, q):
     import torch.distributed as dist
 
     from longctx.eval.cp_prefill import cp_generate
-    from longctx.parallel.mesh import import_torch_dynamo_first, shutdown_distributed
+    from longctx.parallel.mesh import import_before_process_groups, shutdown_distributed
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    import_torch_dynamo_first()
+    import_before_process_groups()
     dist.init_process_group("gloo", rank=rank, world_size=2)
     torch.set_num_threads(1)
     model = longctx.load_pretrained(model_path).eval()

@@ -6,9 +6,11 @@ block of consecutive ranks (one node's GPUs first, where the fast links are).
 from __future__ import annotations
 
 import datetime
+import importlib
 import os
+import sys
 from dataclasses import dataclass
-from typing import Optional
+from typing import Optional, Sequence
 
 import torch
 import torch.distributed as dist
@@ -40,13 +42,14 @@ def read_env() -> DistEnv:
     return DistEnv(0, 1, 0, "single")
 
 
-def init_distributed(timeout_s: float = 1800.0) -> DistEnv:
+def init_distributed(timeout_s: float = 1800.0, preload: Sequence[str] = ()) -> DistEnv:
     """Initialise torch.distributed (NCCL on GPUs, gloo on CPU). A single process still gets a
-    1-rank gloo group so that every code path (ZeRO, collectives) is the same."""
+    1-rank gloo group so that every code path (ZeRO, collectives) is the same. `preload`: more
+    modules to import before the group exists (see import_before_process_groups)."""
     info = read_env()
     if dist.is_initialized():
         return info
-    import_torch_dynamo_first()
+    import_before_process_groups(*preload)
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     if info.launcher == "single":
         os.environ.setdefault("MASTER_PORT", str(_free_port()))
@@ -64,13 +67,17 @@ def init_distributed(timeout_s: float = 1800.0) -> DistEnv:
     return info
 
 
-def import_torch_dynamo_first() -> None:
-    """Import torch._dynamo before any process group exists. Its import keeps references to
-    every process group alive at that moment, and the first call of a torch.library custom op
-    (the CP attention op) imports it lazily; a group it holds survives destroy_process_group
-    with its gloo threads, which then die in interpreter shutdown (SIGABRT at exit). ~1 s,
-    paid anyway by the first custom-op call. tests/test_process_group_teardown.py checks it."""
-    import torch._dynamo  # noqa: F401
+def import_before_process_groups(*modules: str) -> None:
+    """Import torch._dynamo (and `modules`, e.g. "deepspeed") before any process group exists.
+
+    Importing either keeps references to the process groups alive at that moment (torch 2.13,
+    DeepSpeed 0.19), out of reach of destroy_process_group: such a group keeps its gloo
+    threads and is destroyed, if at all, in interpreter shutdown, where a rank can die with
+    SIGABRT. torch._dynamo is imported lazily by the first call of a torch.library custom op
+    (the CP attention op), DeepSpeed by the trainer. ~1 s and ~1.5 s, paid anyway by those
+    paths. tests/test_process_group_teardown.py checks that every group is freed."""
+    for name in ("torch._dynamo", *modules):
+        importlib.import_module(name)
 
 
 def shutdown_distributed(completed: bool) -> None:
@@ -86,7 +93,11 @@ def shutdown_distributed(completed: bool) -> None:
     except Exception:  # noqa: BLE001 - teardown must not replace the job's result
         pass
     try:
-        dist.destroy_process_group()
+        ds_comm = sys.modules.get("deepspeed.comm")
+        if ds_comm is not None and ds_comm.is_initialized():
+            ds_comm.destroy_process_group()  # also drops DeepSpeed's own references to the groups
+        else:
+            dist.destroy_process_group()
     except Exception:  # noqa: BLE001
         pass
 

@@ -70,7 +70,7 @@ class Trainer:
         self.stages = resolved_stages(cfg)
         self.out = Path(cfg.out_dir)
         self.resume_from = find_resume(self.out, cfg.checkpoint.resume)  # a bad path fails before any process group
-        init_distributed()
+        init_distributed(preload=("deepspeed",))  # the engine's library, imported before any group
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
         if self.rank == 0:
             self.out.mkdir(parents=True, exist_ok=True)
