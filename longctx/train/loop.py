@@ -129,6 +129,19 @@ class Trainer:
         self.cp = cp
         self.mesh = self._mesh(cp)
 
+    def close(self) -> None:
+        """Release the DeepSpeed engine's hooks and buffers (its documented cleanup): without it
+        a ZeRO >= 1 engine, its model and its process groups outlive the job in this process.
+        Never raises: teardown must not replace the job's result."""
+        engine = getattr(self, "engine", None)
+        if engine is None:
+            return
+        try:
+            engine.destroy()
+        except Exception as e:  # noqa: BLE001
+            log.warning("DeepSpeed engine cleanup failed: %s", e)
+        self.engine = None
+
     # ------------------------------------------------------------------------ the job
     def run(self) -> int:
         from tqdm import tqdm
@@ -324,4 +337,5 @@ def train(cfg: TrainConfig) -> int:
         completed = True
         return rc
     finally:
+        trainer.close()
         shutdown_distributed(completed)
