@@ -251,12 +251,16 @@ def generate_document(
 
     qk, pk = tpl["question"]["niah"]
 
+    def answered(k: str, v: str) -> Tuple[str, int]:  # an earlier question with its answer, where v starts
+        ask = (qk.format(key=k) + " " if qk else "") + pk.format(key=k) + " "
+        return ask + v + ".", len(ask)
+
     def render_tail():  # earlier questions answered in turn, then the final question
         text, spans = "", []
         for k, v, _ in asked:
-            text += "\n" + (qk.format(key=k) + " " if qk else "") + pk.format(key=k) + " "
-            spans.append((len(text), len(text) + len(v)))
-            text += v + "."
+            qa, at = answered(k, v)
+            spans.append((len(text) + 1 + at, len(text) + 1 + at + len(v)))
+            text += "\n" + qa
         return text + final_q, spans
 
     # answered questions inside the text (a separate stream: the same document otherwise)
@@ -306,14 +310,14 @@ def generate_document(
             placed.append((pos, -1, needle, queried))  # before any needle at the same place
     placed.sort()
     units = list(placed)  # (position, tie-break, text, queried: True | False | None = a question)
-    qa_values: Dict[str, str] = {}
+    qa_answers: Dict[str, Tuple[int, int]] = {}  # inline question -> its answer's span in it
     if inline:
         tail = final_q
         qrng = random.Random(f"longctx-synthetic-inline-at:{cfg.seed}:{index}")
         at_needle = {n: p for p, _, n, _ in placed}
         for k, v, needle in asked:  # each at a random point after its needle (after the needles there)
-            qa = (qk.format(key=k) + " " if qk else "") + pk.format(key=k) + " " + v + "."
-            qa_values[qa] = v
+            qa, at = answered(k, v)
+            qa_answers[qa] = (at, at + len(v))
             units.append((qrng.choice([b for b in bounds if b >= at_needle[needle]]), 1 + qrng.random(), qa, None))
         units.sort()
     # the answer lists the values in the order their needles appear (the eval scores any order;
@@ -341,8 +345,8 @@ def generate_document(
         if queried is True:
             needle_spans.append((len(body), len(body) + len(unit)))
         elif queried is None:
-            end = len(body) + len(unit) - 1  # before the final "."
-            inline_spans.append((end - len(qa_values[unit]), end))
+            a, b = qa_answers[unit]
+            inline_spans.append((len(body) + a, len(body) + b))
         body += unit + sep
     body += filler[last:]
     body = body.rstrip(" \n")

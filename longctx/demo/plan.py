@@ -131,7 +131,7 @@ class DemoPlan:
     extend_inline_queries: float = 0.0
     # a second extension source drawn for this share of the rows: niah documents with
     # extend_dense_keys needles (multikey_2 holds 14 at 4x; the main corpus's question block
-    # leaves room for <= 7) and extend_dense_queries questions (0: no second source)
+    # leaves room for <= 7) and extend_dense_queries questions (weight 0: no second source)
     extend_dense_weight: float = 0.0
     extend_dense_keys: int = 16
     extend_dense_queries: int = 2
