@@ -16,6 +16,7 @@ import argparse
 import json
 import re
 import sys
+from pathlib import Path
 
 import torch
 
@@ -45,6 +46,10 @@ def main(argv=None) -> int:
     ap.add_argument("--results", required=True, help="results.json of an eval run with --save-inputs")
     ap.add_argument("--batch", type=int, default=20)
     args = ap.parse_args(argv)
+    for flag, path in (("--model", args.model), ("--results", args.results)):
+        if not Path(path).exists():
+            print(f"error: {flag}: {path} does not exist", file=sys.stderr)
+            return 2
     samples = [s for s in json.load(open(args.results))["samples"] if s["task"] == "niah_multikey_2"]
     if not samples or "prompt" not in samples[0]:
         print(f"error: --results: {args.results} has no niah_multikey_2 prompts (run the eval with --save-inputs)",

@@ -29,3 +29,10 @@ def test_results_without_prompts_is_a_one_line_error(tmp_path, capsys):
     f.write_text('{"samples": [{"task": "niah_multikey_2", "outputs": ["1"]}]}')
     assert probe.main(["--model", str(tmp_path), "--results", str(f)]) == 2
     assert "--save-inputs" in capsys.readouterr().err
+
+
+def test_missing_files_are_one_line_errors(tmp_path, capsys):
+    assert probe.main(["--model", str(tmp_path / "nope"), "--results", str(tmp_path)]) == 2
+    assert capsys.readouterr().err.strip() == f"error: --model: {tmp_path / 'nope'} does not exist"
+    assert probe.main(["--model", str(tmp_path), "--results", str(tmp_path / "r.json")]) == 2
+    assert "error: --results:" in capsys.readouterr().err
