@@ -274,3 +274,17 @@ def test_extension_dense_source_and_inline_questions_reach_the_trainer_config(tm
     assert "100% of niah documents with their answered questions inside the text" in corpus_mixes(plan)
     off = replace(FULL, extend_dense_weight=0.0, extend_inline_queries=0.0)
     assert len(stages.extend_sources(off)) == 1 and "dense" not in corpus_mixes(off)
+
+
+def test_eval_threads_follow_the_cores_other_processes_leave_free():
+    """The demo's evals use the cores left free now, not the minute-long load average (which
+    still counts the training job that just ended and used to leave the eval on one thread)."""
+    from longctx.demo.evaluation import busy_cores, eval_threads
+
+    cpus = os.cpu_count() or 1
+    assert eval_threads(0.0) == cpus
+    assert eval_threads(float(cpus)) == 1 and eval_threads(10.0 * cpus) == 1
+    assert eval_threads(cpus - 1.0) == 1
+    busy = busy_cores(0.05)
+    if os.path.exists("/proc/stat"):
+        assert busy is not None and 0.0 <= busy <= cpus + 1e-6

@@ -210,6 +210,28 @@ def fold_trailing_padding(segment_ids: torch.Tensor, labels: torch.Tensor) -> to
     return torch.where(fold, prev[:, None].expand_as(segment_ids), segment_ids)
 
 
+def trim_unscored_tail(batch: dict, multiple: int) -> dict:
+    """Drop the trailing columns no row scores: (B, T) tensors -> (B, T') with T' <= T.
+
+    T' is the last column holding a label in any row, plus one, rounded up to `multiple`
+    (context parallelism needs T' divisible by 2 x cp; a round size keeps kernel blocks
+    regular). Exact for the same reason as fold_trailing_padding: under causal attention no
+    scored token sees a later one, and the dropped tokens' own outputs are never scored. A
+    batch of documents shorter than its rows (`pad` packing) then costs what its longest
+    document costs: the demo's extension rows (documents of 1x-4x) lose ~15% of their columns.
+    Entries that are not (B, T) tensors pass through unchanged.
+    """
+    labels = batch["labels"]  # (B, T)
+    B, T = labels.shape
+    scored = (labels != IGNORE).any(0).nonzero()  # (n, 1) columns with a label in some row
+    keep = int(scored[-1, 0]) + 1 if scored.numel() else 1
+    keep = min(T, -(-keep // multiple) * multiple)
+    if keep == T:
+        return batch
+    return {k: (v[:, :keep] if isinstance(v, torch.Tensor) and v.dim() >= 2 and v.shape[:2] == (B, T) else v)
+            for k, v in batch.items()}
+
+
 def segment_ids_from_position_ids(position_ids: np.ndarray) -> np.ndarray:
     """Each position 0 starts a new segment: (…, T) → (…, T) ids 0, 1, 2, …"""
     return (np.cumsum(position_ids == 0, axis=-1) - 1).astype(np.int32)

@@ -30,12 +30,34 @@ def task_min_length(task: str, tokenizer, options) -> int:
     return lo
 
 
-def eval_threads() -> int:
-    """All cores, or one thread when the CPU is already busy: OpenMP threads that wait for each
-    other on oversubscribed cores make a step several times slower than one thread."""
+def busy_cores(window_s: float = 0.3) -> float | None:
+    """Cores kept busy by other processes, measured over `window_s` from /proc/stat (None
+    where there is no /proc/stat). Not the load average: its minute-long memory still counts
+    the training job that just ended, and the eval then ran on one thread (~40% slower)."""
+    def sample():
+        with open("/proc/stat") as f:
+            fields = [float(x) for x in f.readline().split()[1:]]
+        return sum(fields), fields[3] + (fields[4] if len(fields) > 4 else 0.0)  # total, idle + iowait
+    try:
+        total0, idle0 = sample()
+        time.sleep(window_s)
+        total1, idle1 = sample()
+    except (OSError, ValueError, IndexError):
+        return None
+    total = total1 - total0
+    return 0.0 if total <= 0 else (1.0 - (idle1 - idle0) / total) * (os.cpu_count() or 1)
+
+
+def eval_threads(busy: float | None = None) -> int:
+    """The cores other processes leave free (at least one): OpenMP threads that wait for each
+    other on oversubscribed cores make a step several times slower than one thread. `busy`
+    defaults to busy_cores(), else to the 1-minute load average."""
     cpus = os.cpu_count() or 1
-    busy = hasattr(os, "getloadavg") and os.getloadavg()[0] >= cpus
-    return 1 if busy else cpus
+    if busy is None:
+        busy = busy_cores()
+    if busy is None:
+        busy = os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0
+    return max(1, min(cpus, round(cpus - busy)))
 
 
 def evaluate_model(model_dir: Path, plan: DemoPlan, out_dir: Path, *, label: str, progress: bool = True) -> dict:

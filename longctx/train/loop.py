@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 import sys
 import time
 from pathlib import Path
@@ -128,6 +129,9 @@ class Trainer:
         model.set_attention(self._attention(cp))
         self.cp = cp
         self.mesh = self._mesh(cp)
+        # unscored row tails are dropped in steps of this many columns: divisible by the zigzag's
+        # 2 x cp chunks, and round enough to keep the attention kernels' blocks regular
+        self.trim_multiple = math.lcm(64, 2 * cp)
 
     def close(self) -> None:
         """Release the DeepSpeed engine's hooks and buffers (its documented cleanup): without it
@@ -238,6 +242,7 @@ class Trainer:
             flag.uninstall()
 
     def _step(self, engine, batches, stage, state: dict, fpt: float, peak: float) -> dict:
+        from longctx.data.packing import trim_unscored_tail
         from longctx.parallel.sharding import shard_batch
         from longctx.train.metrics import peak_memory_bytes
         from longctx.train.schedule import lr_at
@@ -252,9 +257,10 @@ class Trainer:
         for group in engine.optimizer.param_groups:
             group["lr"] = lr
         prepared = []
-        local_weight = 0.0
+        local_weight, columns = 0.0, 0
         for batch in micro:
-            inputs = self._prepare(batch)
+            inputs = trim_unscored_tail(self._prepare(batch), self.trim_multiple)
+            columns += inputs["labels"].shape[1]
             if self.cp > 1:
                 inputs = shard_batch(inputs, self.mesh.cp_rank, self.cp)
             weights = inputs.get("loss_weights")
@@ -282,10 +288,11 @@ class Trainer:
         grad_norm = float(grad_norm) if grad_norm is not None else float("nan")
         tokens = stage.seq_len * cfg.data.micro_batch_size * cfg.train.grad_accum * self.mesh.dp_size
         tps = tokens / elapsed
+        computed = columns / (stage.seq_len * len(micro))  # share of the rows' columns run (trailing unscored ones are not)
         return {
             "loss": global_loss / total_weight, "lr": lr, "grad_norm": grad_norm, "tokens": tokens,
             "tokens_per_s": tps, "tokens_per_s_per_device": tps / self.world,
-            "mfu": fpt * tps / self.world / peak, "peak_memory_gb": peak_memory_bytes() / 2**30,
+            "mfu": fpt * tps * computed / self.world / peak, "computed_fraction": computed, "peak_memory_gb": peak_memory_bytes() / 2**30,
             "data_wait_fraction": t_data / elapsed, "step_time_s": elapsed, "seq_len": stage.seq_len,
             "cp_size": self.cp, "dp_size": self.mesh.dp_size,
         }
