@@ -60,19 +60,25 @@ def _rel(a, b):
     return (a.float() - b.float()).abs().max().item() / max(b.float().abs().max().item(), 1e-30)
 
 
-def _compare(rank, world, dtype):
-    """[(case, what, rel error, tol)]: folded (cp = world) vs unfolded cp = 1."""
+def _fold(batch, world):
+    folded = dict(batch, segment_ids=fold_trailing_padding(batch["segment_ids"], batch["labels"]))
+    assert not torch.equal(folded["segment_ids"], batch["segment_ids"])
+    return folded
+
+
+def compare_rewritten(rank, world, dtype, rewrite):
+    """[(case, what, rel error, tol)]: rewrite(batch, world) run at cp = world vs the batch as
+    packed at cp = 1 (loss and every gradient)."""
     cfg = get_preset("debug-tiny")
     batch = _batch()
     n = int((batch["labels"] != -100).sum())
     ref_loss, ref_grads = _loss_and_grads(build_model(cfg, seed=3).to(dtype), batch, n)
-    folded = dict(batch, segment_ids=fold_trailing_padding(batch["segment_ids"], batch["labels"]))
-    assert not torch.equal(folded["segment_ids"], batch["segment_ids"])
+    rewritten = rewrite(batch, world)
     model = build_model(cfg, seed=3).to(dtype)
     if world > 1:
-        folded = shard_batch(folded, rank, world)  # positions from the folded segments
+        rewritten = shard_batch(rewritten, rank, world)  # positions from the rewritten segments
         model.set_attention(make_cp_attention(None, impl="ring"))
-    loss, grads = _loss_and_grads(model, folded, n)
+    loss, grads = _loss_and_grads(model, rewritten, n)
     if world > 1:
         dist.all_reduce(loss)
         for g in grads.values():
@@ -84,7 +90,7 @@ def _compare(rank, world, dtype):
 
 
 def _worker(rank, world):
-    return _compare(rank, world, torch.float32) + _compare(rank, world, torch.bfloat16)
+    return compare_rewritten(rank, world, torch.float32, _fold) + compare_rewritten(rank, world, torch.bfloat16, _fold)
 
 
 def test_fold_keeps_loss_and_gradients_cp1():

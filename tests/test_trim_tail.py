@@ -2,13 +2,10 @@
 the loss and every gradient stay those of the full batch (cp = 1 and ring cp = 2, fp32 and
 bf16); the trainer reports the share of columns it ran."""
 import torch
-import torch.distributed as dist
 
 from cp_helpers import check_all, run_distributed
 from longctx.data.packing import fold_trailing_padding, trim_unscored_tail
-from longctx.model import build_model, get_preset
-from longctx.parallel import make_cp_attention, shard_batch
-from test_fold_padding import TOL, _batch, _loss_and_grads, _rel
+from test_fold_padding import compare_rewritten
 from train_helpers import TINY, metrics, run_train
 
 
@@ -41,32 +38,17 @@ def test_trim_cases():
         assert batch["labels"].shape == (2, T)  # the input is not modified
 
 
-def _compare(rank, world, dtype):
-    """[(case, what, rel error, tol)]: folded + trimmed (cp = world) vs the full batch at cp = 1."""
-    cfg = get_preset("debug-tiny")
-    batch = _batch()
-    n = int((batch["labels"] != -100).sum())
-    ref_loss, ref_grads = _loss_and_grads(build_model(cfg, seed=3).to(dtype), batch, n)
-    trimmed = dict(batch, segment_ids=fold_trailing_padding(batch["segment_ids"], batch["labels"]))
-    trimmed = trim_unscored_tail(trimmed, 2 * max(world, 2))
+def _fold_and_trim(batch, world):
+    """What the trainer does to a batch before sharding it."""
+    folded = dict(batch, segment_ids=fold_trailing_padding(batch["segment_ids"], batch["labels"]))
+    trimmed = trim_unscored_tail(folded, 2 * max(world, 2))
     assert trimmed["input_ids"].shape[1] < batch["input_ids"].shape[1]  # the case really trims
-    model = build_model(cfg, seed=3).to(dtype)
-    if world > 1:
-        trimmed = shard_batch(trimmed, rank, world)
-        model.set_attention(make_cp_attention(None, impl="ring"))
-    loss, grads = _loss_and_grads(model, trimmed, n)
-    if world > 1:
-        dist.all_reduce(loss)
-        for g in grads.values():
-            dist.all_reduce(g)
-    case, tol = f"cp{world}/{dtype}", TOL[dtype]
-    checks = [(case, "loss", _rel(loss, ref_loss), tol)]
-    checks += [(case, f"grad {k}", _rel(grads[k], ref_grads[k]), tol) for k in ref_grads]
-    return checks
+    return trimmed
 
 
 def _worker(rank, world):
-    return _compare(rank, world, torch.float32) + _compare(rank, world, torch.bfloat16)
+    return (compare_rewritten(rank, world, torch.float32, _fold_and_trim)
+            + compare_rewritten(rank, world, torch.bfloat16, _fold_and_trim))
 
 
 def test_trim_keeps_loss_and_gradients_cp1():
