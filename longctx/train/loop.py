@@ -288,11 +288,12 @@ class Trainer:
         grad_norm = float(grad_norm) if grad_norm is not None else float("nan")
         tokens = stage.seq_len * cfg.data.micro_batch_size * cfg.train.grad_accum * self.mesh.dp_size
         tps = tokens / elapsed
-        computed = columns / (stage.seq_len * len(micro))  # share of the rows' columns run (trailing unscored ones are not)
+        computed = columns / (stage.seq_len * len(micro))  # share of the columns run (unscored tails are not)
         return {
             "loss": global_loss / total_weight, "lr": lr, "grad_norm": grad_norm, "tokens": tokens,
             "tokens_per_s": tps, "tokens_per_s_per_device": tps / self.world,
-            "mfu": fpt * tps * computed / self.world / peak, "computed_fraction": computed, "peak_memory_gb": peak_memory_bytes() / 2**30,
+            "mfu": fpt * tps * computed / self.world / peak, "computed_fraction": computed,
+            "peak_memory_gb": peak_memory_bytes() / 2**30,
             "data_wait_fraction": t_data / elapsed, "step_time_s": elapsed, "seq_len": stage.seq_len,
             "cp_size": self.cp, "dp_size": self.mesh.dp_size,
         }
