@@ -24,6 +24,7 @@ _aten = torch.ops.aten
 
 class SdpaKernel(AttentionKernel):
     name = "sdpa"
+    document_runs = True  # on CPU: per-row, per-document unmasked calls (see plan_document_tiles)
 
     def __init__(self) -> None:
         self._fallback = EagerKernel()
@@ -37,6 +38,9 @@ class SdpaKernel(AttentionKernel):
                         q.device.type)
             self._warned = True
         return True
+
+    def _use_document_runs(self, q: torch.Tensor) -> bool:
+        return self.document_runs and q.device.type == "cpu"
 
     def _fwd(self, q, k, v, scale, is_causal, mask):
         if self._use_fallback(q):

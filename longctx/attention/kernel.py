@@ -52,6 +52,7 @@ class Tile:
     k1: int
     is_causal: bool  # square block, top-left == bottom-right causal, no mask
     mask: Optional[Tensor]  # (B or 1, 1, q1 - q0, k1 - k0) bool keep-mask, or None
+    row: Optional[int] = None  # one batch row (document-run tiles), or None: every row
 
 
 def plan_tiles(
@@ -122,11 +123,88 @@ def plan_tiles(
     return tiles
 
 
+def _row_runs(ids: Tensor) -> List[List[Tuple[int, int, int]]]:
+    """(B, n) segment ids -> per row, [(start, end, id)] of its constant runs."""
+    B, n = ids.shape
+    starts: List[List[int]] = [[0] for _ in range(B)]
+    for b, i in (ids[:, 1:] != ids[:, :-1]).nonzero().tolist():  # a new run starts at i + 1
+        starts[b].append(i + 1)
+    rows = [b for b in range(B) for _ in starts[b]]
+    values = iter(ids[rows, [p for b in range(B) for p in starts[b]]].tolist())
+    return [[(a, z, next(values)) for a, z in zip(st, st[1:] + [n])] for st in starts]
+
+
+def _visible_tiles(qa: int, qb: int, ka: int, kb: int, off: int, causal: bool, row: int) -> List[Tile]:
+    """Unmasked tiles covering what queries [qa, qb) see of keys [ka, kb) (query i sits at key
+    position i + off): a fully visible prefix, an aligned causal square, and a fully visible
+    tail (queries past the last key); nothing for queries before the first key."""
+    if not causal or kb - 1 <= qa + off:
+        return [Tile(qa, qb, ka, kb, False, None, row)]
+    if ka > qb - 1 + off:
+        return []
+    q0 = max(qa, ka - off)  # earlier queries see none of these keys
+    s0 = q0 + off  # key position of query q0: the square's corner
+    q_sq = min(qb, kb - off)  # queries [q0, q_sq) see keys up to their own position
+    tiles = [Tile(q0, qb, ka, s0, False, None, row)] if s0 > ka else []
+    tiles.append(Tile(q0, q_sq, s0, s0 + (q_sq - q0), True, None, row))
+    if q_sq < qb:
+        tiles.append(Tile(q_sq, qb, s0, kb, False, None, row))
+    return tiles
+
+
+def plan_document_tiles(
+    B: int,
+    T: int,
+    S: int,
+    *,
+    causal: bool,
+    segment_ids: Optional[Tensor],
+    kv_segment_ids: Optional[Tensor],
+) -> List[Tile]:
+    """Varlen attention by tiles: per batch row, each document run of the queries against the
+    run(s) of the same document in the keys, unmasked (causal only on aligned squares). No
+    mask is built and no cross-document pair is computed: a row of documents of lengths n_i
+    costs sum(n_i^2) instead of T x S. Segment ids must be contiguous runs per document
+    within the block (packed rows and zigzag-local sequences are). Without segment ids each
+    row is one document: one tile per row (on CPU, per-row calls of the flash backward are
+    faster than one batched call, whose fp32 scratch outgrows the cache)."""
+    if segment_ids is not None and kv_segment_ids is None:
+        if T != S:
+            raise ValueError("kv_segment_ids is required when query and key lengths differ")
+        kv_segment_ids = segment_ids
+    off = S - T
+    if segment_ids is None:
+        q_runs, k_runs = [[(0, T, 0)]] * B, [[(0, S, 0)]] * B
+    else:
+        q_runs, k_runs = _row_runs(segment_ids.expand(B, T)), _row_runs(kv_segment_ids.expand(B, S))
+    tiles: List[Tile] = []
+    for b in range(B):
+        keys: dict = {}
+        for ka, kb, doc in k_runs[b]:
+            keys.setdefault(doc, []).append((ka, kb))
+        for qa, qb, doc in q_runs[b]:
+            for ka, kb in keys.get(doc, ()):
+                tiles.extend(_visible_tiles(qa, qb, ka, kb, off, causal, b))
+    return tiles
+
+
+def _disjoint(tiles: List[Tile]) -> bool:
+    """True when no two tiles share a query or a key of the same row (each output and each
+    gradient entry comes from at most one tile: no merging, no fp32 accumulators)."""
+    for lo, hi in (("q0", "q1"), ("k0", "k1")):
+        spans = sorted((-1 if t.row is None else t.row, getattr(t, lo), getattr(t, hi)) for t in tiles)
+        if any(a[0] == b[0] and b[1] < a[2] for a, b in zip(spans, spans[1:])):
+            return False
+    return True
+
+
 class AttentionKernel:
     """Base class: tile planning, LSE merging and gradient accumulation."""
 
     name = "base"
     tile = DEFAULT_TILE  # tile edge for document-masked attention
+    # plan by document runs per batch row (plan_document_tiles) instead of masked tiles
+    document_runs = False
 
     # -- primitives (one key block) -------------------------------------------------------
     def _fwd(self, q: Tensor, k: Tensor, v: Tensor, scale: float, is_causal: bool,
@@ -136,6 +214,18 @@ class AttentionKernel:
     def _bwd(self, dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, scale: float,
              is_causal: bool, mask: Optional[Tensor]) -> Tuple[Tensor, Tensor, Tensor]:
         raise NotImplementedError
+
+    def _use_document_runs(self, q: Tensor) -> bool:
+        return self.document_runs
+
+    def plan(self, q: Tensor, k: Tensor, causal: bool, segment_ids: Optional[Tensor],
+             kv_segment_ids: Optional[Tensor]) -> List[Tile]:
+        B, T, S = q.shape[0], q.shape[2], k.shape[2]
+        if T > 1 and self._use_document_runs(q):  # decode steps (T == 1) stay one batched call
+            return plan_document_tiles(B, T, S, causal=causal, segment_ids=segment_ids,
+                                       kv_segment_ids=kv_segment_ids)
+        return plan_tiles(T, S, causal=causal, segment_ids=segment_ids, kv_segment_ids=kv_segment_ids,
+                          device=q.device, tile=self.tile)
 
     # -- public ---------------------------------------------------------------------------
     def forward(
@@ -154,19 +244,23 @@ class AttentionKernel:
         scale = resolve_scale(scale, q.shape[-1])
         B, H, T, D = q.shape
         S = k.shape[2]
-        tiles = plan_tiles(T, S, causal=causal, segment_ids=segment_ids, kv_segment_ids=kv_segment_ids,
-                           device=q.device, tile=self.tile)
-        if len(tiles) == 1 and (tiles[0].q0, tiles[0].q1, tiles[0].k0, tiles[0].k1) == (0, T, 0, S):
+        tiles = self.plan(q, k, causal, segment_ids, kv_segment_ids)
+        if len(tiles) == 1 and tiles[0].row is None and (tiles[0].q0, tiles[0].q1, tiles[0].k0, tiles[0].k1) == (0, T, 0, S):
             t = tiles[0]  # the common case: one call, no accumulators
             out, lse = self._fwd(q, k, v, scale, t.is_causal, t.mask)
             return _fix_empty_rows(out, lse.float(), t.mask)
-        out = torch.zeros(B, H, T, D, dtype=torch.float32, device=q.device)
+        direct = _disjoint(tiles)  # each output row from one tile: write it, no merge
+        out = torch.zeros(B, H, T, D, dtype=q.dtype if direct else torch.float32, device=q.device)
         lse = torch.full((B, H, T), NEG_INF, dtype=torch.float32, device=q.device)
         for t in tiles:
-            o, l = self._fwd(q[:, :, t.q0:t.q1], k[:, :, t.k0:t.k1], v[:, :, t.k0:t.k1], scale, t.is_causal, t.mask)
+            b = slice(None) if t.row is None else slice(t.row, t.row + 1)
+            o, l = self._fwd(q[b, :, t.q0:t.q1], k[b, :, t.k0:t.k1], v[b, :, t.k0:t.k1], scale, t.is_causal, t.mask)
             o, l = _fix_empty_rows(o, l.float(), t.mask)
             rows = slice(t.q0, t.q1)
-            out[:, :, rows], lse[:, :, rows] = merge_attention(out[:, :, rows], lse[:, :, rows], o, l)
+            if direct:
+                out[b, :, rows], lse[b, :, rows] = o, l
+            else:
+                out[b, :, rows], lse[b, :, rows] = merge_attention(out[b, :, rows], lse[b, :, rows], o, l)
         return out.to(q.dtype), lse
 
     def backward(
@@ -187,23 +281,28 @@ class AttentionKernel:
         _check_shapes(q, k, v)
         scale = resolve_scale(scale, q.shape[-1])
         T, S = q.shape[2], k.shape[2]
-        tiles = plan_tiles(T, S, causal=causal, segment_ids=segment_ids, kv_segment_ids=kv_segment_ids,
-                           device=q.device, tile=self.tile)
+        tiles = self.plan(q, k, causal, segment_ids, kv_segment_ids)
         lse = lse_for_backward(lse)
         dout, out = dout.to(q.dtype).contiguous(), out.to(q.dtype).contiguous()
-        if len(tiles) == 1 and (tiles[0].q0, tiles[0].q1, tiles[0].k0, tiles[0].k1) == (0, T, 0, S):
+        if len(tiles) == 1 and tiles[0].row is None and (tiles[0].q0, tiles[0].q1, tiles[0].k0, tiles[0].k1) == (0, T, 0, S):
             t = tiles[0]
             return self._bwd(dout, q, k, v, out, lse, scale, t.is_causal, t.mask)
-        dq = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
-        dk = torch.zeros(k.shape, dtype=torch.float32, device=k.device)
-        dv = torch.zeros(v.shape, dtype=torch.float32, device=v.device)
+        direct = _disjoint(tiles)  # each gradient entry from one tile: write it in place
+        acc = (lambda x: x.dtype) if direct else (lambda x: torch.float32)
+        dq = torch.zeros(q.shape, dtype=acc(q), device=q.device)
+        dk = torch.zeros(k.shape, dtype=acc(k), device=k.device)
+        dv = torch.zeros(v.shape, dtype=acc(v), device=v.device)
         for t in tiles:
+            b = slice(None) if t.row is None else slice(t.row, t.row + 1)
             rows, cols = slice(t.q0, t.q1), slice(t.k0, t.k1)
-            gq, gk, gv = self._bwd(dout[:, :, rows], q[:, :, rows], k[:, :, cols], v[:, :, cols], out[:, :, rows],
-                                   lse[:, :, rows], scale, t.is_causal, t.mask)
-            dq[:, :, rows] += gq
-            dk[:, :, cols] += gk
-            dv[:, :, cols] += gv
+            gq, gk, gv = self._bwd(dout[b, :, rows], q[b, :, rows], k[b, :, cols], v[b, :, cols], out[b, :, rows],
+                                   lse[b, :, rows], scale, t.is_causal, t.mask)
+            if direct:
+                dq[b, :, rows], dk[b, :, cols], dv[b, :, cols] = gq, gk, gv
+            else:
+                dq[b, :, rows] += gq
+                dk[b, :, cols] += gk
+                dv[b, :, cols] += gv
         return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
 
     def __repr__(self) -> str:

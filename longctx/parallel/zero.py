@@ -68,7 +68,10 @@ def build_optimizer(model: nn.Module, *, lr: float, betas: tuple[float, float], 
         from deepspeed.ops.adam import DeepSpeedCPUAdam
 
         return DeepSpeedCPUAdam(groups, lr=lr, betas=betas, eps=eps, adamw_mode=True)
-    return torch.optim.AdamW(groups, lr=lr, betas=betas, eps=eps)
+    # the fused kernel (one pass per tensor; CPU and CUDA): 3.7x faster than the per-tensor
+    # loop on the demo's 30 tensors (benchmarks/README.md)
+    fused = all(p.device.type in ("cpu", "cuda") for p in model.parameters())
+    return torch.optim.AdamW(groups, lr=lr, betas=betas, eps=eps, fused=fused)
 
 
 def initialize_engine(model: nn.Module, optimizer: torch.optim.Optimizer, ds_config: dict):
