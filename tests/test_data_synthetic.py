@@ -110,6 +110,30 @@ def test_loader_answer_mask_marks_exactly_the_answer_digits():
     assert got == want
 
 
+def test_answer_separators_extend_the_mask_by_the_separator_after_each_value():
+    """answer_separators: the mask also covers the "," that continues a list and the "." that
+    ends the answer (multivalue and multi-valued recall keys included)."""
+    syn = SyntheticConfig(num_docs=60, num_keys=4, num_values=4, recall_multivalue=0.5, answer_separators=True,
+                          tasks={"multivalue": 0.5, "recall": 0.5})
+    cfg = DataConfig(seq_len=640, micro_batch_size=4, emit_answer_mask=True, prefetch=0, epochs=1,
+                     sources=[SourceConfig(kind="synthetic", packing="pad", synthetic=syn)])
+    corpus = SyntheticCorpus(syn, seq_len=640)
+    want = Counter()
+    for i in range(60):
+        d = corpus[i]
+        spans = d.answer_spans_with_separators()
+        assert [d.text[a:b - 1] for a, b in spans] == [d.text[a:b] for a, b in d.answer_spans]
+        assert all(d.text[b - 1] in ",." for _, b in spans)
+        assert d.text[spans[-1][1] - 1] == "."  # the document's final answer ends with its full stop
+        want.update("".join(d.text[a:b] for a, b in spans))
+    assert want[","] > 0 and want["."] > 0
+    got = Counter()
+    for b in build_loader(cfg, TOK, dp_rank=0, dp_size=1, seed=0):
+        m = b["answer_mask"].numpy()
+        got.update(bytes(b["labels"].numpy()[m].astype(np.uint8)).decode())
+    assert got == want
+
+
 def test_tasks_too_long_for_the_length_fall_back(caplog):
     corpus = SyntheticCorpus(SyntheticConfig(style="compact"), seq_len=256)  # multivalue needs ~264
     assert corpus.fallback == {"niah": "niah", "multivalue": "niah", "passkey": "passkey"}

@@ -76,6 +76,10 @@ class SyntheticConfig:
     # (a newline before and after instead of a space), the way RULER's niah haystacks separate
     # their units; the text is otherwise the same document, character for character
     line_breaks: float = 0.0
+    # the answer mask also covers the separator after each answered value ("," or "."): the
+    # token that decides whether a list goes on or the answer ends (a model trained on value
+    # digits only answers multivalue's plural question with one value and a ".")
+    answer_separators: bool = False
     value_digits: int = 7
     distance_min: Optional[int] = None  # tokens between the queried needle and the question
     distance_max: Optional[int] = None  # null: anywhere in the document

@@ -183,6 +183,8 @@ def open_table(src: SourceConfig, i: int, cfg: DataConfig, tokenizer):
 
         def fetch_synthetic(indices):
             docs = [corpus[int(j)] for j in indices]
+            if src.synthetic.answer_separators:
+                return [(d.text, d.answer_spans_with_separators()) for d in docs]
             return [(d.text, d.answer_spans) for d in docs]
 
         return MapTable(fetch_synthetic, len(corpus), label)

@@ -159,6 +159,12 @@ class SyntheticDocument:
     needle_spans: List[Tuple[int, int]] = field(default_factory=list)  # spans of queried needles
     distance: int = 0  # chars from the end of the farthest queried needle to the question
 
+    def answer_spans_with_separators(self) -> List[Tuple[int, int]]:
+        """answer_spans, each extended by the separator that follows its value (", " lists go
+        on, "." ends the answer): the characters that decide how many values are given."""
+        return [(a, b + 1) if b < len(self.text) and self.text[b] in ",." else (a, b)
+                for a, b in self.answer_spans]
+
 
 def _make_key(rng: random.Random, taken: set) -> str:
     # drawn like the eval suite's "words" keys (same lists), so a model trained here is
