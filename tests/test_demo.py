@@ -205,6 +205,8 @@ def test_findings_state_only_what_the_table_shows():
 def test_training_configs_carry_the_measured_recipe(tmp_path):
     """The written YAMLs are what the trainer validates and runs: base documents near-full
     (a distractor in every 256-token niah document), extension documents 1x..4x."""
+    from dataclasses import replace
+
     from longctx.config import load_config
     from longctx.demo import stages
 
@@ -228,9 +230,11 @@ def test_training_configs_carry_the_measured_recipe(tmp_path):
     assert [dict(s.sources[0].synthetic.tasks) for s in b.stages[:2]] == [{"passkey": 1.0}] * 2  # copying first
     # half the extension's niah/multivalue/passkey documents put needles on lines of their own
     assert e_syn.line_breaks == FULL.extend_line_breaks == 0.5 and b_syn.line_breaks == FULL.line_breaks == 0
-    # the extension weights the separator after each answer value (multivalue's list), the base does not
-    assert e_syn.answer_separators is True and b_syn.answer_separators is False
-    assert b.data.micro_batch_size * FULL.base_nproc == FULL.base_batch == 12
+    # the plan's switch for weighting the separator after each answer value reaches the extension only
+    assert e_syn.answer_separators is FULL.extend_answer_separators and b_syn.answer_separators is False
+    sep = stages.extend_synthetic(replace(FULL, extend_answer_separators=True))["synthetic"]
+    assert sep["answer_separators"] is True and stages.base_synthetic(FULL)["synthetic"]["answer_separators"] is False
+    assert b.data.micro_batch_size * FULL.base_nproc == FULL.base_batch
 
 
 def test_bpe_plan_trains_its_tokenizer_and_sizes_the_model_by_it(tmp_path):
