@@ -30,7 +30,7 @@ from longctx.attention import kernel_attention  # noqa: E402
 from longctx.attention.core import build_mask  # noqa: E402
 from longctx.attention.cpu_flash import SdpaKernel  # noqa: E402
 from longctx.model import ModelConfig, build_model  # noqa: E402
-from longctx.model.rope import RotaryEmbedding, apply_rotary  # noqa: E402
+from longctx.model.rope import RotaryEmbedding, apply_rotary, rotate_reference  # noqa: E402
 
 
 def timed(fns: dict, iters: int) -> dict:
@@ -81,16 +81,10 @@ def rope_fns(B, H, T, D, gen):
     x = torch.randn(B, T, H * D, generator=gen).to(torch.bfloat16).requires_grad_()
     grad = torch.randn(B, H, T, D, generator=gen).to(torch.bfloat16)
 
-    def textbook(xq):
-        xf = xq.float()
-        half = xf.shape[-1] // 2
-        rotated = torch.cat((-xf[..., half:], xf[..., :half]), dim=-1)
-        return (xf * cos[:, None] + rotated * sin[:, None]).to(xq.dtype)
-
     def run(fn):
-        return lambda: fn(x.view(B, T, H, D).transpose(1, 2), *(() if fn is textbook else (cos, sin))).backward(grad)
+        return lambda: fn(x.view(B, T, H, D).transpose(1, 2), cos, sin).backward(grad)
 
-    return {"textbook": run(textbook), "autograd function": run(apply_rotary)}
+    return {"textbook": run(rotate_reference), "autograd function": run(apply_rotary)}
 
 
 def adam_fns():

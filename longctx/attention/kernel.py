@@ -55,6 +55,23 @@ class Tile:
     row: Optional[int] = None  # one batch row (document-run tiles), or None: every row
 
 
+def _kv_ids(T: int, S: int, segment_ids: Optional[Tensor], kv_segment_ids: Optional[Tensor]) -> Optional[Tensor]:
+    """The keys' segment ids: the queries' own when not given (only valid for T == S)."""
+    if segment_ids is not None and kv_segment_ids is None:
+        if T != S:
+            raise ValueError("kv_segment_ids is required when query and key lengths differ")
+        return segment_ids
+    return kv_segment_ids
+
+
+def _whole(tiles: List[Tile], T: int, S: int) -> bool:
+    """One tile covering every row and the whole (T, S) block: one call, no accumulators."""
+    if len(tiles) != 1:
+        return False
+    t = tiles[0]
+    return t.row is None and (t.q0, t.q1, t.k0, t.k1) == (0, T, 0, S)
+
+
 def plan_tiles(
     T: int,
     S: int,
@@ -74,10 +91,7 @@ def plan_tiles(
     same-document pair is skipped, and only tiles straddling a boundary carry a small mask.
     Adjacent unmasked tiles of a query row are merged into one call.
     """
-    if segment_ids is not None and kv_segment_ids is None:
-        if T != S:
-            raise ValueError("kv_segment_ids is required when query and key lengths differ")
-        kv_segment_ids = segment_ids
+    kv_segment_ids = _kv_ids(T, S, segment_ids, kv_segment_ids)
     off = S - T  # query i sits at key position i + off (bottom-right alignment)
     if segment_ids is not None:
         lo, hi = segment_ids.min(), segment_ids.max()
@@ -168,10 +182,7 @@ def plan_document_tiles(
     within the block (packed rows and zigzag-local sequences are). Without segment ids each
     row is one document: one tile per row (on CPU, per-row calls of the flash backward are
     faster than one batched call, whose fp32 scratch outgrows the cache)."""
-    if segment_ids is not None and kv_segment_ids is None:
-        if T != S:
-            raise ValueError("kv_segment_ids is required when query and key lengths differ")
-        kv_segment_ids = segment_ids
+    kv_segment_ids = _kv_ids(T, S, segment_ids, kv_segment_ids)
     off = S - T
     if segment_ids is None:
         q_runs, k_runs = [[(0, T, 0)]] * B, [[(0, S, 0)]] * B
@@ -245,7 +256,7 @@ class AttentionKernel:
         B, H, T, D = q.shape
         S = k.shape[2]
         tiles = self.plan(q, k, causal, segment_ids, kv_segment_ids)
-        if len(tiles) == 1 and tiles[0].row is None and (tiles[0].q0, tiles[0].q1, tiles[0].k0, tiles[0].k1) == (0, T, 0, S):
+        if _whole(tiles, T, S):
             t = tiles[0]  # the common case: one call, no accumulators
             out, lse = self._fwd(q, k, v, scale, t.is_causal, t.mask)
             return _fix_empty_rows(out, lse.float(), t.mask)
@@ -284,7 +295,7 @@ class AttentionKernel:
         tiles = self.plan(q, k, causal, segment_ids, kv_segment_ids)
         lse = lse_for_backward(lse)
         dout, out = dout.to(q.dtype).contiguous(), out.to(q.dtype).contiguous()
-        if len(tiles) == 1 and tiles[0].row is None and (tiles[0].q0, tiles[0].q1, tiles[0].k0, tiles[0].k1) == (0, T, 0, S):
+        if _whole(tiles, T, S):
             t = tiles[0]
             return self._bwd(dout, q, k, v, out, lse, scale, t.is_causal, t.mask)
         direct = _disjoint(tiles)  # each gradient entry from one tile: write it in place
