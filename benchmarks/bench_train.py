@@ -11,6 +11,12 @@ time over the timed steps, tokens/s, and peak RSS growth over the process baseli
 the model and optimizer exist (ru_maxrss - RSS before the first step).
 
     python benchmarks/bench_train.py --seq-lens 16384,32768,65536 --steps 2 --out docs/bench_train.json
+
+On a GPU (`--device cuda`): the same comparison with peak CUDA memory (max_memory_allocated
+after the first step's start) instead of RSS, and TF32 left at torch's defaults; `--preset`
+and `--layers` pick a bigger model (e.g. llama3-8b's layer shapes, 4 layers):
+
+    python benchmarks/bench_train.py --device cuda --preset llama3-8b --layers 4 --seq-lens 8192,32768
 """
 from __future__ import annotations
 
@@ -33,17 +39,21 @@ def _peak_bytes() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
-def worker(impl: str, seq_len: int, steps: int, warmup: int) -> dict:
+def worker(impl: str, seq_len: int, steps: int, warmup: int, device: str = "cpu", preset: str = "bench-44m",
+           layers: int = 0) -> dict:
     import torch
 
     from longctx.model import build_model, get_preset
 
     torch.manual_seed(0)
-    cfg = get_preset("bench-44m").replace(max_position_embeddings=max(seq_len, 4096))
+    cfg = get_preset(preset).replace(max_position_embeddings=max(seq_len, 4096))
+    if layers:
+        cfg = cfg.replace(num_hidden_layers=layers)
+    cuda = device == "cuda"
     if impl in ("ours", "ours-recompute-all"):
         from longctx.parallel.checkpointing import apply_activation_checkpointing
 
-        model = build_model(cfg, seed=0).to(torch.bfloat16)
+        model = build_model(cfg, seed=0, device=device).to(torch.bfloat16)
         # "ours" keeps attention kernel outputs in checkpointed blocks (the default);
         # "ours-recompute-all" recomputes everything, exactly like HF's checkpointing.
         apply_activation_checkpointing(model, "full", recompute_attention=impl != "ours")
@@ -59,7 +69,7 @@ def worker(impl: str, seq_len: int, steps: int, warmup: int) -> dict:
         hf_cfg = config_to_hf(cfg, torch.bfloat16)
         for key in ("architectures", "model_type", "torch_dtype", "rope_scaling", "rope_theta"):
             hf_cfg.pop(key)
-        model = LlamaForCausalLM(LlamaConfig(**hf_cfg, attn_implementation="sdpa")).to(torch.bfloat16)
+        model = LlamaForCausalLM(LlamaConfig(**hf_cfg, attn_implementation="sdpa")).to(device, torch.bfloat16)
         model.gradient_checkpointing_enable()
         model.config.use_cache = False
 
@@ -67,10 +77,12 @@ def worker(impl: str, seq_len: int, steps: int, warmup: int) -> dict:
             return model(input_ids=ids, labels=labels).loss
     model.train()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
-    ids = torch.randint(0, cfg.vocab_size, (1, seq_len))
+    ids = torch.randint(0, cfg.vocab_size, (1, seq_len)).to(device)
     # HF shifts labels internally; ours takes pre-shifted labels: both see the same targets
-    labels = ids.clone() if impl == "hf" else torch.cat([ids[:, 1:], torch.full((1, 1), -100)], 1)
-    base = _rss_bytes()
+    labels = ids.clone() if impl == "hf" else torch.cat([ids[:, 1:], torch.full((1, 1), -100, device=device)], 1)
+    base = torch.cuda.memory_allocated() if cuda else _rss_bytes()
+    if cuda:
+        torch.cuda.reset_peak_memory_stats()
     times, losses = [], []
     for i in range(warmup + steps):
         start = time.perf_counter()
@@ -78,13 +90,21 @@ def worker(impl: str, seq_len: int, steps: int, warmup: int) -> dict:
         loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
+        losses.append(float(loss))  # a host sync: the step's kernels have finished
         if i >= warmup:
             times.append(time.perf_counter() - start)
-        losses.append(float(loss))
     t = statistics.median(times)
-    return {"impl": impl, "seq_len": seq_len, "step_s": t, "tokens_per_s": seq_len / t,
-            "peak_rss_gb": _peak_bytes() / 2**30, "peak_growth_gb": (_peak_bytes() - base) / 2**30,
-            "loss": losses[0], "threads": torch.get_num_threads()}
+    peak = torch.cuda.max_memory_allocated() if cuda else _peak_bytes()
+    mfu = None
+    if cuda:  # model FLOPs (no recomputation counted) over the device's bf16 peak
+        from longctx.train.metrics import flops_per_token, peak_flops_per_device
+
+        mfu = flops_per_token(cfg, seq_len) * seq_len / t / peak_flops_per_device(None, torch.bfloat16)[0]
+    return {"impl": impl, "seq_len": seq_len, "device": device, "preset": preset, "layers": cfg.num_hidden_layers,
+            "step_s": t, "tokens_per_s": seq_len / t,
+            "peak_rss_gb": peak / 2**30, "peak_growth_gb": (peak - base) / 2**30,
+            "loss": losses[0], "threads": torch.get_num_threads(), "mfu": mfu,
+            "gpu": torch.cuda.get_device_name() if cuda else None}
 
 
 def main() -> None:
@@ -95,10 +115,14 @@ def main() -> None:
     ap.add_argument("--warmup", type=int, default=1)
     ap.add_argument("--hf-max-len", type=int, default=32768, help="skip HF above this (64k does not fit in 24 GiB)")
     ap.add_argument("--out", default=None)
+    ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    ap.add_argument("--preset", default="bench-44m", help="model preset (longctx.model.PRESETS)")
+    ap.add_argument("--layers", type=int, default=0, help="override the preset's layer count (0: keep)")
     ap.add_argument("--worker", nargs=2, metavar=("IMPL", "SEQ_LEN"))
     args = ap.parse_args()
     if args.worker:
-        print(json.dumps(worker(args.worker[0], int(args.worker[1]), args.steps, args.warmup)))
+        print(json.dumps(worker(args.worker[0], int(args.worker[1]), args.steps, args.warmup, args.device,
+                                args.preset, args.layers)))
         return
     rows = []
     for T in [int(x) for x in args.seq_lens.split(",")]:
@@ -107,7 +131,8 @@ def main() -> None:
                 rows.append({"impl": impl, "seq_len": T, "skipped": f"> --hf-max-len {args.hf_max_len}"})
                 continue
             cmd = [sys.executable, __file__, "--worker", impl, str(T), "--steps", str(args.steps),
-                   "--warmup", str(args.warmup)]
+                   "--warmup", str(args.warmup), "--device", args.device, "--preset", args.preset,
+                   "--layers", str(args.layers)]
             res = subprocess.run(cmd, capture_output=True, text=True)
             if res.returncode != 0:
                 rows.append({"impl": impl, "seq_len": T, "failed": res.stderr.strip().splitlines()[-1:]})
@@ -115,15 +140,18 @@ def main() -> None:
                 rows.append(json.loads(res.stdout.strip().splitlines()[-1]))
             print(json.dumps(rows[-1]), flush=True)
     by = {(r["impl"], r["seq_len"]): r for r in rows if "step_s" in r}
-    print("\n| T | ours tok/s | HF tok/s | speed ratio | ours peak growth GB | HF peak growth GB | memory ratio |")
-    print("|---|---|---|---|---|---|---|")
+    gpu = args.device == "cuda"
+    extra = " ours MFU | HF MFU |" if gpu else ""
+    print(f"\n| T | ours tok/s | HF tok/s | speed ratio | ours peak growth GB | HF peak growth GB | memory ratio |{extra}")
+    print("|---|---|---|---|---|---|---|" + ("---|---|" if gpu else ""))
     for T in sorted({r["seq_len"] for r in rows}):
         o, h = by.get(("ours", T)), by.get(("hf", T))
         fmt = lambda r, k, f: (f % r[k]) if r else "—"  # noqa: E731
         ratio = f"{o['tokens_per_s'] / h['tokens_per_s']:.2f}x" if o and h else "—"
         mem = f"{o['peak_growth_gb'] / h['peak_growth_gb']:.3f}" if o and h else "—"
+        mfu = f" {fmt(o, 'mfu', '%.3f')} | {fmt(h, 'mfu', '%.3f')} |" if gpu else ""
         print(f"| {T} | {fmt(o, 'tokens_per_s', '%.0f')} | {fmt(h, 'tokens_per_s', '%.0f')} | {ratio} | "
-              f"{fmt(o, 'peak_growth_gb', '%.2f')} | {fmt(h, 'peak_growth_gb', '%.2f')} | {mem} |")
+              f"{fmt(o, 'peak_growth_gb', '%.2f')} | {fmt(h, 'peak_growth_gb', '%.2f')} | {mem} |{mfu}")
     if ("ours", 32768) in by and ("ours", 65536) in by:
         print(f"\nours 64k / 32k peak growth: {by[('ours', 65536)]['peak_growth_gb'] / by[('ours', 32768)]['peak_growth_gb']:.2f}")
     if args.out:
