@@ -24,6 +24,7 @@ CP_IMPLS = ("ring", "allgather", "ulysses", "hybrid")
 DTYPES = ("float32", "bfloat16")
 SCHEDULES = ("cosine", "linear", "constant")
 CHECKPOINTING = ("none", "full", "selective")
+COMPILE_MODES = ("none", "norms_mlp")  # parallel.compile (longctx/parallel/compiled.py)
 
 
 @dataclass
@@ -47,6 +48,7 @@ class ParallelSection:
     activation_checkpointing: str = "none"  # none | full | selective
     checkpoint_every: int = 2  # selective: checkpoint every k-th block
     recompute_attention: bool = False  # false: keep attention kernel outputs in checkpointed blocks
+    compile: str = "none"  # none | norms_mlp: torch.compile each block's norms and MLP (parallel/compiled.py)
     deepspeed_config: Optional[str] = None  # a user DeepSpeed JSON merged over ours
 
 
@@ -238,6 +240,11 @@ def validate_config(cfg: TrainConfig, world_size: int) -> None:
         raise UserError("parallel.offload_params: needs parallel.zero_stage=3")
     if par.activation_checkpointing not in CHECKPOINTING:
         raise UserError(f"parallel.activation_checkpointing: unknown {par.activation_checkpointing!r}; valid: {', '.join(CHECKPOINTING)}")
+    if par.compile not in COMPILE_MODES:
+        raise UserError(f"parallel.compile: unknown {par.compile!r}; valid: {', '.join(COMPILE_MODES)}")
+    if par.compile != "none" and par.zero_stage == 3:
+        raise UserError("parallel.compile: not supported with parallel.zero_stage=3 (its parameter hooks run "
+                        "inside the compiled modules); use zero_stage <= 2 or compile=none")
     if par.checkpoint_every < 1:
         raise UserError(f"parallel.checkpoint_every: must be >= 1, got {par.checkpoint_every}")
     if par.deepspeed_config is not None and not Path(par.deepspeed_config).is_file():

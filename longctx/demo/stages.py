@@ -91,6 +91,7 @@ def base_config(plan: DemoPlan, out_dir: Path, seed: int, tokenizer) -> Dict[str
         "data": {"seq_len": plan.train_len, "micro_batch_size": plan.base_batch // plan.base_nproc,
                  "tokenizer": tokenizer.name,
                  "sources": [base_synthetic(plan)]},
+        "parallel": {"compile": plan.base_compile},
         "optim": {"lr": plan.base_lr, "warmup_steps": plan.base_warmup, "schedule": "cosine",
                   "min_lr_ratio": 0.1, "weight_decay": 0.0, "grad_clip": 1.0},
         "train": {"dtype": plan.dtype, "seed": seed, "answer_loss_weight": plan.answer_loss_weight},

@@ -106,6 +106,7 @@ class Trainer:
         from longctx.model import build_model
         from longctx.model.hf import load_pretrained
         from longctx.parallel.checkpointing import apply_activation_checkpointing
+        from longctx.parallel.compiled import compile_pointwise
 
         cfg = self.cfg
         model_cfg = stage_model_config(cfg, self.stages[0])
@@ -116,6 +117,7 @@ class Trainer:
         model = model.to(self.dtype)
         apply_activation_checkpointing(model, cfg.parallel.activation_checkpointing, cfg.parallel.checkpoint_every,
                                        recompute_attention=cfg.parallel.recompute_attention)
+        compile_pointwise(model, cfg.parallel.compile)
         return model
 
     def _enter_stage(self, model, index: int) -> None:
