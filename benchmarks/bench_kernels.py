@@ -6,7 +6,9 @@
   the boolean mask (what a plain implementation runs);
 * RoPE (forward + backward, bf16 q in the model's strided layout): the autograd function vs
   the textbook `x * cos + rotate_half(x) * sin` in fp32;
-* AdamW step on the demo model's fp32 parameters: fused vs the per-tensor loop.
+* AdamW step on the demo model's fp32 parameters: fused vs the per-tensor loop;
+* the demo model's forward + backward (bf16, 8 x 256 tokens, one document per row) with its
+  norms and MLPs compiled (`parallel.compile=norms_mlp`) vs eager; the compile time is printed.
 
     .venv/bin/python benchmarks/bench_kernels.py [--threads 1] [--iters 10]
 
@@ -88,9 +90,7 @@ def rope_fns(B, H, T, D, gen):
 
 
 def adam_fns():
-    cfg = ModelConfig(vocab_size=260, hidden_size=256, intermediate_size=688, num_hidden_layers=3,
-                      num_attention_heads=4, num_key_value_heads=4, head_dim=64, max_position_embeddings=256,
-                      rms_norm_eps=1e-5, rope_parameters={"rope_type": "default", "rope_theta": 10000.0})
+    cfg = _demo_config()
     fns = {}
     for name, kw in (("per-tensor loop", {"foreach": False}), ("fused", {"fused": True})):
         params = list(build_model(cfg, dtype=torch.float32).parameters())
@@ -98,6 +98,38 @@ def adam_fns():
             p.grad = torch.randn_like(p)
         fns[name] = torch.optim.AdamW(params, lr=1e-3, **kw).step
     return fns
+
+
+def compiled_step_fns(gen):
+    from longctx.parallel.compiled import compile_pointwise
+
+    cfg = _demo_config()
+    ids = torch.randint(0, 256, (8, 256), generator=gen)
+    labels = torch.randint(0, 256, (8, 256), generator=gen)
+    labels[:, 250:] = -100
+    seg = torch.zeros(8, 256, dtype=torch.long)
+    seg[:, 250:] = -1  # padding after a 250-token document
+    fns = {}
+    for name, mode in (("eager", "none"), ("compiled norms/MLP", "norms_mlp")):
+        model = build_model(cfg, dtype=torch.bfloat16)
+        compile_pointwise(model, mode)
+
+        def step(model=model):
+            loss_sum, n = model(ids, segment_ids=seg, labels=labels)
+            (loss_sum / n).backward()
+
+        start = time.perf_counter()
+        step()
+        if mode != "none":
+            print(f"  (first compiled step, compile included: {time.perf_counter() - start:.1f} s)")
+        fns[name] = step
+    return fns
+
+
+def _demo_config() -> ModelConfig:
+    return ModelConfig(vocab_size=260, hidden_size=256, intermediate_size=688, num_hidden_layers=3,
+                       num_attention_heads=4, num_key_value_heads=4, head_dim=64, max_position_embeddings=256,
+                       rms_norm_eps=1e-5, rope_parameters={"rope_type": "default", "rope_theta": 10000.0})
 
 
 def report(title: str, res: dict) -> None:
@@ -120,6 +152,7 @@ def main() -> None:
                timed(attention_fns(B, 4, T, 64, docs, gen), args.iters))
     report("RoPE fwd+bwd, bf16 q (8, 4, 256, 64)", timed(rope_fns(8, 4, 256, 64, gen), args.iters * 5))
     report("AdamW step, 2.5M fp32 parameters in 30 tensors", timed(adam_fns(), args.iters * 5))
+    report("demo model fwd+bwd, bf16, 8 x 256 tokens", timed(compiled_step_fns(gen), args.iters * 2))
 
 
 if __name__ == "__main__":
