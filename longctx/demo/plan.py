@@ -12,8 +12,9 @@ Choices (and why; measured numbers in docs/demo.md):
   more text, so multikey_2 has 9 needles at 1x and 38 at 4x, and (a) already reaches 80 on
   passkey at 4x.
 - Base training at 256 tokens with a length curriculum (128 -> 192 -> 256; the short stages
-  on passkey documents only, where copying is learned), 1100 steps of 16 rows at 256 (1600
-  steps of 16 reached 81-83 at 4x on 100 samples on two seeds but take ~15.2 min), lr 1e-3,
+  on passkey documents only, where copying is learned), 1600 steps of 16 rows at 256 (1100
+  steps, the recipe until the norms and MLPs were compiled, left (c) at 74-78 on 100 samples
+  per task; 1600 reach 81-83 and fit in 15 minutes only with the compiled step), lr 1e-3,
   the answer tokens weighted up, documents nearly as long as the row (only then does a 256-token
   niah document hold a distractor needle, and only then is key matching learned), and RULER's
   noise passage as filler (the haystack the niah_single_1 / passkey prompts use; the compact
@@ -84,14 +85,14 @@ class DemoPlan:
     # to copy), then the task mix at 256
     base_stages: tuple = (Stage("len128", 128, 100, PASSKEY_ONLY), Stage("len192", 192, 150, PASSKEY_ONLY),
                           Stage("len256", 256, 1600))
-    # rows per step, split over base_nproc data-parallel ranks. 1600 steps of 12 rows (+1 min)
-    # matched keys better after extension (multikey_2 at 4x on 100 samples 53-62 vs 44-46) but
-    # listed multivalue's values worse (24-55 vs 54-58): no better on average (docs/demo.md)
+    # rows per step, split over base_nproc data-parallel ranks. 1600 steps of 12 rows matched
+    # keys better than 1100 of 16 (multikey_2 at 4x on 100 samples 53-62 vs 44-46) but listed
+    # multivalue's values worse (24-55 vs 54-58); 1600 of 16 does both (docs/demo.md)
     base_batch: int = 16
     base_nproc: int = 2  # 2 processes x 1 thread: faster than 1 x 2 threads, and robust to a busy CPU
     # torch.compile the norms and MLPs of the base model (2 data-parallel ranks, no ZeRO-3):
-    # its step at 8 x 256 tokens per rank is 14-18% shorter; the first stage pays ~20 s to
-    # compile, later stages load inductor's cache (parallel/compiled.py)
+    # its forward + backward at 8 x 256 tokens per rank is 1.18x faster; the first step pays
+    # ~20 s to compile (parallel/compiled.py). Without it the 1600-step base does not fit.
     base_compile: str = "norms_mlp"
     base_lr: float = 1e-3  # 3e-3 sits at the edge of divergence in bf16 and never learned retrieval
     base_warmup: int = 30

@@ -1,8 +1,8 @@
 """Compile the pointwise parts of each block (RMSNorms and the SwiGLU MLP) with torch.compile.
 
 On a CPU these are memory-bound chains of small kernels (the norm's fp32 round trip, the
-SwiGLU product and their backward): fused by inductor, a 3-layer d256 model's training step
-at 8 x 256 tokens takes 14-18% less time (benchmarks/bench_kernels.py, `compiled blocks`).
+SwiGLU product and their backward): fused by inductor, the demo model's forward + backward
+at 8 x 256 tokens runs 1.18x faster (benchmarks/bench_kernels.py, last table).
 Attention, RoPE and the loss stay eager (their kernels are already fused, and attention's
 document planning is Python). `dynamic=True`: one graph for every sequence length, so the
 stages of a curriculum reuse it (inductor's on-disk cache makes later processes ~3 s).
