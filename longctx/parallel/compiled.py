@@ -24,7 +24,6 @@ def compile_pointwise(model: nn.Module, mode: str) -> int:
     if mode == "none":
         return 0
     import torch._dynamo
-
     import torch._inductor.config
 
     torch._dynamo.config.suppress_errors = True  # a backend failure falls back to eager, logged
