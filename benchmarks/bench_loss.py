@@ -2,7 +2,8 @@
 
 plain:   logits = hidden @ W.T (all tokens x vocab), F.cross_entropy on fp32 logits
 chunked: longctx.model.loss.chunked_cross_entropy (logits never exist in full)
-Each in a fresh subprocess; peak = ru_maxrss growth over the RSS before the loss.
+Each in a fresh subprocess; peak = the process's RSS high-water mark (VmHWM) growth over the
+RSS before the loss.
 
     python benchmarks/bench_loss.py --tokens 32768 --vocab 32000 --hidden 512
 """
@@ -11,7 +12,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import subprocess
 import sys
 import time
@@ -27,6 +27,7 @@ def worker(impl: str, tokens: int, vocab: int, hidden: int, dtype: str, chunk: i
     import torch.nn.functional as F
 
     from longctx.model.loss import chunked_cross_entropy
+    from longctx.train.metrics import peak_rss_bytes
 
     dt = getattr(torch, dtype)
     g = torch.Generator().manual_seed(0)
@@ -42,7 +43,7 @@ def worker(impl: str, tokens: int, vocab: int, hidden: int, dtype: str, chunk: i
         loss = s / n
     loss.backward()
     elapsed = time.perf_counter() - start
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    peak = peak_rss_bytes()
     return {"impl": impl, "tokens": tokens, "vocab": vocab, "dtype": dtype, "loss": float(loss),
             "seconds": elapsed, "peak_growth_gb": (peak - base) / 2**30}
 
