@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import subprocess
 import sys
 import tempfile
@@ -115,7 +114,9 @@ def memory_worker(model_dir: str, length: int, new_tokens: int, out: str) -> Non
     t = time.perf_counter()
     engine.generate_ids([prompt], new_tokens)
     secs = time.perf_counter() - t
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    from longctx.train.metrics import peak_rss_bytes
+
+    peak = peak_rss_bytes()
     rank = int(os.environ.get("RANK", "0"))
     with open(f"{out}.{rank}", "w") as f:
         json.dump({"rank": rank, "peak_growth": peak - base, "seconds": secs}, f)

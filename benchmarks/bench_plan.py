@@ -2,7 +2,7 @@
 
 Each configuration trains a 20M-parameter model (4 layers, d512, GQA 8:4, vocab 8192) for
 2 steps (the second runs with Adam states allocated) with the real trainer (torchrun for 2 ranks) and reads the measured peak of rank 0
-from metrics.jsonl (`peak_memory_gb`: ru_maxrss on CPU), with glibc's mmap threshold
+from metrics.jsonl (`peak_memory_gb`: peak RSS on CPU), with glibc's mmap threshold
 fixed at 64 KiB (MALLOC_MMAP_THRESHOLD_, see MMAP_THRESHOLD below) so that RSS tracks live memory. The prediction is
 `estimate_memory(...)` for the same config with the CPU calibration: one fixed per-process
 runtime overhead, measured once per run of this script as the peak RSS of the same trainer

@@ -8,7 +8,7 @@ full activation checkpointing, AdamW, one sequence of T tokens per step, single 
         model(input_ids, labels=labels).loss  (what a user would run)
 Each (impl, T) runs in a fresh subprocess so peak RSS is its own; reported: median step
 time over the timed steps, tokens/s, and peak RSS growth over the process baseline after
-the model and optimizer exist (ru_maxrss - RSS before the first step).
+the model and optimizer exist (peak RSS, VmHWM, - RSS before the first step).
 
     python benchmarks/bench_train.py --seq-lens 16384,32768,65536 --steps 2 --out docs/bench_train.json
 
@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import statistics
 import subprocess
 import sys
@@ -35,15 +34,12 @@ def _rss_bytes() -> int:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
-def _peak_bytes() -> int:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-
-
 def worker(impl: str, seq_len: int, steps: int, warmup: int, device: str = "cpu", preset: str = "bench-44m",
            layers: int = 0) -> dict:
     import torch
 
     from longctx.model import build_model, get_preset
+    from longctx.train.metrics import peak_rss_bytes
 
     torch.manual_seed(0)
     cfg = get_preset(preset).replace(max_position_embeddings=max(seq_len, 4096))
@@ -94,7 +90,7 @@ def worker(impl: str, seq_len: int, steps: int, warmup: int, device: str = "cpu"
         if i >= warmup:
             times.append(time.perf_counter() - start)
     t = statistics.median(times)
-    peak = torch.cuda.max_memory_allocated() if cuda else _peak_bytes()
+    peak = torch.cuda.max_memory_allocated() if cuda else peak_rss_bytes()
     mfu = None
     if cuda:  # model FLOPs (no recomputation counted) over the device's bf16 peak
         from longctx.train.metrics import flops_per_token, peak_flops_per_device
