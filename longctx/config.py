@@ -25,6 +25,7 @@ DTYPES = ("float32", "bfloat16")
 SCHEDULES = ("cosine", "linear", "constant")
 CHECKPOINTING = ("none", "full", "selective")
 COMPILE_MODES = ("none", "norms_mlp")  # parallel.compile (longctx/parallel/compiled.py)
+NONFINITE_POLICIES = ("stop", "skip_step")  # train.nonfinite (longctx/train/nonfinite.py)
 
 
 @dataclass
@@ -73,6 +74,10 @@ class TrainSection:
     dtype: str = "float32"  # float32 | bfloat16 (parameters and compute; fp32 master weights in bf16)
     loss_chunk_size: int = 1024  # tokens per chunk of the vocabulary head's cross-entropy
     answer_loss_weight: float = 1.0  # >1 up-weights answer tokens of the synthetic corpus
+    # a step whose loss or gradient norm is not finite: stop (exit 3 after max_nonfinite_steps
+    # consecutive ones, the weights never checkpointed) or skip_step (drop its update, go on)
+    nonfinite: str = "stop"
+    max_nonfinite_steps: int = 3  # consecutive non-finite steps tolerated (skip_step: then stop too)
 
 
 @dataclass
@@ -262,6 +267,10 @@ def validate_config(cfg: TrainConfig, world_size: int) -> None:
         raise UserError(f"optim.warmup_steps: must be >= 0, got {opt.warmup_steps}")
     if tr.grad_accum < 1:
         raise UserError(f"train.grad_accum: must be >= 1, got {tr.grad_accum}")
+    if tr.nonfinite not in NONFINITE_POLICIES:
+        raise UserError(f"train.nonfinite: unknown {tr.nonfinite!r}; valid: {', '.join(NONFINITE_POLICIES)}")
+    if tr.max_nonfinite_steps < 1:
+        raise UserError(f"train.max_nonfinite_steps: must be >= 1, got {tr.max_nonfinite_steps}")
     if tr.loss_chunk_size < 1:
         raise UserError(f"train.loss_chunk_size: must be >= 1, got {tr.loss_chunk_size}")
     if ck.keep_last < 1:

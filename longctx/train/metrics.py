@@ -12,6 +12,7 @@ is not discounted: the attention term is an upper bound for packed short documen
 from __future__ import annotations
 
 import json
+import math
 import resource
 import sys
 import time
@@ -84,6 +85,17 @@ def peak_rss_bytes() -> int:
     return int(kb * (1 if sys.platform == "darwin" else 1024))
 
 
+def strict_json_record(record: dict) -> dict:
+    """Non-finite floats -> null, their keys listed under "nonfinite" (strict JSON readers
+    reject the bare NaN / Infinity tokens Python's json writes by default)."""
+    bad = [k for k, v in record.items() if isinstance(v, float) and not math.isfinite(v)]
+    if not bad:
+        return record
+    out = {k: (None if k in bad else v) for k, v in record.items()}
+    out["nonfinite"] = bad
+    return out
+
+
 class MetricsWriter:
     """metrics.jsonl + TensorBoard on rank 0; no-op elsewhere."""
 
@@ -99,7 +111,7 @@ class MetricsWriter:
     def write(self, record: dict) -> None:
         if not self.enabled:
             return
-        self._file.write(json.dumps(record) + "\n")
+        self._file.write(json.dumps(strict_json_record(record), allow_nan=False) + "\n")
         self._file.flush()
         if self._tb is not None:
             for key, value in record.items():
