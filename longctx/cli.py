@@ -6,9 +6,11 @@ becomes one `error: ...` line and exit code 2; other exceptions are bugs and kee
 from __future__ import annotations
 
 import argparse
+import difflib
 import importlib
+import re
 import sys
-from typing import Callable, Optional
+from typing import Callable, NoReturn, Optional
 
 from longctx.errors import UserError
 
@@ -22,13 +24,57 @@ COMMANDS: dict[str, tuple[str, str, str, str]] = {
 }
 
 
+_INVALID_CHOICE = re.compile(r"^argument (?P<arg>[^:]+): invalid choice: '(?P<value>.*)' \(choose from (?P<choices>.*)\)$")
+_ARGUMENT = re.compile(r"^argument (?P<arg>[^:]+): (?P<rest>.*)$")
+_REQUIRED = re.compile(r"^the following arguments are required: (?P<args>.*)$")
+_UNRECOGNIZED = re.compile(r"^unrecognized arguments: (?P<args>.*)$")
+
+
+def _split_choices(text: str) -> list[str]:
+    return [c.strip().strip("'\"") for c in text.split(",") if c.strip()]
+
+
+def one_line_error(prog: str, message: str) -> str:
+    """argparse's message as `<argument>: <what is wrong; what is valid>` (one line)."""
+    message = " ".join(message.split())
+    m = _INVALID_CHOICE.match(message)
+    if m:
+        arg, value, choices = m["arg"], m["value"], _split_choices(m["choices"])
+        close = difflib.get_close_matches(value, choices, n=1)
+        what = "unknown command" if arg in ("command", "COMMAND") else "invalid choice"
+        name = prog if what == "unknown command" else arg
+        hint = f"; did you mean {close[0]!r}?" if close else ""
+        return f"{name}: {what} {value!r}{hint} (valid: {', '.join(choices)})"
+    m = _ARGUMENT.match(message)
+    if m:
+        return f"{m['arg']}: {m['rest']} (see `{prog} --help`)"
+    m = _REQUIRED.match(message)
+    if m and m["args"] in ("command", "COMMAND"):
+        return f"{prog}: a command is required (see `{prog} --help`)"
+    if m:
+        return f"{m['args']}: required by {prog} (see `{prog} --help`)"
+    m = _UNRECOGNIZED.match(message)
+    if m:
+        return f"{m['args']}: unrecognized argument(s) for {prog} (see `{prog} --help`)"
+    return f"{prog}: {message} (see `{prog} --help`)"
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """argparse with its errors as one `error: <argument>: <message>` line and exit code 2
+    (argparse itself prints the whole usage first). Used by every longctx command line."""
+
+    def error(self, message: str) -> NoReturn:  # type: ignore[override]
+        print(f"error: {one_line_error(self.prog, message)}", file=sys.stderr)
+        self.exit(2)
+
+
 def optional_command(name: str, module: str, register: str, run: str, help_text: str) -> None:
     COMMANDS[name] = (module, register, run, help_text)
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="longctx", description="Extend LLaMA-style models to long context.")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    parser = OneLineParser(prog="longctx", description="Extend LLaMA-style models to long context.")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=OneLineParser)
     sub.required = True
     for name, (module, register, _run, help_text) in COMMANDS.items():
         try:
@@ -38,12 +84,18 @@ def build_parser() -> argparse.ArgumentParser:
                 continue  # command not part of this build yet
             raise
         getattr(mod, register)(sub.add_parser(name, help=help_text, description=help_text))
+    parser.set_defaults(_command_parsers=sub.choices)
     return parser
 
 
 def main(argv: Optional[list[str]] = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    try:
+        args, extra = parser.parse_known_args(argv)
+        if extra:  # name the command whose flags these are not
+            args._command_parsers[args.command].error(f"unrecognized arguments: {' '.join(extra)}")
+    except SystemExit as e:  # --help (0) or a one-line argparse error (2)
+        return e.code if isinstance(e.code, int) else 2
     module, _register, run, _help = COMMANDS[args.command]
     runner: Callable[[argparse.Namespace], int] = getattr(importlib.import_module(module), run)
     try:

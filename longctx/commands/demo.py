@@ -15,22 +15,7 @@ import signal
 import sys
 
 
-class _Parser(argparse.ArgumentParser):
-    """Bad flags: one `error: ...` line and exit code 2 (argparse would print the usage too)."""
-
-    def error(self, message: str):  # type: ignore[override]
-        print(f"error: longctx demo: {message} (see `longctx demo --help`)", file=sys.stderr)
-        sys.exit(2)
-
-    def parse_known_args(self, args=None, namespace=None):  # type: ignore[override]
-        ns, extra = super().parse_known_args(args, namespace)
-        if extra:  # positional leftovers or unknown flags: refuse here, in one line
-            self.error(f"unrecognized arguments: {' '.join(extra)}")
-        return ns, extra
-
-
 def add_parser(p: argparse.ArgumentParser) -> None:
-    p.__class__ = _Parser  # keep argparse's behaviour, only the error path changes
     p.add_argument("--out", default="runs/demo", help="run directory (default: runs/demo; a previous demo run there is replaced)")
     p.add_argument("--seed", type=int, default=0, help="training seed (default: 0); the test set is fixed")
     p.add_argument("--fast", action="store_true", help="smoke run (~3 min): the same pipeline, token budgets")
