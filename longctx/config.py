@@ -8,17 +8,24 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import json
+import math
 import tempfile
 import typing
 from dataclasses import dataclass, field, fields, is_dataclass
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
+import yaml
 from omegaconf import MISSING, DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from longctx.data.config import DataConfig, SourceConfig
+from longctx.attention.select import check_backend_available
+from longctx.data.config import DataConfig, SourceConfig, validate_data_config
+from longctx.data.tokenizer import check_local_tokenizer_vocab
 from longctx.errors import UserError
+from longctx.model.config import PRESETS
+from longctx.model.rope import require_explicit_fields
 
 CP_IMPLS = ("ring", "allgather", "ulysses", "hybrid")
 DTYPES = ("float32", "bfloat16")
@@ -150,6 +157,10 @@ def _check_keys(node: Any, schema: type, where: str) -> None:
         sub = _dataclass_in(hints[key])
         if sub is None:
             continue
+        if is_dataclass(hints[key]) and value is not None and not isinstance(value, dict):
+            raise UserError(f"{where}{key}: must be a mapping of {where}{key}.* fields "
+                            f"(e.g. {where}{key}.{next(iter(typing.get_type_hints(sub)))}=...), "
+                            f"got {type(value).__name__} {value!r}")
         if isinstance(value, dict):
             _check_keys(value, sub, f"{where}{key}.")
         elif isinstance(value, list):
@@ -162,9 +173,22 @@ def _parse_override(item: str) -> tuple[str, Any]:
     if "=" not in item:
         raise UserError(f"override {item!r}: expected key=value (e.g. train.steps=100)")
     key, raw = item.split("=", 1)
-    value = OmegaConf.create({"v": raw}).v if raw == "" else OmegaConf.to_container(
-        OmegaConf.create(f"v: {raw}"))["v"]
-    return key.strip(), value
+    key = key.strip()
+    if not key or not all(part.strip() for part in key.split(".")):
+        raise UserError(f"override {item!r}: {key!r} is not a dotted key (e.g. train.steps=100)")
+    return key, _parse_value(key, raw)
+
+
+def _parse_value(key: str, raw: str) -> Any:
+    """A YAML value as omegaconf's dotlist reads it; a syntax error names the key."""
+    if raw == "":
+        return ""
+    try:
+        return OmegaConf.to_container(OmegaConf.create(f"v: {raw}"))["v"]
+    except (yaml.YAMLError, OmegaConfBaseException) as e:
+        problem = getattr(e, "problem", None) or str(e).strip().splitlines()[0]
+        raise UserError(f"{key}: cannot parse {raw!r} as a YAML value ({problem}); write mappings as "
+                        "{a: 1, b: 2}, lists as [x, y], and quote strings with special characters") from None
 
 
 def _nest(key: str, value: Any) -> dict:
@@ -177,20 +201,34 @@ def _nest(key: str, value: Any) -> dict:
     return out
 
 
+def _load_file(path: str) -> DictConfig:
+    """A YAML config file: it must exist, parse, and hold a non-empty mapping of sections."""
+    p = Path(path)
+    if not p.is_file():
+        what = "is a directory" if p.is_dir() else "does not exist"
+        raise UserError(f"--config: {path} {what} (expected a YAML file)")
+    try:
+        user = OmegaConf.load(p)
+    except (yaml.YAMLError, OmegaConfBaseException, UnicodeDecodeError) as e:
+        problem = getattr(e, "problem", None) or str(e).strip().splitlines()[0]
+        raise UserError(f"{path}: invalid YAML ({problem})") from None
+    except OSError as e:
+        raise UserError(f"{path}: cannot read ({e.strerror})") from None
+    if not isinstance(user, DictConfig):
+        raise UserError(f"{path}: expected a mapping of sections at the top level (e.g. 'train: {{steps: 100}}'), "
+                        f"got a {type(OmegaConf.to_container(user)).__name__}")
+    if len(user) == 0:
+        raise UserError(f"{path}: empty config file (expected a mapping of sections, e.g. 'train: {{steps: 100}}'; "
+                        "leave out --config for the built-in defaults)")
+    return user
+
+
 def load_config(path: Optional[str] = None, overrides: Optional[list[str]] = None) -> TrainConfig:
     """YAML file (optional) + key=value overrides -> a validated TrainConfig object."""
     schema = OmegaConf.structured(TrainConfig)
     layers = []
     if path is not None:
-        p = Path(path)
-        if not p.is_file():
-            raise UserError(f"--config: {path} does not exist")
-        try:
-            user = OmegaConf.load(p)
-        except Exception as e:  # yaml errors
-            raise UserError(f"{path}: invalid YAML ({str(e).splitlines()[0]})") from None
-        if not isinstance(user, DictConfig):
-            raise UserError(f"{path}: expected a mapping at the top level")
+        user = _load_file(path)
         _check_keys(OmegaConf.to_container(user), TrainConfig, "")
         layers.append(user)
     for item in overrides or []:
@@ -227,18 +265,81 @@ def stage_data_config(cfg: TrainConfig, stage: StageSection) -> DataConfig:
 
 
 def validate_config(cfg: TrainConfig, world_size: int) -> None:
-    """Cheap cross-field checks, before any model, data or process-group work."""
-    from longctx.data.config import validate_data_config
-    from longctx.model.config import PRESETS
+    """Cheap cross-field checks, before any model, data or process-group work (and before the
+    run directory is created): every bad input a user can make ends here in one UserError."""
+    par, tr = cfg.parallel, cfg.train
+    _validate_model(cfg.model)
+    _validate_parallel(cfg.parallel)
+    _validate_optim(cfg.optim)
+    if tr.dtype not in DTYPES:
+        raise UserError(f"train.dtype: unknown {tr.dtype!r}; valid: {', '.join(DTYPES)}")
+    if tr.grad_accum < 1:
+        raise UserError(f"train.grad_accum: must be >= 1, got {tr.grad_accum}")
+    if tr.nonfinite not in NONFINITE_POLICIES:
+        raise UserError(f"train.nonfinite: unknown {tr.nonfinite!r}; valid: {', '.join(NONFINITE_POLICIES)}")
+    if tr.max_nonfinite_steps < 1:
+        raise UserError(f"train.max_nonfinite_steps: must be >= 1, got {tr.max_nonfinite_steps}")
+    if tr.loss_chunk_size < 1:
+        raise UserError(f"train.loss_chunk_size: must be >= 1, got {tr.loss_chunk_size}")
+    if not (math.isfinite(tr.answer_loss_weight) and tr.answer_loss_weight >= 0):
+        raise UserError(f"train.answer_loss_weight: must be a finite number >= 0, got {tr.answer_loss_weight}")
+    _validate_checkpoint(cfg.checkpoint)
+    _validate_log(cfg.log)
+    if cfg.data.micro_batch_size < 1:
+        raise UserError(f"data.micro_batch_size: must be >= 1, got {cfg.data.micro_batch_size}")
 
-    m, par, opt, tr, ck = cfg.model, cfg.parallel, cfg.optim, cfg.train, cfg.checkpoint
+    model_cfg = None
+    for i, stage in enumerate(resolved_stages(cfg)):
+        model_cfg = _validate_stage(cfg, i, stage, world_size)
+    check_local_tokenizer_vocab(cfg.data.tokenizer, model_cfg.vocab_size)
+    _check_out_dir(cfg.out_dir)
+
+
+def _validate_stage(cfg: TrainConfig, i: int, stage: StageSection, world_size: int):
+    """One stage's length, steps, lr, cp layout, data and model; returns its model config."""
+    par = cfg.parallel
+    where = f"stages[{i}]" if cfg.stages else "train"
+    if stage.steps < 1:
+        raise UserError(f"{where}.steps: must be >= 1, got {stage.steps}")
+    if stage.lr is not None and not (math.isfinite(stage.lr) and stage.lr > 0):
+        raise UserError(f"{where}.lr: must be a finite number > 0, got {stage.lr}")
+    if stage.warmup_steps is not None and stage.warmup_steps < 0:
+        raise UserError(f"{where}.warmup_steps: must be >= 0, got {stage.warmup_steps}")
+    seq_where = f"stages[{i}].seq_len" if cfg.stages else "data.seq_len"
+    if stage.seq_len < 2:
+        raise UserError(f"{seq_where}: must be >= 2, got {stage.seq_len}")
+    cp = stage.cp_size or par.cp_size
+    cp_where = f"stages[{i}].cp_size" if stage.cp_size else "parallel.cp_size"
+    if cp < 1 or world_size % cp != 0:
+        raise UserError(f"{cp_where}: {cp} must divide the world size {world_size} (world = dp x cp)")
+    try:
+        validate_data_config(stage_data_config(cfg, stage))
+    except UserError as e:
+        msg = str(e)
+        if stage.sources is not None and msg.startswith("data.sources"):  # name the stage's field
+            msg = f"stages[{i}].sources" + msg[len("data.sources"):]
+        raise UserError(msg) from None
+    model_cfg = stage_model_config(cfg, stage, where=f"stages[{i}]" if cfg.stages else "model")
+    _validate_cp(cfg, cp, world_size, model_cfg, stage.seq_len, seq_where, cp_where)
+    return model_cfg
+
+
+def _validate_model(m: ModelSection) -> None:
     if m.init_from is None and m.preset not in PRESETS:
         raise UserError(f"model.preset: unknown {m.preset!r}; valid: {', '.join(sorted(PRESETS))}")
     if m.init_from is not None and not (Path(m.init_from) / "config.json").is_file():
         what = "does not exist" if not Path(m.init_from).exists() else "has no config.json"
         raise UserError(f"model.init_from: {m.init_from} {what} (expected a Hugging Face Llama directory)")
+    if m.max_position_embeddings is not None and m.max_position_embeddings < 1:
+        raise UserError(f"model.max_position_embeddings: must be >= 1, got {m.max_position_embeddings}")
+
+
+def _validate_parallel(par: ParallelSection) -> None:
     if par.cp_impl not in CP_IMPLS:
         raise UserError(f"parallel.cp_impl: unknown {par.cp_impl!r}; valid: {', '.join(CP_IMPLS)}")
+    if par.ulysses_size < 1:
+        raise UserError(f"parallel.ulysses_size: must be >= 1, got {par.ulysses_size}")
+    check_backend_available(par.attention_backend, "parallel.attention_backend")
     if par.zero_stage not in (0, 1, 2, 3):
         raise UserError(f"parallel.zero_stage: must be 0, 1, 2 or 3, got {par.zero_stage}")
     if par.offload_params and par.zero_stage != 3:
@@ -252,59 +353,69 @@ def validate_config(cfg: TrainConfig, world_size: int) -> None:
                         "inside the compiled modules); use zero_stage <= 2 or compile=none")
     if par.checkpoint_every < 1:
         raise UserError(f"parallel.checkpoint_every: must be >= 1, got {par.checkpoint_every}")
-    if par.deepspeed_config is not None and not Path(par.deepspeed_config).is_file():
-        raise UserError(f"parallel.deepspeed_config: {par.deepspeed_config} does not exist")
-    if tr.dtype not in DTYPES:
-        raise UserError(f"train.dtype: unknown {tr.dtype!r}; valid: {', '.join(DTYPES)}")
+    if par.deepspeed_config is not None:
+        _validate_deepspeed_json(par.deepspeed_config, par.zero_stage)
+
+
+def _validate_deepspeed_json(path: str, zero_stage: int) -> None:
+    """A user DeepSpeed JSON: readable, a JSON object, and not silently changing the ZeRO stage
+    the rest of the config (and the planner) assumes."""
+    p = Path(path)
+    if not p.is_file():
+        what = "is a directory" if p.is_dir() else "does not exist"
+        raise UserError(f"parallel.deepspeed_config: {path} {what} (expected a DeepSpeed JSON file)")
+    try:
+        user = json.loads(p.read_text())
+    except OSError as e:
+        raise UserError(f"parallel.deepspeed_config: cannot read {path} ({e.strerror})") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise UserError(f"parallel.deepspeed_config: {path} is not valid JSON ({e})") from None
+    if not isinstance(user, dict):
+        raise UserError(f"parallel.deepspeed_config: {path} must hold a JSON object (DeepSpeed's config keys), "
+                        f"got a {type(user).__name__}")
+    zero = user.get("zero_optimization")
+    if zero is not None and not isinstance(zero, dict):
+        raise UserError(f"parallel.deepspeed_config: {path}: zero_optimization must be an object, got {zero!r}")
+    stage = (zero or {}).get("stage")
+    if stage is not None and stage != zero_stage:
+        raise UserError(f"parallel.deepspeed_config: {path} sets ZeRO stage {stage} but parallel.zero_stage is "
+                        f"{zero_stage}; set parallel.zero_stage={stage}")
+
+
+def _validate_optim(opt: OptimSection) -> None:
     if opt.schedule not in SCHEDULES:
         raise UserError(f"optim.schedule: unknown {opt.schedule!r}; valid: {', '.join(SCHEDULES)}")
-    if not opt.lr > 0:
-        raise UserError(f"optim.lr: must be > 0, got {opt.lr}")
-    for name in ("min_lr_ratio", "weight_decay", "grad_clip"):
-        if getattr(opt, name) < 0:
-            raise UserError(f"optim.{name}: must be >= 0, got {getattr(opt, name)}")
+    if not (math.isfinite(opt.lr) and opt.lr > 0):
+        raise UserError(f"optim.lr: must be a finite number > 0, got {opt.lr}")
+    for name in ("beta1", "beta2"):
+        if not 0 <= getattr(opt, name) < 1:
+            raise UserError(f"optim.{name}: must be in [0, 1), got {getattr(opt, name)}")
+    if not (math.isfinite(opt.eps) and opt.eps > 0):
+        raise UserError(f"optim.eps: must be a finite number > 0 (e.g. 1e-8), got {opt.eps}")
+    if not 0 <= opt.min_lr_ratio <= 1:
+        raise UserError(f"optim.min_lr_ratio: must be in [0, 1], got {opt.min_lr_ratio}")
+    for name in ("weight_decay", "grad_clip"):
+        value = getattr(opt, name)
+        if not (math.isfinite(value) and value >= 0):
+            raise UserError(f"optim.{name}: must be a finite number >= 0, got {value}")
     if opt.warmup_steps < 0:
         raise UserError(f"optim.warmup_steps: must be >= 0, got {opt.warmup_steps}")
-    if tr.grad_accum < 1:
-        raise UserError(f"train.grad_accum: must be >= 1, got {tr.grad_accum}")
-    if tr.nonfinite not in NONFINITE_POLICIES:
-        raise UserError(f"train.nonfinite: unknown {tr.nonfinite!r}; valid: {', '.join(NONFINITE_POLICIES)}")
-    if tr.max_nonfinite_steps < 1:
-        raise UserError(f"train.max_nonfinite_steps: must be >= 1, got {tr.max_nonfinite_steps}")
-    if tr.loss_chunk_size < 1:
-        raise UserError(f"train.loss_chunk_size: must be >= 1, got {tr.loss_chunk_size}")
+
+
+def _validate_checkpoint(ck: CheckpointSection) -> None:
     if ck.keep_last < 1:
         raise UserError(f"checkpoint.keep_last: must be >= 1, got {ck.keep_last}")
     if ck.every < 0:
         raise UserError(f"checkpoint.every: must be >= 0, got {ck.every}")
     if ck.resume not in ("none", "auto") and not Path(ck.resume).is_dir():
         raise UserError(f"checkpoint.resume: {ck.resume} is not 'none', 'auto' or an existing checkpoint directory")
-    if cfg.data.micro_batch_size < 1:
-        raise UserError(f"data.micro_batch_size: must be >= 1, got {cfg.data.micro_batch_size}")
 
-    for i, stage in enumerate(resolved_stages(cfg)):
-        where = f"stages[{i}]" if cfg.stages else "train"
-        if stage.steps < 1:
-            raise UserError(f"{where}.steps: must be >= 1, got {stage.steps}")
-        if stage.lr is not None and not stage.lr > 0:
-            raise UserError(f"{where}.lr: must be > 0, got {stage.lr}")
-        seq_where = f"stages[{i}].seq_len" if cfg.stages else "data.seq_len"
-        if stage.seq_len < 2:
-            raise UserError(f"{seq_where}: must be >= 2, got {stage.seq_len}")
-        cp = stage.cp_size or par.cp_size
-        cp_where = f"stages[{i}].cp_size" if stage.cp_size else "parallel.cp_size"
-        if cp < 1 or world_size % cp != 0:
-            raise UserError(f"{cp_where}: {cp} must divide the world size {world_size} (world = dp x cp)")
-        try:
-            validate_data_config(stage_data_config(cfg, stage))
-        except UserError as e:
-            msg = str(e)
-            if stage.sources is not None and msg.startswith("data.sources"):  # name the stage's field
-                msg = f"stages[{i}].sources" + msg[len("data.sources"):]
-            raise UserError(msg) from None
-        model_cfg = stage_model_config(cfg, stage, where=f"stages[{i}]" if cfg.stages else "model")
-        _validate_cp(cfg, cp, world_size, model_cfg, stage.seq_len, seq_where, cp_where)
-    _check_out_dir(cfg.out_dir)
+
+def _validate_log(log: LogSection) -> None:
+    if log.every < 1:
+        raise UserError(f"log.every: must be >= 1, got {log.every}")
+    if log.peak_tflops is not None and not (math.isfinite(log.peak_tflops) and log.peak_tflops > 0):
+        raise UserError(f"log.peak_tflops: must be null or a finite number > 0, got {log.peak_tflops}")
 
 
 def _validate_cp(cfg: TrainConfig, cp: int, world_size: int, model_cfg, seq_len: int,
@@ -357,9 +468,12 @@ def stage_model_config(cfg: TrainConfig, stage: StageSection, where: str = "mode
             close = difflib.get_close_matches(key, sorted(valid), n=1)
             raise UserError(f"model.overrides.{key}: not a model field" + (f"; did you mean {close[0]!r}?" if close else ""))
     try:
-        return base.replace(**changes)
+        model_cfg = base.replace(**changes)
     except UserError as e:
         msg = str(e)
         if msg.startswith("model.rope_parameters") and stage.rope_parameters:
             msg = f"{where}.rope_parameters" + msg[len("model.rope_parameters"):]
         raise UserError(msg) from None
+    if rope is not None:  # the user's own dict, before normalization filled any default
+        require_explicit_fields(dict(rope), f"{where}.rope_parameters" if stage.rope_parameters else "model.rope_parameters")
+    return model_cfg

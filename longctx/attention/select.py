@@ -1,6 +1,7 @@
 """Backend selection: `auto` picks flash on CUDA when flash-attn imports, else sdpa, and logs it."""
 from __future__ import annotations
 
+import difflib
 import logging
 from typing import Optional
 
@@ -15,18 +16,32 @@ BACKENDS = ("auto", "flash", "sdpa", "eager")
 _logged: set = set()
 
 
+def check_backend_available(name: str, where: str = "attention backend",
+                            device: Optional[torch.device | str] = None) -> None:
+    """UserError naming `where` unless backend `name` exists and can run on `device` (default:
+    CUDA when available, else CPU). Cheap: flash-attn is only imported, nothing is built."""
+    from longctx.attention.flash import flash_available
+
+    if name not in BACKENDS:
+        close = difflib.get_close_matches(str(name), BACKENDS, n=1)
+        hint = f"did you mean {close[0]!r}? " if close else ""
+        raise UserError(f"{where}: unknown {name!r}; {hint}valid: {', '.join(BACKENDS)}")
+    if device is None:
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    if name == "flash" and not flash_available(torch.device(device)):
+        reason = "no CUDA device" if torch.device(device).type != "cuda" else "flash-attn does not import"
+        raise UserError(f"{where}: 'flash' needs flash-attn and a CUDA device ({reason}); "
+                        "install longctx[gpu] or use auto, sdpa or eager")
+
+
 def resolve_backend(name: str = "auto", device: Optional[torch.device | str] = None) -> str:
     """Concrete backend name for `name` on `device` (default: CUDA when available, else CPU)."""
     from longctx.attention.flash import flash_available
 
-    if name not in BACKENDS:
-        raise UserError(f"attention backend {name!r} is unknown; valid: {', '.join(BACKENDS)}")
     if device is None:
         device = "cuda" if torch.cuda.is_available() else "cpu"
     device = torch.device(device)
-    if name == "flash" and not flash_available(device):
-        raise UserError(f"attention backend 'flash' needs flash-attn and a CUDA device (device is {device.type}); "
-                        "install longctx[gpu] or use auto, sdpa or eager")
+    check_backend_available(name, device=device)
     if name != "auto":
         return name
     chosen = "flash" if flash_available(device) else "sdpa"

@@ -261,6 +261,17 @@ def check_vocab(tokenizer, model_vocab_size: int) -> None:
         )
 
 
+def check_local_tokenizer_vocab(spec: str, model_vocab_size: int) -> None:
+    """check_vocab before any work, where that is cheap: 'byte' or a local tokenizer.json (a file,
+    or a directory holding one). Hub ids and sentencepiece-only directories are checked when the
+    trainer loads them (network, slow conversion)."""
+    check_tokenizer_spec(spec)
+    path = os.path.expanduser(spec)
+    fast = spec == "byte" or os.path.isfile(path) or os.path.isfile(os.path.join(path, "tokenizer.json"))
+    if fast:
+        check_vocab(load_tokenizer(spec), model_vocab_size)
+
+
 def tokenizer_fingerprint(tokenizer) -> str:
     fp = getattr(tokenizer, "fingerprint", None)
     if fp:

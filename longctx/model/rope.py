@@ -43,6 +43,29 @@ _REQUIRED: dict[str, tuple[str, ...]] = {
 }
 
 
+# The pretraining length the scaled types are computed from. transformers fills it from
+# max_position_embeddings when a config.json leaves it out (standardize_rope_params), and so does
+# normalize_rope_parameters for such files; a training config that sets rope_parameters for an
+# extension usually raises max_position_embeddings too, so there it must be given.
+EXPLICIT_IN_TRAINING: dict[str, tuple[str, ...]] = {
+    "yarn": ("original_max_position_embeddings",),
+    "llama3": ("original_max_position_embeddings",),
+    "longrope": ("original_max_position_embeddings",),
+}
+
+
+def require_explicit_fields(params: Any, where: str = "model.rope_parameters") -> None:
+    """UserError naming the first field of EXPLICIT_IN_TRAINING that a user's rope_parameters
+    (not an HF config.json: those keep transformers' defaulting) leaves out."""
+    if not isinstance(params, dict):
+        return  # normalize_rope_parameters names the type error
+    rope_type = params.get("rope_type", params.get("type", "default"))
+    for key in EXPLICIT_IN_TRAINING.get(rope_type, ()):
+        if params.get(key) is None:
+            raise UserError(f"{where}.{key}: required for rope_type {rope_type!r} (the length the model was "
+                            f"pretrained at, e.g. 4096 for Llama 2, 8192 for Llama 3)")
+
+
 def rope_parameters_from_hf(config: dict) -> dict:
     """Read RoPE settings from an HF config.json dict (new `rope_parameters` or legacy
     `rope_theta` + `rope_scaling`)."""
