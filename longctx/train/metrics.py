@@ -65,6 +65,85 @@ def measure_matmul_flops(dtype: torch.dtype, n: int = 1024, seconds: float = 0.3
     return best
 
 
+# --------------------------------------------------------------------- CPU machine limits
+# On a CPU there is no datasheet peak: the limit is what this machine's bf16 GEMM and its fused
+# flash-attention kernel achieve at the step's own shapes, measured in the same process (and at
+# the same time as the other ranks, which share the cores). "CPU MFU" is the step's time at
+# those rates (its GEMM FLOPs at the GEMM rate plus its attention FLOPs at the kernel's rate,
+# PaLM's model-FLOP convention as above, recomputation not counted) over its measured time.
+
+def _best_rate(run, flops: float, seconds: float, min_reps: int = 2) -> float:
+    run()  # warm-up (packing, thread pool)
+    best, reps, deadline = 0.0, 0, time.perf_counter() + seconds
+    while reps < min_reps or time.perf_counter() < deadline:
+        start = time.perf_counter()
+        run()
+        best = max(best, flops / (time.perf_counter() - start))
+        reps += 1
+    return best
+
+
+def measure_gemm_flops(tokens: int, d_in: int, d_out: int, dtype: torch.dtype = torch.bfloat16,
+                       seconds: float = 0.5) -> float:
+    """FLOP/s of a linear layer's three GEMMs at (tokens x d_in) -> d_out: forward, input
+    gradient and weight gradient (the last reduces over the tokens), best of repeats."""
+    x = torch.randn(tokens, d_in, dtype=dtype)  # (N, d_in)
+    w = torch.randn(d_out, d_in, dtype=dtype)  # (d_out, d_in)
+    dy = torch.randn(tokens, d_out, dtype=dtype)  # (N, d_out)
+
+    def run():
+        x @ w.t()
+        dy @ w
+        dy.t() @ x
+
+    return _best_rate(run, 3 * 2.0 * tokens * d_in * d_out, seconds)
+
+
+def measure_attention_flops(seq_len: int, head_dim: int, heads: int = 1, dtype: torch.dtype = torch.bfloat16,
+                            seconds: float = 0.5) -> float:
+    """Model FLOP/s (causal forward counted 2*T^2*D per head, backward twice that) of the CPU
+    flash kernel's forward + backward at (1, heads, seq_len, head_dim)."""
+    aten = torch.ops.aten
+    q, k, v, dout = (torch.randn(1, heads, seq_len, head_dim, dtype=dtype) for _ in range(4))  # (B, H, T, D)
+
+    def run():
+        out, lse = aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, True)[:2]
+        aten._scaled_dot_product_flash_attention_for_cpu_backward(dout, q, k, v, out, lse, 0.0, True)
+
+    return _best_rate(run, 6.0 * heads * head_dim * seq_len**2, seconds, min_reps=1)
+
+
+def step_flops(cfg: ModelConfig, seq_len: int, cp_size: int = 1) -> tuple[float, float]:
+    """(GEMM, attention) model FLOPs of one rank's share of a training step on one sequence of
+    seq_len tokens split over cp_size ranks (context parallelism balances both evenly)."""
+    gemm = 6.0 * matmul_params(cfg) * seq_len
+    attn = 6.0 * cfg.num_hidden_layers * cfg.num_attention_heads * cfg.head_dim * seq_len**2  # causal
+    return gemm / cp_size, attn / cp_size
+
+
+def measure_cpu_limits(cfg: ModelConfig, seq_len: int, cp_size: int = 1, dtype: torch.dtype = torch.bfloat16,
+                       seconds: float = 0.5, max_attention_len: int = 16384) -> dict:
+    """This rank's GEMM and flash-attention FLOP/s at the step's shapes (call it on every rank
+    at once so the ranks share the cores as in the step). The GEMM is the MLP's up projection
+    over the rank's tokens; the kernel runs one head over the whole sequence (capped at
+    max_attention_len to bound the measuring time; its rate is flat in T beyond a few k)."""
+    tokens = max(1, seq_len // cp_size)
+    return {"gemm_flops_per_s": measure_gemm_flops(min(tokens, 8192), cfg.hidden_size, cfg.intermediate_size,
+                                                   dtype, seconds),
+            "attention_flops_per_s": measure_attention_flops(min(seq_len, max_attention_len), cfg.head_dim, 1,
+                                                             dtype, seconds),
+            "threads": torch.get_num_threads()}
+
+
+def cpu_limit_fraction(cfg: ModelConfig, seq_len: int, cp_size: int, step_s: float, limits: dict) -> dict:
+    """The step's achieved fraction of the measured limit ("cpu_mfu") and the time each part
+    would take at its limit rate."""
+    gemm, attn = step_flops(cfg, seq_len, cp_size)
+    gemm_s = gemm / limits["gemm_flops_per_s"]
+    attn_s = attn / limits["attention_flops_per_s"]
+    return {"cpu_mfu": (gemm_s + attn_s) / step_s, "gemm_limit_s": gemm_s, "attention_limit_s": attn_s}
+
+
 def peak_memory_bytes() -> int:
     if torch.cuda.is_available():
         return int(torch.cuda.max_memory_allocated())

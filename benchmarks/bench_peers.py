@@ -1,0 +1,382 @@
+"""longctx vs its peers, side by side on one machine: DeepSpeed ALST on transformers (Ulysses
+sequence parallelism, with and without TiledMLP + TiledFusedLogitsLoss), longctx context
+parallelism (ring, ulysses, allgather), and one process of transformers and of longctx.
+
+    .venv/bin/python benchmarks/bench_peers.py --lengths 8192 --world 2 --out docs/bench_peers.json
+    .venv/bin/python benchmarks/bench_peers.py --max-len --budget-gb 8 --world 2
+
+One HF checkpoint (the bench-44m shape, made once by this script) is loaded by every contender;
+every contender trains on the same batch. The run, in one group of `--world` gloo processes:
+  1. correctness (fp32, one step at --check-len): loss and per-tensor gradients of each contender
+     vs one process of transformers (the multi-rank gradients are DeepSpeed's reduced ones);
+  2. speed (bf16, ZeRO-1 for the multi-rank contenders, full activation checkpointing): for each
+     length every contender is built, warmed up once, then timed in interleaved rounds (A/B/.../B/A,
+     the order reversed every round) so drifts in machine load hit all alike; tokens/s at the
+     median and the slowest step. One-process contenders run on rank 0 with all the cores while
+     the other ranks wait. Memory per rank: the contender's resident state (RSS added by building
+     it and by its first step: weights, gradients, optimizer state, engine buffers) plus the
+     step's peak growth (VmHWM reset at the step's start, minus RSS then); big blocks are mmapped
+     (mallopt) so freed tensors leave RSS at once. CPU MFU: the step's time at this machine's
+     measured bf16 GEMM and flash-kernel rates at the step's shapes over its measured time
+     (longctx.train.metrics.measure_cpu_limits, measured on all ranks at once in the same run).
+`--max-len`: for each contender, the longest T (doubling, then bisection over real one-step
+runs, each a fresh process group) whose peak RSS per rank (VmHWM of the whole process) stays
+within --budget-gb; a rank that crosses the budget is stopped at once by a watchdog.
+"""
+from __future__ import annotations
+
+import argparse
+import ctypes
+import gc
+import json
+import os
+import socket
+import statistics
+import sys
+import tempfile
+import threading
+import time
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+
+from bench_cp import _reset_peak  # noqa: E402
+from bench_train import _rss_bytes  # noqa: E402
+from peer_checks import (correctness_row, correctness_table, interleaved_order, ratio_table,  # noqa: E402
+                         speed_summary, speed_table)
+from peer_contenders import ALL_IMPLS, ALST, CP, SINGLE, build_contender, build_order, make_batch  # noqa: E402
+
+from longctx.model import build_model, get_preset  # noqa: E402
+from longctx.model.hf import save_pretrained  # noqa: E402
+from longctx.parallel.mesh import import_before_process_groups, shutdown_distributed  # noqa: E402
+from longctx.train.metrics import cpu_limit_fraction, measure_cpu_limits, peak_rss_bytes  # noqa: E402
+
+GiB = 2**30
+OVER_BUDGET = 3  # a probe's exit code when its watchdog stopped it
+
+
+def make_checkpoint(args, path: str) -> None:
+    cfg = get_preset(args.preset).replace(max_position_embeddings=max(args.max_position, 4096))
+    if args.layers:
+        cfg = cfg.replace(num_hidden_layers=args.layers)
+    save_pretrained(build_model(cfg, seed=0), path, dtype=torch.float32)
+
+
+# ------------------------------------------------------------------------------ one rank
+def _setup(rank: int, world: int, port: int, threads: int) -> None:
+    ctypes.CDLL("libc.so.6").mallopt(-3, 1 << 16)  # M_MMAP_THRESHOLD: big blocks go back on free
+    torch.set_num_threads(threads)
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
+                      LOCAL_RANK=str(rank))
+    import_before_process_groups("deepspeed")
+    import logging
+
+    import deepspeed
+
+    logging.getLogger("DeepSpeed").setLevel(logging.WARNING)
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    deepspeed.init_distributed(dist_backend="gloo")
+
+
+def _free(*objs) -> None:
+    del objs
+    gc.collect()
+
+
+def _run_step(c, inputs, rank: int, threads: int, world: int):
+    """One training step of `c` on this rank (rank 0 alone, with every thread, for one-process
+    contenders). Returns (seconds, loss, peak RSS growth bytes), or Nones where it did not run."""
+    if c.single and rank != 0:
+        return None, None, None
+    if c.single:
+        torch.set_num_threads(threads * world)
+    base = _rss_bytes()
+    _reset_peak()
+    t0 = time.perf_counter()
+    loss = c.forward_backward(inputs)
+    c.optimizer_step()
+    dt = time.perf_counter() - t0
+    growth = peak_rss_bytes() - base
+    torch.set_num_threads(threads)
+    return dt, loss, growth
+
+
+def _correctness(args, ckpt, rank, world):
+    batch = make_batch(args.vocab, args.check_len, seed=1)
+    ref = None
+    if rank == 0:
+        c = build_contender("hf", ckpt, torch.float32, world)
+        ref_loss = c.forward_backward(c.prepare(batch))
+        ref = (ref_loss, c.named_grads())
+        _free(c)
+    rows = []
+    for name in build_order(args.impls):
+        if name == "hf":
+            if rank == 0:
+                rows.append(correctness_row("hf", ref[0], ref[0], ref[1], ref[1]))
+            continue
+        dist.barrier()
+        try:
+            c = build_contender(name, ckpt, torch.float32, world, loss_chunk=args.loss_chunk,
+                                loss_shard_tokens=args.alst_loss_shard_tokens)
+            if not c.single or rank == 0:
+                loss = c.forward_backward(c.prepare(batch))
+                grads = c.named_grads()
+                if rank == 0:
+                    rows.append(correctness_row(name, loss, ref[0], grads, ref[1]))
+            _free(c)
+        except Exception as e:  # noqa: BLE001 - raised alike on every rank (configuration, shapes)
+            if rank == 0:
+                rows.append({"impl": name, "error": f"{type(e).__name__}: {str(e).splitlines()[0][:160]}"})
+    return rows
+
+
+def _speed(args, ckpt, rank, world, threads, T):
+    cfg = get_preset(args.preset)
+    if args.layers:
+        cfg = cfg.replace(num_hidden_layers=args.layers)
+    dist.barrier()
+    limits = {"multi": measure_cpu_limits(cfg, T, world, seconds=args.limit_seconds)}
+    dist.barrier()
+    if rank == 0 and any(n in SINGLE for n in args.impls):
+        torch.set_num_threads(threads * world)
+        limits["single"] = measure_cpu_limits(cfg, T, 1, seconds=args.limit_seconds)
+        torch.set_num_threads(threads)
+    batch = make_batch(cfg.vocab_size, T, seed=0)
+    built, inputs, state, results = {}, {}, {}, {}
+    for name in build_order(args.impls):  # build, then one warm-up step (allocates gradients, optimizer state)
+        dist.barrier()
+        rss0 = _rss_bytes()
+        try:
+            built[name] = build_contender(name, ckpt, torch.bfloat16, world, loss_chunk=args.loss_chunk,
+                                          loss_shard_tokens=args.alst_loss_shard_tokens)
+            inputs[name] = built[name].prepare(batch)
+            dt, loss, growth = _run_step(built[name], inputs[name], rank, threads, world)
+            results[name] = {"times": [], "growth": [], "loss": loss, "warmup_s": dt}
+        except Exception as e:  # noqa: BLE001 - a peer that fails is a row, not the end of the run
+            results[name] = {"error": f"{type(e).__name__}: {str(e).splitlines()[0][:160]}"}
+            built.pop(name, None)
+        gc.collect()
+        state[name] = _rss_bytes() - rss0
+    names = [n for n in args.impls if n in built]
+    for r in range(args.steps):
+        for name in interleaved_order(names, r):
+            dist.barrier()
+            dt, _, growth = _run_step(built[name], inputs[name], rank, threads, world)
+            if dt is not None:
+                results[name]["times"].append(dt)
+                results[name]["growth"].append(growth)
+    out = []
+    for name in args.impls:
+        res = results[name]
+        row = {"seq_len": T, "impl": name, "processes": 1 if name in SINGLE else world, "rank": rank}
+        if "error" in res:
+            out.append({**row, "error": res["error"]})
+            continue
+        if not res["times"]:
+            continue  # a one-process contender on ranks > 0
+        lim = limits["single" if name in SINGLE else "multi"]
+        cp = 1 if name in SINGLE else world
+        row.update(speed_summary(res["times"], T), loss=res["loss"], warmup_s=res["warmup_s"],
+                   state_gb=state[name] / GiB, step_growth_gb=max(res["growth"]) / GiB,
+                   peak_rss_gb=(state[name] + max(res["growth"])) / GiB, limits=lim,
+                   **cpu_limit_fraction(cfg, T, cp, statistics.median(res["times"]), lim))
+        out.append(row)
+    _free(built, inputs)
+    return out
+
+
+def _probe(args, ckpt, rank, world, threads, name, T):
+    """One real step of `name` at T; a watchdog stops the process when RSS passes the budget."""
+    budget = args.budget_gb * GiB
+
+    def watch():
+        while True:
+            if _rss_bytes() > budget:
+                os._exit(OVER_BUDGET)
+            time.sleep(0.02)
+
+    threading.Thread(target=watch, daemon=True).start()
+    c = build_contender(name, ckpt, torch.bfloat16, world, loss_chunk=args.loss_chunk,
+                        loss_shard_tokens=args.alst_loss_shard_tokens)
+    dt, loss, _ = _run_step(c, c.prepare(make_batch(args.vocab, T)), rank, threads, world)
+    return [{"impl": name, "seq_len": T, "rank": rank, "peak_rss_gb": peak_rss_bytes() / GiB, "step_s": dt,
+             "loss": loss}]
+
+
+def _worker(rank, world, port, threads, args, ckpt, out_path, job):
+    _setup(rank, world, port, threads)
+    rows = []
+    if job[0] == "check":
+        rows = _correctness(args, ckpt, rank, world)
+    elif job[0] == "speed":
+        rows = _speed(args, ckpt, rank, world, threads, job[1])
+    else:
+        rows = _probe(args, ckpt, rank, world, threads, job[1], job[2])
+    with open(f"{out_path}.{rank}", "w") as f:
+        json.dump(rows, f)
+    shutdown_distributed(completed=True)
+
+
+def run_group(args, ckpt, world, job, timeout=None):
+    """Spawn `world` gloo ranks for `job`; returns every rank's rows (None if a rank failed)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    threads = max(1, (args.threads or os.cpu_count()) // world)
+    with tempfile.TemporaryDirectory() as d:
+        out = os.path.join(d, "rows")
+        ctx = mp.start_processes(_worker, args=(world, port, threads, args, ckpt, out, job), nprocs=world,
+                                 start_method="spawn", join=False)
+        deadline = None if timeout is None else time.monotonic() + timeout
+        try:
+            while not ctx.join(timeout=5):
+                if deadline is not None and time.monotonic() > deadline:
+                    for p in ctx.processes:
+                        p.kill()
+                    return None, "timeout"
+        except mp.ProcessExitedException as e:
+            return None, "over budget" if e.exit_code == OVER_BUDGET else f"exit {e.exit_code}"
+        except mp.ProcessRaisedException as e:
+            return None, str(e).strip().splitlines()[-1][:200]
+        return [json.load(open(f"{out}.{r}")) for r in range(world)], None
+
+
+# ------------------------------------------------------------------------------ modes
+def merge_speed(ranks: list[list[dict]]) -> list[dict]:
+    """Per (T, impl): a step's time is the slowest rank's; memory is the largest rank's."""
+    groups: dict = {}
+    for rows in ranks:
+        for r in rows:
+            groups.setdefault((r["seq_len"], r["impl"]), []).append(r)
+    out = []
+    for (T, _), rs in groups.items():
+        ok = [r for r in rs if "error" not in r]
+        row = dict(max(ok, key=lambda r: r["peak_rss_gb"]) if ok else rs[0])
+        row.pop("rank", None)
+        if ok:
+            step_s = [max(ts) for ts in zip(*(r["step_s"] for r in ok))]
+            row.update(speed_summary(step_s, T), peak_rss_gb_per_rank=[r["peak_rss_gb"] for r in ok])
+            row["cpu_mfu"] = (row["gemm_limit_s"] + row["attention_limit_s"]) / statistics.median(step_s)
+        out.append(row)
+    return out
+
+
+def max_len_search(args, ckpt, name, log) -> dict:
+    world = 1 if name in SINGLE else args.world
+    grain = 1024 * world
+    probes = []
+
+    def fits(T):
+        ranks, err = run_group(args, ckpt, world, ("probe", name, T), timeout=args.probe_timeout)
+        peak = max(r[0]["peak_rss_gb"] for r in ranks) if ranks else None
+        probes.append({"seq_len": T, "fits": ranks is not None, "peak_rss_gb": peak, "why": err})
+        log(f"# max-len {name} T={T}: {'fits' if ranks else err} peak {peak}")
+        return ranks is not None, err
+
+    lo, hi, T = 0, None, args.max_len_start
+    while hi is None and T <= args.max_len_cap:
+        ok, err = fits(T)
+        if ok:
+            lo, T = T, T * 2
+        else:
+            hi = T
+            if err == "timeout":
+                break
+    if hi is not None and probes[-1]["why"] != "timeout":
+        while hi - lo > max(grain, int(lo * args.max_len_resolution)):
+            mid = (lo + hi) // 2 // grain * grain
+            if mid <= lo:
+                break
+            ok, err = fits(mid)
+            if ok:
+                lo = mid
+            else:
+                hi = mid
+                if err == "timeout":
+                    break
+    return {"impl": name, "processes": world, "budget_gb": args.budget_gb, "max_len": lo, "first_failing": hi,
+            "probes": probes}
+
+
+def parse(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--lengths", default="8192", help="comma list of sequence lengths (tokens per step)")
+    p.add_argument("--world", type=int, default=2, help="processes of the multi-rank contenders")
+    p.add_argument("--impls", default=",".join(ALL_IMPLS), help=f"comma list of {', '.join(ALL_IMPLS)}")
+    p.add_argument("--steps", type=int, default=3, help="timed steps per contender and length (>= 3)")
+    p.add_argument("--check-len", type=int, default=1024, help="sequence length of the fp32 correctness step")
+    p.add_argument("--no-check", action="store_true")
+    p.add_argument("--preset", default="bench-44m")
+    p.add_argument("--layers", type=int, default=0, help="override the preset's layer count (0: keep)")
+    p.add_argument("--loss-chunk", type=int, default=2048, help="longctx chunked-loss tokens per chunk")
+    p.add_argument("--alst-loss-shard-tokens", type=int, default=0,
+                   help="tokens per TiledFusedLogitsLoss shard (0: ALST's default of ~1 GiB of fp32 logits)")
+    p.add_argument("--threads", type=int, default=0, help="total threads, split across ranks (0: all cores)")
+    p.add_argument("--limit-seconds", type=float, default=0.5, help="measuring time of each machine-limit rate")
+    p.add_argument("--max-len", action="store_true", help="find each contender's longest T within --budget-gb")
+    p.add_argument("--budget-gb", type=float, default=8.0, help="per-rank peak RSS budget of --max-len (GiB)")
+    p.add_argument("--max-len-start", type=int, default=8192)
+    p.add_argument("--max-len-cap", type=int, default=1 << 20)
+    p.add_argument("--max-len-resolution", type=float, default=0.125, help="stop bisecting within this fraction")
+    p.add_argument("--probe-timeout", type=float, default=900.0, help="seconds per --max-len probe")
+    p.add_argument("--out", help="write the rows (JSON) here")
+    args = p.parse_args(argv)
+    args.lengths = [int(x) for x in args.lengths.split(",")]
+    args.impls = args.impls.split(",")
+    bad = [n for n in args.impls if n not in ALL_IMPLS]
+    if bad:
+        p.error(f"--impls: unknown {', '.join(bad)}; valid: {', '.join(ALL_IMPLS)}")
+    if args.steps < 3 and not args.max_len:
+        p.error("--steps must be >= 3 (median and min of at least 3 timed steps)")
+    args.max_position = max(args.lengths + [args.check_len, args.max_len_cap if args.max_len else 0])
+    args.vocab = get_preset(args.preset).vocab_size
+    return args
+
+
+def main(argv=None):
+    args = parse(argv)
+    log = lambda msg: print(msg, file=sys.stderr, flush=True)  # noqa: E731
+    report = {"world": args.world, "preset": args.preset, "layers": args.layers, "cores": os.cpu_count(),
+              "command": "python benchmarks/bench_peers.py " + " ".join(sys.argv[1:] if argv is None else argv)}
+    with tempfile.TemporaryDirectory() as d:
+        ckpt = os.path.join(d, "hf")
+        make_checkpoint(args, ckpt)
+        if args.max_len:
+            report["max_len"] = [max_len_search(args, ckpt, name, log) for name in args.impls]
+            print(f"\n| impl | processes | longest T within {args.budget_gb:g} GiB / rank | first failing T | "
+                  "peak RSS / rank at longest (GiB) |\n|---|---:|---:|---:|---:|")
+            for r in report["max_len"]:
+                peak = next((p["peak_rss_gb"] for p in r["probes"] if p["seq_len"] == r["max_len"]), None)
+                print(f"| {r['impl']} | {r['processes']} | {r['max_len']} | {r['first_failing']} | "
+                      f"{peak if peak is None else round(peak, 2)} |")
+        else:
+            if not args.no_check:
+                ranks, err = run_group(args, ckpt, args.world, ("check",))
+                report["correctness"] = ranks[0] if ranks else err
+                print(f"\nCorrectness: one fp32 step at T={args.check_len} vs one process of transformers\n")
+                print(correctness_table(ranks[0]) if ranks else f"failed: {err}", flush=True)
+            report["speed"] = []
+            for T in args.lengths:  # a fresh group per length (see peer_contenders.build_order)
+                ranks, err = run_group(args, ckpt, args.world, ("speed", T))
+                if ranks is None:
+                    sys.exit(f"speed run at T={T} failed: {err}")
+                report["speed"] += merge_speed(ranks)
+                log(speed_table([r for r in report["speed"] if r["seq_len"] == T]))
+            print(f"\nSpeed: bf16, full activation checkpointing, {args.steps} timed steps, world {args.world}\n")
+            print(speed_table(report["speed"]))
+            print("\nlongctx (any) vs ALST (any), world", args.world)
+            print(ratio_table(report["speed"], CP, ALST))
+            print("\nlongctx vs transformers, one process")
+            print(ratio_table(report["speed"], ("ours",), ("hf",)))
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(report, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
