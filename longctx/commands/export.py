@@ -1,35 +1,60 @@
-"""`longctx export --checkpoint DIR --out HF_DIR`."""
+"""`longctx export --checkpoint DIR --out HF_DIR [--dtype D] [--overwrite]`.
+
+The export is written into a temporary sibling of --out and moved into place. An existing,
+non-empty --out is refused unless --overwrite; even then only the files an export writes
+(config.json, weights, tokenizer files) are replaced and every other file is kept.
+"""
 from __future__ import annotations
 
 import argparse
+import json
 from pathlib import Path
 
 import torch
 
 from longctx.errors import UserError
+from longctx.model.hf import save_pretrained
+from longctx.model.loading import load_any, resolve_model_dir
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 def add_parser(p: argparse.ArgumentParser) -> None:
     p.add_argument("--checkpoint", required=True, help="a training checkpoint, run directory or HF directory")
-    p.add_argument("--out", required=True, help="output Hugging Face directory")
+    p.add_argument("--out", required=True, help="output Hugging Face directory (new or empty)")
     p.add_argument("--dtype", choices=sorted(_DTYPES), default=None, help="cast weights (default: keep)")
+    p.add_argument("--overwrite", action="store_true",
+                   help="write into a non-empty --out: replace only the export's own files, keep the rest")
+
+
+def _inside(a: Path, b: Path) -> bool:
+    return a == b or b in a.parents
+
+
+def check_out_dir(src: Path, out: Path, overwrite: bool) -> None:
+    """Everything about --out that can be wrong, before any model is read."""
+    src_abs, out_abs = src.resolve(), out.resolve()
+    if _inside(out_abs, src_abs) or _inside(src_abs, out_abs):
+        raise UserError(f"--out: {out} overlaps the checkpoint {src}; choose a directory outside it")
+    if out.exists() and not out.is_dir():
+        raise UserError(f"--out: {out} exists and is not a directory")
+    if out.is_dir() and not overwrite:
+        entries = sorted(p.name for p in out.iterdir())
+        if entries:
+            raise UserError(f"--out: {out} is not empty ({len(entries)} entries, e.g. {entries[0]!r}); choose a new "
+                            "directory, or pass --overwrite to replace only the export's files and keep the rest")
 
 
 def run(args: argparse.Namespace) -> int:
-    import json
-
-    from longctx.model.hf import save_pretrained
-    from longctx.model.loading import load_any, resolve_model_dir
-
     src, out = Path(args.checkpoint), Path(args.out)
-    if out.resolve() == src.resolve():
-        raise UserError(f"--out: {out} is the checkpoint itself; choose another directory")
-    model_dir = resolve_model_dir(src)
+    check_out_dir(src, out, args.overwrite)
+    model_dir = resolve_model_dir(src)  # a checkpoint must be COMPLETE and match its manifest
     model = load_any(model_dir)
     recorded = json.loads((model_dir / "config.json").read_text()).get("longctx_tokenizer")
     tokenizer = recorded or (str(model_dir) if (model_dir / "tokenizer.json").is_file() else None)
-    save_pretrained(model, out, dtype=_DTYPES[args.dtype] if args.dtype else None, tokenizer=tokenizer)
-    print(f"exported {src} -> {out}")
+    try:
+        save_pretrained(model, out, dtype=_DTYPES[args.dtype] if args.dtype else None, tokenizer=tokenizer)
+    except OSError as e:
+        raise UserError(f"--out: cannot write {e.filename or out} ({e.strerror})") from None
+    print(f"exported {model_dir} -> {out}")
     return 0

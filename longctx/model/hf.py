@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import tempfile
 from pathlib import Path
@@ -174,12 +175,48 @@ _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_m
 def _copy_tokenizer(src: Path, dst: Path) -> None:
     files = [src] if src.is_file() else [src / n for n in _TOKENIZER_FILES if (src / n).is_file()]
     for f in files:
-        shutil.copy2(f, dst / f.name)
+        shutil.copyfile(f, dst / f.name)  # contents only: the copy's mode follows the umask
+
+
+# what an export writes: with an existing target these are replaced (or removed when this
+# export does not write them, e.g. shards of an earlier export); every other file is kept
+_EXPORT_FILE = re.compile(r"(config\.json|generation_config\.json|model\.safetensors(\.index\.json)?"
+                          r"|model-\d{5}-of-\d{5}\.safetensors|" + "|".join(map(re.escape, _TOKENIZER_FILES)) + ")")
+
+
+def export_files_in(path: Path) -> list[Path]:
+    """The files in `path` that an export writes (and so would replace)."""
+    return sorted(f for f in path.iterdir() if f.is_file() and _EXPORT_FILE.fullmatch(f.name)) if path.is_dir() else []
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def _install(tmp: Path, path: Path) -> None:
+    """Move a finished export from `tmp` to `path`: a rename when `path` is new, else file by
+    file (each replace atomic), removing stale export files and keeping everything else."""
+    mode = 0o666 & ~_umask()
+    for f in tmp.iterdir():
+        f.chmod(mode)  # safetensors writes 0600; an export is for teammates and serving jobs too
+    if not path.exists():
+        tmp.rename(path)
+        return
+    written = {f.name for f in tmp.iterdir()}
+    for stale in export_files_in(path):
+        if stale.name not in written:
+            stale.unlink()
+    for name in sorted(written, key=lambda n: n == "config.json"):  # config.json last: loaders look for it
+        os.replace(tmp / name, path / name)
+    tmp.rmdir()
 
 
 def save_pretrained(model: Transformer, path: str | os.PathLike, *, dtype: Optional[torch.dtype] = None,
                     max_shard_bytes: int = 5 * 2**30, tokenizer: Optional[str] = None) -> Path:
-    """Write an HF Llama directory atomically (temporary directory, then rename)."""
+    """Write an HF Llama directory: into a temporary sibling, then moved into place (see
+    _install: an existing directory keeps every file that is not an export file)."""
     return save_hf_weights(model.state_dict(), model.config, path, dtype=dtype, max_shard_bytes=max_shard_bytes,
                            tokenizer=tokenizer)
 
@@ -196,6 +233,7 @@ def save_hf_weights(state_dict: dict[str, torch.Tensor], config: ModelConfig, pa
     try:
         parent.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.tmp-", dir=parent))
+        tmp.chmod(0o777 & ~_umask())  # mkdtemp makes it 0700; the export follows the umask
     except OSError as e:
         raise UserError(f"{path}: cannot write here ({e.strerror})") from None
     try:
@@ -225,13 +263,7 @@ def save_hf_weights(state_dict: dict[str, torch.Tensor], config: ModelConfig, pa
         elif tokenizer:
             _copy_tokenizer(Path(tokenizer), tmp)
         (tmp / "config.json").write_text(json.dumps(hf_config, indent=2))
-        if path.exists():
-            old = path.with_name(f".{path.name}.old-{os.getpid()}")
-            path.rename(old)
-            tmp.rename(path)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            tmp.rename(path)
+        _install(tmp, path)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

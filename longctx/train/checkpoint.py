@@ -1,31 +1,45 @@
-"""Atomic, resumable training checkpoints.
+"""Atomic, verified, resumable training checkpoints.
 
     <out_dir>/checkpoints/step_0000100/
         COMPLETE                 written last; a directory without it never counts
+        MANIFEST.json            every file's size and SHA-256 (longctx/manifest.py)
         trainer_state.json       step, tokens seen, stage, layout
         ds/                      DeepSpeed engine: model, optimizer (ZeRO partitions)
         rank_00000.pt ...        per rank: data-loader state, RNG states
         model/                   Hugging Face export (config.json + safetensors)
 
-Every rank writes into `.tmp-step_XXXXXXX/`; after a barrier rank 0 renames it, then writes
-COMPLETE, then prunes to keep_last.
+Every rank writes into `.tmp-step_XXXXXXX/`; the ranks hash it into MANIFEST.json; rank 0
+renames it, writes COMPLETE, then prunes to keep_last (never the new one). A write that fails
+on any rank (disk full, read-only, permissions) is agreed by all ranks after each phase, the
+partial `.tmp-*` is removed and every rank raises one CheckpointError; the previous
+checkpoints are untouched. A checkpoint counts for resume, export and eval only with COMPLETE
+and a manifest that verifies.
 """
 from __future__ import annotations
 
+import errno
 import json
+import logging
 import os
 import random
 import shutil
 from pathlib import Path
-from typing import Optional
+from typing import Callable, Optional
 
 import numpy as np
 import torch
 import torch.distributed as dist
 
 from longctx.errors import UserError
+from longctx import manifest
+from longctx.manifest import COMPLETE
+log = logging.getLogger("longctx.train")
+_SPACE_MARGIN = 1.1  # the next checkpoint may be a little larger than the last one
 
-COMPLETE = "COMPLETE"
+
+class CheckpointError(UserError):
+    """A checkpoint cannot be written or resumed (the file system's or the files' fault, not
+    a bug). Every rank raises it together, so the job ends cleanly with one line."""
 
 
 def checkpoint_dir(out_dir: str | Path) -> Path:
@@ -39,16 +53,41 @@ def complete_checkpoints(out_dir: str | Path) -> list[Path]:
     return sorted(d for d in root.iterdir() if d.name.startswith("step_") and (d / COMPLETE).is_file())
 
 
-def find_resume(out_dir: str | Path, resume: str) -> Optional[Path]:
+# ------------------------------------------------------------------------------ resume
+def resume_candidates(out_dir: str | Path, resume: str) -> list[Path]:
+    """Before any process group: the checkpoints to try, newest first. An explicit path must
+    be complete and match its manifest's sizes (cheap); hashes are checked by choose_resume."""
     if resume == "none":
-        return None
+        return []
     if resume == "auto":
-        found = complete_checkpoints(out_dir)
-        return found[-1] if found else None
+        return complete_checkpoints(out_dir)[::-1]
     path = Path(resume)
     if not (path / COMPLETE).is_file():
         raise UserError(f"checkpoint.resume: {path} is not a complete checkpoint (no {COMPLETE} marker)")
-    return path
+    problem = manifest.verify(path, hashes=False)
+    if problem:
+        raise UserError(f"checkpoint.resume: {path}: {problem}")
+    return [path]
+
+
+def choose_resume(candidates: list[Path], resume: str) -> Optional[Path]:
+    """Collective: the newest candidate whose manifest verifies (sizes and SHA-256, split over
+    the ranks). With resume=auto a bad one is skipped with a warning naming it and its file;
+    an explicit path that fails, or auto with none that verifies, is a UserError."""
+    failed = []
+    for path in candidates:
+        problem = manifest.verify_collective(path)
+        if problem is None:
+            if failed:
+                log.warning("checkpoint.resume=auto: resuming from %s instead (%s)", path, "; ".join(failed))
+            return path
+        failed.append(f"{path} fails verification: {problem}")
+        if resume != "auto":
+            raise CheckpointError(f"checkpoint.resume: {failed[-1]}")
+    if failed:
+        raise CheckpointError(f"checkpoint.resume=auto: no checkpoint verifies ({'; '.join(failed)}); "
+                        "restore or remove them, or set checkpoint.resume=none to start over")
+    return None
 
 
 def rng_state() -> dict:
@@ -64,49 +103,13 @@ def set_rng_state(state: dict) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
-def _barrier() -> None:
-    if dist.is_initialized():
-        dist.barrier()
-
-
-def save_checkpoint(out_dir: str | Path, step: int, *, engine, trainer_state: dict, rank_state: dict,
-                    keep_last: int, hf_writer=None) -> Path:
-    """Collective: every rank calls it. `hf_writer(path)` (collective too) writes model/."""
-    rank = dist.get_rank() if dist.is_initialized() else 0
-    root = checkpoint_dir(out_dir)
-    name = f"step_{step:07d}"
-    tmp, final = root / f".tmp-{name}", root / name
-    if rank == 0:
-        root.mkdir(parents=True, exist_ok=True)
-        for stale in root.glob(".tmp-*"):
-            shutil.rmtree(stale, ignore_errors=True)
-        if final.exists():  # e.g. an incomplete one left by a crash at this very step
-            shutil.rmtree(final)
-        tmp.mkdir()
-    _barrier()
-    engine.save_checkpoint(str(tmp), tag="ds", save_latest=False)
-    torch.save(rank_state, tmp / f"rank_{rank:05d}.pt")
-    if hf_writer is not None:
-        hf_writer(tmp / "model")
-    if rank == 0:
-        (tmp / "trainer_state.json").write_text(json.dumps(trainer_state, indent=2))
-    _barrier()
-    if rank == 0:
-        os.replace(tmp, final)
-        with open(final / COMPLETE, "w") as f:
-            f.write(f"{step}\n")
-            f.flush()
-            os.fsync(f.fileno())
-        for old in complete_checkpoints(out_dir)[:-keep_last]:
-            shutil.rmtree(old, ignore_errors=True)
-    _barrier()
-    return final
-
-
 def load_checkpoint(path: Path, *, engine, world_size: int) -> tuple[dict, dict]:
     """Restore the engine in place; returns (trainer_state, this rank's state)."""
     rank = dist.get_rank() if dist.is_initialized() else 0
-    trainer_state = json.loads((path / "trainer_state.json").read_text())
+    try:
+        trainer_state = json.loads((path / "trainer_state.json").read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise UserError(f"checkpoint.resume: {path / 'trainer_state.json'} is unreadable ({e})") from None
     saved_world = trainer_state.get("world_size")
     if saved_world != world_size:
         raise UserError(f"checkpoint.resume: {path} was written by {saved_world} ranks; this run has {world_size} "
@@ -115,5 +118,152 @@ def load_checkpoint(path: Path, *, engine, world_size: int) -> tuple[dict, dict]
                                           load_lr_scheduler_states=False)
     if load_path is None:
         raise UserError(f"checkpoint.resume: DeepSpeed could not load {path / 'ds'}")
-    rank_state = torch.load(path / f"rank_{rank:05d}.pt", weights_only=False)
+    rank_file = path / f"rank_{rank:05d}.pt"
+    try:
+        rank_state = torch.load(rank_file, weights_only=False)
+    except (OSError, RuntimeError, EOFError) as e:
+        raise UserError(f"checkpoint.resume: {rank_file} is unreadable ({str(e).splitlines()[0]})") from None
     return trainer_state, rank_state
+
+
+# -------------------------------------------------------------------------------- saving
+def _rank_world() -> tuple[int, int]:
+    if dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1
+
+
+def _barrier() -> None:
+    if dist.is_initialized():
+        dist.barrier()
+
+
+def _describe(error: BaseException) -> str:
+    if isinstance(error, OSError):
+        where = error.filename or "?"
+        cause = error.strerror or str(error)
+        if error.errno in (errno.ENOSPC, errno.EDQUOT):
+            cause += ": the disk (or quota) is full"
+        return f"{where} ({cause})"
+    return str(error).splitlines()[0] if str(error) else type(error).__name__
+
+
+def _agree(error: Optional[BaseException]) -> Optional[str]:
+    """Collective: the first rank's failure of this phase (as one line), or None."""
+    rank, world = _rank_world()
+    mine = None if error is None else f"rank {rank}: {_describe(error)}"
+    if world == 1:
+        return mine
+    everyone = [None] * world
+    dist.all_gather_object(everyone, mine)
+    failures = [f for f in everyone if f]
+    return failures[0] if failures else None
+
+
+def run_phase(fn: Callable[[], None], after_failure: Optional[Callable[[], None]] = None) -> Optional[str]:
+    """Run `fn` on this rank, then agree with every rank on whether the phase failed."""
+    error = None
+    try:
+        fn()
+    except (OSError, RuntimeError, UserError) as e:  # what file systems raise through torch / safetensors
+        error = e
+        if after_failure is not None:
+            after_failure()
+    return _agree(error)
+
+
+def _estimate_bytes(root: Path, engine) -> int:
+    """The size of the newest complete checkpoint, else 16 bytes per parameter (weights,
+    fp32 master and Adam moments, the HF copy), times a margin."""
+    newest = complete_checkpoints(root.parent)
+    if newest:
+        files, problem = manifest.read_manifest(newest[-1])
+        if files:
+            return int(sum(e.get("size", 0) for e in files.values()) * _SPACE_MARGIN)
+    params = sum(getattr(p, "ds_numel", p.numel()) for p in engine.module.parameters())
+    return int(16 * params * _SPACE_MARGIN)
+
+
+def _intact(out_dir: Path) -> str:
+    kept = complete_checkpoints(out_dir)
+    return f"previous checkpoints intact ({kept[-1].name} newest)" if kept else "no previous checkpoint"
+
+
+def _prune(out_dir: Path, keep_last: int, new: Path) -> None:
+    older = [d for d in complete_checkpoints(out_dir) if d != new]
+    for old in older[:max(0, len(older) - (keep_last - 1))]:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def save_checkpoint(out_dir: str | Path, step: int, *, engine, trainer_state: dict, rank_state: dict,
+                    keep_last: int, hf_writer=None) -> Path:
+    """Collective: every rank calls it. `hf_writer(path)` (collective too, rank 0 writes)
+    writes model/. Returns the new checkpoint; raises CheckpointError on every rank."""
+    rank, _ = _rank_world()
+    out_dir = Path(out_dir)
+    root = checkpoint_dir(out_dir)
+    name = f"step_{step:07d}"
+    tmp, final = root / f".tmp-{name}", root / name
+
+    def fail(problem: str) -> CheckpointError:
+        if rank == 0:
+            shutil.rmtree(tmp, ignore_errors=True)
+        _barrier()
+        return CheckpointError(f"checkpoint: cannot save step {step}: {problem}; {_intact(out_dir)}")
+
+    def prepare() -> None:
+        if rank != 0:
+            return
+        root.mkdir(parents=True, exist_ok=True)
+        for stale in root.glob(".tmp-*"):
+            shutil.rmtree(stale, ignore_errors=True)
+        need, free = _estimate_bytes(root, engine), shutil.disk_usage(root).free
+        if need > free:
+            raise OSError(errno.ENOSPC, f"needs ~{need / 2**30:.2f} GiB, {free / 2**30:.2f} GiB free", str(root))
+        if final.exists() and not (final / COMPLETE).is_file():  # an incomplete one left by a crash here
+            shutil.rmtree(final)
+        tmp.mkdir()
+
+    problem = run_phase(prepare)
+    if problem:
+        raise fail(problem)
+    # A write failing inside DeepSpeed's save skips its closing barrier on this rank only;
+    # joining it here keeps the ranks' collectives in step (its other collectives come first).
+    problem = run_phase(lambda: engine.save_checkpoint(str(tmp), tag="ds", save_latest=False),
+                         after_failure=_barrier)
+    if problem:
+        raise fail(problem)
+
+    def write_own() -> None:
+        torch.save(rank_state, tmp / f"rank_{rank:05d}.pt")
+        if rank == 0:
+            (tmp / "trainer_state.json").write_text(json.dumps(trainer_state, indent=2))
+
+    problem = run_phase(write_own)
+    if problem is None and hf_writer is not None:
+        problem = hf_writer(tmp / "model")
+    if problem:
+        raise fail(problem)
+    _barrier()
+    problem = manifest.write_manifest(tmp, step)
+    if problem:
+        raise fail(problem)
+
+    def commit() -> None:
+        if rank != 0:
+            return
+        if final.exists():  # a complete one of the same step (a re-run from an earlier checkpoint)
+            shutil.rmtree(final)
+        os.replace(tmp, final)
+        with open(final / COMPLETE, "w") as f:
+            f.write(f"{step}\n")
+            f.flush()
+            os.fsync(f.fileno())
+
+    problem = run_phase(commit)
+    if problem:
+        raise fail(problem)
+    if rank == 0:
+        _prune(out_dir, keep_last, final)
+    _barrier()
+    return final

@@ -8,6 +8,7 @@ gradient of  sum(all token losses) / N  -- the single-device mean.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import math
@@ -21,7 +22,9 @@ import torch.distributed as dist
 
 from longctx.config import TrainConfig, resolved_stages, stage_data_config, stage_model_config, to_yaml, validate_config
 from longctx.errors import UserError
-from longctx.train.checkpoint import find_resume
+from longctx.train.checkpoint import CheckpointError, choose_resume, resume_candidates, run_phase
+from longctx.train.nonfinite import (NONFINITE_EXIT_CODE, NONFINITE_MARKER, NonFiniteGuard, NonFiniteStop,
+                                     backward_factor, optimizer_step_skipped, weights_finite)
 from longctx.train.signals import PREEMPTED_EXIT_CODE, PREEMPTED_MARKER
 
 log = logging.getLogger("longctx.train")
@@ -70,18 +73,23 @@ class Trainer:
         validate_config(cfg, self.env.world_size)  # everything cheap, before any process group
         self.stages = resolved_stages(cfg)
         self.out = Path(cfg.out_dir)
-        self.resume_from = find_resume(self.out, cfg.checkpoint.resume)  # a bad path fails before any process group
+        # a bad path fails before any process group; hashes are verified (split over ranks) in run()
+        self.resume_candidates = resume_candidates(self.out, cfg.checkpoint.resume)
         init_distributed(preload=("deepspeed",))  # the engine's library, imported before any group
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
         if self.rank == 0:
             self.out.mkdir(parents=True, exist_ok=True)
             (self.out / "resolved_config.yaml").write_text(to_yaml(cfg))
             (self.out / PREEMPTED_MARKER).unlink(missing_ok=True)
+            (self.out / NONFINITE_MARKER).unlink(missing_ok=True)
         dist.barrier()
         _setup_logging(self.out, self.rank)
         self.dtype = DTYPES[cfg.train.dtype]
         self.device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
         self._meshes: dict[int, object] = {}
+        self.guard = NonFiniteGuard(cfg.train.nonfinite, cfg.train.max_nonfinite_steps)
+        self.resume_from: Optional[Path] = None
+        self.last_checkpoint: Optional[Path] = None
 
     # ------------------------------------------------------------------ building blocks
     def _mesh(self, cp: int):
@@ -160,6 +168,7 @@ class Trainer:
         from longctx.train.signals import PreemptionFlag
 
         cfg, rank = self.cfg, self.rank
+        self.resume_from = self.last_checkpoint = choose_resume(self.resume_candidates, cfg.checkpoint.resume)
         torch.manual_seed(cfg.train.seed)
         tokenizer = load_tokenizer(cfg.data.tokenizer)
         model = self._build_model()
@@ -208,11 +217,17 @@ class Trainer:
                 while state["stage_step"] < stage.steps:
                     record = self._step(engine, batches, stage, state, fpt, peak)
                     state["step"] += 1
+                    try:
+                        record["skipped"] = self.guard.observe(state["step"], record["loss"], record["grad_norm"],
+                                                               record.pop("update_applied"), self.last_checkpoint)
+                    except NonFiniteStop:
+                        writer.write(dict(record, step=state["step"], stage=si, skipped=True))
+                        raise
                     state["stage_step"] += 1
                     state["tokens"] += record["tokens"]
                     bar.update(1)
                     bar.set_postfix(loss=f"{record['loss']:.4f}", stage=si)
-                    if state["step"] % cfg.log.every == 0 or state["stage_step"] == stage.steps:
+                    if record["skipped"] or state["step"] % cfg.log.every == 0 or state["stage_step"] == stage.steps:
                         record.update(step=state["step"], stage=si, tokens_seen=state["tokens"], peak_flops_source=peak_src)
                         writer.write(record)
                     stage_done = state["stage_step"] == stage.steps
@@ -236,7 +251,9 @@ class Trainer:
                     if stage_done:
                         break
             if cfg.checkpoint.export_hf:
-                self._write_hf(self.out / "hf")
+                problem = self._write_hf(self.out / "hf")
+                if problem:
+                    raise CheckpointError(f"checkpoint.export_hf: cannot write {self.out / 'hf'}: {problem}")
             return exit_code
         finally:
             bar.close()
@@ -273,15 +290,18 @@ class Trainer:
         if total_weight <= 0:
             raise UserError("data: a whole optimizer step has no label tokens (all labels ignored)")
         scale = self.world * cfg.train.grad_accum / total_weight
-        loss_total, grad_norm = 0.0, None
+        loss_total, grad_norm, dropped = 0.0, None, False
         for inputs in prepared:
             loss_sum, _ = engine(inputs["input_ids"], position_ids=inputs["position_ids"],
                                  segment_ids=inputs.get("segment_ids"), labels=inputs["labels"],
                                  loss_weights=inputs.get("loss_weights"), loss_chunk_size=cfg.train.loss_chunk_size)
-            engine.backward(loss_sum * scale)
+            engine.backward(loss_sum * (scale * backward_factor(loss_sum)))  # see train/nonfinite.py
             if engine.is_gradient_accumulation_boundary() and engine.zero_optimization_stage() == 0:
                 grad_norm = _replicated_grad_norm(self.model)  # DeepSpeed does not report it without ZeRO
-            engine.step()
+                # a plain torch optimizer (no bf16/fp16 wrapper) has no overflow check of its own
+                dropped = not math.isfinite(grad_norm) and not (engine.bfloat16_enabled() or engine.fp16_enabled())
+            with optimizer_step_skipped(engine.optimizer) if dropped else contextlib.nullcontext():
+                engine.step()
             loss_total += float(loss_sum.detach())
         global_loss, = _all_reduce_sum([loss_total])
         elapsed = time.perf_counter() - t0
@@ -298,6 +318,7 @@ class Trainer:
             "peak_memory_gb": peak_memory_bytes() / 2**30,
             "data_wait_fraction": t_data / elapsed, "step_time_s": elapsed, "seq_len": stage.seq_len,
             "cp_size": self.cp, "dp_size": self.mesh.dp_size,
+            "update_applied": not dropped and engine.was_step_applied(),
         }
 
     def _prepare(self, batch: dict) -> dict:
@@ -312,23 +333,30 @@ class Trainer:
         return out
 
     # --------------------------------------------------------------------- checkpoints
-    def _write_hf(self, path: Path) -> None:
+    def _write_hf(self, path: Path) -> Optional[str]:
+        """Collective: rank 0 writes the HF export; returns the agreed failure, or None."""
         from longctx.model.hf import save_hf_weights
         from longctx.parallel.zero import full_state_dict
-
         state = full_state_dict(self.engine, self.model)  # collective under ZeRO-3
-        if self.rank == 0:
-            save_hf_weights(state, self.model.config, path, tokenizer=self.cfg.data.tokenizer)
-        dist.barrier()
+
+        def write() -> None:
+            if self.rank == 0:
+                save_hf_weights(state, self.model.config, path, tokenizer=self.cfg.data.tokenizer)
+
+        return run_phase(write)
 
     def _save(self, state: dict, loader_state: Optional[dict]) -> None:
         from longctx.train.checkpoint import rng_state, save_checkpoint
 
+        if not weights_finite(self.model):
+            kept = f"last checkpoint: {self.last_checkpoint}" if self.last_checkpoint else "no checkpoint written yet"
+            raise NonFiniteStop(f"train: non-finite weights at step {state['step']}; not checkpointed ({kept})",
+                                state["step"])
         trainer_state = dict(state, world_size=self.world, cp_size=self.cp, dp_size=self.mesh.dp_size)
         rank_state = {"data": loader_state, "rng": rng_state()}
-        save_checkpoint(self.out, state["step"], engine=self.engine, trainer_state=trainer_state,
-                        rank_state=rank_state, keep_last=self.cfg.checkpoint.keep_last,
-                        hf_writer=self._write_hf if self.cfg.checkpoint.save_hf else None)
+        self.last_checkpoint = save_checkpoint(
+            self.out, state["step"], engine=self.engine, trainer_state=trainer_state, rank_state=rank_state,
+            keep_last=self.cfg.checkpoint.keep_last, hf_writer=self._write_hf if self.cfg.checkpoint.save_hf else None)
 
 
 def _replicated_grad_norm(model) -> float:
@@ -337,13 +365,33 @@ def _replicated_grad_norm(model) -> float:
     return float(torch.stack(norms).norm()) if norms else 0.0
 
 
+def _report_stop(trainer: Trainer, stop: NonFiniteStop) -> int:
+    """One line on rank 0 (every rank agrees on the stop), the marker for launchers, the code."""
+    if trainer.rank == 0:
+        log.info("stopped: %s", stop)  # the console gets the error line below, the log file this
+        print(f"error: {stop}", file=sys.stderr)
+        (trainer.out / NONFINITE_MARKER).write_text(f"{stop.step}\n")
+    else:
+        log.error("%s", stop)
+    return NONFINITE_EXIT_CODE
+
+
 def train(cfg: TrainConfig) -> int:
     from longctx.parallel.mesh import shutdown_distributed
 
     trainer = Trainer(cfg)
     completed = False
     try:
-        rc = trainer.run()
+        try:
+            rc = trainer.run()
+        except NonFiniteStop as e:
+            rc = _report_stop(trainer, e)
+        except CheckpointError as e:  # every rank raises it together; the CLI prints rank 0's
+            completed = True
+            if trainer.rank == 0:
+                raise
+            log.error("%s", e)
+            return 2
         completed = True
         return rc
     finally:

@@ -1,0 +1,155 @@
+"""MANIFEST.json of a training checkpoint: every file's size and SHA-256, written before the
+COMPLETE marker (longctx/train/checkpoint.py writes both; loading and resume verify them).
+
+    {"format": "longctx-checkpoint-manifest", "version": 1, "step": 100,
+     "files": {"ds/mp_rank_00_model_states.pt": {"size": 123, "sha256": "..."}, ...}}
+
+Hashing is split over the ranks (file i goes to rank i % world), so a large checkpoint costs
+each rank 1/world of its bytes; sizes alone (cheap) are checked before any process group.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+from typing import Iterable, Optional
+
+import torch.distributed as dist
+
+MANIFEST = "MANIFEST.json"
+COMPLETE = "COMPLETE"  # written last: a checkpoint directory without it never counts
+FORMAT = "longctx-checkpoint-manifest"
+_CHUNK = 8 * 2**20
+_NOT_LISTED = {MANIFEST, COMPLETE}
+
+
+def sha256_file(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(_CHUNK):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def list_files(ckpt: Path) -> list[str]:
+    """Every regular file under `ckpt`, relative, sorted (the manifest and marker excluded)."""
+    found = []
+    for root, _dirs, files in os.walk(ckpt):
+        for name in files:
+            rel = (Path(root) / name).relative_to(ckpt).as_posix()
+            if rel not in _NOT_LISTED:
+                found.append(rel)
+    return sorted(found)
+
+
+def _rank_world() -> tuple[int, int]:
+    if dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1
+
+
+def _gather(obj):
+    """Every rank's `obj`, in rank order (collective; a single process gets [obj])."""
+    _, world = _rank_world()
+    if world == 1:
+        return [obj]
+    out = [None] * world
+    dist.all_gather_object(out, obj)
+    return out
+
+
+def write_manifest(ckpt: Path, step: int) -> Optional[str]:
+    """Collective. Every rank hashes its share of the files; rank 0 writes the manifest.
+    `ckpt` must be visible to every rank (the shared file system checkpoints live on).
+    Returns the first rank's failure as one line (the same on every rank), or None."""
+    rank, world = _rank_world()
+    listed, problem = None, None
+    if rank == 0:
+        try:
+            listed = list_files(ckpt)
+        except OSError as e:
+            problem = f"cannot list {ckpt} ({e.strerror})"
+    names, problem = _gather((listed, problem))[0]
+    if problem:
+        return problem
+    mine, problem = {}, None
+    try:
+        for i, n in enumerate(names):
+            if i % world == rank:
+                mine[n] = {"size": (ckpt / n).stat().st_size, "sha256": sha256_file(ckpt / n)}
+    except OSError as e:
+        problem = f"rank {rank}: cannot read {e.filename} ({e.strerror})"
+    entries: dict = {}
+    for part, part_problem in _gather((mine, problem)):
+        problem = problem or part_problem
+        entries.update(part)
+    if problem is None and rank == 0:
+        body = {"format": FORMAT, "version": 1, "step": step, "files": dict(sorted(entries.items()))}
+        try:
+            with open(ckpt / MANIFEST, "w") as f:
+                json.dump(body, f, indent=1)
+                f.flush()
+                os.fsync(f.fileno())
+        except OSError as e:
+            problem = f"{ckpt / MANIFEST} ({e.strerror})"
+    return _gather(problem)[0]
+
+
+def read_manifest(ckpt: Path) -> tuple[Optional[dict], Optional[str]]:
+    """(files, None), or (None, what is wrong with the manifest itself)."""
+    path = ckpt / MANIFEST
+    if not path.is_file():
+        return None, f"no {MANIFEST} (written before COMPLETE by every checkpoint; this one is incomplete or foreign)"
+    try:
+        body = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        return None, f"{MANIFEST} is unreadable ({e})"
+    if not isinstance(body, dict) or body.get("format") != FORMAT or not isinstance(body.get("files"), dict):
+        return None, f"{MANIFEST} is not a longctx checkpoint manifest"
+    return body["files"], None
+
+
+def _check_file(ckpt: Path, name: str, entry: dict, hash_it: bool) -> Optional[str]:
+    path = ckpt / name
+    if not path.is_file():
+        return f"{name} is missing"
+    size = path.stat().st_size
+    if size != entry.get("size"):
+        return f"{name} has {size} bytes, the manifest says {entry.get('size')} (truncated or rewritten)"
+    if hash_it and sha256_file(path) != entry.get("sha256"):
+        return f"{name} fails its SHA-256 check (corrupted)"
+    return None
+
+
+def selected(files: dict, under: Optional[str]) -> list[str]:
+    return sorted(n for n in files if under is None or n.startswith(under.rstrip("/") + "/"))
+
+
+def verify(ckpt: Path, *, under: Optional[str] = None, hashes: bool = True,
+           names: Optional[Iterable[str]] = None) -> Optional[str]:
+    """None if `ckpt` (or its sub-folder `under`) matches its manifest, else the first problem."""
+    files, problem = read_manifest(ckpt)
+    if problem:
+        return problem
+    wanted = selected(files, under)
+    if under is not None and not wanted:
+        return f"the manifest lists no files under {under}/"
+    for name in (wanted if names is None else names):
+        problem = _check_file(ckpt, name, files[name], hashes)
+        if problem:
+            return problem
+    return None
+
+
+def verify_collective(ckpt: Path) -> Optional[str]:
+    """Collective `verify`: sizes everywhere, each rank hashes its share; all ranks get the
+    same answer (the lowest rank's problem, or None)."""
+    rank, world = _rank_world()
+    files, problem = read_manifest(ckpt)
+    if problem is None:
+        names = selected(files, None)
+        problem = verify(ckpt, hashes=False) or verify(
+            ckpt, names=[n for i, n in enumerate(names) if i % world == rank])
+    problems = [p for p in _gather(problem) if p]
+    return problems[0] if problems else None
