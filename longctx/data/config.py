@@ -13,6 +13,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Tuple
 
+from longctx.data.peek import KIND_EXTS, list_files, peek_files
 from longctx.errors import UserError
 
 # kinds a source may have; "auto" infers from path / hub_name.
@@ -215,6 +216,18 @@ def _check_path(src: SourceConfig, i: int) -> None:
         raise UserError(f"{source_label(i)}.path: {src.path} does not exist")
 
 
+def _peek(src: SourceConfig, i: int) -> None:
+    """The first record of a file source: non-empty, parses, has text_field (peek.py)."""
+    try:
+        kind = resolve_kind(src, i)
+    except UserError:
+        if has_glob(src.path):
+            return  # a glob without a known extension: the loader infers the format per file
+        raise
+    if kind in KIND_EXTS:
+        peek_files(list_files(src.path, kind), kind, src.text_field, source_label(i), src.path)
+
+
 def _pos_int(value, name: str, minimum: int = 1) -> None:
     if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
         raise UserError(f"{name}: must be an integer >= {minimum}, got {value!r}")
@@ -319,6 +332,7 @@ def validate_data_config(cfg: DataConfig, model_vocab_size: Optional[int] = None
             _check_path(src, i)
             if src.kind == "auto" and not has_glob(src.path):
                 resolve_kind(src, i)  # raises when the format cannot be inferred
+            _peek(src, i)
         if not src.text_field:
             raise UserError(f"{name}.text_field: must name the column holding the text")
         if src.sample_by not in ("line", "paragraph", "document"):

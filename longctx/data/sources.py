@@ -9,21 +9,13 @@ resumable position. documents.py walks a table per rank and epoch.
 from __future__ import annotations
 
 import contextlib
-import glob
 import os
 from typing import Callable, List, Optional, Sequence, Tuple
 
 
 from longctx.data.config import DataConfig, SourceConfig, has_glob, resolve_kind, source_label
+from longctx.data.peek import list_files
 from longctx.errors import UserError
-
-KIND_EXTS = {
-    "json": (".jsonl", ".json", ".jsonl.gz", ".json.gz", ".jsonl.zst"),
-    "parquet": (".parquet",),
-    "text": (".txt", ".txt.gz", ".md"),
-    "arrow": (".arrow",),
-    "csv": (".csv", ".csv.gz"),
-}
 
 
 # ----------------------------------------------------------------------------- tables
@@ -97,18 +89,9 @@ def _text_of(value, label: str, field: str) -> str:
 
 def _data_files(src: SourceConfig, i: int, kind: str) -> List[str]:
     path = os.path.expanduser(src.path)
-    if has_glob(path):
-        files = sorted(glob.glob(path, recursive=True))
-    elif os.path.isdir(path):
-        exts = KIND_EXTS.get(kind, ())
-        files = sorted(
-            os.path.join(root, f) for root, _, names in os.walk(path) for f in names if f.lower().endswith(exts)
-        )
-    elif os.path.exists(path):
-        files = [path]
-    else:
+    if not has_glob(path) and not os.path.exists(path):
         raise UserError(f"{source_label(i)}.path: {src.path} does not exist")
-    files = [f for f in files if os.path.isfile(f)]
+    files = list_files(path, kind)
     if not files:
         raise UserError(f"{source_label(i)}.path: no {kind} file found at {src.path}")
     return files
