@@ -292,7 +292,7 @@ def validate_config(cfg: TrainConfig, world_size: int) -> None:
     for i, stage in enumerate(resolved_stages(cfg)):
         model_cfg = _validate_stage(cfg, i, stage, world_size)
     check_local_tokenizer_vocab(cfg.data.tokenizer, model_cfg.vocab_size)
-    _check_out_dir(cfg.out_dir)
+    check_out_dir(cfg.out_dir)
 
 
 def _validate_stage(cfg: TrainConfig, i: int, stage: StageSection, world_size: int):
@@ -432,19 +432,22 @@ def _validate_cp(cfg: TrainConfig, cp: int, world_size: int, model_cfg, seq_len:
         raise UserError(str(e).replace("data.seq_len", seq_where).replace("parallel.cp_size", cp_where)) from None
 
 
-def _check_out_dir(out_dir: str) -> None:
-    """Probe the nearest existing ancestor with a real file create (root ignores mode bits)."""
+def check_out_dir(out_dir: str, field: str = "out_dir") -> None:
+    """A directory we may create or write into: not a file, and the nearest existing ancestor
+    takes a real file create (root ignores mode bits). Creates nothing."""
     p = Path(out_dir).absolute()
+    if p.exists() and not p.is_dir():
+        raise UserError(f"{field}: {out_dir} is a file, not a directory")
     probe = p
     while not probe.exists():
         probe = probe.parent
     if not probe.is_dir():
-        raise UserError(f"out_dir: {out_dir} is not writable ({probe} is not a directory)")
+        raise UserError(f"{field}: {out_dir} is not writable ({probe} is not a directory)")
     try:
         with tempfile.NamedTemporaryFile(dir=probe, prefix=".longctx-probe-"):
             pass
     except OSError as e:
-        raise UserError(f"out_dir: {out_dir} is not writable ({e.strerror})") from None
+        raise UserError(f"{field}: {out_dir} is not writable ({e.strerror})") from None
 
 
 def stage_model_config(cfg: TrainConfig, stage: StageSection, where: str = "model"):

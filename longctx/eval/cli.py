@@ -10,14 +10,21 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 import warnings
 from pathlib import Path
 from typing import Optional
 
+import yaml
+from omegaconf import OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from longctx.cli import OneLineParser
 from longctx.errors import UserError
 
+CP_IMPLS = ("ring", "allgather", "ulysses")
 SUITES = ("ruler", "niah", "passkey", "ppl")
 DEFAULTS = {
     "suite": "ruler", "tasks": None, "lengths": "4096", "samples": 10, "out": "eval_out", "seed": 0,
@@ -111,19 +118,20 @@ def _parse_list(text) -> list[str]:
 def _load_config_file(path: str) -> dict:
     p = Path(path)
     if not p.is_file():
-        raise UserError(f"--config: {path} does not exist")
-    text = p.read_text()
-    if p.suffix == ".json":
-        data = json.loads(text)
-    else:
-        from omegaconf import OmegaConf
-
-        data = OmegaConf.to_container(OmegaConf.create(text), resolve=True)
+        what = "is a directory" if p.is_dir() else "does not exist"
+        raise UserError(f"--config: {path} {what} (expected a YAML or JSON file of eval options)")
+    try:
+        text = p.read_text()
+        data = json.loads(text) if p.suffix == ".json" else OmegaConf.to_container(OmegaConf.create(text), resolve=True)
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, yaml.YAMLError, OmegaConfBaseException) as e:
+        problem = getattr(e, "problem", None) or str(e).strip().splitlines()[0]
+        raise UserError(f"--config: {path} is not valid {'JSON' if p.suffix == '.json' else 'YAML'} ({problem})") from None
     if isinstance(data, dict) and isinstance(data.get("eval"), dict):
         data = data["eval"]
-    if not isinstance(data, dict):
-        raise UserError(f"--config: {path} must hold a mapping of eval options")
-    data = {k.replace("-", "_"): v for k, v in data.items()}
+    if not isinstance(data, dict) or not data:
+        what = "is empty" if not data else f"holds a {type(data).__name__}"
+        raise UserError(f"--config: {path} {what}; expected a mapping of eval options (e.g. 'samples: 10')")
+    data = {str(k).replace("-", "_"): v for k, v in data.items()}
     unknown = sorted(set(data) - set(DEFAULTS))
     if unknown:
         raise UserError(f"--config: {path}: unknown option {unknown[0]!r}; valid: {', '.join(sorted(DEFAULTS))}")
@@ -149,7 +157,7 @@ def _plan(opts: dict):
         if s not in SUITES:
             raise UserError(f"eval.suite: unknown suite {s!r}; valid: {', '.join(SUITES)}")
     depths_given = opts["depths"] is not None
-    depths = [float(x) for x in _parse_list(opts["depths"])] if depths_given else DEFAULT_DEPTHS
+    depths = [_number(x, "eval.depths", float) for x in _parse_list(opts["depths"])] if depths_given else DEFAULT_DEPTHS
     for d in depths:
         if not 0.0 <= d <= 1.0:
             raise UserError(f"eval.depths: {d} is outside [0, 1]")
@@ -172,16 +180,21 @@ def _plan(opts: dict):
     return tasks, grid, "ppl" in suites
 
 
-def _setup_distributed(cp: int):
+def _check_cp(cp: int) -> None:
+    """--cp against the processes this eval runs in (WORLD_SIZE), before any process group."""
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if cp < 1:
         raise UserError(f"eval.cp: must be >= 1, got {cp}")
-    if world == 1:
-        if cp > 1:
-            raise UserError(f"eval.cp={cp} needs {cp} processes: torchrun --nproc-per-node {cp} -m longctx eval ...")
-        return None
+    if world == 1 and cp > 1:
+        raise UserError(f"eval.cp={cp} needs {cp} processes: torchrun --nproc-per-node {cp} -m longctx eval ...")
     if world % cp != 0:
         raise UserError(f"eval.cp={cp} must divide the number of processes ({world})")
+
+
+def _setup_distributed(cp: int):
+    _check_cp(cp)
+    if int(os.environ.get("WORLD_SIZE", "1")) == 1:
+        return None
     from longctx.parallel.mesh import build_mesh, init_distributed
 
     init_distributed()
@@ -189,30 +202,83 @@ def _setup_distributed(cp: int):
     return mesh.cp_group if cp > 1 else None
 
 
-def run_eval(args) -> int:
-    """Entry point for `longctx eval`; UserError propagates to the CLI layer (exit 2)."""
-    from longctx.eval.model_io import check_lengths, check_pair, load_model, load_tokenizer_for, parse_dtype
+def _number(value, field: str, kind=int, minimum=None, maximum=None):
+    """An option as int/float in [minimum, maximum]; a bad value names `field`."""
+    try:
+        if isinstance(value, bool):
+            raise ValueError
+        number = kind(value)
+        if kind is int and isinstance(value, float) and value != number:
+            raise ValueError
+    except (TypeError, ValueError):
+        what = "an integer" if kind is int else "a number"
+        raise UserError(f"{field}: must be {what}, got {value!r}") from None
+    if kind is float and not math.isfinite(number):
+        raise UserError(f"{field}: must be a finite number, got {value!r}")
+    if minimum is not None and number < minimum:
+        raise UserError(f"{field}: must be >= {minimum}, got {value!r}")
+    if maximum is not None and number > maximum:
+        raise UserError(f"{field}: must be <= {maximum}, got {value!r}")
+    return number
+
+
+def _check_paths(opts: dict) -> None:
+    """Local data files named by options exist; --out is (or can become) a writable directory."""
+    from longctx.config import check_out_dir
+
+    for key in ("essay", "squad", "hotpotqa", "ppl_data"):
+        if opts[key] is not None and not Path(str(opts[key])).exists():
+            raise UserError(f"eval.{key}: {opts[key]} does not exist")
+    check_out_dir(str(opts["out"]), "eval.out")
+
+
+def check_options(opts: dict) -> dict:
+    """Every check that needs no model, weights or process group, in one place; returns the
+    parsed values run_eval uses (lengths, tasks, grid, want_ppl, ppl_lengths, options, dtype)."""
+    from longctx.eval.model_io import parse_dtype
     from longctx.eval.tasks import TaskOptions
 
-    opts = resolve_options(args)
     if not opts["model"]:
         raise UserError("eval.model: required (--model DIR: an HF directory, checkpoint or run directory)")
-    lengths = parse_lengths(opts["lengths"])
-    if opts["samples"] is None or int(opts["samples"]) < 1:
-        raise UserError(f"eval.samples: must be >= 1, got {opts['samples']}")
-    tasks, grid, want_ppl = _plan(opts)
-    options = TaskOptions(style=opts["style"], max_new_tokens=opts["max_new_tokens"], essay_path=opts["essay"],
-                          squad_path=opts["squad"], hotpotqa_path=opts["hotpotqa"],
-                          chat_template=opts["chat_template"], num_digits=opts["num_digits"])
-    dtype = parse_dtype(opts["dtype"])
-    cp_impl = opts["cp_impl"]
-    if cp_impl not in ("ring", "allgather", "ulysses"):
-        raise UserError(f"eval.cp_impl: {cp_impl!r} is not valid; valid: ring, allgather, ulysses")
-    model, model_dir = load_model(opts["model"], dtype)  # UserError for a missing/invalid path
+    parsed = {"lengths": parse_lengths(opts["lengths"])}
+    opts["samples"] = _number(opts["samples"], "eval.samples", int, 1)
+    opts["seed"] = _number(opts["seed"], "eval.seed", int, 0)
+    opts["cp"] = _number(opts["cp"], "eval.cp", int)
+    opts["max_batch_tokens"] = _number(opts["max_batch_tokens"], "eval.max_batch_tokens", int, 1)
+    opts["ppl_windows"] = _number(opts["ppl_windows"], "eval.ppl_windows", int, 1)
+    opts["threshold"] = _number(opts["threshold"], "eval.threshold", float, 0, 100)
+    if opts["batch_size"] is not None:
+        opts["batch_size"] = _number(opts["batch_size"], "eval.batch_size", int, 1)
+    for key in ("max_new_tokens", "num_digits"):
+        if opts[key] is not None:
+            opts[key] = _number(opts[key], f"eval.{key}", int)
+    parsed["tasks"], parsed["grid"], want_ppl = _plan(opts)
+    parsed["want_ppl"] = want_ppl
+    parsed["options"] = TaskOptions(style=opts["style"], max_new_tokens=opts["max_new_tokens"],
+                                    essay_path=opts["essay"], squad_path=opts["squad"],
+                                    hotpotqa_path=opts["hotpotqa"], chat_template=opts["chat_template"],
+                                    num_digits=opts["num_digits"])
+    parsed["dtype"] = parse_dtype(opts["dtype"])
+    if opts["cp_impl"] not in CP_IMPLS:
+        raise UserError(f"eval.cp_impl: {opts['cp_impl']!r} is not valid; valid: {', '.join(CP_IMPLS)}")
+    parsed["ppl_lengths"] = parse_lengths(opts["ppl_lengths"], "eval.ppl_lengths") if (want_ppl and opts["ppl_lengths"]) else (
+        parsed["lengths"] if want_ppl else [])
+    _check_cp(opts["cp"])
+    _check_paths(opts)
+    return parsed
+
+
+def run_eval(args) -> int:
+    """Entry point for `longctx eval`; UserError propagates to the CLI layer (exit 2)."""
+    from longctx.eval.model_io import check_lengths, check_pair, load_tokenizer_for, resolve_model_dir
+
+    opts = resolve_options(args)
+    parsed = check_options(opts)
+    lengths, ppl_lengths = parsed["lengths"], parsed["ppl_lengths"]
+    model_dir = resolve_model_dir(opts["model"])  # UserError for a missing/invalid path, before the weights
     tokenizer = load_tokenizer_for(model_dir, opts["tokenizer"])
+    model = _load_weights(model_dir, parsed["dtype"])
     check_pair(tokenizer, model.config)
-    ppl_lengths = parse_lengths(opts["ppl_lengths"], "eval.ppl_lengths") if (want_ppl and opts["ppl_lengths"]) else (
-        lengths if want_ppl else [])
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         notes = check_lengths(sorted(set(lengths) | set(ppl_lengths)), model.config, bool(opts["strict_lengths"]))
@@ -221,14 +287,22 @@ def run_eval(args) -> int:
     cp_group = _setup_distributed(int(opts["cp"]))
     completed = False
     try:
-        rc = _evaluate_and_report(opts, model, model_dir, tokenizer, tasks, grid, lengths, ppl_lengths, options,
-                                  cp_group, cp_impl, notes)
+        rc = _evaluate_and_report(opts, model, model_dir, tokenizer, parsed["tasks"], parsed["grid"], lengths,
+                                  ppl_lengths, parsed["options"], cp_group, opts["cp_impl"], notes)
         completed = True
         return rc
     finally:
         from longctx.parallel.mesh import shutdown_distributed
 
         shutdown_distributed(completed)
+
+
+def _load_weights(model_dir: Path, dtype):
+    from longctx.model.hf import load_pretrained
+
+    model = load_pretrained(model_dir, dtype=dtype)
+    model.eval()
+    return model
 
 
 def _evaluate_and_report(opts, model, model_dir, tokenizer, tasks, grid, lengths, ppl_lengths, options,
@@ -274,10 +348,13 @@ def _print_summary(result: dict) -> None:
 
 
 def main(argv: Optional[list[str]] = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m longctx.eval.cli", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = OneLineParser(prog="python -m longctx.eval.cli", description=__doc__,
+                           formatter_class=argparse.RawDescriptionHelpFormatter)
     _add_arguments(parser)
-    args = parser.parse_args(argv)
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as e:  # --help (0) or a one-line argparse error (2)
+        return e.code if isinstance(e.code, int) else 2
     try:
         return run_eval(args)
     except UserError as e:

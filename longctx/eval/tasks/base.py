@@ -70,7 +70,7 @@ def resolve_chat_template(spec: Optional[str]) -> str:
     tpl = CHAT_TEMPLATES.get(spec, spec)
     if tpl.count("{input}") != 1:
         raise UserError(f"eval.chat_template: {spec!r} is neither a preset ({', '.join(CHAT_TEMPLATES)}) "
-                        "nor a string with exactly one {{input}} placeholder")
+                        "nor a string with exactly one {input} placeholder")
     return tpl
 
 
