@@ -20,7 +20,7 @@ import yaml
 from omegaconf import MISSING, DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from longctx.attention.select import check_backend_available
+from longctx.attention.select import BACKENDS, check_backend_available
 from longctx.data.config import DataConfig, SourceConfig, validate_data_config
 from longctx.data.tokenizer import check_local_tokenizer_vocab
 from longctx.errors import UserError
@@ -267,7 +267,19 @@ def stage_data_config(cfg: TrainConfig, stage: StageSection) -> DataConfig:
 def validate_config(cfg: TrainConfig, world_size: int) -> None:
     """Cheap cross-field checks, before any model, data or process-group work (and before the
     run directory is created): every bad input a user can make ends here in one UserError."""
-    par, tr = cfg.parallel, cfg.train
+    validate_portable(cfg)
+    _validate_on_this_machine(cfg)
+    model_cfg = None
+    for i, stage in enumerate(resolved_stages(cfg)):
+        model_cfg = _validate_stage(cfg, i, stage, world_size)
+    check_local_tokenizer_vocab(cfg.data.tokenizer, model_cfg.vocab_size)
+    check_out_dir(cfg.out_dir)
+
+
+def validate_portable(cfg: TrainConfig) -> None:
+    """The checks that hold on any machine and for any world size, reading no file: what
+    `longctx plan` checks of a job that runs elsewhere. validate_config adds the rest."""
+    tr = cfg.train
     _validate_model(cfg.model)
     _validate_parallel(cfg.parallel)
     _validate_optim(cfg.optim)
@@ -287,30 +299,51 @@ def validate_config(cfg: TrainConfig, world_size: int) -> None:
     _validate_log(cfg.log)
     if cfg.data.micro_batch_size < 1:
         raise UserError(f"data.micro_batch_size: must be >= 1, got {cfg.data.micro_batch_size}")
-
-    model_cfg = None
     for i, stage in enumerate(resolved_stages(cfg)):
-        model_cfg = _validate_stage(cfg, i, stage, world_size)
-    check_local_tokenizer_vocab(cfg.data.tokenizer, model_cfg.vocab_size)
-    check_out_dir(cfg.out_dir)
+        _validate_stage_fields(cfg, i, stage)
 
 
-def _validate_stage(cfg: TrainConfig, i: int, stage: StageSection, world_size: int):
-    """One stage's length, steps, lr, cp layout, data and model; returns its model config."""
-    par = cfg.parallel
+def _validate_on_this_machine(cfg: TrainConfig) -> None:
+    """Files and libraries the run needs here: init_from, the attention backend, the DeepSpeed
+    JSON, a resume path (data sources and the tokenizer: per stage, below)."""
+    m, par, ck = cfg.model, cfg.parallel, cfg.checkpoint
+    if m.init_from is not None and not (Path(m.init_from) / "config.json").is_file():
+        what = "does not exist" if not Path(m.init_from).exists() else "has no config.json"
+        raise UserError(f"model.init_from: {m.init_from} {what} (expected a Hugging Face Llama directory)")
+    check_backend_available(par.attention_backend, "parallel.attention_backend")
+    if par.deepspeed_config is not None:
+        _validate_deepspeed_json(par.deepspeed_config, par.zero_stage)
+    if ck.resume not in ("none", "auto") and not Path(ck.resume).is_dir():
+        raise UserError(f"checkpoint.resume: {ck.resume} is not 'none', 'auto' or an existing checkpoint directory")
+
+
+def _stage_fields(cfg: TrainConfig, i: int, stage: StageSection) -> tuple[str, str, int, str]:
+    """(where, seq_len field, cp size, cp field) of stage i, named as the user wrote them."""
     where = f"stages[{i}]" if cfg.stages else "train"
+    seq_where = f"stages[{i}].seq_len" if cfg.stages else "data.seq_len"
+    cp = stage.cp_size or cfg.parallel.cp_size
+    cp_where = f"stages[{i}].cp_size" if stage.cp_size else "parallel.cp_size"
+    return where, seq_where, cp, cp_where
+
+
+def _validate_stage_fields(cfg: TrainConfig, i: int, stage: StageSection) -> None:
+    where, seq_where, cp, cp_where = _stage_fields(cfg, i, stage)
     if stage.steps < 1:
         raise UserError(f"{where}.steps: must be >= 1, got {stage.steps}")
     if stage.lr is not None and not (math.isfinite(stage.lr) and stage.lr > 0):
         raise UserError(f"{where}.lr: must be a finite number > 0, got {stage.lr}")
     if stage.warmup_steps is not None and stage.warmup_steps < 0:
         raise UserError(f"{where}.warmup_steps: must be >= 0, got {stage.warmup_steps}")
-    seq_where = f"stages[{i}].seq_len" if cfg.stages else "data.seq_len"
     if stage.seq_len < 2:
         raise UserError(f"{seq_where}: must be >= 2, got {stage.seq_len}")
-    cp = stage.cp_size or par.cp_size
-    cp_where = f"stages[{i}].cp_size" if stage.cp_size else "parallel.cp_size"
-    if cp < 1 or world_size % cp != 0:
+    if cp < 1:
+        raise UserError(f"{cp_where}: must be >= 1, got {cp}")
+
+
+def _validate_stage(cfg: TrainConfig, i: int, stage: StageSection, world_size: int):
+    """One stage's cp layout for this world size, its data and its model; returns the model config."""
+    _, seq_where, cp, cp_where = _stage_fields(cfg, i, stage)
+    if world_size % cp != 0:
         raise UserError(f"{cp_where}: {cp} must divide the world size {world_size} (world = dp x cp)")
     try:
         validate_data_config(stage_data_config(cfg, stage))
@@ -327,9 +360,6 @@ def _validate_stage(cfg: TrainConfig, i: int, stage: StageSection, world_size: i
 def _validate_model(m: ModelSection) -> None:
     if m.init_from is None and m.preset not in PRESETS:
         raise UserError(f"model.preset: unknown {m.preset!r}; valid: {', '.join(sorted(PRESETS))}")
-    if m.init_from is not None and not (Path(m.init_from) / "config.json").is_file():
-        what = "does not exist" if not Path(m.init_from).exists() else "has no config.json"
-        raise UserError(f"model.init_from: {m.init_from} {what} (expected a Hugging Face Llama directory)")
     if m.max_position_embeddings is not None and m.max_position_embeddings < 1:
         raise UserError(f"model.max_position_embeddings: must be >= 1, got {m.max_position_embeddings}")
 
@@ -339,7 +369,10 @@ def _validate_parallel(par: ParallelSection) -> None:
         raise UserError(f"parallel.cp_impl: unknown {par.cp_impl!r}; valid: {', '.join(CP_IMPLS)}")
     if par.ulysses_size < 1:
         raise UserError(f"parallel.ulysses_size: must be >= 1, got {par.ulysses_size}")
-    check_backend_available(par.attention_backend, "parallel.attention_backend")
+    if par.attention_backend not in BACKENDS:
+        close = difflib.get_close_matches(str(par.attention_backend), BACKENDS, n=1)
+        hint = f"did you mean {close[0]!r}? " if close else ""
+        raise UserError(f"parallel.attention_backend: unknown {par.attention_backend!r}; {hint}valid: {', '.join(BACKENDS)}")
     if par.zero_stage not in (0, 1, 2, 3):
         raise UserError(f"parallel.zero_stage: must be 0, 1, 2 or 3, got {par.zero_stage}")
     if par.offload_params and par.zero_stage != 3:
@@ -353,8 +386,6 @@ def _validate_parallel(par: ParallelSection) -> None:
                         "inside the compiled modules); use zero_stage <= 2 or compile=none")
     if par.checkpoint_every < 1:
         raise UserError(f"parallel.checkpoint_every: must be >= 1, got {par.checkpoint_every}")
-    if par.deepspeed_config is not None:
-        _validate_deepspeed_json(par.deepspeed_config, par.zero_stage)
 
 
 def _validate_deepspeed_json(path: str, zero_stage: int) -> None:
@@ -407,8 +438,6 @@ def _validate_checkpoint(ck: CheckpointSection) -> None:
         raise UserError(f"checkpoint.keep_last: must be >= 1, got {ck.keep_last}")
     if ck.every < 0:
         raise UserError(f"checkpoint.every: must be >= 0, got {ck.every}")
-    if ck.resume not in ("none", "auto") and not Path(ck.resume).is_dir():
-        raise UserError(f"checkpoint.resume: {ck.resume} is not 'none', 'auto' or an existing checkpoint directory")
 
 
 def _validate_log(log: LogSection) -> None:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import math
 from pathlib import Path
 from typing import Optional
 
@@ -137,11 +138,14 @@ def max_length(model_cfg, layout, device_bytes: float, *, device: str, runtime_g
 
 
 def run(args: argparse.Namespace) -> int:
-    from longctx.config import load_config, resolved_stages
+    from longctx.config import load_config, resolved_stages, validate_portable
     from longctx.errors import UserError
     from longctx.plan import GPU_USABLE, estimate_layout, format_estimate, layout_of, parse_length, parse_size
 
     cfg = load_config(args.config, args.overrides)
+    validate_portable(cfg)  # a job planned here runs elsewhere: no file, library or world-size checks
+    if args.runtime_gb is not None and not (math.isfinite(args.runtime_gb) and args.runtime_gb >= 0):
+        raise UserError(f"--runtime-gb: must be a finite number >= 0, got {args.runtime_gb}")
     cluster = _cluster_defaults(args.config)
     notes: list[str] = []
     if args.gpus is not None:
