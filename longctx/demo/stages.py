@@ -14,6 +14,7 @@ from typing import Any, Dict, List, Optional
 
 from omegaconf import OmegaConf
 
+from longctx.config import check_out_dir as check_writable_dir
 from longctx.demo.plan import DemoPlan
 from longctx.errors import UserError
 
@@ -253,3 +254,4 @@ def check_out_dir(out: Path, marker: str) -> None:
         raise UserError(f"--out: {out} exists and is not a directory")
     if out.is_dir() and any(out.iterdir()) and not (out / marker).is_file():
         raise UserError(f"--out: {out} is not empty and not a demo run directory; choose another --out")
+    check_writable_dir(str(out), "--out")

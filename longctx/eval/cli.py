@@ -22,6 +22,7 @@ from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from longctx.cli import OneLineParser
+from longctx.data.tokenizer import check_tokenizer_spec
 from longctx.errors import UserError
 
 CP_IMPLS = ("ring", "allgather", "ulysses")
@@ -265,7 +266,20 @@ def check_options(opts: dict) -> dict:
         parsed["lengths"] if want_ppl else [])
     _check_cp(opts["cp"])
     _check_paths(opts)
+    if opts["tokenizer"] is not None:
+        _as_eval_field(check_tokenizer_spec, str(opts["tokenizer"]))
     return parsed
+
+
+def _as_eval_field(fn, *args):
+    """fn(*args) with the data section's tokenizer errors named as eval's --tokenizer."""
+    try:
+        return fn(*args)
+    except UserError as e:
+        msg = str(e)
+        if msg.startswith("data.tokenizer"):
+            msg = "eval.tokenizer" + msg[len("data.tokenizer"):]
+        raise UserError(msg) from None
 
 
 def run_eval(args) -> int:
@@ -276,7 +290,7 @@ def run_eval(args) -> int:
     parsed = check_options(opts)
     lengths, ppl_lengths = parsed["lengths"], parsed["ppl_lengths"]
     model_dir = resolve_model_dir(opts["model"])  # UserError for a missing/invalid path, before the weights
-    tokenizer = load_tokenizer_for(model_dir, opts["tokenizer"])
+    tokenizer = _as_eval_field(load_tokenizer_for, model_dir, opts["tokenizer"])
     model = _load_weights(model_dir, parsed["dtype"])
     check_pair(tokenizer, model.config)
     with warnings.catch_warnings(record=True) as caught:
