@@ -15,6 +15,8 @@ Checks, in order:
      and a parallel.deepspeed_config JSON agrees with parallel.zero_stage;
   4. with --gpu-mem (or on a GPU node): the memory planner's peak per GPU, a warning if a stage
      does not fit.
+With `--command eval` it checks `longctx eval` options instead (every option, --cp against the
+world size, the model directory and its tokenizer; no weights are read) and prints the absolute --out.
 On success it prints the absolute out_dir (the SLURM script reads the PREEMPTED marker there).
 """
 from __future__ import annotations
@@ -51,8 +53,6 @@ def check(world: int, config: str | None, overrides: list[str], gpu_mem: str | N
     from longctx.config import load_config, resolved_stages, validate_config
     from longctx.errors import UserError
 
-    if world < 1:
-        raise UserError(f"world size must be >= 1, got {world}")
     cfg = load_config(config, overrides)
     stages = resolved_stages(cfg)
     shape = cluster_shape(config) if config else {}
@@ -75,30 +75,9 @@ def check(world: int, config: str | None, overrides: list[str], gpu_mem: str | N
             where = f"stages[{i}].cp_size" if stage.cp_size else "parallel.cp_size"
             raise UserError(f"{where}: {cp} needs at least {cp} GPUs (one sequence is split over {cp}), "
                             f"this job has {world}")
-    validate_config(cfg, world)
-    _check_deepspeed_json(cfg)
+    validate_config(cfg, world)  # also a parallel.deepspeed_config JSON against parallel.zero_stage
     _memory_warning(cfg, stages, world, gpu_mem)
     return str(Path(cfg.out_dir).absolute())
-
-
-def _check_deepspeed_json(cfg) -> None:
-    """A user DeepSpeed JSON (e.g. launch/deepspeed/zero3.json) must not silently change the
-    ZeRO stage the rest of the config (and the planner) assumes."""
-    import json
-
-    from longctx.errors import UserError
-
-    path = cfg.parallel.deepspeed_config
-    if not path:
-        return
-    try:
-        user = json.loads(Path(path).read_text())
-    except (OSError, json.JSONDecodeError) as e:
-        raise UserError(f"parallel.deepspeed_config: cannot read {path} ({e})") from None
-    stage = (user.get("zero_optimization") or {}).get("stage")
-    if stage is not None and stage != cfg.parallel.zero_stage:
-        raise UserError(f"parallel.deepspeed_config: {path} sets ZeRO stage {stage} but parallel.zero_stage is "
-                        f"{cfg.parallel.zero_stage}; set parallel.zero_stage={stage}")
 
 
 def _memory_warning(cfg, stages, world: int, gpu_mem: str | None) -> None:
@@ -124,13 +103,24 @@ def _memory_warning(cfg, stages, world: int, gpu_mem: str | None) -> None:
                   file=sys.stderr)
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--world-size", type=int, required=True)
-    ap.add_argument("--gpu-mem", default=None, help="e.g. 80GB: warn when a stage will not fit")
-    ap.add_argument("rest", nargs=argparse.REMAINDER, help="-- [--config FILE] [key=value ...]")
-    args = ap.parse_args(argv)
-    rest = args.rest[1:] if args.rest[:1] == ["--"] else args.rest
+def check_eval(world: int, argv: list[str]) -> str:
+    """`longctx eval` options for `world` processes, before any starts: every option, the model
+    directory and its tokenizer (the weights are not read). Returns the absolute --out."""
+    from longctx.cli import OneLineParser
+    from longctx.eval.cli import _add_arguments, check_options, resolve_options, tokenizer_spec_for_eval
+    from longctx.eval.model_io import resolve_model_dir
+
+    parser = OneLineParser(prog="longctx eval")
+    _add_arguments(parser)
+    opts = resolve_options(parser.parse_args(argv))
+    os.environ["WORLD_SIZE"] = str(world)  # eval's --cp check reads the processes it runs in
+    check_options(opts)
+    tokenizer_spec_for_eval(resolve_model_dir(opts["model"]), opts["tokenizer"])
+    return str(Path(opts["out"]).absolute())
+
+
+def _train_args(rest: list[str]) -> tuple[str | None, list[str]]:
+    """(--config, overrides) of a train command line; other train flags change nothing checked."""
     config, overrides, i = None, [], 0
     while i < len(rest):
         if rest[i] == "--config" and i + 1 < len(rest):
@@ -142,13 +132,38 @@ def main(argv: list[str] | None = None) -> int:
         else:
             overrides.append(rest[i])
             i += 1
+    return config, overrides
+
+
+def main(argv: list[str] | None = None) -> int:
+    from longctx.cli import OneLineParser
     from longctx.errors import UserError
 
+    ap = OneLineParser(prog="launch/preflight.py", description=__doc__,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--world-size", type=int, required=True)
+    ap.add_argument("--gpu-mem", default=None, help="e.g. 80GB: warn when a stage will not fit")
+    ap.add_argument("--command", choices=("train", "eval"), default="train",
+                    help="the longctx command whose arguments follow (default train)")
+    ap.add_argument("rest", nargs=argparse.REMAINDER, help="-- [--config FILE] [key=value ...]")
     try:
-        print(check(args.world_size, config, overrides, args.gpu_mem))
+        args = ap.parse_args(argv)
+    except SystemExit as e:  # --help (0) or a one-line argparse error (2)
+        return e.code if isinstance(e.code, int) else 2
+    rest = args.rest[1:] if args.rest[:1] == ["--"] else args.rest
+    try:
+        if args.world_size < 1:
+            raise UserError(f"--world-size: must be >= 1, got {args.world_size}")
+        if args.command == "eval":
+            print(check_eval(args.world_size, rest))
+        else:
+            config, overrides = _train_args(rest)
+            print(check(args.world_size, config, overrides, args.gpu_mem))
     except UserError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    except SystemExit as e:  # eval's own argparse error, already printed as one line
+        return e.code if isinstance(e.code, int) else 2
     return 0
 
 

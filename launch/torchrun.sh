@@ -7,10 +7,11 @@
 #                    --rdzv-id myrun -- train --config configs/x.yaml
 #   CPU test:    launch/torchrun.sh --nproc-per-node 2 -- train --config configs/cpu/yarn-llama2-7b-128k.yaml
 #
-# Everything after `--` is a longctx command line (train / eval / ...). Before a `train` it runs
-# launch/preflight.py for the world size it is about to start, so a config that cannot run
-# (cp larger than the GPUs, unwritable out_dir, a recipe written for a bigger cluster) fails
-# here with one `error:` line and exit code 2, before any rendezvous can hang.
+# Everything after `--` is a longctx command line (train / eval / ...). Before a `train` or an
+# `eval` it runs launch/preflight.py for the world size it is about to start, so a config or
+# option that cannot run (cp larger than the GPUs, unwritable out_dir, a recipe written for a
+# bigger cluster, a missing model) fails here with one `error:` line and exit code 2, before
+# any rendezvous can hang. Its own bad options fail the same way.
 #
 # Rendezvous: c10d (torchrun's elastic agent; node ranks are assigned by the store on the
 # endpoint host), fixed size, no restarts: a failed worker fails the job, and the SLURM script
@@ -24,6 +25,9 @@ set -euo pipefail
 
 usage() { sed -n '2,10p' "$0" | sed 's/^# \{0,1\}//'; }
 die() { echo "error: $*" >&2; exit 2; }
+value() {  # value OPTION [VALUE ...]: the option needs a value that is not the next option
+    (( $# >= 2 )) && [[ -n $2 && $2 != -* ]] || die "$1: needs a value (launch/torchrun.sh --help)"
+}
 
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 # shellcheck source=launch/env.sh
@@ -32,11 +36,11 @@ source "$HERE/env.sh"
 nproc="" nnodes=1 endpoint="" rdzv_id="" log_dir="" preflight=1
 while (( $# )); do
     case $1 in
-        --nproc-per-node|--nproc_per_node) nproc=${2:?}; shift 2 ;;
-        --nnodes) nnodes=${2:?}; shift 2 ;;
-        --rdzv-endpoint) endpoint=${2:?}; shift 2 ;;
-        --rdzv-id) rdzv_id=${2:?}; shift 2 ;;
-        --log-dir) log_dir=${2:?}; shift 2 ;;
+        --nproc-per-node|--nproc_per_node) value "$@"; nproc=$2; shift 2 ;;
+        --nnodes) value "$@"; nnodes=$2; shift 2 ;;
+        --rdzv-endpoint) value "$@"; endpoint=$2; shift 2 ;;
+        --rdzv-id) value "$@"; rdzv_id=$2; shift 2 ;;
+        --log-dir) value "$@"; log_dir=$2; shift 2 ;;
         --no-preflight) preflight=0; shift ;;
         -h|--help) usage; exit 0 ;;
         --) shift; break ;;
@@ -44,12 +48,19 @@ while (( $# )); do
     esac
 done
 (( $# )) || die "launch/torchrun.sh: no longctx command after -- (e.g. -- train --config configs/x.yaml)"
+case $1 in
+    train|eval|export|plan|demo) ;;
+    *) die "launch/torchrun.sh: unknown longctx command '$1' after --; valid: train, eval, export, plan, demo" ;;
+esac
 [[ $nnodes =~ ^[1-9][0-9]*$ ]] || die "--nnodes: expected a positive integer, got '$nnodes'"
 if [[ -z $nproc ]]; then
     nproc=$(longctx_gpus_per_node)
     nproc=${nproc:-1}
 fi
 [[ $nproc =~ ^[1-9][0-9]*$ ]] || die "--nproc-per-node: expected a positive integer, got '$nproc'"
+if [[ -n $endpoint && ! $endpoint =~ ^(\[[0-9a-fA-F:]+\]|[^:[:space:]]+):[0-9]+$ ]]; then
+    die "--rdzv-endpoint: expected HOST:PORT (e.g. node001:29500), got '$endpoint'"
+fi
 if (( nnodes > 1 )) && [[ -z $endpoint ]]; then
     die "--nnodes $nnodes needs --rdzv-endpoint HOST:PORT (the same on every node, HOST = the first node)"
 fi
@@ -57,8 +68,8 @@ longctx_env_defaults "$nproc"
 PY=$LONGCTX_PYTHON
 world=$(( nnodes * nproc ))
 
-if (( preflight )) && [[ $1 == train ]]; then
-    "$PY" "$HERE/preflight.py" --world-size "$world" -- "${@:2}" >/dev/null || exit 2
+if (( preflight )) && [[ $1 == train || $1 == eval ]]; then
+    "$PY" "$HERE/preflight.py" --world-size "$world" --command "$1" -- "${@:2}" >/dev/null || exit 2
 fi
 
 args=(--nnodes "$nnodes" --nproc-per-node "$nproc" --max-restarts 0)

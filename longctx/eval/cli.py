@@ -311,6 +311,15 @@ def run_eval(args) -> int:
         shutdown_distributed(completed)
 
 
+def tokenizer_spec_for_eval(model_dir: Path, spec):
+    """The tokenizer the model is evaluated with (UserError named eval.tokenizer), unloaded."""
+    from longctx.eval.model_io import tokenizer_spec_for
+
+    found = _as_eval_field(tokenizer_spec_for, model_dir, spec)
+    _as_eval_field(check_tokenizer_spec, found)
+    return found
+
+
 def _load_weights(model_dir: Path, dtype):
     from longctx.model.hf import load_pretrained
 
