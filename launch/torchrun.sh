@@ -26,7 +26,7 @@ set -euo pipefail
 usage() { sed -n '2,10p' "$0" | sed 's/^# \{0,1\}//'; }
 die() { echo "error: $*" >&2; exit 2; }
 value() {  # value OPTION [VALUE ...]: the option needs a value that is not the next option
-    (( $# >= 2 )) && [[ -n $2 && $2 != -* ]] || die "$1: needs a value (launch/torchrun.sh --help)"
+    if (( $# < 2 )) || [[ -z $2 || $2 == -* ]]; then die "$1: needs a value (launch/torchrun.sh --help)"; fi
 }
 
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
