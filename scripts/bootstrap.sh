@@ -26,4 +26,6 @@ if ! .venv/bin/python -c "import torch" 2>/dev/null; then
 fi
 echo "[longctx] installing longctx[test] into .venv" >&2
 pip_install -e ".[test]"
+# DeepSpeed's JIT-built ops, now rather than at a job's start (longctx/parallel/ds_ops.py)
+.venv/bin/python -m longctx.parallel.ds_ops || echo "[longctx] warning: DeepSpeed ops not prebuilt; jobs build them on first use" >&2
 echo "$want" > "$stamp"

@@ -5,8 +5,9 @@ Faults (read from this script's environment, never by longctx itself):
                                      steps (1-based), so their loss and gradients are NaN
   LONGCTX_FAULT_RANK=1               only on this rank (default: every rank)
   LONGCTX_FAULT_NAN_WEIGHT_STEP=2    after this step's update, one weight becomes NaN
-  LONGCTX_FAULT_SAVE_OSERROR=28      the first torch.save into a checkpoint raises OSError(errno)
-                                     on LONGCTX_FAULT_RANK (as a full disk would mid-save)
+  LONGCTX_FAULT_SAVE_OSERROR=28      torch.save into the checkpoint of step LONGCTX_FAULT_SAVE_STEP
+  LONGCTX_FAULT_SAVE_STEP=2          raises OSError(errno) on LONGCTX_FAULT_RANK (as a full disk
+                                     would, midway through DeepSpeed's part of the save)
 """
 from __future__ import annotations
 
@@ -31,6 +32,7 @@ def _this_rank() -> bool:
 NAN_LOSS_STEPS = _steps("LONGCTX_FAULT_NAN_LOSS_STEPS")
 NAN_WEIGHT_STEPS = _steps("LONGCTX_FAULT_NAN_WEIGHT_STEP")
 SAVE_ERRNO = int(os.environ.get("LONGCTX_FAULT_SAVE_OSERROR", "0"))
+SAVE_STEP = int(os.environ.get("LONGCTX_FAULT_SAVE_STEP", "1"))
 current = {"step": 0}
 
 
@@ -60,12 +62,10 @@ def _install() -> None:
         real_save = torch.save
 
         def failing_save(obj, f, *args, **kwargs):
-            if "checkpoints" in str(f) and not failing_save.fired:
-                failing_save.fired = True
+            if "checkpoints" in str(f) and current["step"] == SAVE_STEP:
                 raise OSError(SAVE_ERRNO, os.strerror(SAVE_ERRNO), str(f))
             return real_save(obj, f, *args, **kwargs)
 
-        failing_save.fired = False
         torch.save = failing_save
 
 

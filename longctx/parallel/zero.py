@@ -15,6 +15,7 @@ import torch
 from torch import nn
 
 from longctx.errors import UserError
+from longctx.parallel.ds_ops import guard_build_locks, jit_ops
 
 
 def deepspeed_config(*, zero_stage: int, micro_batch_size: int, grad_accum: int, world_size: int,
@@ -67,6 +68,7 @@ def build_optimizer(model: nn.Module, *, lr: float, betas: tuple[float, float], 
     if offload:
         from deepspeed.ops.adam import DeepSpeedCPUAdam
 
+        guard_build_locks(jit_ops(offload_optimizer=True))  # its constructor builds / loads cpu_adam
         return DeepSpeedCPUAdam(groups, lr=lr, betas=betas, eps=eps, adamw_mode=True)
     # the fused kernel (one pass per tensor; CPU and CUDA): 2.7x faster than the per-tensor
     # loop on the demo's 30 tensors (benchmarks/bench_kernels.py)
@@ -78,6 +80,7 @@ def initialize_engine(model: nn.Module, optimizer: torch.optim.Optimizer, ds_con
     import deepspeed
 
     logging.getLogger("DeepSpeed").setLevel(logging.WARNING)
+    guard_build_locks(jit_ops(offload_optimizer=False))  # engine start loads its comm op
     engine, optimizer, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, config=ds_config)
     if ds_config["zero_optimization"]["stage"] == 3:
         # The chunked loss reads the head weight outside the head's own forward.
