@@ -26,12 +26,14 @@ def add_parser(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from longctx.demo.pipeline import run_demo
+    from longctx.demo.pipeline import MARKER, run_demo
     from longctx.demo.plan import PLANS
+    from longctx.demo.stages import check_out_dir
     from longctx.errors import UserError
 
     if args.seed < 0:
         raise UserError(f"--seed: must be >= 0, got {args.seed}")
+    check_out_dir(Path(args.out), MARKER)  # before anything is replaced, created or signalled
     plan = PLANS["fast" if args.fast else "full"]
     # SIGTERM (kill, a job scheduler) unwinds like Ctrl-C, so the running training job is
     # stopped too (stages.stop_job) instead of being left behind

@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import argparse
 
+from longctx.errors import UserError
+
 
 def add_parser(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", default=None, help="YAML file (default: the built-in defaults)")
@@ -20,14 +22,15 @@ def run(args: argparse.Namespace) -> int:
 
     cfg = load_config(args.config, args.overrides)
     world = args.world_size or read_env().world_size
+    if args.world_size is not None and args.world_size < 1:
+        raise UserError(f"--world-size: must be >= 1, got {args.world_size}")
+    validate_config(cfg, world)  # every bad input, before the trainer is even imported
     if args.print_config:
-        validate_config(cfg, world)
         print(to_yaml(cfg), end="")
         return 0
     if args.dry_run:
         from longctx.train.dry_run import dry_run
 
-        validate_config(cfg, world)
         print(dry_run(cfg, world))
         return 0
     from longctx.train.loop import train
