@@ -92,6 +92,9 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser = build_parser()
     try:
         args, extra = parser.parse_known_args(argv)
+        if hasattr(args, "overrides"):  # key=value after a flag (`train --dry-run a.b=1`) is an override too
+            args.overrides += [e for e in extra if not e.startswith("-")]
+            extra = [e for e in extra if e.startswith("-")]
         if extra:  # name the command whose flags these are not
             args._command_parsers[args.command].error(f"unrecognized arguments: {' '.join(extra)}")
     except SystemExit as e:  # --help (0) or a one-line argparse error (2)

@@ -18,7 +18,7 @@ from typing import Any, Dict, List, Optional
 
 import yaml
 from omegaconf import MISSING, DictConfig, OmegaConf
-from omegaconf.errors import OmegaConfBaseException
+from omegaconf.errors import MissingMandatoryValue, OmegaConfBaseException
 
 from longctx.attention.select import BACKENDS, check_backend_available
 from longctx.data.config import DataConfig, SourceConfig, validate_data_config
@@ -239,6 +239,8 @@ def load_config(path: Optional[str] = None, overrides: Optional[list[str]] = Non
     try:
         merged = OmegaConf.merge(schema, *layers)
         cfg = OmegaConf.to_object(merged)
+    except MissingMandatoryValue as e:
+        raise UserError(f"{e.full_key}: required (no default)") from None
     except OmegaConfBaseException as e:
         key = getattr(e, "full_key", None) or ""
         msg = str(e).splitlines()[0]
