@@ -103,13 +103,17 @@ def set_rng_state(state: dict) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
+def read_trainer_state(path: Path) -> dict:
+    try:
+        return json.loads((path / "trainer_state.json").read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise UserError(f"checkpoint.resume: {path / 'trainer_state.json'} is unreadable ({e})") from None
+
+
 def load_checkpoint(path: Path, *, engine, world_size: int) -> tuple[dict, dict]:
     """Restore the engine in place; returns (trainer_state, this rank's state)."""
     rank = dist.get_rank() if dist.is_initialized() else 0
-    try:
-        trainer_state = json.loads((path / "trainer_state.json").read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise UserError(f"checkpoint.resume: {path / 'trainer_state.json'} is unreadable ({e})") from None
+    trainer_state = read_trainer_state(path)
     saved_world = trainer_state.get("world_size")
     if saved_world != world_size:
         raise UserError(f"checkpoint.resume: {path} was written by {saved_world} ranks; this run has {world_size} "

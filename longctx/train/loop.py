@@ -22,7 +22,8 @@ import torch.distributed as dist
 
 from longctx.config import TrainConfig, resolved_stages, stage_data_config, stage_model_config, to_yaml, validate_config
 from longctx.errors import UserError
-from longctx.train.checkpoint import CheckpointError, choose_resume, resume_candidates, run_phase
+from longctx.train.checkpoint import CheckpointError, choose_resume, read_trainer_state, resume_candidates, run_phase
+from longctx.train.continuation import continue_from, nothing_left_notice
 from longctx.train.nonfinite import (NONFINITE_EXIT_CODE, NONFINITE_MARKER, NonFiniteGuard, NonFiniteStop,
                                      backward_factor, optimizer_step_skipped, weights_finite)
 from longctx.train.signals import PREEMPTED_EXIT_CODE, PREEMPTED_MARKER
@@ -163,12 +164,20 @@ class Trainer:
         from longctx.data import check_vocab, load_tokenizer
         from longctx.model.llama import count_parameters
         from longctx.parallel.zero import build_optimizer, deepspeed_config, initialize_engine
-        from longctx.train.checkpoint import load_checkpoint
+        from longctx.train.checkpoint import load_checkpoint, set_rng_state
         from longctx.train.metrics import MetricsWriter, flops_per_token, peak_flops_per_device
         from longctx.train.signals import PreemptionFlag
 
         cfg, rank = self.cfg, self.rank
         self.resume_from = self.last_checkpoint = choose_resume(self.resume_candidates, cfg.checkpoint.resume)
+        continuation = None
+        if self.resume_from is not None:
+            saved = read_trainer_state(self.resume_from)
+            continuation = continue_from(saved, self.stages)
+            if continuation.stage == len(self.stages):
+                if rank == 0:
+                    print(nothing_left_notice(self.resume_from, saved, self.stages), file=sys.stderr)
+                return 0
         torch.manual_seed(cfg.train.seed)
         tokenizer = load_tokenizer(cfg.data.tokenizer)
         model = self._build_model()
@@ -189,12 +198,13 @@ class Trainer:
         loader_state = None
         if self.resume_from is not None:
             saved, rank_state = load_checkpoint(self.resume_from, engine=engine, world_size=self.world)
-            state.update({k: saved[k] for k in state})
-            loader_state = rank_state["data"]
-            from longctx.train.checkpoint import set_rng_state
-
+            state.update(step=saved["step"], tokens=saved["tokens"], stage=continuation.stage,
+                         stage_step=continuation.stage_step)
+            loader_state = rank_state["data"] if continuation.loader_belongs else None
             set_rng_state(rank_state["rng"])
             log.info("resumed from %s at step %d", self.resume_from, state["step"])
+            if continuation.note:
+                log.warning("checkpoint.resume: %s", continuation.note)
 
         total_steps = sum(s.steps for s in self.stages)
         writer = MetricsWriter(self.out, rank == 0, cfg.log.tensorboard)
@@ -237,8 +247,7 @@ class Trainer:
                         state["stage"] += 1
                         state["stage_step"] = 0
                     if due or stage_done or preempt:
-                        next_loader = None if stage_done else loader.state_dict()
-                        self._save(state, next_loader)
+                        self._save(state, loader.state_dict(), data_stage=si)
                     if preempt:
                         log.warning("preemption signal %s: checkpoint saved at step %d, exiting with %d",
                                     flag.received, state["step"], PREEMPTED_EXIT_CODE)
@@ -345,14 +354,16 @@ class Trainer:
 
         return run_phase(write)
 
-    def _save(self, state: dict, loader_state: Optional[dict]) -> None:
+    def _save(self, state: dict, loader_state: dict, data_stage: int) -> None:
         from longctx.train.checkpoint import rng_state, save_checkpoint
 
         if not weights_finite(self.model):
             kept = f"last checkpoint: {self.last_checkpoint}" if self.last_checkpoint else "no checkpoint written yet"
             raise NonFiniteStop(f"train: non-finite weights at step {state['step']}; not checkpointed ({kept})",
                                 state["step"])
-        trainer_state = dict(state, world_size=self.world, cp_size=self.cp, dp_size=self.mesh.dp_size)
+        # stage_steps / data_stage: how a resume with a changed config continues (train/continuation.py)
+        trainer_state = dict(state, world_size=self.world, cp_size=self.cp, dp_size=self.mesh.dp_size,
+                             stage_steps=[s.steps for s in self.stages], data_stage=data_stage)
         rank_state = {"data": loader_state, "rng": rng_state()}
         self.last_checkpoint = save_checkpoint(
             self.out, state["step"], engine=self.engine, trainer_state=trainer_state, rank_state=rank_state,
