@@ -50,6 +50,8 @@ def init_distributed(timeout_s: float = 1800.0, preload: Sequence[str] = ()) -> 
     if dist.is_initialized():
         return info
     import_before_process_groups(*preload)
+    if not torch.cuda.is_available():
+        configure_cpu_threads(info.local_rank, _local_world_size(info))
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     if info.launcher == "single":
         os.environ.setdefault("MASTER_PORT", str(_free_port()))
@@ -65,6 +67,33 @@ def init_distributed(timeout_s: float = 1800.0, preload: Sequence[str] = ()) -> 
     dist.init_process_group(backend, rank=info.rank, world_size=info.world_size,
                             timeout=datetime.timedelta(seconds=timeout_s))
     return info
+
+
+def _local_world_size(info: DistEnv) -> int:
+    env = os.environ
+    for key in ("LOCAL_WORLD_SIZE", "SLURM_NTASKS_PER_NODE", "OMPI_COMM_WORLD_LOCAL_SIZE"):
+        if env.get(key, "").isdigit():
+            return max(1, int(env[key]))
+    return info.world_size  # one node (the DeepSpeed launcher and mp.spawn set no local size)
+
+
+def configure_cpu_threads(local_rank: int, local_world: int, pin: Optional[bool] = None) -> tuple[int, list[int]]:
+    """CPU ranks: intra-op threads = this process's CPUs / ranks on the node, unless the user
+    set OMP_NUM_THREADS (launch/env.sh sets the same default); with no setting torch would run
+    every rank with all the node's cores (2 ranks x 2 threads on 2 cores: oversubscribed).
+    pin (default: when the ranks tile the CPUs exactly and the user set no threads) binds each
+    rank to its own block of CPUs, so the ranks' threads never share a core. Returns (threads,
+    the CPUs this rank may run on)."""
+    cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else list(range(os.cpu_count() or 1))
+    user_threads = os.environ.get("OMP_NUM_THREADS", "").isdigit()
+    threads = int(os.environ["OMP_NUM_THREADS"]) if user_threads else max(1, len(cpus) // max(1, local_world))
+    if pin is None:
+        pin = not user_threads and threads * local_world == len(cpus)
+    if pin and hasattr(os, "sched_setaffinity") and 0 <= local_rank < local_world:
+        cpus = cpus[local_rank * threads:(local_rank + 1) * threads]
+        os.sched_setaffinity(0, cpus)
+    torch.set_num_threads(threads)
+    return threads, cpus
 
 
 def import_before_process_groups(*modules: str) -> None:
