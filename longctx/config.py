@@ -289,6 +289,8 @@ def validate_portable(cfg: TrainConfig) -> None:
         raise UserError(f"train.dtype: unknown {tr.dtype!r}; valid: {', '.join(DTYPES)}")
     if tr.grad_accum < 1:
         raise UserError(f"train.grad_accum: must be >= 1, got {tr.grad_accum}")
+    if tr.seed < 0:
+        raise UserError(f"train.seed: must be >= 0 (numpy's generators take no negative seeds), got {tr.seed}")
     if tr.nonfinite not in NONFINITE_POLICIES:
         raise UserError(f"train.nonfinite: unknown {tr.nonfinite!r}; valid: {', '.join(NONFINITE_POLICIES)}")
     if tr.max_nonfinite_steps < 1:
@@ -317,6 +319,9 @@ def _validate_on_this_machine(cfg: TrainConfig) -> None:
         _validate_deepspeed_json(par.deepspeed_config, par.zero_stage)
     if ck.resume not in ("none", "auto") and not Path(ck.resume).is_dir():
         raise UserError(f"checkpoint.resume: {ck.resume} is not 'none', 'auto' or an existing checkpoint directory")
+    for name in ("cache_dir", "hf_cache_dir"):
+        if getattr(cfg.data, name) is not None:
+            check_out_dir(getattr(cfg.data, name), f"data.{name}")
 
 
 def _stage_fields(cfg: TrainConfig, i: int, stage: StageSection) -> tuple[str, str, int, str]:

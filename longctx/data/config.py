@@ -298,6 +298,10 @@ def validate_data_config(cfg: DataConfig, model_vocab_size: Optional[int] = None
         raise UserError(f"data.prefetch: must be an integer >= 0, got {cfg.prefetch!r}")
     if cfg.epochs is not None:
         _pos_int(cfg.epochs, "data.epochs", 1)
+    if cfg.seed is not None:
+        _pos_int(cfg.seed, "data.seed", 0)
+    if not (isinstance(cfg.cache_wait_s, (int, float)) and math.isfinite(cfg.cache_wait_s) and cfg.cache_wait_s > 0):
+        raise UserError(f"data.cache_wait_s: must be a finite number of seconds > 0, got {cfg.cache_wait_s!r}")
     if cfg.packing not in PACKING_MODES:
         raise UserError(f"data.packing: {cfg.packing!r} is not one of {', '.join(PACKING_MODES)}")
     if cfg.final_partial not in FINAL_PARTIAL:
