@@ -66,3 +66,12 @@ longctx_gpus_per_node() {
     fi
     if [[ ${n:-} =~ ^[0-9]+$ ]] && (( n > 0 )); then echo "$n"; fi
 }
+
+# longctx_check_env: one `error:` line (status 2) for a variable a user set to a value the
+# launchers cannot use, instead of quietly falling back to a default
+longctx_check_env() {
+    if [[ -n ${LONGCTX_NPROC_PER_NODE:-} && ! $LONGCTX_NPROC_PER_NODE =~ ^[1-9][0-9]*$ ]]; then
+        echo "error: LONGCTX_NPROC_PER_NODE: expected a positive integer (processes per node), got '$LONGCTX_NPROC_PER_NODE'" >&2
+        return 2
+    fi
+}

@@ -32,6 +32,7 @@ value() {  # value OPTION [VALUE ...]: the option needs a value that is not the 
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 # shellcheck source=launch/env.sh
 source "$HERE/env.sh"
+longctx_check_env || exit 2
 
 nproc="" nnodes=1 endpoint="" rdzv_id="" log_dir="" preflight=1
 while (( $# )); do

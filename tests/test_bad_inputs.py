@@ -21,6 +21,7 @@ import pytest
 
 from longctx.attention.flash import flash_available
 from longctx.cli import main
+from longctx.eval.cli import main as eval_main
 
 ROOT = Path(__file__).resolve().parents[1]
 RUN = "out_dir={w}/run"  # every train case points its run directory into the working dir
@@ -196,6 +197,12 @@ DEMO = [
     ("extra argument", ["demo", "extra"], "extra: unrecognized"),
 ]
 
+EVAL_MODULE = [  # `python -m longctx.eval.cli ...`: eval's own entry point, same checks
+    ("samples 0", ["--samples", "0", "--model", "{w}/model"], "eval.samples"),
+    ("samples not a number", ["--samples", "x"], "--samples: invalid int value"),
+    ("unknown flag", ["--bogus"], "--bogus: unrecognized"),
+]
+
 TOP = [
     ("command typo", ["trian"], "unknown command 'trian'; did you mean 'train'?"),
     ("no command", [], "a command is required"),
@@ -221,7 +228,6 @@ SUBPROCESS = [  # (id, argv, needle, extra environment)
     ("python -m: beta1", [*PY, "train", RUN, "optim.beta1=1.5"], "optim.beta1", {}),
     ("python -m: eval samples", [*PY, "eval", "--samples", "abc"], "--samples", {}),
     ("python -m: export dtype", [*PY, "export", "--checkpoint", "c", "--out", "o", "--dtype", "fp8"], "--dtype", {}),
-    ("python -m: empty jsonl", [*PY, "train", RUN, "data.sources=[{path: '{w}/data/empty.jsonl'}]"], "empty.jsonl", {}),
     ("torchrun.sh: option without value", [*TORCHRUN, "--nnodes"], "--nnodes: needs a value", {}),
     ("torchrun.sh: nproc 0", [*TORCHRUN, "--nproc-per-node", "0", "--", "train"], "--nproc-per-node", {}),
     ("torchrun.sh: bad endpoint", [*TORCHRUN, "--rdzv-endpoint", "node1", "--", "train"], "--rdzv-endpoint", {}),
@@ -229,11 +235,13 @@ SUBPROCESS = [  # (id, argv, needle, extra environment)
     ("torchrun.sh: command typo", [*TORCHRUN, "--", "trian"], "unknown longctx command 'trian'", {}),
     ("torchrun.sh: unknown option", [*TORCHRUN, "--bogus"], "unknown option --bogus", {}),
     ("torchrun.sh: no command", [*TORCHRUN], "no longctx command", {}),
+    ("torchrun.sh: bad LONGCTX_NPROC_PER_NODE", [*TORCHRUN, "--", "train"], "LONGCTX_NPROC_PER_NODE", {"LONGCTX_NPROC_PER_NODE": "abc"}),
     ("torchrun.sh: train config error", [*TORCHRUN, "--nproc-per-node", "2", "--", "train", RUN, "optim.eps=0"], "optim.eps", {}),
     ("torchrun.sh: eval option error", [*TORCHRUN, "--nproc-per-node", "2", "--", "eval", "--model", "{w}/no-model"], "no-model", {}),
     ("train.sbatch: config error", ["bash", str(ROOT / "slurm/train.sbatch"), "{w}/job.yaml", "optim.beta1=2"], "optim.beta1", SLURM_ENV),
     ("train.sbatch: missing config", ["bash", str(ROOT / "slurm/train.sbatch"), "{w}/nope.yaml"], "config {w}/nope.yaml does not exist", SLURM_ENV),
-    ("eval.sbatch: missing model", ["bash", str(ROOT / "slurm/eval.sbatch"), "--model", "{w}/no-model"], "no-model", SLURM_ENV),
+    ("eval.sbatch: no arguments", ["bash", str(ROOT / "slurm/eval.sbatch")], "usage: sbatch slurm/eval.sbatch", SLURM_ENV),
+    ("eval.sbatch: bad option", ["bash", str(ROOT / "slurm/eval.sbatch"), "--model", "{w}/model", "--lengths", "4x"], "eval.lengths", SLURM_ENV),
     ("eval_array.sbatch: bad length", ["bash", str(ROOT / "slurm/eval_array.sbatch"), "{w}/model", "{w}/eval"],
      "LONGCTX_EVAL_LENGTHS: 'abc'", {**SLURM_ENV, "SLURM_ARRAY_TASK_ID": "0", "LONGCTX_EVAL_LENGTHS": "abc"}),
 ]
@@ -301,16 +309,17 @@ def workdir(tmp_path_factory):
 # ------------------------------------------------------------------------------ in-process cases
 CLI_CASES = [(f"{group}: {cid}", argv, needle)
              for group, table in (("train", TRAIN), ("eval", EVAL), ("export", EXPORT), ("plan", PLAN),
-                                  ("demo", DEMO), ("top", TOP))
+                                  ("demo", DEMO), ("top", TOP), ("eval.cli", EVAL_MODULE))
              for cid, argv, needle in table]
 
 
-@pytest.mark.parametrize("argv, needle", [c[1:] for c in CLI_CASES], ids=[c[0] for c in CLI_CASES])
-def test_cli_bad_input(workdir, capsys, monkeypatch, argv, needle):
+@pytest.mark.parametrize("case, argv, needle", CLI_CASES, ids=[c[0] for c in CLI_CASES])
+def test_cli_bad_input(workdir, capsys, monkeypatch, case, argv, needle):
     monkeypatch.delenv("WORLD_SIZE", raising=False)
     monkeypatch.delenv("RANK", raising=False)
     before = listing(workdir)
-    rc = main(fill(argv, workdir))
+    entry = eval_main if case.startswith("eval.cli:") else main
+    rc = entry(fill(argv, workdir))
     captured = capsys.readouterr()
     assert_clean(rc, captured.out, captured.err, needle, workdir, before)
 
