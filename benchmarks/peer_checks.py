@@ -27,7 +27,10 @@ def compare_grads(grads: dict, ref: dict) -> dict:
             worst_err = (err, name)
         if norm_err > worst_norm[0] or worst_norm[1] is None:
             worst_norm = (norm_err, name)
-    return {"max_grad_rel_err": worst_err[0], "worst_grad": worst_err[1],
+    common = sorted(set(ref) & set(grads))
+    total = sum(float(grads[n].double().norm()) ** 2 for n in common) ** 0.5
+    total_ref = sum(float(ref[n].double().norm()) ** 2 for n in common) ** 0.5
+    return {"norm_ratio": total / (total_ref or 1.0), "max_grad_rel_err": worst_err[0], "worst_grad": worst_err[1],
             "max_norm_rel_err": worst_norm[0], "worst_norm": worst_norm[1], "missing": missing}
 
 
@@ -55,26 +58,26 @@ def interleaved_order(names: list[str], round_index: int) -> list[str]:
 
 
 def correctness_table(rows: list[dict]) -> str:
-    lines = ["| impl | loss | loss - ref | max grad rel. err (tensor) | max grad-norm rel. err (tensor) | correct |",
-             "|---|---:|---:|---|---|---|"]
+    lines = ["| impl | loss | loss - ref | grad norm / ref | max grad rel. err (tensor) | max grad-norm rel. err (tensor) "
+             "| correct |", "|---|---:|---:|---:|---|---|---|"]
     for r in rows:
         if "error" in r:
-            lines.append(f"| {r['impl']} | failed: {r['error']} | | | | |")
+            lines.append(f"| {r['impl']} | failed: {r['error']} | | | | | |")
             continue
-        lines.append(f"| {r['impl']} | {r['loss']:.6f} | {r['loss_diff']:+.1e} | {r['max_grad_rel_err']:.1e} "
+        lines.append(f"| {r['impl']} | {r['loss']:.6f} | {r['loss_diff']:+.1e} | {r['norm_ratio']:.4f} | {r['max_grad_rel_err']:.1e} "
                      f"({r['worst_grad']}) | {r['max_norm_rel_err']:.1e} ({r['worst_norm']}) | "
                      f"{'yes' if r['correct'] else 'NO'}{' (missing ' + ', '.join(r['missing']) + ')' if r['missing'] else ''} |")
     return "\n".join(lines)
 
 
 def speed_table(rows: list[dict]) -> str:
-    lines = ["| T | impl | processes | tok/s median | tok/s min | peak RSS / rank GiB | step peak growth GiB | CPU MFU |",
-             "|---:|---|---:|---:|---:|---:|---:|---:|"]
+    lines = ["| T | impl | processes | tok/s median | tok/s min | peak RSS / rank GiB | step peak growth GiB "
+             "| CPU MFU median / fastest |", "|---:|---|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
         if "error" in r:
             lines.append(f"| {r['seq_len']} | {r['impl']} | {r['processes']} | failed: {r['error']} | | | | |")
             continue
-        mfu = f"{r['cpu_mfu']:.2f}" if r.get("cpu_mfu") is not None else "—"
+        mfu = f"{r['cpu_mfu']:.2f} / {r['cpu_mfu_fastest']:.2f}" if r.get("cpu_mfu") is not None else "—"
         lines.append(f"| {r['seq_len']} | {r['impl']} | {r['processes']} | {r['tokens_per_s_median']:.0f} | "
                      f"{r['tokens_per_s_min']:.0f} | {r['peak_rss_gb']:.2f} | {r['step_growth_gb']:.2f} | {mfu} |")
     return "\n".join(lines)

@@ -53,6 +53,9 @@ def _worker(rank, world, port, args, ckpt):
         print(f"\n# copies: {copy_total / 1e6:.3f} s = {copy_total / total:.1%} of self CPU time\n")
         for e in sorted(copies, key=lambda e: -e.self_cpu_time_total)[:args.rows]:
             print(f"{e.self_cpu_time_total / 1e3:10.1f} ms  {e.count:5d}x  {e.key:24s} {str(e.input_shapes)[:110]}")
+        print("\n# every op by input shapes\n")
+        for e in sorted(prof.key_averages(group_by_input_shape=True), key=lambda e: -e.self_cpu_time_total)[:args.rows]:
+            print(f"{e.self_cpu_time_total / 1e3:10.1f} ms  {e.count:5d}x  {e.key[:40]:40s} {str(e.input_shapes)[:100]}")
     shutdown_distributed(completed=True)
 
 
