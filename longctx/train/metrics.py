@@ -135,12 +135,14 @@ def measure_cpu_limits(cfg: ModelConfig, seq_len: int, cp_size: int = 1, dtype: 
             "threads": torch.get_num_threads()}
 
 
-def cpu_limit_fraction(cfg: ModelConfig, seq_len: int, cp_size: int, step_s: float, limits: dict) -> dict:
+def cpu_limit_fraction(cfg: ModelConfig, seq_len: int, cp_size: int, step_s: float, limits: dict,
+                       sequences: int = 1) -> dict:
     """The step's achieved fraction of the measured limit ("cpu_mfu") and the time each part
-    would take at its limit rate."""
+    would take at its limit rate; `sequences`: sequences of seq_len this rank's cp group
+    trains per step (micro-batch size x gradient accumulation)."""
     gemm, attn = step_flops(cfg, seq_len, cp_size)
-    gemm_s = gemm / limits["gemm_flops_per_s"]
-    attn_s = attn / limits["attention_flops_per_s"]
+    gemm_s = sequences * gemm / limits["gemm_flops_per_s"]
+    attn_s = sequences * attn / limits["attention_flops_per_s"]
     return {"cpu_mfu": (gemm_s + attn_s) / step_s, "gemm_limit_s": gemm_s, "attention_limit_s": attn_s}
 
 
