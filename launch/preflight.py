@@ -107,11 +107,11 @@ def check_eval(world: int, argv: list[str]) -> str:
     """`longctx eval` options for `world` processes, before any starts: every option, the model
     directory and its tokenizer (the weights are not read). Returns the absolute --out."""
     from longctx.cli import OneLineParser
-    from longctx.eval.cli import _add_arguments, check_options, resolve_options, tokenizer_spec_for_eval
+    from longctx.eval.cli import add_eval_parser, check_options, resolve_options, tokenizer_spec_for_eval
     from longctx.eval.model_io import resolve_model_dir
 
     parser = OneLineParser(prog="longctx eval")
-    _add_arguments(parser)
+    add_eval_parser(parser)
     opts = resolve_options(parser.parse_args(argv))
     os.environ["WORLD_SIZE"] = str(world)  # eval's --cp check reads the processes it runs in
     check_options(opts)
