@@ -12,9 +12,11 @@ from pathlib import Path
 
 import torch
 
+from longctx import manifest
 from longctx.errors import UserError
-from longctx.model.hf import save_pretrained
-from longctx.model.loading import load_any, resolve_model_dir
+from longctx.model.hf import read_hf_config, save_hf_weights
+from longctx.model.loading import is_checkpoint, load_any, resolve_model_dir
+from longctx.parallel.zero import zero_fp32_masters
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -22,7 +24,8 @@ _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torc
 def add_parser(p: argparse.ArgumentParser) -> None:
     p.add_argument("--checkpoint", required=True, help="a training checkpoint, run directory or HF directory")
     p.add_argument("--out", required=True, help="output Hugging Face directory (new or empty)")
-    p.add_argument("--dtype", choices=sorted(_DTYPES), default=None, help="cast weights (default: keep)")
+    p.add_argument("--dtype", choices=sorted(_DTYPES), default=None,
+                   help="cast weights (default: keep); float32 from a ZeRO checkpoint exports its fp32 master weights")
     p.add_argument("--overwrite", action="store_true",
                    help="write into a non-empty --out: replace only the export's own files, keep the rest")
 
@@ -45,15 +48,31 @@ def check_out_dir(src: Path, out: Path, overwrite: bool) -> None:
                             "directory, or pass --overwrite to replace only the export's files and keep the rest")
 
 
+def _fp32_masters(checkpoint: Path):
+    """A training checkpoint's ZeRO fp32 master weights (verified), or None."""
+    if not is_checkpoint(checkpoint):
+        return None
+    problem = manifest.verify(checkpoint, under="ds")
+    if problem:
+        raise UserError(f"{checkpoint}: {problem}; use another checkpoint")
+    masters = zero_fp32_masters(checkpoint)
+    if masters is not None:
+        print(f"exporting the fp32 master weights of {checkpoint / 'ds'}")
+    return masters
+
+
 def run(args: argparse.Namespace) -> int:
     src, out = Path(args.checkpoint), Path(args.out)
     check_out_dir(src, out, args.overwrite)
     model_dir = resolve_model_dir(src)  # a checkpoint must be COMPLETE and match its manifest
-    model = load_any(model_dir)
+    dtype = _DTYPES[args.dtype] if args.dtype else None
+    weights = _fp32_masters(model_dir.parent) if dtype == torch.float32 else None
+    if weights is None:
+        weights = load_any(model_dir).state_dict()
     recorded = json.loads((model_dir / "config.json").read_text()).get("longctx_tokenizer")
     tokenizer = recorded or (str(model_dir) if (model_dir / "tokenizer.json").is_file() else None)
     try:
-        save_pretrained(model, out, dtype=_DTYPES[args.dtype] if args.dtype else None, tokenizer=tokenizer)
+        save_hf_weights(weights, read_hf_config(model_dir), out, dtype=dtype, tokenizer=tokenizer)
     except OSError as e:
         raise UserError(f"--out: cannot write {e.filename or out} ({e.strerror})") from None
     print(f"exported {model_dir} -> {out}")

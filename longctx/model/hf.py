@@ -59,7 +59,8 @@ def config_to_hf(cfg: ModelConfig, dtype: torch.dtype) -> dict:
     hf["rope_theta"] = rope["rope_theta"]
     legacy = {k: v for k, v in rope.items() if k != "rope_theta"}
     hf["rope_scaling"] = None if rope["rope_type"] == "default" else {**legacy, "type": rope["rope_type"]}
-    hf["torch_dtype"] = str(dtype).replace("torch.", "")
+    hf["dtype"] = str(dtype).replace("torch.", "")
+    hf["torch_dtype"] = hf["dtype"]  # the name before transformers 5
     hf["use_cache"] = True
     return hf
 
@@ -172,10 +173,25 @@ _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_m
                     "vocab.json", "merges.txt")
 
 
-def _copy_tokenizer(src: Path, dst: Path) -> None:
+def _copy_tokenizer(src: Path, dst: Path, max_length: int) -> None:
+    """Copy a tokenizer next to the weights; its model_max_length becomes the model's length
+    (a base model's 4k would make `truncation=True` silently cut long inputs)."""
     files = [src] if src.is_file() else [src / n for n in _TOKENIZER_FILES if (src / n).is_file()]
     for f in files:
         shutil.copyfile(f, dst / f.name)  # contents only: the copy's mode follows the umask
+    tokenizer_config = dst / "tokenizer_config.json"
+    settings = json.loads(tokenizer_config.read_text()) if tokenizer_config.is_file() else {}
+    settings["model_max_length"] = max_length
+    tokenizer_config.write_text(json.dumps(settings, indent=2))
+
+
+def generation_config(cfg: ModelConfig) -> dict:
+    """generation_config.json as transformers derives it from a model config."""
+    out: dict = {"_from_model_config": True}
+    for key in ("bos_token_id", "eos_token_id", "pad_token_id"):
+        if getattr(cfg, key) is not None:
+            out[key] = getattr(cfg, key)
+    return out
 
 
 # what an export writes: with an existing target these are replaced (or removed when this
@@ -261,7 +277,8 @@ def save_hf_weights(state_dict: dict[str, torch.Tensor], config: ModelConfig, pa
         if tokenizer == "byte":
             hf_config["longctx_tokenizer"] = "byte"
         elif tokenizer:
-            _copy_tokenizer(Path(tokenizer), tmp)
+            _copy_tokenizer(Path(tokenizer), tmp, config.max_position_embeddings)
+        (tmp / "generation_config.json").write_text(json.dumps(generation_config(config), indent=2))
         (tmp / "config.json").write_text(json.dumps(hf_config, indent=2))
         _install(tmp, path)
     except BaseException:

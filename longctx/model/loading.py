@@ -18,7 +18,7 @@ from longctx import manifest
 from longctx.manifest import COMPLETE
 
 
-def _is_checkpoint(path: Path) -> bool:
+def is_checkpoint(path: Path) -> bool:
     return path.name.startswith("step_") and ((path / "ds").is_dir() or (path / "trainer_state.json").is_file())
 
 
@@ -39,10 +39,10 @@ def resolve_model_dir(path: str | Path) -> Path:
     if not path.is_dir():
         raise UserError(f"{path}: expected a directory (HF model, checkpoint or run directory)")
     if (path / "config.json").is_file():
-        if path.name == "model" and _is_checkpoint(path.parent):  # model/ of a training checkpoint
+        if path.name == "model" and is_checkpoint(path.parent):  # model/ of a training checkpoint
             return _verified_model_dir(path.parent)
         return path
-    if (path / "model" / "config.json").is_file() or _is_checkpoint(path):
+    if (path / "model" / "config.json").is_file() or is_checkpoint(path):
         return _verified_model_dir(path)
     ckpts = path / "checkpoints"
     if ckpts.is_dir():

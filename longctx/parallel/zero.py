@@ -82,6 +82,11 @@ def initialize_engine(model: nn.Module, optimizer: torch.optim.Optimizer, ds_con
     logging.getLogger("DeepSpeed").setLevel(logging.WARNING)
     guard_build_locks(jit_ops(offload_optimizer=False))  # engine start loads its comm op
     engine, optimizer, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, config=ds_config)
+    # DeepSpeed records parameter names (a checkpoint's param_shapes, which its zero_to_fp32.py
+    # writes out) from named_parameters(), i.e. with activation-checkpointing wrappers in them;
+    # the checkpoint's module state dict is already clean (the wrappers' state-dict hooks).
+    for param, name in engine.param_names.items():  # in place: the ZeRO optimizer holds this dict
+        engine.param_names[param] = model_key(name)
     if ds_config["zero_optimization"]["stage"] == 3:
         # The chunked loss reads the head weight outside the head's own forward.
         import deepspeed
@@ -100,10 +105,23 @@ def full_state_dict(engine, model: nn.Module) -> dict[str, torch.Tensor]:
         params = dict(model.named_parameters())
         with deepspeed.zero.GatheredParameters(list(params.values()), modifier_rank=None):
             for name, p in params.items():
-                state[_clean(name)] = p.detach().to("cpu").clone()
+                state[model_key(name)] = p.detach().to("cpu").clone()
         return state
-    return {_clean(k): v.detach().to("cpu") for k, v in model.state_dict().items()}
+    return {model_key(k): v.detach().to("cpu") for k, v in model.state_dict().items()}
 
 
-def _clean(name: str) -> str:
+def model_key(name: str) -> str:
+    """A parameter's name in the plain model (without activation-checkpointing wrappers)."""
     return name.replace("_checkpoint_wrapped_module.", "")
+
+
+def zero_fp32_masters(checkpoint: Path) -> Optional[dict[str, torch.Tensor]]:
+    """The fp32 master weights of a checkpoint's ZeRO optimizer (`ds/`), under the model's
+    own names; None when it holds no ZeRO optimizer partitions (ZeRO-0 fp32)."""
+    ds = Path(checkpoint) / "ds"
+    if not any(ds.glob("*zero_pp_rank_*_optim_states.pt")):
+        return None
+    from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+
+    state = get_fp32_state_dict_from_zero_checkpoint(str(checkpoint), tag="ds")
+    return {model_key(k): v for k, v in state.items()}

@@ -5,6 +5,8 @@
         MANIFEST.json            every file's size and SHA-256 (longctx/manifest.py)
         trainer_state.json       step, tokens seen, stage, layout
         ds/                      DeepSpeed engine: model, optimizer (ZeRO partitions)
+        latest                   "ds": the tag DeepSpeed's own zero_to_fp32.py reads
+        zero_to_fp32.py          DeepSpeed's script, copied by DeepSpeed (ZeRO >= 1)
         rank_00000.pt ...        per rank: data-loader state, RNG states
         model/                   Hugging Face export (config.json + safetensors)
 
@@ -233,7 +235,7 @@ def save_checkpoint(out_dir: str | Path, step: int, *, engine, trainer_state: di
         raise fail(problem)
     # A write failing inside DeepSpeed's save skips its closing barrier on this rank only;
     # joining it here keeps the ranks' collectives in step (its other collectives come first).
-    problem = run_phase(lambda: engine.save_checkpoint(str(tmp), tag="ds", save_latest=False),
+    problem = run_phase(lambda: engine.save_checkpoint(str(tmp), tag="ds", save_latest=True),
                          after_failure=_barrier)
     if problem:
         raise fail(problem)
