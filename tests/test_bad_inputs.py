@@ -227,7 +227,6 @@ SUBPROCESS = [  # (id, argv, needle, extra environment)
     ("python -m: command typo", [*PY, "eval_"], "did you mean 'eval'", {}),
     ("python -m: beta1", [*PY, "train", RUN, "optim.beta1=1.5"], "optim.beta1", {}),
     ("python -m: eval samples", [*PY, "eval", "--samples", "abc"], "--samples", {}),
-    ("python -m: export dtype", [*PY, "export", "--checkpoint", "c", "--out", "o", "--dtype", "fp8"], "--dtype", {}),
     ("torchrun.sh: option without value", [*TORCHRUN, "--nnodes"], "--nnodes: needs a value", {}),
     ("torchrun.sh: nproc 0", [*TORCHRUN, "--nproc-per-node", "0", "--", "train"], "--nproc-per-node", {}),
     ("torchrun.sh: bad endpoint", [*TORCHRUN, "--rdzv-endpoint", "node1", "--", "train"], "--rdzv-endpoint", {}),
@@ -241,7 +240,6 @@ SUBPROCESS = [  # (id, argv, needle, extra environment)
     ("train.sbatch: config error", ["bash", str(ROOT / "slurm/train.sbatch"), "{w}/job.yaml", "optim.beta1=2"], "optim.beta1", SLURM_ENV),
     ("train.sbatch: missing config", ["bash", str(ROOT / "slurm/train.sbatch"), "{w}/nope.yaml"], "config {w}/nope.yaml does not exist", SLURM_ENV),
     ("eval.sbatch: no arguments", ["bash", str(ROOT / "slurm/eval.sbatch")], "usage: sbatch slurm/eval.sbatch", SLURM_ENV),
-    ("eval.sbatch: bad option", ["bash", str(ROOT / "slurm/eval.sbatch"), "--model", "{w}/model", "--lengths", "4x"], "eval.lengths", SLURM_ENV),
     ("eval_array.sbatch: bad length", ["bash", str(ROOT / "slurm/eval_array.sbatch"), "{w}/model", "{w}/eval"],
      "LONGCTX_EVAL_LENGTHS: 'abc'", {**SLURM_ENV, "SLURM_ARRAY_TASK_ID": "0", "LONGCTX_EVAL_LENGTHS": "abc"}),
 ]
