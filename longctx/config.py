@@ -361,6 +361,10 @@ def _validate_stage(cfg: TrainConfig, i: int, stage: StageSection, world_size: i
         raise UserError(msg) from None
     model_cfg = stage_model_config(cfg, stage, where=f"stages[{i}]" if cfg.stages else "model")
     _validate_cp(cfg, cp, world_size, model_cfg, stage.seq_len, seq_where, cp_where)
+    if model_cfg.max_position_embeddings < stage.seq_len:  # the export would describe a shorter model
+        field = f"stages[{i}].max_position_embeddings" if cfg.stages else "model.max_position_embeddings"
+        raise UserError(f"{field}: the model's max_position_embeddings {model_cfg.max_position_embeddings} is below "
+                        f"the training length {seq_where}={stage.seq_len}; set {field}={stage.seq_len} (or more)")
     return model_cfg
 
 

@@ -28,6 +28,12 @@ RUN = "out_dir={w}/run"  # every train case points its run directory into the wo
 LONGROPE = "[1, 1, 1, 1, 1, 1, 1, 1]"  # debug-tiny: head_dim 16 -> 8 factors
 
 TRAIN = [
+    ("max_position_embeddings below the training length", ["train", RUN, "data.seq_len=512"],
+     "model.max_position_embeddings: the model's max_position_embeddings 256 is below the training length"),
+    ("resume from a checkpoint without COMPLETE", ["train", RUN, "checkpoint.resume={w}/incomplete/step_0000002"],
+     "not a complete checkpoint (no COMPLETE marker)"),
+    ("resume from a checkpoint without manifest", ["train", RUN, "checkpoint.resume={w}/unlisted/step_0000003"],
+     "checkpoint.resume: {w}/unlisted/step_0000003: no MANIFEST.json"),
     # config loading
     ("unknown key", ["train", RUN, "train.stpes=3"], "did you mean 'train.steps'"),
     ("wrong type", ["train", RUN, "train.steps=many"], "train.steps"),
@@ -137,6 +143,9 @@ if not flash_available():
                   "parallel.attention_backend: 'flash' needs flash-attn"))
 
 EVAL = [
+    ("model: checkpoint without COMPLETE", ["eval", "--model", "{w}/incomplete/step_0000002"],
+     "not a complete checkpoint"),
+    ("model: run whose newest checkpoint has no manifest", ["eval", "--model", "{w}/unlisted"], "no MANIFEST.json"),
     ("samples not a number", ["eval", "--model", "{w}/model", "--samples", "abc"], "--samples: invalid int value: 'abc'"),
     ("samples 0", ["eval", "--model", "{w}/model", "--samples", "0"], "eval.samples: must be >= 1"),
     ("no model", ["eval", "--tasks", "passkey"], "eval.model: required"),
@@ -168,7 +177,17 @@ EVAL = [
     ("unknown eval flag", ["eval", "--model", "{w}/model", "--bogus"], "--bogus: unrecognized argument(s) for longctx eval"),
 ]
 
-EXPORT = [  # the lead adds the non-empty --out and COMPLETE-marker cases
+EXPORT = [
+    ("out not empty", ["export", "--checkpoint", "{w}/model", "--out", "{w}/full"], "--out: {w}/full is not empty"),
+    ("out is a file", ["export", "--checkpoint", "{w}/model", "--out", "{w}/empty.yaml"], "is not a directory"),
+    ("out inside the checkpoint", ["export", "--checkpoint", "{w}/incomplete/step_0000002", "--out",
+                                   "{w}/incomplete/step_0000002/hf"], "overlaps the checkpoint"),
+    ("checkpoint without COMPLETE", ["export", "--checkpoint", "{w}/incomplete/step_0000002", "--out", "{w}/hf"],
+     "{w}/incomplete/step_0000002: not a complete checkpoint"),
+    ("its model dir without COMPLETE", ["export", "--checkpoint", "{w}/incomplete/step_0000002/model", "--out",
+                                        "{w}/hf"], "not a complete checkpoint"),
+    ("checkpoint without manifest", ["export", "--checkpoint", "{w}/unlisted/step_0000003", "--out", "{w}/hf"],
+     "no MANIFEST.json"),
     ("unknown dtype", ["export", "--checkpoint", "{w}/model", "--out", "{w}/hf", "--dtype", "fp8"], "--dtype: invalid choice 'fp8'"),
     ("missing --out", ["export", "--checkpoint", "{w}/model"], "--out: required"),
     ("missing --checkpoint", ["export", "--out", "{w}/hf"], "--checkpoint: required"),
@@ -269,6 +288,17 @@ def make_workdir(w: Path) -> Path:
     (data / "table.xyz").write_text("text\n")
     (w / "model").mkdir()
     (w / "model" / "config.json").write_text(json.dumps({"model_type": "llama"}))
+    (w / "full").mkdir()
+    (w / "full" / "README.md").write_text("someone's notes")
+    for run, step, complete in (("incomplete", 2, False), ("unlisted", 3, True)):  # checkpoint layouts
+        ckpt = w / run / "checkpoints" / f"step_{step:07d}" if run == "unlisted" else w / run / f"step_{step:07d}"
+        (ckpt / "ds").mkdir(parents=True)
+        (ckpt / "model").mkdir()
+        (ckpt / "model" / "config.json").write_text(json.dumps({"model_type": "llama"}))
+        (ckpt / "trainer_state.json").write_text(json.dumps({"step": step}))
+        if complete:
+            (ckpt / "COMPLETE").write_text(f"{step}\n")
+    (w / "unlisted" / "step_0000003").symlink_to(w / "unlisted" / "checkpoints" / "step_0000003")
     return w
 
 

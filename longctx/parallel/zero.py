@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import logging
+import warnings
 from pathlib import Path
 from typing import Any, Optional
 
@@ -76,9 +77,17 @@ def build_optimizer(model: nn.Module, *, lr: float, betas: tuple[float, float], 
     return torch.optim.AdamW(groups, lr=lr, betas=betas, eps=eps, fused=fused)
 
 
+def quiet_deepspeed_deprecations() -> None:
+    """Hide torch's FutureWarnings about the collective names DeepSpeed calls (dozens per
+    run, one per call site and rank); every other warning, ours included, still shows."""
+    warnings.filterwarnings("ignore", message=r"`torch\.distributed\.\w+` is deprecated", category=FutureWarning,
+                            module=r"torch\.distributed\.c10d_logger")
+
+
 def initialize_engine(model: nn.Module, optimizer: torch.optim.Optimizer, ds_config: dict):
     import deepspeed
 
+    quiet_deepspeed_deprecations()
     logging.getLogger("DeepSpeed").setLevel(logging.WARNING)
     guard_build_locks(jit_ops(offload_optimizer=False))  # engine start loads its comm op
     engine, optimizer, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, config=ds_config)

@@ -24,6 +24,7 @@ from longctx.config import TrainConfig, resolved_stages, stage_data_config, stag
 from longctx.errors import UserError
 from longctx.train.checkpoint import CheckpointError, choose_resume, read_trainer_state, resume_candidates, run_phase
 from longctx.train.continuation import continue_from, nothing_left_notice
+from longctx.train.summary import layout_line, rope_line, weights_line
 from longctx.train.nonfinite import (NONFINITE_EXIT_CODE, NONFINITE_MARKER, NonFiniteGuard, NonFiniteStop,
                                      backward_factor, optimizer_step_skipped, weights_finite)
 from longctx.train.signals import PREEMPTED_EXIT_CODE, PREEMPTED_MARKER
@@ -113,7 +114,9 @@ class Trainer:
 
     def _build_model(self):
         from longctx.model import build_model
-        from longctx.model.hf import load_pretrained
+        from longctx.model.config import get_preset
+        from longctx.model.hf import load_pretrained, read_hf_config
+        from longctx.model.llama import count_parameters
         from longctx.parallel.checkpointing import apply_activation_checkpointing
         from longctx.parallel.compiled import compile_pointwise
 
@@ -123,6 +126,9 @@ class Trainer:
             model = load_pretrained(cfg.model.init_from, config=model_cfg, device=self.device)
         else:
             model = build_model(model_cfg, device=self.device, seed=cfg.train.seed)
+        self._announce(weights_line(cfg.model.init_from, cfg.model.preset, len(model.state_dict()),
+                                    count_parameters(model), cfg.train.seed))
+        self.model_origin = read_hf_config(cfg.model.init_from) if cfg.model.init_from else get_preset(cfg.model.preset)
         model = model.to(self.dtype)
         apply_activation_checkpointing(model, cfg.parallel.activation_checkpointing, cfg.parallel.checkpoint_every,
                                        recompute_attention=cfg.parallel.recompute_attention)
@@ -134,6 +140,8 @@ class Trainer:
 
         stage = self.stages[index]
         new_cfg = stage_model_config(self.cfg, stage)
+        where = f"stage {index} ({stage.name})" if self.cfg.stages else "model"
+        self._announce(rope_line(where, self.model_origin if index == 0 else model.config, new_cfg))
         model.config = new_cfg
         model.rotary = RotaryEmbedding(new_cfg.rope_parameters, new_cfg.head_dim, new_cfg.max_position_embeddings)
         cp = stage.cp_size or self.cfg.parallel.cp_size
@@ -143,6 +151,12 @@ class Trainer:
         # unscored row tails are dropped in steps of this many columns: divisible by the zigzag's
         # 2 x cp chunks, and round enough to keep the attention kernels' blocks regular
         self.trim_multiple = math.lcm(64, 2 * cp)
+
+    def _announce(self, line: str) -> None:
+        """A line confirming what the run does: in every rank's log, and on rank 0's console."""
+        log.info("%s", line)
+        if self.rank == 0:
+            print(line, file=sys.stderr)
 
     def close(self) -> None:
         """Release the DeepSpeed engine's hooks and buffers (its documented cleanup): without it
@@ -162,7 +176,6 @@ class Trainer:
         from tqdm import tqdm
 
         from longctx.data import check_vocab, load_tokenizer
-        from longctx.model.llama import count_parameters
         from longctx.parallel.zero import build_optimizer, deepspeed_config, initialize_engine
         from longctx.train.checkpoint import load_checkpoint, set_rng_state
         from longctx.train.metrics import MetricsWriter, flops_per_token, peak_flops_per_device
@@ -182,8 +195,6 @@ class Trainer:
         tokenizer = load_tokenizer(cfg.data.tokenizer)
         model = self._build_model()
         check_vocab(tokenizer, model.config.vocab_size)
-        n_params = count_parameters(model)
-        log.info("model: %s parameters", f"{n_params:,}")
         optimizer = build_optimizer(model, lr=cfg.optim.lr, betas=(cfg.optim.beta1, cfg.optim.beta2),
                                     eps=cfg.optim.eps, weight_decay=cfg.optim.weight_decay,
                                     offload=cfg.parallel.offload_optimizer)
@@ -193,6 +204,9 @@ class Trainer:
                                   offload_params=cfg.parallel.offload_params, user_json=cfg.parallel.deepspeed_config)
         engine, _ = initialize_engine(model, optimizer, ds_cfg)
         self.engine, self.model = engine, model
+        cp0 = self.stages[0].cp_size or cfg.parallel.cp_size
+        self._announce(layout_line(self.world, self.world // cp0, cp0, cfg.parallel.cp_impl, cfg.parallel.zero_stage,
+                                   cfg.parallel.offload_optimizer, cfg.train.dtype, cfg.parallel.activation_checkpointing))
 
         state = {"step": 0, "tokens": 0, "stage": 0, "stage_step": 0}
         loader_state = None
