@@ -55,6 +55,6 @@ class SdpaKernel(AttentionKernel):
             return self._fallback._bwd(dout, q, k, v, out, lse, scale, is_causal, mask)
         attn_mask = None if mask is None else float_mask(mask, q.dtype)
         dq, dk, dv = _aten._scaled_dot_product_flash_attention_for_cpu_backward(
-            dout.contiguous(), q, k, v, out.contiguous(), lse.float().contiguous(), 0.0, is_causal,
+            dout, q, k, v, out, lse.float().contiguous(), 0.0, is_causal,  # strided dout/out: no copies
             attn_mask=attn_mask, scale=scale)
         return dq, dk, dv

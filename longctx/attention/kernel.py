@@ -294,7 +294,9 @@ class AttentionKernel:
         T, S = q.shape[2], k.shape[2]
         tiles = self.plan(q, k, causal, segment_ids, kv_segment_ids)
         lse = lse_for_backward(lse)
-        dout, out = dout.to(q.dtype).contiguous(), out.to(q.dtype).contiguous()
+        # no contiguous(): every kernel takes strided q/k/v/out/dout (the CPU flash kernel reads its
+        # own (B, T, H, D) output layout and the o_proj gradient's as they are; flash transposes)
+        dout, out = dout.to(q.dtype), out.to(q.dtype)
         if _whole(tiles, T, S):
             t = tiles[0]
             return self._bwd(dout, q, k, v, out, lse, scale, t.is_causal, t.mask)

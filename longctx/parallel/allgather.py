@@ -82,7 +82,7 @@ def allgather_backward(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tenso
                        full_seg: Optional[Tensor] = None) -> Tuple[Tensor, Tensor, Tensor]:
     T = q.shape[2]
     kv = _gather_kv(k, v, spec)  # gathered again instead of kept alive since forward
-    dout = dout.to(q.dtype).contiguous()
+    dout = dout.to(q.dtype)  # strided is fine for the block kernels
     dq = torch.empty_like(q)
     dkv = torch.zeros(kv.shape, dtype=torch.float32, device=kv.device)
     for rows, stop, is_causal in _query_blocks(causal, spec.index, spec.size, T):
