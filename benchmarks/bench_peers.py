@@ -313,6 +313,45 @@ def max_len_search(args, ckpt, name, log) -> dict:
             "probes": probes}
 
 
+def print_report(report: dict) -> None:
+    if isinstance(report.get("correctness"), list):
+        print("\nCorrectness: one fp32 step vs one process of transformers\n")
+        print(correctness_table(report["correctness"]))
+    if report.get("speed"):
+        print("\nSpeed: bf16, full activation checkpointing\n")
+        print(speed_table(report["speed"]))
+        print("\nlongctx (best of ring / ulysses / allgather) vs ALST (best of alst / alst-tiled)\n")
+        print(ratio_table(report["speed"], CP, ALST))
+        print("\nlongctx vs transformers, one process\n")
+        print(ratio_table(report["speed"], ("ours",), ("hf",)))
+    if report.get("max_len"):
+        budget = report["max_len"][0]["budget_gb"]
+        print(f"\n| impl | processes | longest T within {budget:g} GiB / rank | first failing T | "
+              "peak RSS / rank at longest (GiB) |\n|---|---:|---:|---:|---:|")
+        for r in report["max_len"]:
+            peak = next((p["peak_rss_gb"] for p in r["probes"] if p["seq_len"] == r["max_len"]), None)
+            print(f"| {r['impl']} | {r['processes']} | {r['max_len']} | {r['first_failing']} | "
+                  f"{'—' if peak is None else round(peak, 2)} |")
+
+
+def render(paths: list[str]) -> dict:
+    """Several saved reports as one (speed summaries recomputed from the stored step times)."""
+    merged: dict = {"commands": []}
+    for path in paths:
+        rep = json.load(open(path))
+        merged["commands"] += rep.get("commands", [rep.get("command")])
+        for key in ("world", "preset", "layers", "cores"):
+            merged.setdefault(key, rep.get(key))
+        if isinstance(rep.get("correctness"), list):
+            merged["correctness"] = rep["correctness"]
+        for row in rep.get("speed", []):
+            if "step_s" in row:
+                row.update(speed_summary(row["step_s"], row["seq_len"]))
+            merged.setdefault("speed", []).append(row)
+        merged.setdefault("max_len", []).extend(rep.get("max_len", []))
+    return merged
+
+
 def parse(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--lengths", default="8192", help="comma list of sequence lengths (tokens per step)")
@@ -335,6 +374,7 @@ def parse(argv=None):
     p.add_argument("--max-len-resolution", type=float, default=0.125, help="stop bisecting within this fraction")
     p.add_argument("--probe-timeout", type=float, default=900.0, help="seconds per --max-len probe")
     p.add_argument("--out", help="write the rows (JSON) here")
+    p.add_argument("--render", nargs="+", metavar="JSON", help="print (and with --out merge) saved reports; runs nothing")
     args = p.parse_args(argv)
     args.lengths = [int(x) for x in args.lengths.split(",")]
     args.impls = args.impls.split(",")
@@ -350,6 +390,13 @@ def parse(argv=None):
 
 def main(argv=None):
     args = parse(argv)
+    if args.render:
+        report = render(args.render)
+        print_report(report)
+        if args.out:
+            with open(args.out, "w") as f:
+                json.dump(report, f, indent=1)
+        return
     log = lambda msg: print(msg, file=sys.stderr, flush=True)  # noqa: E731
     report = {"world": args.world, "preset": args.preset, "layers": args.layers, "cores": os.cpu_count(),
               "command": "python benchmarks/bench_peers.py " + " ".join(sys.argv[1:] if argv is None else argv)}
@@ -358,18 +405,11 @@ def main(argv=None):
         make_checkpoint(args, ckpt)
         if args.max_len:
             report["max_len"] = [max_len_search(args, ckpt, name, log) for name in args.impls]
-            print(f"\n| impl | processes | longest T within {args.budget_gb:g} GiB / rank | first failing T | "
-                  "peak RSS / rank at longest (GiB) |\n|---|---:|---:|---:|---:|")
-            for r in report["max_len"]:
-                peak = next((p["peak_rss_gb"] for p in r["probes"] if p["seq_len"] == r["max_len"]), None)
-                print(f"| {r['impl']} | {r['processes']} | {r['max_len']} | {r['first_failing']} | "
-                      f"{peak if peak is None else round(peak, 2)} |")
         else:
             if not args.no_check:
                 ranks, err = run_group(args, ckpt, args.world, ("check",))
                 report["correctness"] = ranks[0] if ranks else err
-                print(f"\nCorrectness: one fp32 step at T={args.check_len} vs one process of transformers\n")
-                print(correctness_table(ranks[0]) if ranks else f"failed: {err}", flush=True)
+                log(f"correctness (fp32, T={args.check_len}): " + ("done" if ranks else f"failed: {err}"))
             report["speed"] = []
             for T in args.lengths:  # a fresh group per length (see peer_contenders.build_order)
                 ranks, err = run_group(args, ckpt, args.world, ("speed", T))
@@ -377,12 +417,7 @@ def main(argv=None):
                     sys.exit(f"speed run at T={T} failed: {err}")
                 report["speed"] += merge_speed(ranks)
                 log(speed_table([r for r in report["speed"] if r["seq_len"] == T]))
-            print(f"\nSpeed: bf16, full activation checkpointing, {args.steps} timed steps, world {args.world}\n")
-            print(speed_table(report["speed"]))
-            print("\nlongctx (any) vs ALST (any), world", args.world)
-            print(ratio_table(report["speed"], CP, ALST))
-            print("\nlongctx vs transformers, one process")
-            print(ratio_table(report["speed"], ("ours",), ("hf",)))
+    print_report(report)
     if args.out:
         with open(args.out, "w") as f:
             json.dump(report, f, indent=1)

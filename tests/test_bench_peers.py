@@ -45,7 +45,7 @@ def test_missing_gradient_and_loss_mismatch_fail():
 
 def test_speed_summary_median_and_slowest():
     s = speed_summary([2.0, 1.0, 4.0], tokens=8)
-    assert s["tokens_per_s_median"] == 4.0 and s["tokens_per_s_min"] == 2.0
+    assert s["tokens_per_s_median"] == 4.0 and s["tokens_per_s_min"] == 2.0 and s["tokens_per_s_fastest"] == 8.0
 
 
 def test_interleaving_alternates_order_and_alst_builds_last():
@@ -55,12 +55,13 @@ def test_interleaving_alternates_order_and_alst_builds_last():
 
 
 def test_ratio_table_picks_best_of_each_side():
-    rows = [{"seq_len": 8, "impl": "ring", "tokens_per_s_median": 30.0, "peak_rss_gb": 1.0},
-            {"seq_len": 8, "impl": "ulysses", "tokens_per_s_median": 20.0, "peak_rss_gb": 0.8},
-            {"seq_len": 8, "impl": "alst", "tokens_per_s_median": 10.0, "peak_rss_gb": 2.0},
+    rows = [{"seq_len": 8, "impl": "ring", "tokens_per_s_median": 30.0, "tokens_per_s_fastest": 30.0, "peak_rss_gb": 1.0},
+            {"seq_len": 8, "impl": "ulysses", "tokens_per_s_median": 20.0, "tokens_per_s_fastest": 40.0,
+             "peak_rss_gb": 0.8},
+            {"seq_len": 8, "impl": "alst", "tokens_per_s_median": 10.0, "tokens_per_s_fastest": 20.0, "peak_rss_gb": 2.0},
             {"seq_len": 8, "impl": "alst-tiled", "error": "x"}]
     line = ratio_table(rows, ("ring", "ulysses"), ("alst", "alst-tiled")).splitlines()[-1]
-    assert line == "| 8 | ring | alst | 3.00x | 0.40x |"
+    assert line == "| 8 | ring | alst | 3.00x | 2.00x | 0.40x |"
 
 
 def test_batch_and_shifted_labels():

@@ -13,9 +13,10 @@ import torch
 IGNORE_INDEX = -100
 
 
-# Rows of logits whose fp32 softmax work fits a core's L2 cache: the chain of elementwise passes
-# (subtract max, exp, sum, scale, write back) then runs from cache instead of memory.
-_SOFTMAX_BLOCK_BYTES = 1 << 20
+# fp32 bytes of softmax work per block of rows and per thread: the chain of elementwise passes
+# (subtract max, exp, sum, scale, write back) then runs from cache instead of memory, in few
+# enough ops that a multi-threaded rank does not wait at thousands of small barriers.
+_SOFTMAX_BLOCK_BYTES = 4 << 20
 
 
 def _softmax_grad_(logits: torch.Tensor, y: torch.Tensor, w: torch.Tensor, grad: bool) -> torch.Tensor:
@@ -27,7 +28,7 @@ def _softmax_grad_(logits: torch.Tensor, y: torch.Tensor, w: torch.Tensor, grad:
     logits are converted by the subtraction of the fp32 max (no separate copy), and no (c, V)
     fp32 tensor exists for low-precision logits."""
     c, V = logits.shape
-    rows = max(1, _SOFTMAX_BLOCK_BYTES // (4 * V))
+    rows = max(1, _SOFTMAX_BLOCK_BYTES * torch.get_num_threads() // (4 * V))
     lse = torch.empty(c, dtype=torch.float32, device=logits.device)
     low = logits.dtype != torch.float32
     buf = torch.empty(min(rows, c), V, dtype=torch.float32, device=logits.device) if low else None
