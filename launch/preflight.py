@@ -3,7 +3,8 @@
 slurm/train.sbatch), so a job that cannot run stops with one `error:` line and exit code 2
 instead of hanging in a rendezvous or failing on one rank of many.
 
-    python launch/preflight.py --world-size 16 [--gpu-mem 80GB] -- --config configs/x.yaml [key=value ...]
+    python launch/preflight.py --world-size 16 [--gpu-mem 80GB] -- [train] --config configs/x.yaml [key=value ...]
+    python launch/preflight.py --world-size 2 -- eval --model DIR [eval options]
 
 Checks, in order:
   1. the config loads (file exists, keys and types are valid);
@@ -151,6 +152,8 @@ def main(argv: list[str] | None = None) -> int:
     except SystemExit as e:  # --help (0) or a one-line argparse error (2)
         return e.code if isinstance(e.code, int) else 2
     rest = args.rest[1:] if args.rest[:1] == ["--"] else args.rest
+    if rest[:1] in (["train"], ["eval"]):  # `-- train ...` as the docs write it: the command word
+        args.command, rest = rest[0], rest[1:]
     try:
         if args.world_size < 1:
             raise UserError(f"--world-size: must be >= 1, got {args.world_size}")

@@ -86,6 +86,7 @@ if [[ -n $log_dir ]]; then
 fi
 
 echo "[torchrun.sh on $(hostname)] $nnodes node(s) x $nproc processes${endpoint:+, rendezvous $endpoint}" >&2
+longctx_print_env >&2
 "$PY" -m torch.distributed.run "${args[@]}" -m longctx "$@" &
 agent=$!
 

@@ -32,6 +32,9 @@ DTYPES = ("float32", "bfloat16")
 SCHEDULES = ("cosine", "linear", "constant")
 CHECKPOINTING = ("none", "full", "selective")
 COMPILE_MODES = ("none", "norms_mlp")  # parallel.compile (longctx/parallel/compiled.py)
+# RoPE types whose frequencies do not depend on max_position_embeddings (scaled ones, once
+# original_max_position_embeddings is set): a stage longer than it raises it to its length
+LENGTH_FREE_ROPE = ("default", "linear", "yarn", "llama3")
 NONFINITE_POLICIES = ("stop", "skip_step")  # train.nonfinite (longctx/train/nonfinite.py)
 
 
@@ -361,7 +364,7 @@ def _validate_stage(cfg: TrainConfig, i: int, stage: StageSection, world_size: i
         raise UserError(msg) from None
     model_cfg = stage_model_config(cfg, stage, where=f"stages[{i}]" if cfg.stages else "model")
     _validate_cp(cfg, cp, world_size, model_cfg, stage.seq_len, seq_where, cp_where)
-    if model_cfg.max_position_embeddings < stage.seq_len:  # the export would describe a shorter model
+    if model_cfg.max_position_embeddings < stage.seq_len:  # set too small, or a length-dependent RoPE
         field = f"stages[{i}].max_position_embeddings" if cfg.stages else "model.max_position_embeddings"
         raise UserError(f"{field}: the model's max_position_embeddings {model_cfg.max_position_embeddings} is below "
                         f"the training length {seq_where}={stage.seq_len}; set {field}={stage.seq_len} (or more)")
@@ -519,4 +522,8 @@ def stage_model_config(cfg: TrainConfig, stage: StageSection, where: str = "mode
         raise UserError(msg) from None
     if rope is not None:  # the user's own dict, before normalization filled any default
         require_explicit_fields(dict(rope), f"{where}.rope_parameters" if stage.rope_parameters else "model.rope_parameters")
+    if (max_pos is None and model_cfg.max_position_embeddings < stage.seq_len
+            and model_cfg.rope_parameters["rope_type"] in LENGTH_FREE_ROPE):
+        # trained at this length: the config (and its export) says so; the RoPE is unchanged
+        model_cfg = model_cfg.replace(max_position_embeddings=stage.seq_len)
     return model_cfg

@@ -28,8 +28,9 @@ RUN = "out_dir={w}/run"  # every train case points its run directory into the wo
 LONGROPE = "[1, 1, 1, 1, 1, 1, 1, 1]"  # debug-tiny: head_dim 16 -> 8 factors
 
 TRAIN = [
-    ("max_position_embeddings below the training length", ["train", RUN, "data.seq_len=512"],
-     "model.max_position_embeddings: the model's max_position_embeddings 256 is below the training length"),
+    ("max_position_embeddings below the training length", ["train", RUN, "data.seq_len=512",
+                                                            "model.max_position_embeddings=300"],
+     "model.max_position_embeddings: the model's max_position_embeddings 300 is below the training length"),
     ("resume from a checkpoint without COMPLETE", ["train", RUN, "checkpoint.resume={w}/incomplete/step_0000002"],
      "not a complete checkpoint (no COMPLETE marker)"),
     ("resume from a checkpoint without manifest", ["train", RUN, "checkpoint.resume={w}/unlisted/step_0000003"],

@@ -116,3 +116,22 @@ def test_accelerate_launch_zero2_trains(tmp_path):
     assert res.returncode == 0, res.stderr[-3000:]
     last = json.loads((out / "metrics.jsonl").read_text().splitlines()[-1])
     assert last["step"] == 3 and last["dp_size"] == 2
+
+
+def test_torchrun_wrapper_runs_a_job_and_prints_its_environment(tmp_path):
+    from train_helpers import TINY
+
+    res = _wrapper("--nproc-per-node", "1", "--", "train", *TINY, "train.steps=1", f"out_dir={tmp_path / 'run'}",
+                   env_extra={"OMP_NUM_THREADS": "1"})
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert "environment:" in res.stderr and "  OMP_NUM_THREADS=1" in res.stderr
+    assert "  NCCL_DEBUG=WARN" in res.stderr and (tmp_path / "run" / "metrics.jsonl").is_file()
+
+
+def test_preflight_takes_the_command_word_the_docs_write(tmp_path, capsys):
+    import preflight
+
+    assert preflight.main(["--world-size", "2", "--", "train", "train.steps=2", f"out_dir={tmp_path / 'r'}"]) == 0
+    assert capsys.readouterr().out.strip() == str(tmp_path / "r")
+    assert preflight.main(["--world-size", "2", "--", "train", "parallel.cp_size=3"]) == 2
+    assert "error: parallel.cp_size: 3 needs at least 3 GPUs" in capsys.readouterr().err

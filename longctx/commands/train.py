@@ -2,8 +2,12 @@
 from __future__ import annotations
 
 import argparse
+import math
+import sys
 
+from longctx.config import TrainConfig, load_config, resolved_stages, to_yaml, validate_config
 from longctx.errors import UserError
+from longctx.parallel.mesh import read_env
 
 
 def add_parser(p: argparse.ArgumentParser) -> None:
@@ -13,17 +17,26 @@ def add_parser(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dry-run", action="store_true",
                    help="build everything on the meta device, print parameters and a memory estimate, exit")
     p.add_argument("--world-size", type=int, default=None,
-                   help="with --dry-run/--print-config: validate for this many processes (default: from the environment)")
+                   help="with --dry-run/--print-config: validate for this many processes (default: the launcher's, "
+                        "else the smallest world the config's cp sizes imply)")
+
+
+def implied_world_size(cfg: TrainConfig) -> int:
+    """The smallest world every stage's cp size divides (dp = 1 for the largest)."""
+    return math.lcm(*[stage.cp_size or cfg.parallel.cp_size for stage in resolved_stages(cfg)])
 
 
 def run(args: argparse.Namespace) -> int:
-    from longctx.config import load_config, to_yaml, validate_config
-    from longctx.parallel.mesh import read_env
-
     cfg = load_config(args.config, args.overrides)
-    world = args.world_size or read_env().world_size
     if args.world_size is not None and args.world_size < 1:
         raise UserError(f"--world-size: must be >= 1, got {args.world_size}")
+    inspect_only = args.print_config or args.dry_run
+    world = args.world_size or read_env().world_size
+    if inspect_only and args.world_size is None and read_env().world_size == 1:
+        world = implied_world_size(cfg)  # inspecting a cluster config on one machine
+        if world > 1:
+            print(f"note: checked for world size {world}, the smallest its cp sizes imply "
+                  "(--world-size N for another)", file=sys.stderr)
     validate_config(cfg, world)  # every bad input, before the trainer is even imported
     if args.print_config:
         print(to_yaml(cfg), end="")

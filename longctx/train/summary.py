@@ -25,7 +25,10 @@ def weights_line(init_from: Optional[str], preset: str, n_tensors: int, n_params
 
 def rope_line(where: str, before, after) -> str:
     """`before` / `after`: ModelConfig of the weights' origin (or the previous stage) and now."""
-    context = f"effective context {after.max_position_embeddings} (max_position_embeddings)"
+    context = f"effective context {after.max_position_embeddings} (max_position_embeddings"
+    if before.max_position_embeddings != after.max_position_embeddings:
+        context += f", was {before.max_position_embeddings}"
+    context += ")"
     if before.rope_parameters == after.rope_parameters:
         return f"{where}: RoPE {describe_rope(after.rope_parameters)}, unchanged; {context}"
     return (f"{where}: RoPE changed from {describe_rope(before.rope_parameters)} to "
