@@ -122,17 +122,21 @@ def step_flops(cfg: ModelConfig, seq_len: int, cp_size: int = 1) -> tuple[float,
 
 
 def measure_cpu_limits(cfg: ModelConfig, seq_len: int, cp_size: int = 1, dtype: torch.dtype = torch.bfloat16,
-                       seconds: float = 0.5, max_attention_len: int = 16384) -> dict:
+                       seconds: float = 0.5, max_attention_len: int = 8192) -> dict:
     """This rank's GEMM and flash-attention FLOP/s at the step's shapes (call it on every rank
     at once so the ranks share the cores as in the step). The GEMM is the MLP's up projection
-    over the rank's tokens; the kernel runs one head over the whole sequence (capped at
-    max_attention_len to bound the measuring time; its rate is flat in T beyond a few k)."""
+    over the rank's tokens; the kernel runs as many heads as there are threads (it spreads
+    its backward over batch x heads: one head would leave all threads but one idle) over the
+    whole sequence, capped at max_attention_len to bound the measuring time (its rate is flat
+    in T beyond a few k)."""
     tokens = max(1, seq_len // cp_size)
+    threads = torch.get_num_threads()
+    heads = min(cfg.num_attention_heads, threads)
     return {"gemm_flops_per_s": measure_gemm_flops(min(tokens, 8192), cfg.hidden_size, cfg.intermediate_size,
                                                    dtype, seconds),
-            "attention_flops_per_s": measure_attention_flops(min(seq_len, max_attention_len), cfg.head_dim, 1,
+            "attention_flops_per_s": measure_attention_flops(min(seq_len, max_attention_len), cfg.head_dim, heads,
                                                              dtype, seconds),
-            "threads": torch.get_num_threads()}
+            "threads": threads}
 
 
 def cpu_limit_fraction(cfg: ModelConfig, seq_len: int, cp_size: int, step_s: float, limits: dict,
