@@ -145,6 +145,31 @@ def layout_of(cfg, stage, world_size: int) -> Layout:
                   attention_backend=par.attention_backend)
 
 
+# ------------------------------------------------------------------------ step time
+ZERO3_GATHER_COST = 1.05  # parameter all-gathers in forward and backward, mostly overlapped
+OFFLOAD_COST = 1.25  # the optimizer step on the host (CPU Adam) and its PCIe copies
+
+
+def relative_time_per_token(m, lay: Layout) -> float:
+    """Predicted training time per token of a layout, relative to the same model with no
+    recomputation, ZeRO <= 2 and no offload (1.0); used to rank layouts that fit, not to
+    predict seconds. Compute per token is the same for every cp size; activation
+    checkpointing re-runs the forward of checkpointed blocks (without the attention kernel
+    unless recompute_attention), ZeRO-3 and optimizer offload pay the constants above."""
+    c = parameter_counts(m)
+    n = m.num_hidden_layers * (c["attn"] + c["mlp"]) + c["head"]  # parameters in matmuls
+    attention = m.num_hidden_layers * m.num_attention_heads * m.head_dim * lay.seq_len  # causal: 6 x this
+    step = 6 * n + 6 * attention
+    recomputed = 2 * n + (2 * attention if lay.recompute_attention else 0)
+    share = {"none": 0.0, "full": 1.0, "selective": 1.0 / max(1, lay.checkpoint_every)}[lay.activation_checkpointing]
+    factor = 1.0 + share * recomputed / step
+    if lay.zero_stage == 3:
+        factor *= ZERO3_GATHER_COST
+    if lay.offload_optimizer:
+        factor *= OFFLOAD_COST
+    return factor
+
+
 # ----------------------------------------------------------------------------- counting
 def parameter_counts(m) -> dict:
     """Exact parameter counts of longctx's Transformer for a ModelConfig (no model built)."""

@@ -85,9 +85,10 @@ def _valid_cp(cp: int, seq_len: int, world: int, impl: str, heads: int, ulysses:
 
 
 def advise(model_cfg, layout, device_bytes: float, *, device: str, runtime_gb: Optional[float]) -> list[dict]:
-    """For each valid cp size (ascending): the first option that fits, in the order
-    ZeRO 0..3 (lowest first), then checkpointing none/selective/full, then optimizer offload."""
-    from longctx.plan import estimate_layout
+    """For each valid cp size (ascending): of the options that fit (ZeRO 0..3 x checkpointing
+    none/selective/full), the one with the lowest predicted time per token (ties: the lower
+    ZeRO stage, less checkpointing); optimizer offload only when none fits without it."""
+    from longctx.plan import estimate_layout, relative_time_per_token
 
     rows = []
     world = layout.world_size
@@ -96,24 +97,54 @@ def advise(model_cfg, layout, device_bytes: float, *, device: str, runtime_gb: O
                          layout.ulysses_size):
             continue
         found = None
-        options = [(z, ac, False) for z in (0, 1, 2, 3) for ac in CHECKPOINTING_ORDER]
-        options += [(z, "full", True) for z in (2, 3)]
         smallest = None
-        for z, ac, offload in options:
-            lay = dataclasses.replace(layout, cp_size=cp, zero_stage=z, activation_checkpointing=ac,
-                                      offload_optimizer=offload, offload_params=False)
-            est = estimate_layout(model_cfg, lay, device=device, runtime_overhead_gb=runtime_gb)
-            if smallest is None or est.peak < smallest[1].peak:
-                smallest = (lay, est)
-            if est.fits(device_bytes):
-                found = (lay, est)
+        for options in ([(z, ac, False) for z in (0, 1, 2, 3) for ac in CHECKPOINTING_ORDER],
+                        [(z, "full", True) for z in (2, 3)]):
+            for z, ac, offload in options:
+                lay = dataclasses.replace(layout, cp_size=cp, zero_stage=z, activation_checkpointing=ac,
+                                          offload_optimizer=offload, offload_params=False)
+                est = estimate_layout(model_cfg, lay, device=device, runtime_overhead_gb=runtime_gb)
+                if smallest is None or est.peak < smallest[1].peak:
+                    smallest = (lay, est)
+                time = relative_time_per_token(model_cfg, lay)
+                if est.fits(device_bytes) and (found is None or time < found[2] - 1e-9):
+                    found = (lay, est, time)
+            if found:
                 break
-        lay, est = found or smallest
+        lay, est = found[:2] if found else smallest
         rows.append({"cp_size": cp, "dp_size": world // cp, "fits": found is not None, "zero_stage": lay.zero_stage,
                      "activation_checkpointing": lay.activation_checkpointing,
                      "offload_optimizer": lay.offload_optimizer, "peak_gib": round(est.peak_gb, 2),
-                     "tokens_per_rank": lay.micro_batch_size * lay.seq_len // cp})
+                     "tokens_per_rank": lay.micro_batch_size * lay.seq_len // cp,
+                     "micro_batch_size": lay.micro_batch_size,
+                     "relative_time_per_token": round(relative_time_per_token(model_cfg, lay), 3)})
     return rows
+
+
+def recommend(rows: list[dict]) -> Optional[dict]:
+    """The fitting row with the lowest predicted time per token; offload only if nothing
+    else fits; ties: the smaller cp (less communication)."""
+    fitting = [r for r in rows if r["fits"]]
+    if not fitting:
+        return None
+    without_offload = [r for r in fitting if not r["offload_optimizer"]] or fitting
+    return min(without_offload, key=lambda r: (r["relative_time_per_token"], r["cp_size"]))
+
+
+def _user_set(config: Optional[str], overrides: list[str], key: str) -> bool:
+    """Whether the config file or an override sets `key` (a dotted name) itself."""
+    if any(o.split("=", 1)[0].strip() == key for o in overrides):
+        return True
+    if not config:
+        return False
+    from omegaconf import OmegaConf
+
+    node = OmegaConf.load(config)
+    for part in key.split("."):
+        if not OmegaConf.is_dict(node) or part not in node:
+            return False
+        node = node[part]
+    return True
 
 
 def max_length(model_cfg, layout, device_bytes: float, *, device: str, runtime_gb: Optional[float]) -> int:
@@ -195,9 +226,13 @@ def run(args: argparse.Namespace) -> int:
     stage = stages[longest]
     model_cfg = _model_config(cfg, stage, [])
     layout = dataclasses.replace(layout_of(cfg, stage, gpus), seq_len=target)
+    if not _user_set(args.config, args.overrides, "data.micro_batch_size") and layout.micro_batch_size != 1:
+        layout = dataclasses.replace(layout, micro_batch_size=1)
+        notes.append(f"data.micro_batch_size not set (default {cfg.data.micro_batch_size}): the advice plans one "
+                     "sequence per micro-batch, as long-context runs train")
     rows = advise(model_cfg, layout, device_bytes, device=args.device, runtime_gb=args.runtime_gb)
     report["advice"] = {"seq_len": target, "options": rows}
-    best = next((r for r in rows if r["fits"]), None)
+    best = recommend(rows)
     report["advice"]["recommended"] = best
     if args.json:
         print(json.dumps(report, indent=2))
@@ -210,17 +245,20 @@ def run(args: argparse.Namespace) -> int:
     if "max_seq_len_as_configured" in report:
         print(f"\nlongest sequence that fits stage {longest}'s layout: {report['max_seq_len_as_configured']:,} tokens")
     print(f"\nadvice for seq_len {target:,} on {gpus} x {device_bytes / 2**30:.0f} GiB "
-          f"({usable:.1f} GiB usable; order: smallest cp, then lowest ZeRO stage, then least checkpointing):")
-    print(f"  {'cp':>4} {'dp':>4} {'tokens/rank':>12}  {'ZeRO':>4}  {'checkpointing':<13} {'offload':<8} {'peak GiB':>9}")
+          f"({usable:.1f} GiB usable; per cp: the fitting option with the lowest predicted time per token):")
+    print(f"  {'cp':>4} {'dp':>4} {'tokens/rank':>12}  {'ZeRO':>4}  {'checkpointing':<13} {'offload':<8} "
+          f"{'peak GiB':>9} {'time/token':>10}")
     for r in rows:
         mark = "" if r["fits"] else "  does not fit (smallest option shown)"
         print(f"  {r['cp_size']:>4} {r['dp_size']:>4} {r['tokens_per_rank']:>12,}  {r['zero_stage']:>4}  "
               f"{r['activation_checkpointing']:<13} {'optimizer' if r['offload_optimizer'] else '-':<8} "
-              f"{r['peak_gib']:>9.2f}{mark}")
+              f"{r['peak_gib']:>9.2f} {r['relative_time_per_token']:>9.2f}x{mark}")
     if best:
         print(f"recommended: parallel.cp_size={best['cp_size']} parallel.zero_stage={best['zero_stage']} "
               f"parallel.activation_checkpointing={best['activation_checkpointing']}"
-              + (" parallel.offload_optimizer=true" if best["offload_optimizer"] else ""))
+              + (" parallel.offload_optimizer=true" if best["offload_optimizer"] else "")
+              + (f" data.micro_batch_size={best['micro_batch_size']}"
+                 if best["micro_batch_size"] != cfg.data.micro_batch_size else ""))
     else:
         print(f"nothing fits {target:,} tokens on {gpus} GPUs: add GPUs (cp > {gpus}), lower "
               "data.micro_batch_size or train.loss_chunk_size, or use a shorter target")
