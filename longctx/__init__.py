@@ -5,10 +5,11 @@ from longctx.errors import UserError
 
 
 def load_pretrained(path, dtype=None, attn_fn=None):
-    """Load a Hugging Face Llama directory (or a longctx export) as a longctx model."""
-    from longctx.model.hf import load_pretrained as _load
+    """Load a Hugging Face Llama directory, a longctx export, a training checkpoint (its
+    verified model/) or a run directory (its newest checkpoint, else hf/) as a longctx model."""
+    from longctx.model.loading import load_any
 
-    return _load(path, dtype=dtype, attn_fn=attn_fn)
+    return load_any(path, dtype=dtype, attn_fn=attn_fn)
 
 
 def save_pretrained(model, path, **kwargs):

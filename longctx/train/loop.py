@@ -81,7 +81,7 @@ class Trainer:
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
         if self.rank == 0:
             self.out.mkdir(parents=True, exist_ok=True)
-            (self.out / "resolved_config.yaml").write_text(to_yaml(cfg))
+            (self.out / "resolved_config.yaml").write_text(_resolved_header(cfg) + to_yaml(cfg))
             (self.out / PREEMPTED_MARKER).unlink(missing_ok=True)
             (self.out / NONFINITE_MARKER).unlink(missing_ok=True)
         dist.barrier()
@@ -388,6 +388,15 @@ def _replicated_grad_norm(model) -> float:
     """L2 norm of the (already all-reduced, replicated) gradients, before clipping."""
     norms = [p.grad.detach().float().norm() for p in model.parameters() if p.grad is not None]
     return float(torch.stack(norms).norm()) if norms else 0.0
+
+
+def _resolved_header(cfg: TrainConfig) -> str:
+    """Comments that say where the model's architecture comes from (the preset field stays in
+    the YAML, so the file loads back, but an init_from checkpoint's config.json wins)."""
+    if cfg.model.init_from:
+        return (f"# model: architecture and weights from model.init_from={cfg.model.init_from} (its config.json); "
+                f"model.preset ({cfg.model.preset}) is not used\n")
+    return f"# model: preset {cfg.model.preset}, random init (train.seed {cfg.train.seed})\n"
 
 
 def _report_stop(trainer: Trainer, stop: NonFiniteStop) -> int:
