@@ -39,11 +39,10 @@ def _softmax_grad_(logits: torch.Tensor, y: torch.Tensor, w: torch.Tensor, grad:
         s = e.exp_().sum(dim=-1)  # (r,)
         lse[r0:r0 + rows] = s.log().add_(m)
         if grad:
-            wr = w[r0:r0 + rows]
-            e.mul_((wr / s)[:, None])  # w * softmax
-            e[torch.arange(len(blk), device=e.device), y[r0:r0 + rows]] -= wr
-            if low:
-                blk.copy_(e)
+            # w * (softmax - onehot) = (e - s * onehot) * w / s: the target's entry is corrected
+            # in fp32 first, then one pass scales and (bf16 logits) writes the result back
+            e[torch.arange(len(blk), device=e.device), y[r0:r0 + rows]] -= s
+            torch.mul(e, (w[r0:r0 + rows] / s)[:, None], out=blk)
     return lse
 
 
