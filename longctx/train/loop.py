@@ -175,113 +175,140 @@ class Trainer:
     def run(self) -> int:
         from tqdm import tqdm
 
-        from longctx.data import check_vocab, load_tokenizer
-        from longctx.parallel.zero import build_optimizer, deepspeed_config, initialize_engine
-        from longctx.train.checkpoint import load_checkpoint, set_rng_state
-        from longctx.train.metrics import MetricsWriter, flops_per_token, peak_flops_per_device
+        from longctx.train.metrics import MetricsWriter, peak_flops_per_device
         from longctx.train.signals import PreemptionFlag
 
-        cfg, rank = self.cfg, self.rank
+        cfg = self.cfg
         self.resume_from = self.last_checkpoint = choose_resume(self.resume_candidates, cfg.checkpoint.resume)
-        continuation = None
-        if self.resume_from is not None:
-            saved = read_trainer_state(self.resume_from)
-            continuation = continue_from(saved, self.stages)
-            if continuation.stage == len(self.stages):
-                if rank == 0:
-                    print(nothing_left_notice(self.resume_from, saved, self.stages), file=sys.stderr)
-                return 0
+        continuation = self._continuation()
+        if continuation is not None and continuation.stage == len(self.stages):
+            return 0  # nothing left to train (the notice is printed)
         torch.manual_seed(cfg.train.seed)
+        tokenizer = self._build_engine()
+        state = {"step": 0, "tokens": 0, "stage": 0, "stage_step": 0}
+        loader_state = self._restore(state, continuation) if continuation is not None else None
+        self.writer = MetricsWriter(self.out, self.rank == 0, cfg.log.tensorboard)
+        self.peak, self.peak_src = peak_flops_per_device(cfg.log.peak_tflops, self.dtype)
+        self.flag = PreemptionFlag().install()
+        self.bar = tqdm(total=sum(s.steps for s in self.stages), initial=state["step"], desc="train", unit="step",
+                        disable=self.rank != 0 or not cfg.log.progress, dynamic_ncols=True)
+        try:
+            while state["stage"] < len(self.stages):
+                if self._run_stage(state, tokenizer, loader_state) == PREEMPTED_EXIT_CODE:
+                    return PREEMPTED_EXIT_CODE
+                loader_state = None
+            if cfg.checkpoint.export_hf:
+                problem = self._write_hf(self.out / "hf")
+                if problem:
+                    raise CheckpointError(f"checkpoint.export_hf: cannot write {self.out / 'hf'}: {problem}")
+            return 0
+        finally:
+            self.bar.close()
+            self.writer.close()
+            self.flag.uninstall()
+
+    def _continuation(self):
+        """Where a resumed run continues (None: a fresh run); prints the notice when nothing is left."""
+        if self.resume_from is None:
+            return None
+        saved = read_trainer_state(self.resume_from)
+        continuation = continue_from(saved, self.stages)
+        if continuation.stage == len(self.stages) and self.rank == 0:
+            print(nothing_left_notice(self.resume_from, saved, self.stages), file=sys.stderr)
+        return continuation
+
+    def _build_engine(self):
+        """Tokenizer, model, optimizer and the DeepSpeed engine; returns the tokenizer."""
+        from longctx.data import check_vocab, load_tokenizer
+        from longctx.parallel.zero import build_optimizer, deepspeed_config, initialize_engine
+
+        cfg, par = self.cfg, self.cfg.parallel
         tokenizer = load_tokenizer(cfg.data.tokenizer)
         model = self._build_model()
         check_vocab(tokenizer, model.config.vocab_size)
         optimizer = build_optimizer(model, lr=cfg.optim.lr, betas=(cfg.optim.beta1, cfg.optim.beta2),
                                     eps=cfg.optim.eps, weight_decay=cfg.optim.weight_decay,
-                                    offload=cfg.parallel.offload_optimizer)
-        ds_cfg = deepspeed_config(zero_stage=cfg.parallel.zero_stage, micro_batch_size=cfg.data.micro_batch_size,
+                                    offload=par.offload_optimizer)
+        ds_cfg = deepspeed_config(zero_stage=par.zero_stage, micro_batch_size=cfg.data.micro_batch_size,
                                   grad_accum=cfg.train.grad_accum, world_size=self.world, dtype=cfg.train.dtype,
-                                  grad_clip=cfg.optim.grad_clip, offload_optimizer=cfg.parallel.offload_optimizer,
-                                  offload_params=cfg.parallel.offload_params, user_json=cfg.parallel.deepspeed_config)
-        engine, _ = initialize_engine(model, optimizer, ds_cfg)
-        self.engine, self.model = engine, model
-        cp0 = self.stages[0].cp_size or cfg.parallel.cp_size
-        self._announce(layout_line(self.world, self.world // cp0, cp0, cfg.parallel.cp_impl, cfg.parallel.zero_stage,
-                                   cfg.parallel.offload_optimizer, cfg.train.dtype, cfg.parallel.activation_checkpointing))
+                                  grad_clip=cfg.optim.grad_clip, offload_optimizer=par.offload_optimizer,
+                                  offload_params=par.offload_params, user_json=par.deepspeed_config)
+        self.engine, _ = initialize_engine(model, optimizer, ds_cfg)
+        self.model = model
+        cp0 = self.stages[0].cp_size or par.cp_size
+        self._announce(layout_line(self.world, self.world // cp0, cp0, par.cp_impl, par.zero_stage,
+                                   par.offload_optimizer, cfg.train.dtype, par.activation_checkpointing))
+        return tokenizer
 
-        state = {"step": 0, "tokens": 0, "stage": 0, "stage_step": 0}
-        loader_state = None
-        if self.resume_from is not None:
-            saved, rank_state = load_checkpoint(self.resume_from, engine=engine, world_size=self.world)
-            state.update(step=saved["step"], tokens=saved["tokens"], stage=continuation.stage,
-                         stage_step=continuation.stage_step)
-            loader_state = rank_state["data"] if continuation.loader_belongs else None
-            set_rng_state(rank_state["rng"])
-            log.info("resumed from %s at step %d", self.resume_from, state["step"])
-            if continuation.note:
-                log.warning("checkpoint.resume: %s", continuation.note)
+    def _restore(self, state: dict, continuation) -> Optional[dict]:
+        """Load the resume checkpoint into the engine and `state`; returns the loader state
+        when it belongs to the stage the run continues with."""
+        from longctx.train.checkpoint import load_checkpoint, set_rng_state
 
-        total_steps = sum(s.steps for s in self.stages)
-        writer = MetricsWriter(self.out, rank == 0, cfg.log.tensorboard)
-        peak, peak_src = peak_flops_per_device(cfg.log.peak_tflops, self.dtype)
-        flag = PreemptionFlag().install()
-        bar = tqdm(total=total_steps, initial=state["step"], desc="train", unit="step",
-                   disable=rank != 0 or not cfg.log.progress, dynamic_ncols=True)
-        exit_code = 0
+        saved, rank_state = load_checkpoint(self.resume_from, engine=self.engine, world_size=self.world)
+        state.update(step=saved["step"], tokens=saved["tokens"], stage=continuation.stage,
+                     stage_step=continuation.stage_step)
+        set_rng_state(rank_state["rng"])
+        log.info("resumed from %s at step %d", self.resume_from, state["step"])
+        if continuation.note:
+            log.warning("checkpoint.resume: %s", continuation.note)
+        return rank_state["data"] if continuation.loader_belongs else None
+
+    def _run_stage(self, state: dict, tokenizer, loader_state: Optional[dict]) -> Optional[int]:
+        """Steps of the current stage until it ends (state moves to the next stage) or a
+        preemption (returns PREEMPTED_EXIT_CODE after saving)."""
+        from longctx.train.metrics import flops_per_token
+
+        si = state["stage"]
+        stage = self.stages[si]
+        self._enter_stage(self.model, si)
+        loader = stage_loader(self.cfg, si, tokenizer, dp_rank=self.mesh.dp_rank, dp_size=self.mesh.dp_size)
+        if loader_state is not None:
+            loader.load_state_dict(loader_state)
+        batches = iter(loader)
+        fpt = flops_per_token(self.model.config, stage.seq_len)
+        while state["stage_step"] < stage.steps:
+            record = self._step(self.engine, batches, stage, state, fpt, self.peak)
+            self._account(record, state, si, stage)
+            stage_done = state["stage_step"] == stage.steps
+            preempt = self.flag.agreed()
+            due = self.cfg.checkpoint.every > 0 and state["step"] % self.cfg.checkpoint.every == 0
+            if stage_done:
+                state["stage"] += 1
+                state["stage_step"] = 0
+            if due or stage_done or preempt:
+                self._save(state, loader.state_dict(), data_stage=si)
+            if preempt:
+                self._report_preemption(state["step"])
+                return PREEMPTED_EXIT_CODE
+            if stage_done:
+                break
+        return None
+
+    def _account(self, record: dict, state: dict, si: int, stage) -> None:
+        """Count the step, apply the non-finite policy, advance the bar, log the metrics."""
+        state["step"] += 1
         try:
-            while state["stage"] < len(self.stages):
-                si = state["stage"]
-                stage = self.stages[si]
-                self._enter_stage(model, si)
-                loader = stage_loader(cfg, si, tokenizer, dp_rank=self.mesh.dp_rank, dp_size=self.mesh.dp_size)
-                if loader_state is not None:
-                    loader.load_state_dict(loader_state)
-                    loader_state = None
-                batches = iter(loader)
-                fpt = flops_per_token(model.config, stage.seq_len)
-                while state["stage_step"] < stage.steps:
-                    record = self._step(engine, batches, stage, state, fpt, peak)
-                    state["step"] += 1
-                    try:
-                        record["skipped"] = self.guard.observe(state["step"], record["loss"], record["grad_norm"],
-                                                               record.pop("update_applied"), self.last_checkpoint)
-                    except NonFiniteStop:
-                        writer.write(dict(record, step=state["step"], stage=si, skipped=True))
-                        raise
-                    state["stage_step"] += 1
-                    state["tokens"] += record["tokens"]
-                    bar.update(1)
-                    bar.set_postfix(loss=f"{record['loss']:.4f}", stage=si)
-                    if record["skipped"] or state["step"] % cfg.log.every == 0 or state["stage_step"] == stage.steps:
-                        record.update(step=state["step"], stage=si, tokens_seen=state["tokens"], peak_flops_source=peak_src)
-                        writer.write(record)
-                    stage_done = state["stage_step"] == stage.steps
-                    preempt = flag.agreed()
-                    due = cfg.checkpoint.every > 0 and state["step"] % cfg.checkpoint.every == 0
-                    if stage_done:
-                        state["stage"] += 1
-                        state["stage_step"] = 0
-                    if due or stage_done or preempt:
-                        self._save(state, loader.state_dict(), data_stage=si)
-                    if preempt:
-                        log.warning("preemption signal %s: checkpoint saved at step %d, exiting with %d",
-                                    flag.received, state["step"], PREEMPTED_EXIT_CODE)
-                        if rank == 0:
-                            # torchrun reports its own exit code, so launchers can also read this marker
-                            (self.out / PREEMPTED_MARKER).write_text(f"{state['step']}\n")
-                            bar.write(f"preempted: saved step {state['step']}, exit code {PREEMPTED_EXIT_CODE}")
-                        exit_code = PREEMPTED_EXIT_CODE
-                        return exit_code
-                    if stage_done:
-                        break
-            if cfg.checkpoint.export_hf:
-                problem = self._write_hf(self.out / "hf")
-                if problem:
-                    raise CheckpointError(f"checkpoint.export_hf: cannot write {self.out / 'hf'}: {problem}")
-            return exit_code
-        finally:
-            bar.close()
-            writer.close()
-            flag.uninstall()
+            record["skipped"] = self.guard.observe(state["step"], record["loss"], record["grad_norm"],
+                                                   record.pop("update_applied"), self.last_checkpoint)
+        except NonFiniteStop:
+            self.writer.write(dict(record, step=state["step"], stage=si, skipped=True))
+            raise
+        state["stage_step"] += 1
+        state["tokens"] += record["tokens"]
+        self.bar.update(1)
+        self.bar.set_postfix(loss=f"{record['loss']:.4f}", stage=si)
+        if record["skipped"] or state["step"] % self.cfg.log.every == 0 or state["stage_step"] == stage.steps:
+            record.update(step=state["step"], stage=si, tokens_seen=state["tokens"], peak_flops_source=self.peak_src)
+            self.writer.write(record)
+
+    def _report_preemption(self, step: int) -> None:
+        log.warning("preemption signal %s: checkpoint saved at step %d, exiting with %d",
+                    self.flag.received, step, PREEMPTED_EXIT_CODE)
+        if self.rank == 0:
+            # torchrun reports its own exit code, so launchers can also read this marker
+            (self.out / PREEMPTED_MARKER).write_text(f"{step}\n")
+            self.bar.write(f"preempted: saved step {step}, exit code {PREEMPTED_EXIT_CODE}")
 
     def _step(self, engine, batches, stage, state: dict, fpt: float, peak: float) -> dict:
         from longctx.data.packing import trim_unscored_tail
