@@ -339,6 +339,7 @@ def render(paths: list[str]) -> dict:
     merged: dict = {"commands": []}
     for path in paths:
         rep = json.load(open(path))
+        run = len(merged["commands"])  # rows carry the index of the command that measured them
         merged["commands"] += rep.get("commands", [rep.get("command")])
         for key in ("world", "preset", "layers", "cores"):
             merged.setdefault(key, rep.get(key))
@@ -347,8 +348,8 @@ def render(paths: list[str]) -> dict:
         for row in rep.get("speed", []):
             if "step_s" in row:
                 row.update(speed_summary(row["step_s"], row["seq_len"]))
-            merged.setdefault("speed", []).append(row)
-        merged.setdefault("max_len", []).extend(rep.get("max_len", []))
+            merged.setdefault("speed", []).append(dict(row, run=row.get("run", run)))
+        merged.setdefault("max_len", []).extend(dict(r, run=r.get("run", run)) for r in rep.get("max_len", []))
     return merged
 
 

@@ -88,8 +88,8 @@ def ratio_table(rows: list[dict], ours: tuple[str, ...], peers: tuple[str, ...])
     """Best of `ours` over best of `peers` per length, speed (median tok/s) and peak memory."""
     lines = ["| T | best longctx | best peer | speed ratio (median) | speed ratio (fastest steps) | memory ratio |",
              "|---:|---|---|---:|---:|---:|"]
-    for T in sorted({r["seq_len"] for r in rows}):
-        at = [r for r in rows if r["seq_len"] == T and "error" not in r]
+    for T, run in sorted({(r["seq_len"], r.get("run", 0)) for r in rows}):
+        at = [r for r in rows if r["seq_len"] == T and r.get("run", 0) == run and "error" not in r]
         mine = [r for r in at if r["impl"] in ours]
         theirs = [r for r in at if r["impl"] in peers]
         if not mine or not theirs:
