@@ -10,7 +10,8 @@ import longctx
 from train_helpers import TINY, losses, metrics, run_train, start_train
 
 METRIC_FIELDS = {"loss", "lr", "grad_norm", "tokens_per_s", "tokens_per_s_per_device", "mfu", "peak_memory_gb",
-                 "data_wait_fraction", "step", "tokens_seen", "step_time_s", "seq_len", "cp_size", "dp_size"}
+                 "data_wait_fraction", "step", "tokens_seen", "step_time_s", "seq_len", "cp_size", "dp_size",
+                 "cpu_mfu", "gemm_limit_s", "attention_limit_s"}
 
 
 def _ok(res):
@@ -27,7 +28,7 @@ def test_zero3_cp2_trains_and_writes_everything(tmp_path):
     for r in recs:
         assert METRIC_FIELDS <= set(r), METRIC_FIELDS - set(r)
         assert r["cp_size"] == 2 and r["dp_size"] == 1
-        assert all(r[k] == r[k] and r[k] >= 0 for k in ("grad_norm", "mfu", "tokens_per_s"))  # no NaN
+        assert all(r[k] == r[k] and r[k] >= 0 for k in ("grad_norm", "mfu", "cpu_mfu", "tokens_per_s"))  # no NaN
     first, last = sum(r["loss"] for r in recs[:3]) / 3, sum(r["loss"] for r in recs[-3:]) / 3
     assert last < first - 0.2
     ckpts = sorted(p.name for p in (out / "checkpoints").iterdir())

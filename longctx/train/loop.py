@@ -24,6 +24,7 @@ from longctx.config import TrainConfig, resolved_stages, stage_data_config, stag
 from longctx.errors import UserError
 from longctx.train.checkpoint import CheckpointError, choose_resume, read_trainer_state, resume_candidates, run_phase
 from longctx.train.continuation import continue_from, nothing_left_notice
+from longctx.train.metrics import cpu_limit_fraction, measure_cpu_limits
 from longctx.train.summary import layout_line, rope_line, weights_line
 from longctx.train.nonfinite import (NONFINITE_EXIT_CODE, NONFINITE_MARKER, NonFiniteGuard, NonFiniteStop,
                                      backward_factor, optimizer_step_skipped, weights_finite)
@@ -148,6 +149,10 @@ class Trainer:
         model.set_attention(self._attention(cp))
         self.cp = cp
         self.mesh = self._mesh(cp)
+        # CPU: this machine's GEMM and attention-kernel rates at the stage's shapes, measured
+        # on every rank at once, for the step's cpu_mfu (train/metrics.py)
+        self.cpu_limits = (measure_cpu_limits(new_cfg, stage.seq_len, cp_size=cp, dtype=self.dtype, seconds=0.25)
+                           if self.device.type == "cpu" else None)
         # unscored row tails are dropped in steps of this many columns: divisible by the zigzag's
         # 2 x cp chunks, and round enough to keep the attention kernels' blocks regular
         self.trim_multiple = math.lcm(64, 2 * cp)
@@ -361,7 +366,7 @@ class Trainer:
         tokens = stage.seq_len * cfg.data.micro_batch_size * cfg.train.grad_accum * self.mesh.dp_size
         tps = tokens / elapsed
         computed = columns / (stage.seq_len * len(micro))  # share of the columns run (unscored tails are not)
-        return {
+        record = {
             "loss": global_loss / total_weight, "lr": lr, "grad_norm": grad_norm, "tokens": tokens,
             "tokens_per_s": tps, "tokens_per_s_per_device": tps / self.world,
             "mfu": fpt * tps * computed / self.world / peak, "computed_fraction": computed,
@@ -370,6 +375,10 @@ class Trainer:
             "cp_size": self.cp, "dp_size": self.mesh.dp_size,
             "update_applied": not dropped and engine.was_step_applied(),
         }
+        if self.cpu_limits is not None:  # cpu_mfu, gemm_limit_s, attention_limit_s
+            record.update(cpu_limit_fraction(self.model.config, stage.seq_len, self.cp, elapsed, self.cpu_limits,
+                                             sequences=cfg.data.micro_batch_size * cfg.train.grad_accum * computed))
+        return record
 
     def _prepare(self, batch: dict) -> dict:
         from longctx.data.packing import fold_trailing_padding
