@@ -43,15 +43,15 @@ def list_files(ckpt: Path) -> list[str]:
     return sorted(found)
 
 
-def _rank_world() -> tuple[int, int]:
+def rank_and_world() -> tuple[int, int]:
     if dist.is_initialized():
         return dist.get_rank(), dist.get_world_size()
     return 0, 1
 
 
-def _gather(obj):
+def gather_objects(obj) -> list:
     """Every rank's `obj`, in rank order (collective; a single process gets [obj])."""
-    _, world = _rank_world()
+    _, world = rank_and_world()
     if world == 1:
         return [obj]
     out = [None] * world
@@ -63,14 +63,14 @@ def write_manifest(ckpt: Path, step: int) -> Optional[str]:
     """Collective. Every rank hashes its share of the files; rank 0 writes the manifest.
     `ckpt` must be visible to every rank (the shared file system checkpoints live on).
     Returns the first rank's failure as one line (the same on every rank), or None."""
-    rank, world = _rank_world()
+    rank, world = rank_and_world()
     listed, problem = None, None
     if rank == 0:
         try:
             listed = list_files(ckpt)
         except OSError as e:
             problem = f"cannot list {ckpt} ({e.strerror})"
-    names, problem = _gather((listed, problem))[0]
+    names, problem = gather_objects((listed, problem))[0]
     if problem:
         return problem
     mine, problem = {}, None
@@ -81,7 +81,7 @@ def write_manifest(ckpt: Path, step: int) -> Optional[str]:
     except OSError as e:
         problem = f"rank {rank}: cannot read {e.filename} ({e.strerror})"
     entries: dict = {}
-    for part, part_problem in _gather((mine, problem)):
+    for part, part_problem in gather_objects((mine, problem)):
         problem = problem or part_problem
         entries.update(part)
     if problem is None and rank == 0:
@@ -93,7 +93,7 @@ def write_manifest(ckpt: Path, step: int) -> Optional[str]:
                 os.fsync(f.fileno())
         except OSError as e:
             problem = f"{ckpt / MANIFEST} ({e.strerror})"
-    return _gather(problem)[0]
+    return gather_objects(problem)[0]
 
 
 def read_manifest(ckpt: Path) -> tuple[Optional[dict], Optional[str]]:
@@ -145,11 +145,11 @@ def verify(ckpt: Path, *, under: Optional[str] = None, hashes: bool = True,
 def verify_collective(ckpt: Path) -> Optional[str]:
     """Collective `verify`: sizes everywhere, each rank hashes its share; all ranks get the
     same answer (the lowest rank's problem, or None)."""
-    rank, world = _rank_world()
+    rank, world = rank_and_world()
     files, problem = read_manifest(ckpt)
     if problem is None:
         names = selected(files, None)
         problem = verify(ckpt, hashes=False) or verify(
             ckpt, names=[n for i, n in enumerate(names) if i % world == rank])
-    problems = [p for p in _gather(problem) if p]
+    problems = [p for p in gather_objects(problem) if p]
     return problems[0] if problems else None

@@ -57,23 +57,28 @@ def job_private_root() -> Path:
     return Path(tempfile.gettempdir()) / f"longctx-torch-extensions-{digest}"
 
 
-def jit_ops(offload_optimizer: bool) -> list[str]:
-    """Names (build directories) of the ops DeepSpeed will JIT-build for this job."""
+def _jit_builders(offload_optimizer: bool) -> list:
+    """DeepSpeed's builders of the ops it will JIT-build for this job."""
     import deepspeed.ops
     from deepspeed.accelerator import get_accelerator
     from deepspeed.git_version_info import installed_ops
 
     wanted = (["shm_comm"] if get_accelerator().device_name() == "cpu" else []) + (
         ["cpu_adam"] if offload_optimizer else [])
-    names = []
+    builders = []
     for key in wanted:
         builder = get_accelerator().create_op_builder(_BUILDERS[key])
         if builder is None or installed_ops.get(builder.NAME):  # absent here, or prebuilt into the wheel
             continue
         if key == "shm_comm" and not deepspeed.ops.__compatible_ops__.get(builder.NAME, False):
             continue  # DeepSpeed skips the op, so there is nothing to build
-        names.append(builder.NAME)
-    return names
+        builders.append(builder)
+    return builders
+
+
+def jit_ops(offload_optimizer: bool) -> list[str]:
+    """Names (build directories) of the ops DeepSpeed will JIT-build for this job."""
+    return [builder.NAME for builder in _jit_builders(offload_optimizer)]
 
 
 def _lock_age(lock: Path) -> float | None:
@@ -103,15 +108,11 @@ def guard_build_locks(ops: Iterable[str], *, stale_after: float = LOCK_STALE_S, 
 
 def build_ahead(offload_optimizer: bool = False) -> list[str]:
     """Build (or load) the ops now, e.g. at setup time; returns their names."""
-    from deepspeed.accelerator import get_accelerator
-
-    names = jit_ops(offload_optimizer)
-    guard_build_locks(names)
-    by_name = {get_accelerator().create_op_builder(b).NAME: b for b in _BUILDERS.values()
-               if get_accelerator().create_op_builder(b) is not None}
-    for name in names:
-        get_accelerator().create_op_builder(by_name[name]).load()
-    return names
+    builders = _jit_builders(offload_optimizer)
+    guard_build_locks(b.NAME for b in builders)
+    for builder in builders:
+        builder.load()
+    return [b.NAME for b in builders]
 
 
 if __name__ == "__main__":

@@ -32,9 +32,10 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from longctx.errors import UserError
 from longctx import manifest
-from longctx.manifest import COMPLETE
+from longctx.errors import UserError
+from longctx.manifest import COMPLETE, gather_objects, rank_and_world
+
 log = logging.getLogger("longctx.train")
 _SPACE_MARGIN = 1.1  # the next checkpoint may be a little larger than the last one
 
@@ -88,7 +89,7 @@ def choose_resume(candidates: list[Path], resume: str) -> Optional[Path]:
             raise CheckpointError(f"checkpoint.resume: {failed[-1]}")
     if failed:
         raise CheckpointError(f"checkpoint.resume=auto: no checkpoint verifies ({'; '.join(failed)}); "
-                        "restore or remove them, or set checkpoint.resume=none to start over")
+                              "restore or remove them, or set checkpoint.resume=none to start over")
     return None
 
 
@@ -133,12 +134,6 @@ def load_checkpoint(path: Path, *, engine, world_size: int) -> tuple[dict, dict]
 
 
 # -------------------------------------------------------------------------------- saving
-def _rank_world() -> tuple[int, int]:
-    if dist.is_initialized():
-        return dist.get_rank(), dist.get_world_size()
-    return 0, 1
-
-
 def _barrier() -> None:
     if dist.is_initialized():
         dist.barrier()
@@ -156,13 +151,9 @@ def _describe(error: BaseException) -> str:
 
 def _agree(error: Optional[BaseException]) -> Optional[str]:
     """Collective: the first rank's failure of this phase (as one line), or None."""
-    rank, world = _rank_world()
+    rank, _ = rank_and_world()
     mine = None if error is None else f"rank {rank}: {_describe(error)}"
-    if world == 1:
-        return mine
-    everyone = [None] * world
-    dist.all_gather_object(everyone, mine)
-    failures = [f for f in everyone if f]
+    failures = [f for f in gather_objects(mine) if f]
     return failures[0] if failures else None
 
 
@@ -183,7 +174,7 @@ def _estimate_bytes(root: Path, engine) -> int:
     fp32 master and Adam moments, the HF copy), times a margin."""
     newest = complete_checkpoints(root.parent)
     if newest:
-        files, problem = manifest.read_manifest(newest[-1])
+        files, _ = manifest.read_manifest(newest[-1])
         if files:
             return int(sum(e.get("size", 0) for e in files.values()) * _SPACE_MARGIN)
     params = sum(getattr(p, "ds_numel", p.numel()) for p in engine.module.parameters())
@@ -205,7 +196,7 @@ def save_checkpoint(out_dir: str | Path, step: int, *, engine, trainer_state: di
                     keep_last: int, hf_writer=None) -> Path:
     """Collective: every rank calls it. `hf_writer(path)` (collective too, rank 0 writes)
     writes model/. Returns the new checkpoint; raises CheckpointError on every rank."""
-    rank, _ = _rank_world()
+    rank, _ = rank_and_world()
     out_dir = Path(out_dir)
     root = checkpoint_dir(out_dir)
     name = f"step_{step:07d}"

@@ -25,10 +25,10 @@ from longctx.errors import UserError
 from longctx.train.checkpoint import CheckpointError, choose_resume, read_trainer_state, resume_candidates, run_phase
 from longctx.train.continuation import continue_from, nothing_left_notice
 from longctx.train.metrics import cpu_limit_fraction, measure_cpu_limits
-from longctx.train.summary import layout_line, rope_line, weights_line
 from longctx.train.nonfinite import (NONFINITE_EXIT_CODE, NONFINITE_MARKER, NonFiniteGuard, NonFiniteStop,
                                      backward_factor, optimizer_step_skipped, weights_finite)
 from longctx.train.signals import PREEMPTED_EXIT_CODE, PREEMPTED_MARKER
+from longctx.train.summary import layout_line, rope_line, weights_line
 
 log = logging.getLogger("longctx.train")
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
