@@ -1,0 +1,97 @@
+"""parallel.compile=norms_mlp: compiled norms and MLPs give the eager model's loss and gradients."""
+import pytest
+import torch
+
+from longctx.config import load_config, validate_config
+from longctx.errors import UserError
+from longctx.parallel.checkpointing import apply_activation_checkpointing
+from longctx.parallel.compiled import compile_pointwise
+from helpers.model import tiny_model
+from unit.test_attention_backends import packed_ids
+
+
+def _loss_and_grads(model, ids, seg, labels):
+    loss_sum, n = model(ids, segment_ids=seg, labels=labels, loss_chunk_size=32)
+    loss = loss_sum / n
+    loss.backward()
+    return loss.item(), {k.replace("._checkpoint_wrapped_module", ""): p.grad.float().clone()
+                         for k, p in model.named_parameters()}
+
+
+# fp32: inductor may reorder the norm's reduction; bf16: it may skip an intermediate rounding
+@pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.bfloat16, 3e-2)], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("checkpointing", ["none", "full"])
+def test_compiled_norms_and_mlp_match_eager(dtype, tol, checkpointing):
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, 128, (2, 48), generator=g)
+    labels = torch.cat([ids[:, 1:], torch.full((2, 1), -100)], 1)
+    seg = packed_ids(2, 48, [17, 30])
+    results, keys = [], []
+    for mode in ("none", "norms_mlp"):
+        model = tiny_model("yarn", "gqa", seed=4).to(dtype).train()
+        apply_activation_checkpointing(model, checkpointing)
+        n = compile_pointwise(model, mode)
+        assert n == (0 if mode == "none" else 3 * len(model.layers) + 1)
+        keys.append(list(model.state_dict()))
+        results.append(_loss_and_grads(model, ids, seg, labels))
+    assert keys[0] == keys[1]  # checkpoints and exports see the same parameters
+    (loss_e, grads_e), (loss_c, grads_c) = results
+    assert abs(loss_e - loss_c) <= tol * max(1.0, abs(loss_e))
+    for name, ge in grads_e.items():
+        err = (grads_c[name] - ge).abs().max().item()
+        assert err <= tol * max(1.0, ge.abs().max().item()), (name, err)
+
+
+def test_compiled_model_trains_and_changes_with_sequence_length():
+    """dynamic=True: a curriculum's stages (new sequence lengths) reuse the compiled modules."""
+    model = tiny_model("default", "gqa", seed=1).train()
+    compile_pointwise(model, "norms_mlp")
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    first = last = None
+    for step in range(24):
+        T = (24, 40, 64)[step // 8]
+        ids = torch.randint(0, 128, (2, T), generator=torch.Generator().manual_seed(step % 8))
+        labels = torch.cat([ids[:, 1:], torch.full((2, 1), -100)], 1)
+        loss_sum, n = model(ids, labels=labels)
+        (loss_sum / n).backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        first = first if first is not None else (loss_sum / n).item()
+        last = (loss_sum / n).item()
+    assert torch.isfinite(torch.tensor(last)) and last < first
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (["parallel.compile=everything"], "parallel.compile: unknown 'everything'; valid: none, norms_mlp"),
+    (["parallel.compile=norms_mlp", "parallel.zero_stage=3"], "parallel.compile: not supported with parallel.zero_stage=3"),
+])
+def test_compile_config_errors_name_the_field(overrides, message):
+    with pytest.raises(UserError, match="^" + message.replace("(", r"\(").replace(")", r"\)")):
+        validate_config(load_config(None, overrides), world_size=1)
+
+
+_FALLBACK = """
+import sys, torch
+sys.path.insert(0, "tests")
+from helpers.model import tiny_model
+from longctx.parallel.compiled import compile_pointwise
+model, ref = tiny_model("default", "gqa").train(), tiny_model("default", "gqa").train()
+compile_pointwise(model, "norms_mlp")
+ids = torch.randint(0, 128, (2, 32))
+print("max diff", (model(ids) - ref(ids)).abs().max().item())
+"""
+
+
+def test_without_a_cxx_compiler_the_compiled_modules_run_eager(tmp_path):
+    """No working C++ compiler (a machine without build tools): a warning, then eager results."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    env = dict(os.environ, CXX="/nonexistent/g++", TORCHINDUCTOR_CACHE_DIR=str(tmp_path / "inductor"))
+    res = subprocess.run([sys.executable, "-c", _FALLBACK], capture_output=True, text=True, env=env, timeout=300,
+                         cwd=Path(__file__).resolve().parents[2])
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert "max diff 0.0" in res.stdout
+    assert "InvalidCxxCompiler" in res.stderr

@@ -1,0 +1,100 @@
+"""Context-parallel attention on gloo vs single-process eager attention on the whole sequence.
+
+One spawned process group per world size runs every case (impl x dtype x causal x GQA/MQA x
+packed documents); each rank checks its output shard and its dQ/dK/dV shards.
+"""
+import itertools
+
+import torch
+
+from helpers.cp import check_all, max_err, run_distributed
+from longctx.attention import eager_attention
+from longctx.parallel import make_cp_attention, shard_sequence
+
+TOL = {torch.float32: 1e-5, torch.bfloat16: 2e-2}
+HEADS = {"gqa4": (8, 2), "mqa": (4, 1)}
+
+
+def packed_segments(B, L, boundaries):
+    """Document ids changing at the given positions (row b shifted right by b)."""
+    ids = torch.zeros(B, L, dtype=torch.long)
+    for b in range(B):
+        for p in boundaries:
+            ids[b, p + b:] += 1
+    return ids
+
+
+def _attention_worker(rank, world, impls, L, boundaries, backend):
+    B, D = 2, 8
+    checks = []
+    cps = {name: make_cp_attention(None, impl=impl, ulysses_size=u, backend=backend) for name, (impl, u) in impls.items()}
+    for dtype, causal, heads, docs in itertools.product(TOL, (True, False), HEADS, (False, True)):
+        Hq, Hkv = HEADS[heads]
+        g = torch.Generator().manual_seed(1234)
+        q = torch.randn(B, Hq, L, D, generator=g).to(dtype)
+        k = torch.randn(B, Hkv, L, D, generator=g).to(dtype)
+        v = torch.randn(B, Hkv, L, D, generator=g).to(dtype)
+        # O(1) gradient magnitudes: an absolute bf16 bound is only meaningful there (spacing at 4.0 is 0.016)
+        dout = 0.25 * torch.randn(B, Hq, L, D, generator=g)
+        seg = packed_segments(B, L, boundaries) if docs else None
+        # reference: fp32 eager on the whole sequence (same bf16-rounded inputs)
+        qr, kr, vr = (x.float().requires_grad_() for x in (q, k, v))
+        ref = eager_attention(qr, kr, vr, causal=causal, scale=0.35, segment_ids=seg)
+        ref.backward(dout)
+        want = {"out": ref, "dq": qr.grad, "dk": kr.grad, "dv": vr.grad}
+        shard = lambda x: shard_sequence(x, rank, world, dim=2)  # noqa: E731
+        for name, attn in cps.items():
+            ql, kl, vl = (shard(x).detach().requires_grad_() for x in (q, k, v))
+            seg_l = None if seg is None else shard_sequence(seg, rank, world, dim=1)
+            out = attn(ql, kl, vl, causal=causal, scale=0.35, segment_ids=seg_l)
+            out.backward(shard(dout).to(dtype))
+            case = f"{name}/{str(dtype)[6:]}/{'causal' if causal else 'full'}/{heads}/{'docs' if docs else 'nodocs'}"
+            assert out.dtype == dtype and kl.grad.shape == kl.shape
+            for what, got in (("out", out), ("dq", ql.grad), ("dk", kl.grad), ("dv", vl.grad)):
+                checks.append((case, what, max_err(got, shard(want[what])), TOL[dtype]))
+    return checks
+
+
+N_VARIANTS = 2 * 2 * 2 * 2  # dtype x causal x heads x docs
+
+
+def test_cp_attention_world2():
+    impls = {"ring": ("ring", None), "allgather": ("allgather", None), "ulysses": ("ulysses", None)}
+    # L=24 -> 4 chunks of 6; boundaries inside chunks (4, 15) and on shard boundaries (6, 18)
+    res = run_distributed(_attention_worker, 2, impls, 24, [4, 6, 15, 18], "sdpa")
+    check_all(res, min_checks=len(impls) * N_VARIANTS * 4)
+
+
+def test_cp_attention_world4_and_hybrid_2x2():
+    impls = {"ring": ("ring", None), "allgather": ("allgather", None), "ulysses": ("ulysses", None),
+             "hybrid2x2": ("hybrid", 2)}
+    # L=32 -> 8 chunks of 4; a document spanning chunks 2..5 (ranks 2, 3, 3, 2), cuts at 6 and 8
+    res = run_distributed(_attention_worker, 4, impls, 32, [6, 8, 21], "sdpa")
+    check_all(res, min_checks=len(impls) * N_VARIANTS * 4)
+
+
+def test_cp_ring_eager_kernel_and_no_overlap_world2():
+    """The same ring with the explicit-gradient eager block kernel, and with overlap disabled."""
+    res = run_distributed(_ring_variants_worker, 2)
+    check_all(res, min_checks=2 * 4)
+
+
+def _ring_variants_worker(rank, world):
+    L, B, D, Hq, Hkv = 16, 1, 8, 4, 2
+    g = torch.Generator().manual_seed(7)
+    q, k, v = torch.randn(B, Hq, L, D, generator=g), torch.randn(B, Hkv, L, D, generator=g), torch.randn(B, Hkv, L, D, generator=g)
+    dout = torch.randn(B, Hq, L, D, generator=g)
+    qr, kr, vr = (x.clone().requires_grad_() for x in (q, k, v))
+    ref = eager_attention(qr, kr, vr, causal=True)
+    ref.backward(dout)
+    shard = lambda x: shard_sequence(x, rank, world, dim=2)  # noqa: E731
+    checks = []
+    for name, attn in {"eager-kernel": make_cp_attention(None, "ring", backend="eager"),
+                       "no-overlap": make_cp_attention(None, "ring", overlap=False)}.items():
+        ql, kl, vl = (shard(x).requires_grad_() for x in (q, k, v))
+        out = attn(ql, kl, vl, causal=True)
+        out.backward(shard(dout))
+        for what, got, want in (("out", out, ref), ("dq", ql.grad, qr.grad), ("dk", kl.grad, kr.grad),
+                                ("dv", vl.grad, vr.grad)):
+            checks.append((name, what, max_err(got, shard(want)), 1e-5))
+    return checks

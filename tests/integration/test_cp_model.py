@@ -1,0 +1,125 @@
+"""The whole model under context parallelism gives the loss and parameter gradients of cp = 1."""
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from helpers.cp import run_distributed
+from longctx.model import build_model, get_preset
+from longctx.parallel import make_cp_attention, positions_from_segments, shard_batch
+from longctx.parallel.checkpointing import apply_activation_checkpointing
+
+REL_TOL = 1e-5
+
+
+def _batch(L, docs):
+    g = torch.Generator().manual_seed(5)
+    B, V = 2, get_preset("debug-tiny").vocab_size
+    ids = torch.randint(0, V, (B, L), generator=g)
+    labels = torch.cat([ids[:, 1:], torch.full((B, 1), -100)], dim=1)  # pre-shifted targets
+    batch = {"input_ids": ids, "labels": labels}
+    if docs:
+        seg = torch.zeros(B, L, dtype=torch.long)
+        for b, cuts in enumerate(([5, 13, 20], [9, 16])):
+            for c in cuts:
+                seg[b, c:] += 1
+        # no target across a document boundary
+        batch["labels"] = labels.masked_fill(torch.cat([seg[:, 1:] != seg[:, :-1], torch.ones(B, 1, dtype=torch.bool)], 1), -100)
+        batch["segment_ids"] = seg
+        batch["position_ids"] = positions_from_segments(seg)
+    return batch
+
+
+def _loss_sum(model, batch):
+    logits = model(batch["input_ids"], position_ids=batch.get("position_ids"), segment_ids=batch.get("segment_ids"))
+    return F.cross_entropy(logits.flatten(0, 1).float(), batch["labels"].flatten(), ignore_index=-100, reduction="sum")
+
+
+def _model_worker(rank, world, impls, L, ckpt_impls=()):
+    cfg = get_preset("debug-tiny")
+    checks = []
+    for docs in (False, True):
+        batch = _batch(L, docs)
+        n_tokens = int((batch["labels"] != -100).sum())  # global count of real targets
+        ref = build_model(cfg, seed=3)
+        ref_loss = _loss_sum(ref, batch) / n_tokens
+        ref_loss.backward()
+        ref_grads = {n: p.grad for n, p in ref.named_parameters()}
+        local = shard_batch(batch, rank, world)
+        variants = [(name, impl, u, None) for name, (impl, u) in impls.items()]
+        variants += [(f"{impl}+ckpt-{pol}", impl, None, pol) for impl in ckpt_impls for pol in ("sac", "full")]
+        for name, impl, u, ckpt in variants:
+            model = build_model(cfg, seed=3)
+            if ckpt is not None:  # the recompute re-runs the CP forward, communication included
+                apply_activation_checkpointing(model, "full", recompute_attention=(ckpt == "full"))
+            model.set_attention(make_cp_attention(None, impl=impl, ulysses_size=u))
+            loss_sum = _loss_sum(model, local)
+            (loss_sum / n_tokens).backward()
+            total = loss_sum.detach().clone()
+            dist.all_reduce(total)
+            case = f"{name}/{'docs' if docs else 'nodocs'}"
+            checks.append((case, "loss", abs(total.item() / n_tokens - ref_loss.item()) / abs(ref_loss.item()), REL_TOL))
+            for n, p in model.named_parameters():
+                n = n.replace("._checkpoint_wrapped_module", "")
+                g = p.grad.clone()
+                dist.all_reduce(g)  # CP ranks hold partial gradients of the same replica
+                rel = (g - ref_grads[n]).abs().max().item() / max(ref_grads[n].abs().max().item(), 1e-30)
+                checks.append((case, f"grad {n}", rel, REL_TOL))
+    if ckpt_impls:
+        checks += _sac_keeps_cp_op(rank, world, cfg, L)
+    return checks
+
+
+def _sac_keeps_cp_op(rank, world, cfg, L):
+    """Selective checkpointing that saves the single CP op's (out, lse) gives the same gradients
+    and replays none of the forward ring communication in the backward recompute."""
+    import functools
+
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointImpl, checkpoint_wrapper
+    from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
+
+    from longctx.parallel.comm import COMM_STATS, reset_comm_stats
+
+    batch = _batch(L, True)
+    n_tokens = int((batch["labels"] != -100).sum())
+    local = shard_batch(batch, rank, world)
+    cp_op = torch.ops.longctx.cp_attention.default
+    results, checks = {}, []
+    for keep in (False, True):
+        def policy(ctx, op, *args, **kwargs):
+            return CheckpointPolicy.MUST_SAVE if (keep and op == cp_op) else CheckpointPolicy.PREFER_RECOMPUTE
+        model = build_model(cfg, seed=3)
+        for i, block in enumerate(model.layers):
+            model.layers[i] = checkpoint_wrapper(block, checkpoint_impl=CheckpointImpl.NO_REENTRANT,
+                                                 context_fn=functools.partial(create_selective_checkpoint_contexts, policy))
+        model.set_attention(make_cp_attention(None, impl="ring"))
+        reset_comm_stats()
+        loss = _loss_sum(model, local) / n_tokens
+        fwd_bytes = COMM_STATS["p2p_bytes"]
+        reset_comm_stats()
+        loss.backward()
+        results[keep] = (fwd_bytes, COMM_STATS["p2p_bytes"], [p.grad for p in model.parameters()])
+    (f0, b0, g0), (f1, b1, g1) = results[False], results[True]
+    checks.append(("sac-cp-op", "forward sends", float(f0 != f1 or f0 == 0), 0.0))
+    checks.append(("sac-cp-op", "recompute replays forward comm", float(b0 != b1 + f0), 0.0))
+    for a, b in zip(g0, g1):
+        checks.append(("sac-cp-op", "grad", (a - b).abs().max().item() / max(b.abs().max().item(), 1e-30), REL_TOL))
+    return checks
+
+
+def _check(results, n_impls):
+    from helpers.cp import check_all
+    n_params = len(list(build_model(get_preset("debug-tiny"), seed=0).parameters()))
+    check_all(results, min_checks=2 * n_impls * (1 + n_params))
+
+
+def test_model_cp2_matches_cp1():
+    """Also with activation checkpointing (selective: attention kernels kept; full recompute)."""
+    impls = {"ring": ("ring", None), "allgather": ("allgather", None), "ulysses": ("ulysses", None)}
+    ckpt_impls = ("ring", "ulysses")
+    _check(run_distributed(_model_worker, 2, impls, 24, ckpt_impls), len(impls) + 2 * len(ckpt_impls))
+
+
+def test_model_cp4_matches_cp1():
+    impls = {"ring": ("ring", None), "allgather": ("allgather", None), "ulysses": ("ulysses", None),
+             "hybrid2x2": ("hybrid", 2)}
+    _check(run_distributed(_model_worker, 4, impls, 24), len(impls))

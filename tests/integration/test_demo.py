@@ -1,0 +1,297 @@
+"""`longctx demo`: the --fast pipeline end to end (train -> eval -> extend under torchrun with
+cp=2 + ZeRO-3 -> re-eval -> report), its run directory, and its error handling.
+
+Accuracy is not asserted for --fast (a few steps cannot learn retrieval); the measured numbers
+of the full demo are in docs/demo.md.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from longctx.demo.plan import EVAL_TASKS, FAST, FULL, HEATMAP_TASK
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _env() -> dict:
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        env.pop(key, None)
+    return env
+
+
+def _demo(*args: str, timeout: int = 600) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "longctx", "demo", *args], capture_output=True, text=True,
+                          timeout=timeout, env=_env(), cwd=ROOT)
+
+
+@pytest.fixture(scope="module")
+def fast_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("demo") / "run"
+    proc = _demo("--fast", "--out", str(out), "--seed", "3")
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
+    return out, proc
+
+
+def test_fast_demo_completes_with_a_wellformed_report(fast_run):
+    out, proc = fast_run
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["plan"] == "fast" and summary["seed"] == 3
+    assert summary["lengths"] == [256, 512, 1024, 2048] == [m * 256 for m in summary["multipliers"]]
+    assert set(summary["variants"]) == {"a", "c"}
+    for key, variant in summary["variants"].items():
+        scores = variant["scores"]
+        assert set(scores) == set(EVAL_TASKS) | {"average"}
+        for task, row in scores.items():
+            assert set(row) == {str(L) for L in summary["lengths"]}
+            for L, v in row.items():
+                if task == "niah_multivalue" and L == "256":
+                    assert v is None  # the compact multivalue prompt needs ~389 tokens
+                else:
+                    assert v is not None and 0.0 <= v <= 100.0, (key, task, L, v)
+    for step in ("1 train base", "2 eval base", "3 extend (cp=2, ZeRO-3)", "4 eval extended", "demo total"):
+        assert summary["timings_s"][step] > 0
+
+    report = (out / "report.md").read_text()
+    assert "## Retrieval accuracy" in report and "## Before → after extension" in report
+    assert "- corpora (synthetic task mix): base " + ", ".join(f"{t} {w:g}" for t, w in FAST.tasks) in report
+    assert "extension " + ", ".join(f"{t} {w:g}" for t, w in FAST.extend_tasks) in report
+    for L, m in zip(summary["lengths"], summary["multipliers"]):
+        assert f"| {L} ({m}x) |" in report  # one before/after row per length
+    acc_rows = [line for line in report.splitlines() if line.startswith("| (a)") or line.startswith("| (c)")]
+    assert len(acc_rows) == 2 and all(len(re.findall(r"\d+\.\d ± \d+\.\d", r)) == 4 for r in acc_rows)
+    for variant in summary["variants"].values():  # the averages' standard errors (eval samples)
+        assert {str(L) for L in summary["lengths"]} == set(variant["average_stderr"])
+        assert all(v >= 0.0 for v in variant["average_stderr"].values())
+    assert "FutureWarning" not in proc.stderr  # third-party noise stays in the logs
+    assert "retrieval score before -> after extension" in proc.stderr
+
+
+def test_fast_demo_run_directory_is_self_contained(fast_run):
+    out, _ = fast_run
+    for name in ("demo.json", "report.md", "summary.json", "accuracy_vs_length.png",
+                 "configs/base.yaml", "configs/extend.yaml"):
+        assert (out / name).is_file(), name
+    for run in ("base", "extend"):
+        for name in ("resolved_config.yaml", "metrics.jsonl", "train.log", "hf/config.json", "hf/model.safetensors"):
+            assert (out / run / name).is_file(), f"{run}/{name}"
+        assert any((out / run / "tb").iterdir())
+        ckpts = sorted((out / run / "checkpoints").glob("step_*"))
+        assert ckpts and all((c / "COMPLETE").is_file() for c in ckpts)
+    for variant in ("a_base", "c_extended"):
+        d = out / "eval" / variant
+        for name in ("results.json", "report.md", "scores_vs_length.png", f"heatmap_{HEATMAP_TASK}.png"):
+            assert (d / name).is_file(), f"{variant}/{name}"
+        records = json.loads((d / "results.json").read_text())["samples"]
+        assert {r["target_length"] for r in records} == {256, 512, 1024, 2048}
+        assert {r["task"] for r in records} == set(EVAL_TASKS)
+
+    # base: the curriculum, one process
+    base = [json.loads(line) for line in (out / "base" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["seq_len"] for r in base][-1] == FAST.train_len
+    assert sorted({r["seq_len"] for r in base}) == sorted(s.seq_len for s in FAST.base_stages)
+    assert len(base) == sum(s.steps for s in FAST.base_stages)
+    # extension: 2 ranks as cp=2 (dp=1), ZeRO-3, at 4x, from the base export, YaRN x4
+    ext = [json.loads(line) for line in (out / "extend" / "metrics.jsonl").read_text().splitlines()]
+    assert len(ext) == FAST.extend_steps
+    assert all(r["cp_size"] == 2 and r["dp_size"] == 1 and r["seq_len"] == 4 * FAST.train_len for r in ext)
+    assert all(r["loss"] == r["loss"] and r["loss"] > 0 for r in ext)  # finite
+    resolved = (out / "extend" / "resolved_config.yaml").read_text()
+    assert "zero_stage: 3" in resolved and "cp_size: 2" in resolved and str(out / "base" / "hf") in resolved
+    assert (out / "extend" / "logs" / "rank_00001.log").is_file()  # really two processes
+    hf = json.loads((out / "extend" / "hf" / "config.json").read_text())
+    rope = hf.get("rope_parameters") or hf.get("rope_scaling")
+    assert rope["rope_type"] == "yarn" and rope["factor"] == 4.0
+    assert hf["max_position_embeddings"] == 4 * FAST.train_len
+    base_hf = json.loads((out / "base" / "hf" / "config.json").read_text())
+    assert base_hf["max_position_embeddings"] == FAST.train_len
+
+
+def _processes_mentioning(text: str) -> list[int]:
+    pids = []
+    for proc_dir in Path("/proc").iterdir():
+        if proc_dir.name.isdigit():
+            try:
+                if text in (proc_dir / "cmdline").read_bytes().decode(errors="replace"):
+                    pids.append(int(proc_dir.name))
+            except OSError:  # exited meanwhile
+                pass
+    return pids
+
+
+@pytest.mark.skipif(not Path("/proc/self/cmdline").exists(), reason="needs /proc")
+def test_sigterm_stops_the_running_training_job(tmp_path):
+    """Killing the demo (SIGTERM: `kill`, a scheduler) must not leave its torchrun/trainer behind."""
+    import signal
+    import time
+
+    out = tmp_path / "run"
+    demo = subprocess.Popen([sys.executable, "-m", "longctx", "demo", "--fast", "--out", str(out)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=_env(), cwd=ROOT)
+    job = str(out / "configs" / "base.yaml")
+    try:
+        deadline = time.time() + 120
+        while not _processes_mentioning(job) and time.time() < deadline and demo.poll() is None:
+            time.sleep(0.2)
+        assert _processes_mentioning(job), "the base training job never started"
+        demo.send_signal(signal.SIGTERM)
+        assert demo.wait(timeout=120) == 128 + signal.SIGTERM
+        deadline = time.time() + 30
+        while _processes_mentioning(job) and time.time() < deadline:
+            time.sleep(0.2)
+        assert not _processes_mentioning(job), "the training job outlived the demo"
+    finally:
+        if demo.poll() is None:
+            demo.kill()
+        for pid in _processes_mentioning(job):
+            os.kill(pid, signal.SIGKILL)
+
+
+def test_bad_flags_are_one_line_errors(tmp_path):
+    for args in (["--bogus"], ["--seed", "x"], ["--seed", "-1"], ["stray"]):
+        proc = _demo(*args, "--out", str(tmp_path / "never"), timeout=120)
+        assert proc.returncode == 2, (args, proc.stderr)
+        lines = proc.stderr.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("error: "), (args, proc.stderr)
+        assert not (tmp_path / "never").exists()
+
+
+def test_refuses_a_foreign_nonempty_out_dir(tmp_path):
+    (tmp_path / "precious.txt").write_text("keep me")
+    proc = _demo("--fast", "--out", str(tmp_path), timeout=120)
+    assert proc.returncode == 2 and proc.stderr.strip().startswith("error: --out:")
+    assert (tmp_path / "precious.txt").read_text() == "keep me"
+
+
+def test_plans_match_the_issue():
+    # full demo: 1x..8x of 256, extension x4 at 1024 on 2 processes with cp=2 and ZeRO-3
+    for plan in (FULL, FAST):
+        assert plan.lengths == [256, 512, 1024, 2048]
+        assert (plan.extend_len, plan.nproc, plan.cp_size, plan.zero_stage) == (1024, 2, 2, 3)
+        assert plan.scaled_rope()["original_max_position_embeddings"] == plan.train_len
+    assert [s.seq_len for s in FULL.base_stages] == [128, 192, 256]
+
+
+def test_findings_state_only_what_the_table_shows():
+    from longctx.demo.pipeline import findings
+
+    def table(avg):
+        return {"average": dict(zip(FULL.lengths, avg))}
+
+    tables = {"a": table([95.0, 60.0, 10.0, 0.0]), "b": table([93.0, 70.0, 40.0, 5.0]),
+              "c": table([97.0, 96.0, 90.0, 30.0]), "d": table([96.0, 95.0, 88.0, 12.0])}
+    text = "\n".join(findings(FULL, tables))
+    assert "scores 10 at 4x" in text and "90 at 4x" in text
+    assert "256: no measurable difference, 512: +10 points, 1024: +30 points, 2048: no measurable difference" in text
+    assert "1024: no measurable difference, 2048: +18 points" in text
+    # with standard errors a difference must exceed two of them (of the difference)
+    for t, s in zip(tables.values(), ([2.0, 4.0, 3.0, 1.0], [2.0, 4.0, 3.0, 2.0], [1.0, 2.0, 3.0, 5.0],
+                                      [1.0, 3.0, 3.0, 6.0])):
+        t["average_se"] = dict(zip(FULL.lengths, s))
+    text = "\n".join(findings(FULL, tables))
+    assert "90 ± 3 at 4x" in text
+    # b - a at 512: +10 > 2 * hypot(4, 4) = 11.3 fails; at 1024 +30 > 8.5 holds
+    assert "256: no measurable difference, 512: no measurable difference, 1024: +30 points" in text
+    assert "2048: +18 points" in text  # 18 > 2 * hypot(5, 6) = 15.6
+
+
+def test_training_configs_carry_the_measured_recipe(tmp_path):
+    """The written YAMLs are what the trainer validates and runs: base documents near-full
+    (a distractor in every 256-token niah document), extension documents 1x..4x."""
+    from dataclasses import replace
+
+    from longctx.config import load_config
+    from longctx.demo import stages
+
+    from longctx.data import load_tokenizer
+
+    byte = load_tokenizer(stages.prepare_tokenizer(FULL, tmp_path / "tokenizer"))
+    assert byte.name == "byte" and not (tmp_path / "tokenizer").exists()
+    base = stages.write_config(stages.base_config(FULL, tmp_path / "base", 0, byte), tmp_path / "base.yaml")
+    ext = stages.write_config(stages.extend_config(FULL, tmp_path / "ext", tmp_path / "base" / "hf", 0,
+                                                   FULL.scaled_rope(), byte), tmp_path / "ext.yaml")
+    b, e = load_config(str(base)), load_config(str(ext))
+    b_syn, e_syn = b.data.sources[0].synthetic, e.data.sources[0].synthetic
+    assert b.optim.lr == FULL.base_lr == 1e-3 and b_syn.length_min_ratio == 0.95 and b_syn.filler == "noise"
+    assert [(s.seq_len, s.steps) for s in b.stages] == [(s.seq_len, s.steps) for s in FULL.base_stages]
+    assert e_syn.length_min_ratio == 0.25 and e_syn.num_keys == FULL.extend_num_keys
+    assert e_syn.queries == FULL.extend_queries == 8 and b_syn.queries == 1  # no room for 2 questions at 256
+    assert e.data.seq_len == 1024 and e.parallel.cp_size == 2 and e.parallel.zero_stage == 3
+    # recall documents drill key matching in both corpora; multi-valued keys only in the extension
+    assert dict(b_syn.tasks) == dict(FULL.tasks) and b_syn.tasks["recall"] > 0 and b_syn.recall_multivalue == 0
+    assert dict(e_syn.tasks) == dict(FULL.extend_tasks) and e_syn.recall_multivalue == FULL.extend_recall_multivalue > 0
+    assert [dict(s.sources[0].synthetic.tasks) for s in b.stages[:2]] == [{"passkey": 1.0}] * 2  # copying first
+    # half the extension's niah/multivalue/passkey documents put needles on lines of their own
+    assert e_syn.line_breaks == FULL.extend_line_breaks == 0.5 and b_syn.line_breaks == FULL.line_breaks == 0
+    # the plan's switch for weighting the separator after each answer value reaches the extension only
+    assert e_syn.answer_separators is FULL.extend_answer_separators and b_syn.answer_separators is False
+    sep = stages.extend_synthetic(replace(FULL, extend_answer_separators=True))["synthetic"]
+    assert sep["answer_separators"] is True and stages.base_synthetic(FULL)["synthetic"]["answer_separators"] is False
+    assert b.data.micro_batch_size * FULL.base_nproc == FULL.base_batch
+
+
+def test_bpe_plan_trains_its_tokenizer_and_sizes_the_model_by_it(tmp_path):
+    """tokenizer_vocab > 0: a BPE trained on both corpora, recorded in both configs, the model's
+    vocabulary and BOS/EOS taken from it."""
+    from dataclasses import replace
+
+    from longctx.config import load_config
+    from longctx.data import load_tokenizer
+    from longctx.demo import stages
+
+    plan = replace(FULL, tokenizer_vocab=600, tokenizer_docs=200)
+    spec = stages.prepare_tokenizer(plan, tmp_path / "tokenizer")
+    assert spec == str(tmp_path / "tokenizer" / "tokenizer.json")
+    tok = load_tokenizer(spec)
+    assert tok.vocab_size == 600 and len(tok.encode("One of the special magic numbers for")) <= 8
+    base = load_config(str(stages.write_config(stages.base_config(plan, tmp_path / "base", 0, tok), tmp_path / "b.yaml")))
+    ext = load_config(str(stages.write_config(stages.extend_config(plan, tmp_path / "ext", tmp_path / "base" / "hf", 0,
+                                                                   plan.scaled_rope(), tok), tmp_path / "e.yaml")))
+    assert base.data.tokenizer == ext.data.tokenizer == spec
+    over = base.model.overrides
+    assert (over["vocab_size"], over["bos_token_id"], over["eos_token_id"]) == (600, tok.bos_id, tok.eos_id)
+
+
+def test_extension_dense_source_and_inline_questions_reach_the_trainer_config(tmp_path):
+    """extend_dense_weight adds a second, niah-only source with its own corpus seed and the
+    plan's key / question counts; extend_inline_queries reaches the main corpus."""
+    from dataclasses import replace
+
+    from longctx.config import load_config
+    from longctx.data import load_tokenizer
+    from longctx.demo import stages
+    from longctx.demo.report import corpus_mixes
+
+    byte = load_tokenizer("byte")
+    plan = replace(FULL, extend_dense_weight=0.25, extend_dense_keys=16, extend_dense_queries=2, extend_inline_queries=1.0)
+    e = load_config(str(stages.write_config(stages.extend_config(plan, tmp_path / "ext", tmp_path / "base" / "hf", 0,
+                                                                 plan.scaled_rope(), byte), tmp_path / "ext.yaml")))
+    main, dense = e.data.sources
+    assert (main.weight, dense.weight) == (0.75, 0.25) and dense.name == "dense"
+    assert dict(dense.synthetic.tasks) == {"niah": 1.0} and (dense.synthetic.num_keys, dense.synthetic.queries) == (16, 2)
+    assert dense.synthetic.seed != main.synthetic.seed and main.synthetic.inline_queries == 1.0
+    assert "25% of rows dense niah (16 keys, 2 questions)" in corpus_mixes(plan)
+    assert "100% of niah documents with their answered questions inside the text" in corpus_mixes(plan)
+    off = replace(FULL, extend_dense_weight=0.0, extend_inline_queries=0.0)
+    assert len(stages.extend_sources(off)) == 1 and "dense" not in corpus_mixes(off)
+
+
+def test_eval_threads_follow_the_cores_other_processes_leave_free():
+    """The demo's evals use the cores left free now, not the minute-long load average (which
+    still counts the training job that just ended and used to leave the eval on one thread)."""
+    from longctx.demo.evaluation import busy_cores, eval_threads
+
+    cpus = os.cpu_count() or 1
+    assert eval_threads(0.0) == cpus
+    assert eval_threads(float(cpus)) == 1 and eval_threads(10.0 * cpus) == 1
+    assert eval_threads(cpus - 1.0) == 1
+    busy = busy_cores(0.05)
+    if os.path.exists("/proc/stat"):
+        assert busy is not None and 0.0 <= busy <= cpus + 1e-6

@@ -1,0 +1,143 @@
+"""Hugging Face checkpoint interop: round trips, presets on meta, and bad input."""
+import json
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+from safetensors.torch import save_file
+
+import longctx
+from longctx.errors import UserError
+from longctx.model import build_model, count_parameters, get_preset
+from longctx.model.hf import load_pretrained, save_pretrained
+from helpers.model import tiny_model
+
+
+def _cli(*args, cwd=None):
+    return subprocess.run([sys.executable, "-m", "longctx", *args], capture_output=True, text=True, cwd=cwd)
+
+
+@pytest.mark.parametrize("rope", ["default", "yarn", "llama3", "longrope"])
+def test_ours_to_transformers_round_trip(tmp_path, rope):
+    from transformers import LlamaForCausalLM
+
+    model = tiny_model(rope, "gqa")
+    longctx.save_pretrained(model, tmp_path / "m")
+    hf = LlamaForCausalLM.from_pretrained(tmp_path / "m").eval()
+    assert hf.config.rope_parameters["rope_type"] == model.config.rope_type
+    ids = torch.randint(0, 128, (2, 100))
+    with torch.no_grad():
+        assert (model(ids) - hf(input_ids=ids).logits).abs().max() <= 1e-4
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_transformers_to_ours_round_trip(tmp_path, dtype):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(vocab_size=128, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+                         rope_parameters={"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0,
+                                          "original_max_position_embeddings": 64})
+    torch.manual_seed(0)
+    hf = LlamaForCausalLM(config).eval().to(dtype)
+    hf.save_pretrained(tmp_path / "hf", max_shard_size="100KB")  # sharded with an index
+    assert (tmp_path / "hf" / "model.safetensors.index.json").exists()
+    ours = longctx.load_pretrained(tmp_path / "hf")
+    assert ours.embed_tokens.weight.dtype == dtype
+    ids = torch.randint(0, 128, (2, 64))
+    with torch.no_grad():
+        diff = (ours(ids).float() - hf(input_ids=ids).logits.float()).abs().max().item()
+    assert diff <= (1e-4 if dtype == torch.float32 else 5e-2)
+
+
+def test_legacy_rope_scaling_config(tmp_path):
+    model = tiny_model("linear", "gqa")
+    save_pretrained(model, tmp_path / "m")
+    cfg = json.loads((tmp_path / "m" / "config.json").read_text())
+    cfg.pop("rope_parameters")  # an old config.json: rope_theta + rope_scaling with "type"
+    cfg["rope_scaling"] = {"type": "linear", "factor": 4.0}
+    (tmp_path / "m" / "config.json").write_text(json.dumps(cfg))
+    loaded = load_pretrained(tmp_path / "m")
+    assert loaded.config.rope_parameters == {"rope_type": "linear", "rope_theta": 10000.0, "factor": 4.0}
+    ids = torch.randint(0, 128, (1, 50))
+    with torch.no_grad():
+        assert torch.equal(loaded(ids), model(ids))
+
+
+def test_tied_embeddings_and_sharded_save(tmp_path):
+    model = tiny_model("default", "mha", tie_word_embeddings=True)
+    save_pretrained(model, tmp_path / "m", max_shard_bytes=20_000)
+    assert (tmp_path / "m" / "model.safetensors.index.json").exists()
+    loaded = load_pretrained(tmp_path / "m")
+    assert loaded.lm_head is None
+    ids = torch.randint(0, 128, (1, 20))
+    with torch.no_grad():
+        assert torch.equal(loaded(ids), model(ids))
+
+
+def test_presets_on_meta_have_published_counts_and_build_fast():
+    expected = {"llama2-7b": 6_738_415_616, "llama3-8b": 8_030_261_248, "llama3.1-8b": 8_030_261_248}
+    for name, count in expected.items():
+        start = time.perf_counter()
+        model = build_model(get_preset(name), device="meta")
+        assert time.perf_counter() - start < 5
+        assert all(p.is_meta for p in model.parameters())
+        assert count_parameters(model) == count
+    assert get_preset("llama3.1-8b").rope_parameters["rope_type"] == "llama3"
+    bench = get_preset("bench-44m")
+    assert (bench.num_hidden_layers, bench.hidden_size, bench.num_attention_heads, bench.num_key_value_heads,
+            bench.intermediate_size, bench.vocab_size) == (4, 512, 8, 4, 1376, 32000)
+
+
+# ------------------------------------------------------------------------- bad input
+def _write_dir(tmp_path, config=None, tensors=None):
+    d = tmp_path / "bad"
+    d.mkdir()
+    model = tiny_model("default", "gqa")
+    save_pretrained(model, d)
+    if config is not None:
+        cfg = json.loads((d / "config.json").read_text())
+        cfg.update(config)
+        (d / "config.json").write_text(json.dumps(cfg))
+    if tensors is not None:
+        save_file(tensors, str(d / "model.safetensors"))
+    return d
+
+
+BAD_CASES = {
+    "missing dir": (lambda p: p / "nope", "does not exist"),
+    "no weights": (lambda p: (_write_dir(p), (p / "bad" / "model.safetensors").unlink())[0], "no weights found"),
+    "not llama": (lambda p: _write_dir(p, {"architectures": ["GPT2LMHeadModel"], "model_type": "gpt2"}), "GPT2LMHeadModel"),
+    "shape mismatch": (lambda p: _write_dir(p, {"intermediate_size": 100}), "has shape"),
+    "unknown rope field": (lambda p: _write_dir(p, {"rope_parameters": {"rope_type": "yarn", "rope_theta": 1e4, "factor": 2.0, "fctor": 2}}), "'fctor'"),
+    "incomplete rope": (lambda p: _write_dir(p, {"rope_parameters": {"rope_type": "llama3", "rope_theta": 1e4, "factor": 8.0}}), "low_freq_factor"),
+    "unknown rope type": (lambda p: _write_dir(p, {"rope_parameters": {"rope_type": "ntk-by-parts", "rope_theta": 1e4}}), "ntk-by-parts"),
+    "rope factor < 1": (lambda p: _write_dir(p, {"rope_parameters": {"rope_type": "linear", "rope_theta": 1e4, "factor": 0.5}}), "factor"),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_CASES))
+def test_bad_input_api_and_cli(tmp_path, case):
+    make, needle = BAD_CASES[case]
+    src = make(tmp_path)
+    with pytest.raises(UserError, match=needle):
+        load_pretrained(src)
+    out = tmp_path / "out"
+    res = _cli("export", "--checkpoint", str(src), "--out", str(out))
+    assert res.returncode == 2, res.stderr
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and needle in lines[0], res.stderr
+    assert "Traceback" not in res.stderr
+    assert not out.exists() and not list(tmp_path.glob(".out*"))  # nothing written
+
+
+def test_cli_export_round_trip(tmp_path):
+    model = tiny_model("yarn", "gqa")
+    save_pretrained(model, tmp_path / "src")
+    res = _cli("export", "--checkpoint", str(tmp_path / "src"), "--out", str(tmp_path / "dst"), "--dtype", "bfloat16")
+    assert res.returncode == 0, res.stderr
+    loaded = load_pretrained(tmp_path / "dst")
+    assert loaded.embed_tokens.weight.dtype == torch.bfloat16
+    assert torch.equal(loaded.embed_tokens.weight, model.embed_tokens.weight.bfloat16())

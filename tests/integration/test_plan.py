@@ -1,0 +1,251 @@
+"""Memory planner: exact model-state accounting, policies move memory where they should, advice
+is minimal, the CLI reports a breakdown, and (one real run) the estimate is within 20%."""
+import argparse
+import dataclasses
+import json
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from longctx import cli
+from longctx.config import load_config, resolved_stages, stage_model_config
+from longctx.errors import UserError
+from longctx.model import build_model, count_parameters, get_preset
+from longctx.plan import (GPU_USABLE, GiB, estimate_layout, estimate_memory, format_estimate, layout_of,
+                          parameter_counts, parse_length, parse_size, relative_time_per_token)
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _layout(preset="llama2-7b", **kw):
+    overrides = [f"model.preset={preset}", "data.micro_batch_size=1", *[f"{k}={v}" for k, v in kw.items()]]
+    cfg = load_config(None, overrides)
+    stage = resolved_stages(cfg)[0]
+    return cfg, stage, stage_model_config(cfg, stage)
+
+
+@pytest.mark.parametrize("preset", ["debug-tiny", "bench-44m", "llama2-7b", "llama3-8b"])
+def test_parameter_counts_match_the_model(preset):
+    cfg = get_preset(preset)
+    assert parameter_counts(cfg)["total"] == count_parameters(build_model(cfg, device="meta"))
+
+
+def test_parameter_counts_tied_and_biased():
+    cfg = get_preset("debug-tiny").replace(tie_word_embeddings=True, attention_bias=True, mlp_bias=True)
+    assert parameter_counts(cfg)["total"] == count_parameters(build_model(cfg, device="meta"))
+
+
+def test_model_states_follow_zero_accounting():
+    """bf16 mixed precision: 2 bytes params, 2 grads, 12 optimizer (fp32 master + Adam m, v),
+    sharded by ZeRO stage over all W ranks; the values are exact (not fitted)."""
+    P = parameter_counts(get_preset("llama2-7b"))["total"]
+    W = 64
+    cfg, stage, m = _layout(**{"train.dtype": "bfloat16", "data.seq_len": 4096})
+
+    def states(z, **extra):
+        c = dataclasses.replace(cfg, parallel=dataclasses.replace(cfg.parallel, zero_stage=z, **extra))
+        e = estimate_memory(c, stage, m, W)
+        phase = e.phases  # the step phase holds all states
+        return e, phase
+
+    e0, _ = states(0)
+    assert e0.parameters == 2 * P and e0.optimizer in (12 * P, 12 * P + 4 * P)
+    e3, _ = states(3)
+    lay3 = layout_of(dataclasses.replace(cfg, parallel=dataclasses.replace(cfg.parallel, zero_stage=3)), stage, W)
+    est3 = estimate_layout(m, lay3)
+    part = -(-P // W)
+    assert est3.optimizer == 12 * part  # master + Adam, partitioned
+    # every stage strictly reduces the peak for a large world size
+    peaks = [states(z)[0].peak for z in (0, 1, 2, 3)]
+    assert peaks[0] > peaks[2] > peaks[3], peaks
+    # optimizer offload moves master weights and Adam states to the host
+    off, _ = states(3, offload_optimizer=True)
+    assert off.optimizer == 0 and off.host >= 12 * part
+    offp, _ = states(3, offload_optimizer=True, offload_params=True)
+    assert offp.host > off.host and offp.peak < off.peak
+
+
+def test_activation_policies_and_cp_scale_activations():
+    def act(**kw):
+        cfg, stage, m = _layout(**{"train.dtype": "bfloat16", "data.seq_len": 32768, **kw})
+        lay = layout_of(cfg, stage, 8)
+        return estimate_layout(m, lay)
+
+    none, sel, full = (act(**{"parallel.activation_checkpointing": p}) for p in ("none", "selective", "full"))
+    assert none.peak > sel.peak > full.peak
+    assert none.activations > 3 * full.activations
+    cp1, cp2, cp4 = (act(**{"parallel.cp_size": c}) for c in (1, 2, 4))
+    assert cp1.info["tokens_per_rank"] == 2 * cp2.info["tokens_per_rank"] == 4 * cp4.info["tokens_per_rank"]
+    # activations are linear in the local length: halving it halves them (within the shared terms)
+    assert cp2.activations == pytest.approx(cp1.activations / 2, rel=0.02)
+
+
+def test_components_sum_to_peak_and_phase_is_the_max():
+    cfg, stage, m = _layout(**{"data.seq_len": 8192, "parallel.zero_stage": 2})
+    est = estimate_memory(cfg, stage, m, 4, device="cpu", runtime_overhead_gb=0.4)
+    assert est.peak == pytest.approx(sum(est.components().values()))
+    assert est.peak == pytest.approx(max(est.phases.values()))
+    assert est.runtime == pytest.approx(0.4 * GiB)
+
+
+def test_format_estimate_lists_every_component_and_the_verdict():
+    cfg, stage, m = _layout(**{"data.seq_len": 8192})
+    est = estimate_memory(cfg, stage, m, 8)
+    text = format_estimate(est, 80 * GiB)
+    for label in ("parameters", "gradients", "optimizer states", "activations", "attention workspace",
+                  "loss workspace", "communication buffers", "runtime", "total (peak)"):
+        assert label in text
+    assert ("fits in 80 GiB" in text) == est.fits(80 * GiB)
+    assert "does NOT fit in 1 GiB" in format_estimate(est, 1 * GiB)
+
+
+def test_parse_size_and_length():
+    assert parse_size("80GB") == parse_size("80GiB") == parse_size("80") == 80 * GiB
+    assert parse_size("512MB") == 512 * 2**20
+    assert parse_length("128k") == 131072 and parse_length("4096") == 4096
+    for bad in ("eighty", "-3GB", "0"):
+        with pytest.raises(UserError):
+            parse_size(bad)
+    with pytest.raises(UserError):
+        parse_length("long")
+
+
+def _run_plan(argv):
+    from longctx.commands import plan
+
+    p = argparse.ArgumentParser()
+    plan.add_parser(p)
+    return plan.run(p.parse_args(argv))
+
+
+def test_plan_cli_json_advice_is_the_fastest_layout_that_fits(capsys):
+    rc = _run_plan(["--json", "--gpus", "8", "--gpu-mem", "80GB", "model.preset=llama3-8b",
+                    "train.dtype=bfloat16", "data.seq_len=131072", "data.micro_batch_size=1"])
+    assert rc == 0
+    report = json.loads(capsys.readouterr().out)
+    options = report["advice"]["options"]
+    best = report["advice"]["recommended"]
+    assert [o["cp_size"] for o in options] == [1, 2, 4, 8]
+    assert best is not None and best["fits"] and best["peak_gib"] <= 80 * GPU_USABLE
+    assert not best["offload_optimizer"]  # offload only when nothing else fits
+    fitting = [o for o in options if o["fits"] and not o["offload_optimizer"]]
+    assert all(best["relative_time_per_token"] <= o["relative_time_per_token"] for o in fitting)
+    # within that cp, every option predicted faster does not fit
+    cfg = load_config(None, ["model.preset=llama3-8b", "train.dtype=bfloat16", "data.seq_len=131072",
+                             "data.micro_batch_size=1"])
+    stage = resolved_stages(cfg)[0]
+    m = stage_model_config(cfg, stage)
+    base = dataclasses.replace(layout_of(cfg, stage, 8), cp_size=best["cp_size"])
+    for z in range(4):
+        for ac in ("none", "selective", "full"):
+            lay = dataclasses.replace(base, zero_stage=z, activation_checkpointing=ac)
+            if relative_time_per_token(m, lay) < best["relative_time_per_token"] - 1e-3:
+                assert not estimate_layout(m, lay).fits(80 * GiB), (z, ac)
+    assert report["stages"][0]["components_gib"]["activations"] > 0
+
+
+def test_plan_cli_text_for_a_recipe_and_nothing_fits(capsys):
+    rc = _run_plan(["--config", str(ROOT / "configs/yarn-llama2-7b-128k.yaml")])
+    out = capsys.readouterr().out
+    assert rc == 0
+    assert "--gpus 64 from the config's '# cluster:' line" in out
+    assert "planning with the architecture of model.preset=llama2-7b" in out
+    assert out.count("memory per GPU") == 2 and "recommended: parallel.cp_size=" in out
+    rc = _run_plan(["--gpus", "1", "--gpu-mem", "24GB", "--check", "model.preset=llama3-8b", "data.seq_len=131072",
+                    "train.dtype=bfloat16"])
+    out = capsys.readouterr().out
+    assert rc == 3 and "nothing fits 131,072 tokens on 1 GPUs" in out and "does NOT fit" in out
+
+
+def test_plan_cli_bad_input():
+    with pytest.raises(UserError, match="--gpu-mem"):
+        _run_plan(["--gpu-mem", "lots"])
+    with pytest.raises(UserError, match="--gpus: must be >= 1"):
+        _run_plan(["--gpus", "0"])
+
+
+def test_plan_recipe_on_fewer_gpus_than_a_stage_needs(capsys):
+    """The 128k stage of the Llama 3 recipe uses cp 16: on 8 GPUs it is reported, and the advice
+    answers the question for 8 GPUs anyway."""
+    rc = _run_plan(["--config", str(ROOT / "configs/llama3-8b-128k.yaml"), "--gpus", "8", "--gpu-mem", "80GB",
+                    "--check"])
+    out = capsys.readouterr().out
+    assert rc == 3
+    assert "stage 3 (128k): seq_len 131,072: stages[3].cp_size=16 does not divide --gpus 8" in out
+    assert out.count("memory per GPU") == 3
+    assert "advice for seq_len 131,072 on 8 x 80 GiB" in out and "recommended: parallel.cp_size=" in out
+
+
+def test_train_dry_run_prints_the_breakdown():
+    res = subprocess.run([sys.executable, "-m", "longctx", "train", "--dry-run", "--world-size", "8",
+                          "model.preset=llama2-7b", "parallel.cp_size=8", "data.seq_len=65536",
+                          "data.micro_batch_size=1", "train.dtype=bfloat16", "parallel.zero_stage=3"],
+                         capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert "memory per GPU: ZeRO-3" in res.stdout and "total (peak)" in res.stdout
+
+
+def test_planner_within_20_percent_of_a_real_run(tmp_path):
+    """One configuration of benchmarks/bench_plan.py measured for real (the full table is in docs/plan.md)."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import bench_plan
+
+    from longctx.plan import RUNTIME_GB
+
+    overhead = RUNTIME_GB["cpu"]  # the documented calibration (benchmarks/bench_plan.py measures it)
+    overrides = ["data.seq_len=2048", "model.overrides.num_hidden_layers=4"]
+    measured = bench_plan.measure(1, [*bench_plan.MODEL, *overrides], tmp_path)["measured_gb"]
+    predicted = bench_plan.predict(1, overrides, overhead)["predicted_gb"]
+    assert abs(predicted - measured) / measured < 0.20, (predicted, measured, overhead)
+
+
+def test_plan_through_the_cli_entry_point(capsys):
+    """`longctx plan` as the CLI runs it (registered here the way longctx/cli.py registers it)."""
+    from longctx import cli
+
+    if "plan" not in cli.COMMANDS:
+        cli.optional_command("plan", "longctx.commands.plan", "add_parser", "run",
+                             "per-device memory estimate and the smallest cp/ZeRO layout that fits")
+    assert cli.main(["plan", "--gpus", "8", "model.preset=llama2-7b", "data.seq_len=32768"]) == 0
+    assert "recommended: parallel.cp_size=" in capsys.readouterr().out
+    assert cli.main(["plan", "--gpu-mem", "lots"]) == 2
+    assert capsys.readouterr().err.strip() == "error: --gpu-mem: cannot read 'lots'; use e.g. 80GB, 141GB or 24GiB"
+
+
+def _doc_commands():
+    """The `longctx plan` / `longctx train --dry-run` lines of docs/plan.md's code blocks."""
+    text = (ROOT / "docs" / "plan.md").read_text()
+    blocks = text.split("```")[1::2]
+    lines = [line.split("#", 1)[0].strip() for block in blocks for line in block.splitlines()]
+    return [shlex.split(line)[1:] for line in lines if line.startswith(("longctx plan", "longctx train"))]
+
+
+@pytest.mark.parametrize("argv", _doc_commands(), ids=lambda a: " ".join(a)[:60])
+def test_every_example_in_the_docs_gives_a_plan(argv, capsys, monkeypatch):
+    monkeypatch.chdir(ROOT)
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    assert cli.main(argv) == 0
+    out = capsys.readouterr().out
+    if argv[0] == "train":
+        assert "total (peak)" in out
+    elif "--json" in argv:
+        assert json.loads(out)["advice"]["recommended"] is not None
+    else:
+        recommended = [line for line in out.splitlines() if line.startswith("recommended:")]
+        assert len(recommended) == 1, out[-2000:]
+        print(" ".join(argv), "->", recommended[0])
+
+
+def test_the_recommendation_prefers_no_offload_and_the_faster_layout():
+    from longctx.commands.plan import recommend
+
+    rows = [{"cp_size": 2, "fits": True, "offload_optimizer": True, "relative_time_per_token": 1.38},
+            {"cp_size": 4, "fits": True, "offload_optimizer": False, "relative_time_per_token": 1.10},
+            {"cp_size": 8, "fits": True, "offload_optimizer": False, "relative_time_per_token": 1.10},
+            {"cp_size": 1, "fits": False, "offload_optimizer": False, "relative_time_per_token": 1.0}]
+    assert recommend(rows)["cp_size"] == 4
+    assert recommend(rows[:1])["cp_size"] == 2  # offload when nothing else fits
+    assert recommend(rows[3:]) is None

@@ -1,0 +1,166 @@
+"""The model, attention backends, checkpointing and generation on an accelerator.
+
+Skipped unless CUDA is available (CI has none). `LONGCTX_TEST_DEVICE=cpu` runs the same
+checks on CPU, which is how they are kept honest between GPU runs. On CUDA the `sdpa`
+backend calls `F.scaled_dot_product_attention` (flash / memory-efficient kernels) and the
+block kernel falls back to fp32 math: both are compared here with the fp32 CPU reference.
+"""
+import os
+
+import pytest
+import torch
+
+from longctx.attention import eager_attention, get_kernel, kernel_attention, sdpa_attention
+from longctx.model import build_model
+from longctx.model.generate import generate
+from longctx.parallel.checkpointing import apply_activation_checkpointing
+from helpers.model import hf_twin, tiny_config, tiny_model
+from unit.test_attention_backends import CASES, assert_close, make_qkv, packed_ids, reference
+
+DEVICE = os.environ.get("LONGCTX_TEST_DEVICE") or ("cuda" if torch.cuda.is_available() else None)
+pytestmark = pytest.mark.skipif(DEVICE is None, reason="no CUDA device (set LONGCTX_TEST_DEVICE to force one)")
+
+# fp32 on a GPU: different (but exact-math) kernels and summation orders than the CPU reference
+TOL = {torch.float32: 1e-4, torch.bfloat16: 2e-2}
+
+
+@pytest.fixture(autouse=True)
+def _no_tf32():
+    """TF32 matmuls would make every fp32 comparison a 1e-3 one."""
+    if DEVICE != "cuda":
+        yield
+        return
+    old = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
+    yield
+    torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = old
+
+
+def _grads(fn, q, k, v, dout, **kw):
+    qq, kk, vv = (x.detach().to(DEVICE).requires_grad_() for x in (q, k, v))
+    res = fn(qq, kk, vv, **kw)
+    out = res[0] if isinstance(res, tuple) else res
+    out.backward(dout.to(DEVICE, out.dtype))
+    return out, qq.grad, kk.grad, vv.grad
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("path", ["sdpa", "eager", "block-kernel"])
+@pytest.mark.parametrize("case", CASES, ids=[f"c{i}" for i in range(len(CASES))])
+def test_attention_on_device_matches_cpu_reference(case, path, dtype):
+    Hq, Hkv, T, S, causal, bounds = case
+    q, k, v = make_qkv(B=2, Hq=Hq, Hkv=Hkv, T=T, S=S, dtype=dtype)
+    seg = None if bounds is None else packed_ids(2, T, bounds)
+    kw = dict(causal=causal, segment_ids=seg)
+    want_out, _, dout, dq, dk, dv = reference(q, k, v, **kw)
+    dev_kw = dict(kw, segment_ids=None if seg is None else seg.to(DEVICE))
+    if path == "block-kernel":
+        kernel = get_kernel("auto", DEVICE)
+
+        def fn(a, b, c, **kk):
+            return kernel_attention(kernel, a, b, c, **kk)
+    else:
+        fn = sdpa_attention if path == "sdpa" else eager_attention
+    out, gq, gk, gv = _grads(fn, q, k, v, dout, **dev_kw)
+    assert out.device.type == torch.device(DEVICE).type and out.dtype == dtype
+    for name, got, want in (("out", out, want_out), ("dq", gq, dq), ("dk", gk, dk), ("dv", gv, dv)):
+        assert_close(f"{path} {name}", got.cpu(), want, TOL[dtype])
+
+
+@pytest.mark.parametrize("rope", ["default", "yarn", "llama3", "longrope", "dynamic"])
+def test_model_on_device_matches_transformers(rope):
+    """fp32: ours and LlamaForCausalLM agree on the device; bf16: ours is no further from the
+    fp32 logits than transformers' own bf16 run is."""
+    cfg_T = 4 * 32  # 4x the tiny configs' original length (32)
+    ids = torch.randint(0, 128, (2, cfg_T), generator=torch.Generator().manual_seed(0)).to(DEVICE)
+    ours = tiny_model(rope, "gqa").to(DEVICE)
+    hf = hf_twin(tiny_model(rope, "gqa")).to(DEVICE)
+    with torch.no_grad():
+        a, b = ours(ids), hf(input_ids=ids).logits
+        assert (a - b).abs().max().item() <= 1e-4
+        ours16 = tiny_model(rope, "gqa").to(DEVICE, torch.bfloat16)
+        hf16 = hf_twin(tiny_model(rope, "gqa")).to(DEVICE, torch.bfloat16)
+        err_ours = (ours16(ids).float() - a).abs().max().item()
+        err_hf = (hf16(input_ids=ids).logits.float() - a).abs().max().item()
+    assert err_ours <= 1.5 * err_hf + 1e-2, (err_ours, err_hf)
+
+
+def test_greedy_generation_on_device_matches_transformers():
+    ours = tiny_model("yarn", "gqa", seed=5).to(DEVICE)
+    hf = hf_twin(tiny_model("yarn", "gqa", seed=5)).to(DEVICE)
+    prompts = [torch.randint(0, 128, (n,), generator=torch.Generator().manual_seed(n)).tolist() for n in (20, 13)]
+    got = generate(ours, prompts, max_new_tokens=24)
+    for prompt, tokens in zip(prompts, got):
+        with torch.no_grad():
+            ref = hf.generate(torch.tensor([prompt], device=DEVICE), max_new_tokens=24, do_sample=False,
+                              pad_token_id=0)[0, len(prompt):].tolist()
+        assert tokens == ref
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_checkpointed_chunked_loss_gradients_on_device(dtype):
+    """Activation checkpointing + chunked loss + packed documents give the plain model's
+    gradients on the device (bf16: both runs round the same way, so the bound is loose only
+    for recomputation order)."""
+    torch.manual_seed(0)
+    cfg = tiny_config("yarn", "gqa")
+    ids = torch.randint(0, 128, (2, 96), generator=torch.Generator().manual_seed(1)).to(DEVICE)
+    labels = torch.cat([ids[:, 1:], torch.full((2, 1), -100, device=DEVICE)], 1)
+    seg = packed_ids(2, 96, [30, 61]).to(DEVICE)
+    grads = []
+    for policy in ("none", "full"):
+        model = build_model(cfg, seed=3, device=DEVICE, dtype=dtype)
+        apply_activation_checkpointing(model, policy)
+        loss_sum, n = model(ids, segment_ids=seg, labels=labels, loss_chunk_size=40)
+        (loss_sum / n).backward()
+        grads.append({name.replace("._checkpoint_wrapped_module", ""): p.grad.float().cpu()
+                      for name, p in model.named_parameters()})
+    tol = 1e-5 if dtype == torch.float32 else 1e-2
+    for name in grads[0]:
+        assert_close(name, grads[1][name], grads[0][name], tol)
+
+
+def test_training_steps_on_device_reduce_loss():
+    """bf16 parameters, AdamW, checkpointing, packed documents: 30 steps on one batch learn it."""
+    model = build_model(tiny_config("default", "gqa"), seed=0, device=DEVICE, dtype=torch.bfloat16)
+    apply_activation_checkpointing(model, "full")
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    ids = torch.randint(0, 128, (4, 64), generator=torch.Generator().manual_seed(2)).to(DEVICE)
+    labels = torch.cat([ids[:, 1:], torch.full((4, 1), -100, device=DEVICE)], 1)
+    seg = packed_ids(4, 64, [20, 41]).to(DEVICE)
+    losses = []
+    for _ in range(30):
+        loss_sum, n = model(ids, segment_ids=seg, labels=labels)
+        loss = loss_sum / n
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        losses.append(loss.item())
+    assert all(torch.isfinite(torch.tensor(losses)))
+    assert losses[-1] < 0.5 * losses[0], losses
+
+
+@pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.bfloat16, 2e-2)], ids=["fp32", "bf16"])
+def test_chunked_loss_on_device_matches_plain_fp32(dtype, tol):
+    """The vocabulary head's chunked loss (bf16 on CUDA: tensor-core GEMM with fp32 output for
+    the head's gradient) against plain fp32 cross-entropy on CPU."""
+    import torch.nn.functional as F
+
+    from longctx.model.loss import chunked_cross_entropy
+
+    g = torch.Generator().manual_seed(0)
+    N, d, V = 700, 64, 3000
+    h = torch.randn(N, d, generator=g).to(dtype)
+    W = (0.1 * torch.randn(V, d, generator=g)).to(dtype)
+    y = torch.randint(0, V, (N,), generator=g)
+    y[::7] = -100
+    hd, Wd = (x.detach().clone().to(DEVICE).requires_grad_() for x in (h, W))
+    loss_sum, wsum = chunked_cross_entropy(hd, Wd, y.to(DEVICE), None, chunk_size=128)
+    (loss_sum / wsum).backward()
+    hr, Wr = (x.detach().float().requires_grad_() for x in (h, W))
+    ref = F.cross_entropy(hr @ Wr.t(), y, ignore_index=-100)
+    ref.backward()
+    assert abs((loss_sum / wsum).item() - ref.item()) <= tol * max(1.0, ref.item())
+    for name, got, want in (("grad_hidden", hd.grad, hr.grad), ("grad_weight", Wd.grad, Wr.grad)):
+        assert got.dtype == dtype
+        assert_close(name, got.cpu(), want, tol * max(1.0, want.abs().max().item()))
