@@ -99,3 +99,23 @@ def rows_by_source(loader) -> Dict[int, list]:
             "input_ids": row.input_ids[None], "labels": row.labels[None],
             "position_ids": row.position_ids[None], "segment_ids": row.segment_ids[None],
         })
+
+
+def assert_batches_equal(a, b):
+    assert len(a) == len(b)
+    for x, y in zip(a, b):
+        assert x.keys() == y.keys()
+        for k in x:
+            np.testing.assert_array_equal(x[k], y[k], err_msg=k)
+
+
+def resume_roundtrip(make_loader, n_before, n_after):
+    """Batches n_before..n_before+n_after of an uninterrupted run vs. a resumed one."""
+    full = collect(make_loader(), n_before + n_after)
+    first = make_loader()
+    collect(first, n_before)
+    state = json.loads(json.dumps(first.state_dict()))  # must survive JSON
+    resumed = make_loader()
+    resumed.load_state_dict(state)
+    assert_batches_equal(collect(resumed, n_after), full[n_before:])
+    return full

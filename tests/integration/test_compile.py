@@ -7,7 +7,7 @@ from longctx.errors import UserError
 from longctx.parallel.checkpointing import apply_activation_checkpointing
 from longctx.parallel.compiled import compile_pointwise
 from helpers.model import tiny_model
-from unit.test_attention_backends import packed_ids
+from helpers.attention import packed_ids
 
 
 def _loss_and_grads(model, ids, seg, labels):

@@ -5,11 +5,10 @@ import json
 import numpy as np
 import pytest
 
-from helpers.data import collect, file_config, make_texts, write_jsonl
+from helpers.data import assert_batches_equal, collect, file_config, make_texts, resume_roundtrip, write_jsonl
 from longctx.data import ByteTokenizer, DataConfig, SourceConfig, SyntheticConfig, build_loader
 from longctx.data.documents import Doc
 from longctx.data.fit_packing import FitPacker
-from unit.test_data_loader import assert_batches_equal, resume_roundtrip
 
 TOK = ByteTokenizer()
 

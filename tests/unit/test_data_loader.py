@@ -1,13 +1,15 @@
 """Loader: mixture proportions, data-parallel sharding, exact resume (map-style, streaming,
 cache, prefetch thread), config composition."""
-import json
 from collections import Counter
 
 import numpy as np
 import pytest
 import torch
 
-from helpers.data import collect, make_texts, rebuild_documents, rows_by_source, write_jsonl, write_parquet
+from helpers.data import (
+    assert_batches_equal, collect, make_texts, rebuild_documents, resume_roundtrip, rows_by_source, write_jsonl,
+    write_parquet,
+)
 from longctx.data import ByteTokenizer, DataConfig, SourceConfig, SyntheticConfig, build_loader
 from longctx.errors import UserError
 
@@ -74,26 +76,6 @@ def test_dp_shards_disjoint_and_covering(files, dp_size):
             assert not (set(per_rank[a]) & set(per_rank[b]))  # disjoint
     want = Counter(tuple(TOK.encode(t, add_bos=True, add_eos=True)) for t in files["long_texts"] + files["short_texts"])
     assert union == want  # covering, each document once
-
-
-def assert_batches_equal(a, b):
-    assert len(a) == len(b)
-    for x, y in zip(a, b):
-        assert x.keys() == y.keys()
-        for k in x:
-            np.testing.assert_array_equal(x[k], y[k], err_msg=k)
-
-
-def resume_roundtrip(make_loader, n_before, n_after):
-    """Batches n_before..n_before+n_after of an uninterrupted run vs. a resumed one."""
-    full = collect(make_loader(), n_before + n_after)
-    first = make_loader()
-    collect(first, n_before)
-    state = json.loads(json.dumps(first.state_dict()))  # must survive JSON
-    resumed = make_loader()
-    resumed.load_state_dict(state)
-    assert_batches_equal(collect(resumed, n_after), full[n_before:])
-    return full
 
 
 @pytest.mark.parametrize("prefetch", [0, 3])

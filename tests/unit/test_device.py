@@ -15,7 +15,7 @@ from longctx.model import build_model
 from longctx.model.generate import generate
 from longctx.parallel.checkpointing import apply_activation_checkpointing
 from helpers.model import hf_twin, tiny_config, tiny_model
-from unit.test_attention_backends import CASES, assert_close, make_qkv, packed_ids, reference
+from helpers.attention import CASES, assert_close, make_qkv, packed_ids, reference
 
 DEVICE = os.environ.get("LONGCTX_TEST_DEVICE") or ("cuda" if torch.cuda.is_available() else None)
 pytestmark = pytest.mark.skipif(DEVICE is None, reason="no CUDA device (set LONGCTX_TEST_DEVICE to force one)")

@@ -9,9 +9,9 @@ import torch
 
 from longctx.attention import EagerKernel, eager_attention, kernel_attention
 from longctx.attention.core import build_mask
-from longctx.attention.cpu_flash import SdpaKernel
+from longctx.attention.sdpa import SdpaKernel
 from longctx.attention.kernel import _disjoint, plan_document_tiles
-from unit.test_attention_backends import assert_close, make_qkv, reference, run_fn, TOL
+from helpers.attention import TOL, assert_close, make_qkv, reference, run_fn
 
 
 def random_runs(B, n, max_docs, rng, first_id=0):
