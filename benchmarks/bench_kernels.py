@@ -30,7 +30,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 from longctx.attention import kernel_attention  # noqa: E402
 from longctx.attention.core import build_mask  # noqa: E402
-from longctx.attention.cpu_flash import SdpaKernel  # noqa: E402
+from longctx.attention.sdpa import SdpaKernel  # noqa: E402
 from longctx.model import ModelConfig, build_model  # noqa: E402
 from longctx.model.rope import RotaryEmbedding, apply_rotary, rotate_reference  # noqa: E402
 

@@ -35,18 +35,6 @@ def merge_attention(
     return w_old * out + w_new * block_out, new_lse
 
 
-def merge_attention_(
-    out: torch.Tensor,  # (B, H, T, D) fp32, updated in place
-    lse: torch.Tensor,  # (B, H, T) fp32, updated in place
-    block_out: torch.Tensor,
-    block_lse: torch.Tensor,
-) -> None:
-    """In-place variant of merge_attention for accumulators that live in a larger buffer."""
-    new_out, new_lse = merge_attention(out, lse, block_out, block_lse)
-    out.copy_(new_out)
-    lse.copy_(new_lse)
-
-
 def lse_for_backward(lse: torch.Tensor) -> torch.Tensor:
     """Rows that saw no key (lse = -inf) get lse 0, so exp(score - lse) = exp(-inf) = 0."""
     return torch.where(torch.isinf(lse), torch.zeros_like(lse), lse).float()

@@ -8,7 +8,10 @@ from typing import Optional
 import torch
 
 from longctx.attention.core import AttentionFn
+from longctx.attention.eager import EagerKernel, eager_attention
+from longctx.attention.flash import FlashKernel, flash_attention, flash_available
 from longctx.attention.kernel import AttentionKernel
+from longctx.attention.sdpa import SdpaKernel, sdpa_attention
 from longctx.errors import UserError
 
 log = logging.getLogger(__name__)
@@ -20,8 +23,6 @@ def check_backend_available(name: str, where: str = "attention backend",
                             device: Optional[torch.device | str] = None) -> None:
     """UserError naming `where` unless backend `name` exists and can run on `device` (default:
     CUDA when available, else CPU). Cheap: flash-attn is only imported, nothing is built."""
-    from longctx.attention.flash import flash_available
-
     if name not in BACKENDS:
         close = difflib.get_close_matches(str(name), BACKENDS, n=1)
         hint = f"did you mean {close[0]!r}? " if close else ""
@@ -36,8 +37,6 @@ def check_backend_available(name: str, where: str = "attention backend",
 
 def resolve_backend(name: str = "auto", device: Optional[torch.device | str] = None) -> str:
     """Concrete backend name for `name` on `device` (default: CUDA when available, else CPU)."""
-    from longctx.attention.flash import flash_available
-
     if device is None:
         device = "cuda" if torch.cuda.is_available() else "cpu"
     device = torch.device(device)
@@ -53,21 +52,13 @@ def resolve_backend(name: str = "auto", device: Optional[torch.device | str] = N
 
 def get_kernel(name: str = "auto", device: Optional[torch.device | str] = None) -> AttentionKernel:
     """Block kernel (forward with LSE + explicit backward) used by context parallelism."""
-    from longctx.attention.cpu_flash import SdpaKernel
-    from longctx.attention.eager import EagerKernel
-
     name = resolve_backend(name, device)
     if name == "flash":
-        from longctx.attention.flash import FlashKernel
         return FlashKernel()
     return SdpaKernel() if name == "sdpa" else EagerKernel()
 
 
 def get_attention(name: str = "auto", device: Optional[torch.device | str] = None) -> AttentionFn:
     """Local attention function with core.py's signature."""
-    from longctx.attention.eager import eager_attention
-    from longctx.attention.flash import flash_attention
-    from longctx.attention.sdpa import sdpa_attention
-
     name = resolve_backend(name, device)
     return {"flash": flash_attention, "sdpa": sdpa_attention, "eager": eager_attention}[name]

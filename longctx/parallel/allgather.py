@@ -15,7 +15,7 @@ from typing import Optional, Tuple
 import torch
 import torch.distributed as dist
 
-from longctx.attention.kernel import AttentionKernel, resolve_scale
+from longctx.attention.kernel import AttentionKernel
 from longctx.parallel.comm import all_gather_stack, reduce_scatter_stack
 from longctx.parallel.sharding import zigzag_permutation
 
@@ -97,25 +97,3 @@ def allgather_backward(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tenso
         dkv[1][:, :, :stop] += gv
     dkv = _scatter_dkv(dkv, spec)  # reduce-scatter in fp32 back to the owners
     return dq, dkv[0].to(k.dtype), dkv[1].to(v.dtype)
-
-
-class AllGatherAttention(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, q, k, v, spec: AllGatherSpec, causal: bool, scale: float,
-                q_seg: Optional[Tensor], full_seg: Optional[Tensor]):
-        out, lse = allgather_forward(q, k, v, spec, causal, scale, q_seg, full_seg)
-        ctx.save_for_backward(q, k, v, out, lse, q_seg, full_seg)
-        ctx.spec, ctx.causal, ctx.scale = spec, causal, scale
-        return out
-
-    @staticmethod
-    def backward(ctx, dout):
-        q, k, v, out, lse, q_seg, full_seg = ctx.saved_tensors
-        grads = allgather_backward(dout, q, k, v, out, lse, ctx.spec, ctx.causal, ctx.scale, q_seg, full_seg)
-        return (*grads, None, None, None, None, None)
-
-
-def allgather_attention(q: Tensor, k: Tensor, v: Tensor, spec: AllGatherSpec, *, causal: bool = True,
-                        scale: Optional[float] = None, q_seg: Optional[Tensor] = None,
-                        full_seg: Optional[Tensor] = None) -> Tensor:
-    return AllGatherAttention.apply(q, k, v, spec, causal, resolve_scale(scale, q.shape[-1]), q_seg, full_seg)

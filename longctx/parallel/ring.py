@@ -23,7 +23,7 @@ from typing import Optional, Tuple
 
 import torch
 
-from longctx.attention.kernel import AttentionKernel, resolve_scale
+from longctx.attention.kernel import AttentionKernel
 from longctx.attention.lse import NEG_INF, merge_attention
 from longctx.parallel.comm import RingComm
 
@@ -120,26 +120,3 @@ def ring_backward(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, ls
     if dkv_pending is not None:
         dkv = dkv_pending.wait()  # one extra hop: our own K/V's gradients come home
     return dq.to(q.dtype), dkv[0].to(k.dtype), dkv[1].to(v.dtype)
-
-
-class RingAttention(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, q, k, v, spec: RingSpec, causal: bool, scale: float,
-                q_seg: Optional[Tensor], kv_segs: Optional[Tensor]):
-        out, lse = ring_forward(q, k, v, spec, causal, scale, q_seg, kv_segs)
-        ctx.save_for_backward(q, k, v, out, lse, q_seg, kv_segs)
-        ctx.spec, ctx.causal, ctx.scale = spec, causal, scale
-        return out
-
-    @staticmethod
-    def backward(ctx, dout):
-        q, k, v, out, lse, q_seg, kv_segs = ctx.saved_tensors
-        grads = ring_backward(dout, q, k, v, out, lse, ctx.spec, ctx.causal, ctx.scale, q_seg, kv_segs)
-        return (*grads, None, None, None, None, None)
-
-
-def ring_attention(q: Tensor, k: Tensor, v: Tensor, spec: RingSpec, *, causal: bool = True,
-                   scale: Optional[float] = None, q_seg: Optional[Tensor] = None,
-                   kv_segs: Optional[Tensor] = None) -> Tensor:
-    """Exact attention of the local zigzag queries over the whole ring's keys; see module doc."""
-    return RingAttention.apply(q, k, v, spec, causal, resolve_scale(scale, q.shape[-1]), q_seg, kv_segs)

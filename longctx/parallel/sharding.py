@@ -13,7 +13,7 @@ the same index as input_ids is correct.
 """
 from __future__ import annotations
 
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, Optional, Sequence
 
 import torch
 import torch.distributed as dist
@@ -110,9 +110,3 @@ def shard_batch(batch: Dict[str, Tensor], cp_rank: int, cp_size: int,
         if isinstance(val, Tensor) and val.dim() >= 2 and tuple(val.shape[:2]) == tuple(ref.shape):
             out[key] = shard_sequence(val, cp_rank, cp_size, dim=1).contiguous()
     return out
-
-
-def local_chunk_bounds(seq_len: int, cp_rank: int, cp_size: int) -> List[tuple]:
-    """[(start, stop), (start, stop)] global ranges of the two local chunks."""
-    c = seq_len // (2 * cp_size)
-    return [(i * c, (i + 1) * c) for i in zigzag_chunks(cp_rank, cp_size)]

@@ -67,36 +67,6 @@ def gather_heads(y: Tensor, spec: UlyssesSpec) -> Tensor:
     return torch.stack(recv, dim=1).reshape(B, U * Hl, T, D)
 
 
-class SeqToHeads(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x, spec: UlyssesSpec):
-        ctx.spec = spec
-        return scatter_heads(x, spec)
-
-    @staticmethod
-    def backward(ctx, g):
-        return gather_heads(g.contiguous(), ctx.spec), None
-
-
-class HeadsToSeq(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, y, spec: UlyssesSpec):
-        ctx.spec = spec
-        return gather_heads(y, spec)
-
-    @staticmethod
-    def backward(ctx, g):
-        return scatter_heads(g.contiguous(), ctx.spec), None
-
-
-def seq_to_heads(x: Tensor, spec: UlyssesSpec) -> Tensor:
-    return x if spec.size == 1 else SeqToHeads.apply(x, spec)
-
-
-def heads_to_seq(y: Tensor, spec: UlyssesSpec) -> Tensor:
-    return y if spec.size == 1 else HeadsToSeq.apply(y, spec)
-
-
 def replicate_kv_heads(k: Tensor, degree: int) -> Tensor:
     """(B, Hkv, T, D) -> (B, max(Hkv, degree), T, D): replicate kv heads when the Ulysses degree
     exceeds them (degree % Hkv == 0), so every member receives the kv head its queries use."""
