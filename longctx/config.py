@@ -26,8 +26,8 @@ from longctx.data.tokenizer import check_local_tokenizer_vocab
 from longctx.errors import UserError
 from longctx.model.config import PRESETS
 from longctx.model.rope import require_explicit_fields
+from longctx.parallel.layout import CP_IMPLS, ulysses_degree
 
-CP_IMPLS = ("ring", "allgather", "ulysses", "hybrid")
 DTYPES = ("float32", "bfloat16")
 SCHEDULES = ("cosine", "linear", "constant")
 CHECKPOINTING = ("none", "full", "selective")
@@ -464,10 +464,10 @@ def _validate_log(log: LogSection) -> None:
 def _validate_cp(cfg: TrainConfig, cp: int, world_size: int, model_cfg, seq_len: int,
                  seq_where: str, cp_where: str) -> None:
     """The context-parallel checks of longctx.parallel, with this config's field names."""
-    from longctx.parallel.cp import validate_cp
+    from longctx.parallel.layout import validate_cp
 
     par = cfg.parallel
-    ulysses = cp if par.cp_impl == "ulysses" else (par.ulysses_size if par.cp_impl == "hybrid" else None)
+    ulysses = ulysses_degree(par.cp_impl, cp, par.ulysses_size)
     try:
         validate_cp(world_size, cp, par.cp_impl, ulysses, model_cfg.num_attention_heads,
                     model_cfg.num_key_value_heads, seq_len)

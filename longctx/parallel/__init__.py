@@ -1,9 +1,9 @@
-"""Parallelism applied to a plain model: context-parallel attention (this package's cp/ring/
-allgather/ulysses/hybrid modules), zigzag sharding helpers, and (in sibling modules) process
-meshes, ZeRO and activation checkpointing."""
-from longctx.parallel.cp import (
-    CP_IMPLS, CPLayout, ContextParallelAttention, make_cp_attention, validate_cp, validate_heads, validate_layout,
-)
+"""Parallelism applied to a plain model: parallelize.py is the one step (context-parallel
+attention, activation checkpointing, compile, ZeRO engine); one module per CP strategy (ring,
+allgather, ulysses, hybrid) with their communication in comm.py; zigzag sharding helpers;
+process meshes; decode-time CP (cp_decode.py)."""
+from longctx.parallel.cp import ContextParallelAttention, make_cp_attention
+from longctx.parallel.layout import CP_IMPLS, CPLayout, ulysses_degree, validate_cp, validate_heads, validate_layout
 from longctx.parallel.sharding import (
     gather_sequence, positions_from_segments, shard_batch, shard_sequence, unshard_sequence, zigzag_indices,
     zigzag_permutation,
@@ -11,6 +11,6 @@ from longctx.parallel.sharding import (
 
 __all__ = [
     "CP_IMPLS", "CPLayout", "ContextParallelAttention", "gather_sequence", "make_cp_attention",
-    "positions_from_segments", "shard_batch", "shard_sequence", "unshard_sequence", "validate_cp",
+    "positions_from_segments", "shard_batch", "shard_sequence", "ulysses_degree", "unshard_sequence", "validate_cp",
     "validate_heads", "validate_layout", "zigzag_indices", "zigzag_permutation",
 ]

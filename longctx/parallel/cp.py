@@ -1,4 +1,4 @@
-"""Context-parallel attention: configuration checks and the factory the model is given.
+"""Context-parallel attention: the function the model is given.
 
     validate_cp(world_size, cp_size, impl, ulysses_size, num_heads, num_kv_heads, seq_len) -> CPLayout
     attn = make_cp_attention(cp_group, impl="ring", ulysses_size=None, backend="auto")
@@ -6,15 +6,9 @@
     batch = shard_batch(batch, cp_rank, cp_size)    # zigzag layout, global position ids
 
 `attn` has the local-attention signature of longctx.attention.core: the model passes its
-local-shard q/k/v and local-shard segment ids; the CP code communicates what it needs.
-
-impl:  ring       K/V around a ring (point to point), zigzag balanced      cp_size ranks
-       allgather  all-gather K/V, attend with local queries (Llama 3)
-       ulysses    all-to-all sequence <-> heads; ulysses_size = cp_size
-       hybrid     ulysses_size (inner, a2a) x cp_size/ulysses_size (outer ring)
-
-All checks of user input happen before any collective is issued, so a bad configuration is
-a one-line UserError on every rank, never a hang. The whole CP attention is one dispatcher op,
+local-shard q/k/v and local-shard segment ids; the CP code communicates what it needs. The
+strategies (ring, allgather, ulysses, hybrid) and the checks of a layout are in layout.py;
+they run before any collective is issued. The whole CP attention is one dispatcher op,
 torch.ops.longctx.cp_attention, with an explicit backward (see the end of this file).
 """
 from __future__ import annotations
@@ -22,7 +16,6 @@ from __future__ import annotations
 import itertools
 import logging
 import weakref
-from dataclasses import dataclass
 from typing import Optional, Tuple
 
 import torch
@@ -34,71 +27,13 @@ from longctx.errors import require
 from longctx.parallel.allgather import AllGatherSpec, allgather_backward, allgather_forward
 from longctx.parallel.comm import RingComm, all_gather_stack, group_ranks
 from longctx.parallel.hybrid import hybrid_backward, hybrid_forward
+from longctx.parallel.layout import CPLayout, validate_heads, validate_layout
 from longctx.parallel.ring import RingSpec
-from longctx.parallel.sharding import check_seq_len, unshard_sequence
+from longctx.parallel.sharding import unshard_sequence
 from longctx.parallel.ulysses import UlyssesSpec
 
 log = logging.getLogger(__name__)
 Tensor = torch.Tensor
-CP_IMPLS = ("ring", "allgather", "ulysses", "hybrid")
-
-
-@dataclass(frozen=True)
-class CPLayout:
-    cp_size: int
-    impl: str
-    ulysses_size: int  # a2a degree (1 for ring / allgather)
-    ring_size: int  # ring degree (1 for ulysses / allgather)
-
-
-def _divisors(n: int):
-    return [d for d in range(1, n + 1) if n % d == 0]
-
-
-def validate_layout(cp_size: int, impl: str, ulysses_size: Optional[int] = None,
-                    world_size: Optional[int] = None) -> CPLayout:
-    """Checks that need no model or data shapes; returns the resolved layout."""
-    require(impl in CP_IMPLS, f"parallel.cp_impl={impl!r} is unknown; valid: {', '.join(CP_IMPLS)}")
-    require(isinstance(cp_size, int) and cp_size >= 1, f"parallel.cp_size={cp_size!r} must be an integer >= 1")
-    if world_size is not None:
-        require(world_size % cp_size == 0,
-                f"parallel.cp_size={cp_size} must divide the world size {world_size}; "
-                f"valid: {', '.join(map(str, _divisors(world_size)))}")
-    u = ulysses_size or None
-    if impl in ("ring", "allgather"):
-        require(u in (None, 1), f"parallel.ulysses_size={ulysses_size} applies only to cp_impl ulysses or hybrid "
-                                f"(cp_impl is {impl}); set it to 1 or leave it unset")
-        return CPLayout(cp_size, impl, 1, cp_size if impl == "ring" else 1)
-    if impl == "ulysses":
-        require(u in (None, cp_size), f"parallel.ulysses_size={ulysses_size} must equal parallel.cp_size={cp_size} "
-                                      "for cp_impl ulysses (use cp_impl hybrid to combine with a ring)")
-        return CPLayout(cp_size, impl, cp_size, 1)
-    require(u is not None and cp_size % u == 0,
-            f"parallel.ulysses_size={ulysses_size} must divide parallel.cp_size={cp_size} for cp_impl hybrid; "
-            f"valid: {', '.join(map(str, _divisors(cp_size)))}")
-    return CPLayout(cp_size, impl, u, cp_size // u)
-
-
-def validate_heads(layout: CPLayout, num_heads: int, num_kv_heads: int) -> None:
-    U = layout.ulysses_size
-    if U == 1:
-        return
-    valid = [d for d in _divisors(num_heads) if num_kv_heads % d == 0 or d % num_kv_heads == 0]
-    require(num_heads % U == 0,
-            f"parallel.ulysses_size={U} must divide the number of attention heads ({num_heads}); "
-            f"valid: {', '.join(map(str, valid))}")
-    require(num_kv_heads % U == 0 or U % num_kv_heads == 0,
-            f"parallel.ulysses_size={U} must divide, or be a multiple of, the number of kv heads ({num_kv_heads}); "
-            f"valid: {', '.join(map(str, valid))}")
-
-
-def validate_cp(world_size: int, cp_size: int, impl: str, ulysses_size: Optional[int], num_heads: int,
-                num_kv_heads: int, seq_len: int) -> CPLayout:
-    """Every user-facing CP check; raises longctx.errors.UserError naming the config field."""
-    layout = validate_layout(cp_size, impl, ulysses_size, world_size)
-    validate_heads(layout, num_heads, num_kv_heads)
-    check_seq_len(seq_len, cp_size)
-    return layout
 
 
 class ContextParallelAttention:
