@@ -19,12 +19,17 @@ import copy
 import dataclasses
 import queue
 import threading
-from typing import Iterator, List
+from dataclasses import dataclass
+from typing import Iterator, List, Optional
 
+from omegaconf import DictConfig, OmegaConf
+
+from longctx.data.cache import CachedRows, open_cache
 from longctx.data.config import (DataConfig, SourceConfig, SyntheticConfig, UpsampleBucket, resolve_kind,
                                  validate_data_config)
-from longctx.data.packing import Row, empty_row, make_packer, rows_to_batch
 from longctx.data.documents import DocumentStream, uniform
+from longctx.data.packers import make_packer
+from longctx.data.packing import Row, empty_row, fold_trailing_padding, rows_to_batch, trim_unscored_tail
 from longctx.data.sources import open_table
 from longctx.errors import UserError
 
@@ -60,19 +65,12 @@ def as_data_config(cfg) -> DataConfig:
     """A DataConfig from a DataConfig, an omegaconf DictConfig or a plain dict."""
     if isinstance(cfg, DataConfig):
         return _normalized(cfg)
-    try:
-        from omegaconf import DictConfig, OmegaConf
-
-        if isinstance(cfg, DictConfig):
-            obj = OmegaConf.to_object(cfg)
-            if isinstance(obj, DataConfig):
-                return _normalized(obj)
-            cfg = obj
-    except ImportError:  # pragma: no cover - omegaconf is a dependency
-        pass
+    if isinstance(cfg, DictConfig):
+        obj = OmegaConf.to_object(cfg)
+        if isinstance(obj, DataConfig):
+            return _normalized(obj)
+        cfg = obj
     if isinstance(cfg, dict):
-        from omegaconf import OmegaConf
-
         try:
             merged = OmegaConf.merge(OmegaConf.structured(DataConfig), cfg)
         except Exception as e:  # omegaconf's ValidationError / ConfigKeyError
@@ -81,8 +79,35 @@ def as_data_config(cfg) -> DataConfig:
     raise TypeError(f"expected a DataConfig, got {type(cfg).__name__}")
 
 
+@dataclass(frozen=True)
+class ModelInputs:
+    """The collate that turns a loader batch into the model's inputs (the trainer's loader):
+
+        input_ids, labels, position_ids      as packed
+        segment_ids                          with document_masking only; a row's unscored tail
+                                             folded into the document before it (fold_trailing_padding)
+        loss_weights                         1 + (answer_loss_weight - 1) * answer_mask, when
+                                             answer tokens are weighted
+    then the trailing columns no row scores are dropped, in steps of `trim_multiple` columns
+    (trim_unscored_tail). Both rewrites change no loss or gradient (see packing.py).
+    """
+    document_masking: bool
+    answer_loss_weight: float = 1.0
+    trim_multiple: int = 1
+
+    def __call__(self, batch: dict) -> dict:
+        inputs = {k: batch[k] for k in ("input_ids", "labels", "position_ids")}  # (B, T) each
+        if self.document_masking:
+            inputs["segment_ids"] = fold_trailing_padding(batch["segment_ids"], batch["labels"])
+        w = self.answer_loss_weight
+        if w != 1.0 and "answer_mask" in batch:
+            inputs["loss_weights"] = 1.0 + (w - 1.0) * batch["answer_mask"].float()  # (B, T) fp32
+        return trim_unscored_tail(inputs, self.trim_multiple)
+
+
 class DataLoader:
-    def __init__(self, cfg: DataConfig, tokenizer, *, dp_rank: int = 0, dp_size: int = 1, seed: int = 0):
+    def __init__(self, cfg: DataConfig, tokenizer, *, dp_rank: int = 0, dp_size: int = 1, seed: int = 0,
+                 collate: Optional[ModelInputs] = None):
         cfg = as_data_config(cfg)
         validate_data_config(cfg)
         if not (0 <= dp_rank < dp_size):
@@ -91,6 +116,7 @@ class DataLoader:
             if getattr(cfg, flag) and tid is None:
                 raise UserError(f"data.{flag}: tokenizer {tokenizer.name} has no {flag[4:].upper()} token; set data.{flag}=false")
         self.cfg, self.tokenizer = cfg, tokenizer
+        self.collate = collate  # applied to every batch (None: batches as packed)
         self.rank, self.world = int(dp_rank), int(dp_size)
         self.seed = int(cfg.seed if cfg.seed is not None else seed)
         self.pad_id = next(t for t in (tokenizer.pad_id, tokenizer.eos_id, 0) if t is not None)
@@ -107,8 +133,6 @@ class DataLoader:
         cfg = self.cfg
         answer = cfg.emit_answer_mask
         if cfg.cache_dir:
-            from longctx.data.cache import CachedRows, open_cache
-
             cache = open_cache(src, i, cfg, self.tokenizer, self.pad_id)
             return CachedRows(cache, i, seed=self.seed, dp_rank=self.rank, dp_size=self.world,
                               shuffle=cfg.shuffle, epochs=cfg.epochs, answer=answer)
@@ -202,6 +226,8 @@ class DataLoader:
                 rows.append(empty_row(self.cfg.seq_len, self.pad_id, self.cfg.emit_answer_mask))
             batch = rows_to_batch(rows, document_masking=self.cfg.document_masking,
                                   answer_mask=self.cfg.emit_answer_mask)
+            if self.collate is not None:
+                batch = self.collate(batch)
             yield batch, self._snapshot()
 
     def __iter__(self) -> Iterator[dict]:
@@ -280,8 +306,10 @@ class DataLoader:
         # the producer may have run ahead; __iter__ restores self._consumed on the next call
 
 
-def build_loader(cfg: DataConfig, tokenizer, *, dp_rank: int, dp_size: int, seed: int) -> DataLoader:
+def build_loader(cfg: DataConfig, tokenizer, *, dp_rank: int, dp_size: int, seed: int,
+                 collate: Optional[ModelInputs] = None) -> DataLoader:
     """The training engine's loader for data-parallel rank `dp_rank` of `dp_size`.
 
-    `seed` is the training seed; `cfg.seed`, when set, overrides it for the data."""
-    return DataLoader(cfg, tokenizer, dp_rank=dp_rank, dp_size=dp_size, seed=seed)
+    `seed` is the training seed; `cfg.seed`, when set, overrides it for the data. `collate`
+    (the trainer's ModelInputs) rewrites every batch into the model's inputs."""
+    return DataLoader(cfg, tokenizer, dp_rank=dp_rank, dp_size=dp_size, seed=seed, collate=collate)

@@ -18,6 +18,7 @@ Three policies for a document that does not fit the rest of the row:
     pad    pad the row and start the document on the next one; a document longer than
            seq_len is still split into seq_len pieces
     fit    as pad, but first fill the row with later documents that fit (fit_packing.py)
+make_packer (packers.py) picks the packer of a mode.
 At the end of a finite epoch the last partial row is padded or dropped (DataConfig.final_partial).
 """
 from __future__ import annotations
@@ -159,17 +160,6 @@ class RowBuilder:
             self.pos[f:] = np.arange(T - f, dtype=np.int32)
             self.seg[f:] = self.seg_id
         return Row(self.ids, self.labels, self.pos, self.seg, self.ans, f)
-
-
-def make_packer(stream: DocumentStream, seq_len: int, *, mode: str, lookahead: int, pad_id: int,
-                cross_document_labels: bool, final_partial: str, answer: bool) -> Packer:
-    """The packer for `mode` (carry | pad | fit; fit_packing.py has the third)."""
-    kw = dict(pad_id=pad_id, cross_document_labels=cross_document_labels, final_partial=final_partial, answer=answer)
-    if mode == "fit":
-        from longctx.data.fit_packing import FitPacker
-
-        return FitPacker(stream, seq_len, lookahead=lookahead, **kw)
-    return Packer(stream, seq_len, mode=mode, **kw)
 
 
 def rows_to_batch(rows, *, document_masking: bool, answer_mask: bool) -> dict:

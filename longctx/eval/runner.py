@@ -60,7 +60,7 @@ class Engine:
         pad = 0 if pad is None else pad
         t0 = time.perf_counter()
         if self.cp_size > 1:
-            from longctx.eval.cp_prefill import cp_generate
+            from longctx.parallel.cp_decode import cp_generate
 
             out, st = cp_generate(self.model, prompts, max_new_tokens, group=self.cp_group, impl=self.cp_impl,
                                   eos_id=eos, pad_id=pad)

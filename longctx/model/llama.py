@@ -101,10 +101,23 @@ class Transformer(nn.Module):
         """(V, hidden) weight of the vocabulary head (the embedding when tied)."""
         return self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
 
+    def attention_modules(self) -> list[Attention]:
+        """Every block's attention, in layer order (found through any wrapper of the blocks)."""
+        return [m for m in self.modules() if isinstance(m, Attention)]
+
     def set_attention(self, attn_fn: AttentionFn) -> None:
-        for layer in self.layers:
-            block = getattr(layer, "_checkpoint_wrapped_module", layer)
-            block.self_attn.attn_fn = attn_fn
+        """Hand every block the attention function (a local kernel or a context-parallel one)."""
+        for attention in self.attention_modules():
+            attention.attn_fn = attn_fn
+
+    def set_context(self, config: ModelConfig) -> None:
+        """Switch to `config`'s RoPE and maximum length (a training stage's context extension);
+        every other field must be this model's."""
+        same = dict(rope_parameters=config.rope_parameters, max_position_embeddings=config.max_position_embeddings)
+        if self.config.replace(**same) != config:
+            raise ValueError("set_context changes only rope_parameters and max_position_embeddings")
+        self.config = config
+        self.rotary = RotaryEmbedding(config.rope_parameters, config.head_dim, config.max_position_embeddings)
 
     @torch.no_grad()
     def reset_parameters(self, seed: Optional[int] = None) -> None:

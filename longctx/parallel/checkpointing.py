@@ -11,8 +11,11 @@ import functools
 
 import torch
 from torch import nn
-from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointImpl, checkpoint_wrapper
+from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (_CHECKPOINT_PREFIX, CheckpointImpl,
+                                                                          checkpoint_wrapper)
 from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
+
+import longctx.parallel.cp  # noqa: F401  (registers torch.ops.longctx.cp_attention, kept whole below)
 
 
 def _attention_kernel_ops() -> set:
@@ -20,8 +23,6 @@ def _attention_kernel_ops() -> set:
     names = ["_scaled_dot_product_flash_attention_for_cpu", "_scaled_dot_product_flash_attention",
              "_scaled_dot_product_efficient_attention", "_scaled_dot_product_cudnn_attention"]
     ops = {getattr(aten, n).default for n in names if hasattr(aten, n)}
-    import longctx.parallel.cp  # noqa: F401  (registers torch.ops.longctx.cp_attention)
-
     # The context-parallel op: keeping its output also skips replaying its communication.
     for ns, name in (("longctx", "cp_attention"), ("flash_attn", "_flash_attn_forward"),
                      ("flash_attn", "_flash_attn_varlen_forward")):
@@ -58,3 +59,9 @@ def apply_activation_checkpointing(model: nn.Module, policy: str, every: int = 2
             model.layers[i] = checkpoint_wrapper(block, checkpoint_impl=CheckpointImpl.NO_REENTRANT, **kwargs)
             wrapped += 1
     return wrapped
+
+
+def model_key(name: str) -> str:
+    """A parameter's name in the plain model: `name` without the activation-checkpointing
+    wrappers' prefix (DeepSpeed and named_parameters() see the wrapped names)."""
+    return name.replace(_CHECKPOINT_PREFIX, "")

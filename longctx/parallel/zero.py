@@ -16,6 +16,7 @@ import torch
 from torch import nn
 
 from longctx.errors import UserError
+from longctx.parallel.checkpointing import model_key
 from longctx.parallel.ds_ops import guard_build_locks, jit_ops
 
 
@@ -117,11 +118,6 @@ def full_state_dict(engine, model: nn.Module) -> dict[str, torch.Tensor]:
                 state[model_key(name)] = p.detach().to("cpu").clone()
         return state
     return {model_key(k): v.detach().to("cpu") for k, v in model.state_dict().items()}
-
-
-def model_key(name: str) -> str:
-    """A parameter's name in the plain model (without activation-checkpointing wrappers)."""
-    return name.replace("_checkpoint_wrapped_module.", "")
 
 
 def zero_fp32_masters(checkpoint: Path) -> Optional[dict[str, torch.Tensor]]:

@@ -61,7 +61,7 @@ def test_cp2_prefill_matches_one_process(model_dir, tmp_path):
 def _worker(rank, port, model_path, q):
     import torch.distributed as dist
 
-    from longctx.eval.cp_prefill import cp_generate
+    from longctx.parallel.cp_decode import cp_generate
     from longctx.parallel.mesh import import_before_process_groups, shutdown_distributed
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))

@@ -1,4 +1,4 @@
-"""Greedy generation with the prompt split across a context-parallel group.
+"""Decode-time context parallelism: greedy generation with the prompt split across a CP group.
 
 Prefill: the (left-padded) prompt batch is cut into the zigzag layout of longctx.parallel and
 run through the model with context-parallel attention (ring / allgather / ulysses); every rank
@@ -25,7 +25,8 @@ import torch.nn.functional as F
 
 from longctx.attention import get_kernel
 from longctx.model.generate import greedy_decode
-from longctx.parallel import make_cp_attention, shard_sequence
+from longctx.parallel.cp import make_cp_attention
+from longctx.parallel.sharding import shard_sequence
 
 PAD_SEGMENT = -1
 
@@ -115,7 +116,7 @@ def cp_generate(model, prompts: Sequence[Sequence[int]], max_new_tokens: int, *,
     owner = rank == P - 1
     cache = ShardedKVCache(model, B, L // P, max_new_tokens, owner)
     cache.kv_segments[:, :L // P] = local_seg
-    restore = [layer.self_attn.attn_fn for layer in model.layers]
+    restore = [attention.attn_fn for attention in model.attention_modules()]
     try:
         model.set_attention(make_cp_attention(group, impl=impl, backend=backend))
         s = local_seg if padded else None
@@ -137,6 +138,6 @@ def cp_generate(model, prompts: Sequence[Sequence[int]], max_new_tokens: int, *,
 
         results = greedy_decode(nxt, step, max_new_tokens, eos_id=eos_id, pad_id=pad_id)
     finally:
-        for layer, fn in zip(model.layers, restore):
-            layer.self_attn.attn_fn = fn
+        for attention, fn in zip(model.attention_modules(), restore):
+            attention.attn_fn = fn
     return results, {"cache_bytes": cache.nbytes(), "padded_len": L}
