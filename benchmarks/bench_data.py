@@ -25,7 +25,7 @@ import time
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 from longctx.data import DataConfig, SourceConfig, build_loader, load_tokenizer  # noqa: E402
-from longctx.data.synthetic import _varied_sentence  # noqa: E402
+from longctx.data.filler import varied_sentence  # noqa: E402
 
 
 def make_corpus(path: str, mb: float, seed: int = 0) -> list:
@@ -33,7 +33,7 @@ def make_corpus(path: str, mb: float, seed: int = 0) -> list:
     texts, size = [], 0
     while size < mb * 1e6:
         n = int(rng.lognormvariate(4.5, 1.2)) + 1  # sentences: median ~90, long tail
-        t = " ".join(_varied_sentence(rng) for _ in range(min(n, 4000)))
+        t = " ".join(varied_sentence(rng) for _ in range(min(n, 4000)))
         texts.append(t)
         size += len(t.encode())
     with open(path, "w") as f:

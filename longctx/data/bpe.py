@@ -13,6 +13,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Iterable
 
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
 from longctx.errors import UserError
 
 SPECIAL_TOKENS = ("<s>", "</s>", "<pad>")  # ids 0, 1, 2: found by load_tokenizer's BOS/EOS/PAD candidates
@@ -21,8 +23,6 @@ MIN_VOCAB = 256 + len(SPECIAL_TOKENS)  # the byte alphabet and the specials
 
 def train_bpe(texts: Iterable[str], vocab_size: int, out_dir: Path) -> Path:
     """Train on `texts`, write out_dir/tokenizer.json (atomically) and return its path."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-
     if not isinstance(vocab_size, int) or vocab_size < MIN_VOCAB:
         raise UserError(f"tokenizer vocab_size: {vocab_size!r} is too small; a byte-level BPE needs >= {MIN_VOCAB}")
     tok = Tokenizer(models.BPE())

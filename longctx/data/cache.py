@@ -28,9 +28,11 @@ import time
 from typing import Optional
 
 import numpy as np
+from tqdm import tqdm
 
 from longctx.data.config import DataConfig, SourceConfig, has_glob, resolve_kind, source_label
-from longctx.data.packing import Row, make_packer, segment_ids_from_position_ids
+from longctx.data.packers import make_packer
+from longctx.data.packing import Row, segment_ids_from_position_ids
 from longctx.data.documents import DocumentStream
 from longctx.data.sources import open_table
 from longctx.data.tokenizer import tokenizer_fingerprint
@@ -116,8 +118,6 @@ class PackedCache:
 
 
 def _build(directory: str, src: SourceConfig, i: int, cfg: DataConfig, tokenizer, desc: dict, pad_id: int) -> None:
-    from tqdm import tqdm
-
     table = open_table(src, i, cfg, tokenizer)
     has_answer = resolve_kind(src, i) == "synthetic"
     T = cfg.seq_len

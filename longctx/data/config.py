@@ -1,9 +1,9 @@
 """Data config: plain dataclasses the engine composes under the key `data`.
 
 Everything here has a default, and the default needs nothing on disk: one built-in
-synthetic retrieval corpus (see synthetic.py) read with the byte tokenizer.
-`validate_data_config` does the cheap checks (paths exist, weights, lengths) and raises a
-one-line `UserError` naming the field.
+synthetic retrieval corpus (see synthetic.py) read with the byte tokenizer. Each section's
+`validate()` does its cheap checks (paths exist, weights, lengths) and raises a one-line
+`UserError` naming the field.
 """
 from __future__ import annotations
 
@@ -13,15 +13,25 @@ import os
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Tuple
 
+from longctx.data.filler import FILLER_KINDS
 from longctx.data.peek import KIND_EXTS, list_files, peek_files
+from longctx.data.templates import STYLES, min_document_chars
+from longctx.data.tokenizer import check_tokenizer_spec, check_vocab, load_tokenizer
 from longctx.errors import UserError
 
 # kinds a source may have; "auto" infers from path / hub_name.
 FILE_KINDS = ("json", "jsonl", "parquet", "text", "arrow", "csv")
 SOURCE_KINDS = ("auto", "synthetic", "hub", "disk") + FILE_KINDS
+EXT_TO_KIND = {
+    ".jsonl": "json", ".json": "json", ".jsonl.gz": "json", ".json.gz": "json",
+    ".parquet": "parquet", ".txt": "text", ".txt.gz": "text", ".arrow": "arrow",
+    ".csv": "csv",
+}
+SAMPLE_BY = ("line", "paragraph", "document")
 PACKING_MODES = ("carry", "pad", "fit")
 FINAL_PARTIAL = ("pad", "drop")
 SYNTHETIC_TASKS = ("niah", "multivalue", "passkey", "recall")
+DEFAULT_TASKS = {"niah": 0.6, "multivalue": 0.2, "passkey": 0.2}
 # a task whose document does not fit the row falls back along this chain (longest first);
 # recall documents shrink with the row, so recall has no fallback
 FALLBACK_ORDER = ("multivalue", "niah", "passkey")
@@ -30,14 +40,16 @@ FALLBACK_ORDER = ("multivalue", "niah", "passkey")
 def fallback_chain(task: str) -> Tuple[str, ...]:
     """The task itself, then the shorter tasks it falls back to."""
     return FALLBACK_ORDER[FALLBACK_ORDER.index(task):] if task in FALLBACK_ORDER else (task,)
-EXT_TO_KIND = {
-    ".jsonl": "json", ".json": "json", ".jsonl.gz": "json", ".json.gz": "json",
-    ".parquet": "parquet", ".txt": "text", ".txt.gz": "text", ".arrow": "arrow",
-    ".csv": "csv",
-}
 
 
-DEFAULT_TASKS = {"niah": 0.6, "multivalue": 0.2, "passkey": 0.2}
+def _pos_int(value, name: str, minimum: int = 1) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
+        raise UserError(f"{name}: must be an integer >= {minimum}, got {value!r}")
+
+
+def _probability(value, name: str) -> None:
+    if isinstance(value, bool) or not (isinstance(value, (int, float)) and 0 <= value <= 1):
+        raise UserError(f"{name}: must be a probability in [0, 1], got {value!r}")
 
 
 @dataclass
@@ -62,14 +74,6 @@ class SyntheticConfig:
     # before the final question, so one document holds several key-matching examples;
     # questions that do not fit the document's length are left out
     queries: int = 1
-    # probability that a niah document puts its answered questions inside the text, each at a
-    # random point after its needle, instead of as a block before the final question: a block
-    # teaches "the nearest key-value statement (the previous answer) is never the one asked",
-    # and an extended model then avoids a needle right before the question
-    inline_queries: float = 0.0
-    # probability that a distractor key shares a word (the adjective or the noun, evenly) with
-    # the queried key: hard negatives, so that matching only part of the key does not pay
-    hard_keys: float = 0.0
     # probability that a recall key has num_values values (asked as one list in text order):
     # the multivalue skill, "the next value of this key", drilled densely
     recall_multivalue: float = 0.0
@@ -77,10 +81,6 @@ class SyntheticConfig:
     # (a newline before and after instead of a space), the way RULER's niah haystacks separate
     # their units; the text is otherwise the same document, character for character
     line_breaks: float = 0.0
-    # the answer mask also covers the separator after each answered value ("," or "."): the
-    # token that decides whether a list goes on or the answer ends (a model trained on value
-    # digits only answers multivalue's plural question with one value and a ".")
-    answer_separators: bool = False
     value_digits: int = 7
     distance_min: Optional[int] = None  # tokens between the queried needle and the question
     distance_max: Optional[int] = None  # null: anywhere in the document
@@ -100,6 +100,51 @@ class SyntheticConfig:
         hi = self.length_max if self.length_max is not None else seq_len
         return lo, hi
 
+    def validate(self, name: str, seq_len: int) -> None:
+        """`name`: where this section sits (e.g. data.sources[0].synthetic)."""
+        for count in ("num_docs", "num_keys", "num_values", "queries", "value_digits"):
+            _pos_int(getattr(self, count), f"{name}.{count}")
+        _probability(self.recall_multivalue, f"{name}.recall_multivalue")
+        _probability(self.line_breaks, f"{name}.line_breaks")
+        if not (isinstance(self.length_min_ratio, (int, float)) and 0 < self.length_min_ratio <= 1):
+            raise UserError(f"{name}.length_min_ratio: must be in (0, 1], got {self.length_min_ratio!r}")
+        lo, hi = self.length_bounds(seq_len)
+        if lo < 1 or hi < lo:
+            raise UserError(f"{name}.length_min/length_max: need 1 <= length_min <= length_max, got {lo}..{hi}")
+        if self.filler not in FILLER_KINDS:
+            raise UserError(f"{name}.filler: {self.filler!r} is not one of {', '.join(FILLER_KINDS)}")
+        if self.style not in STYLES:
+            raise UserError(f"{name}.style: {self.style!r} is not one of {', '.join(STYLES)}")
+        self._validate_tasks(name, hi)
+        for which in ("distance_min", "distance_max"):
+            v = getattr(self, which)
+            if v is not None and (not isinstance(v, int) or v < 0):
+                raise UserError(f"{name}.{which}: must be null or an integer >= 0, got {v!r}")
+        if self.distance_min is not None and self.distance_max is not None:
+            if self.distance_max < self.distance_min:
+                raise UserError(f"{name}.distance_max: must be >= distance_min ({self.distance_min})")
+
+    def _validate_tasks(self, name: str, length_max: int) -> None:
+        """Known tasks, usable weights, and each task (or its fallback) fits length_max."""
+        tasks = self.task_mix()
+        bad = [t for t in tasks if t not in SYNTHETIC_TASKS]
+        if bad:
+            raise UserError(f"{name}.tasks: unknown task {bad[0]!r}; valid: {', '.join(SYNTHETIC_TASKS)}")
+        total = sum(float(w) for w in tasks.values())
+        if not tasks or any(float(w) < 0 for w in tasks.values()) or not total > 0:
+            raise UserError(f"{name}.tasks: weights must be >= 0 and sum to a positive number")
+        # a task too long for length_max falls back to a shorter one (multivalue → niah →
+        # passkey); it is an error only when even the fallback does not fit
+        need = {t: min_document_chars(self, t, self.style) + 2 for t in SYNTHETIC_TASKS}  # + BOS/EOS
+        for task, w in tasks.items():
+            if float(w) > 0 and not any(need[t] <= length_max for t in fallback_chain(task)):
+                fixes = ("style 'short', " if self.style != "short" and task != "recall" else "") + \
+                    f"length_max >= {need[task]}, or {name}.tasks without {task!r}"
+                raise UserError(
+                    f"{name}.length_max: {length_max} tokens is too short for a {task!r} document in style "
+                    f"{self.style!r} (needs ~{need[task]}); use {fixes}"
+                )
+
 
 @dataclass
 class UpsampleBucket:
@@ -109,6 +154,22 @@ class UpsampleBucket:
     min_tokens: int = 0
     max_tokens: Optional[int] = None  # null: no upper bound
     factor: float = 1.0
+
+    def validate(self, name: str) -> None:
+        if not isinstance(self.min_tokens, int) or self.min_tokens < 0:
+            raise UserError(f"{name}.min_tokens: must be an integer >= 0, got {self.min_tokens!r}")
+        if self.max_tokens is not None and self.max_tokens <= self.min_tokens:
+            raise UserError(f"{name}.max_tokens: must be null or > min_tokens ({self.min_tokens})")
+        if not math.isfinite(float(self.factor)) or float(self.factor) < 0:
+            raise UserError(f"{name}.factor: must be a finite number >= 0, got {self.factor!r}")
+
+
+def source_label(i: int) -> str:
+    return f"data.sources[{i}]"
+
+
+def has_glob(path: str) -> bool:
+    return any(c in path for c in "*?[")
 
 
 @dataclass
@@ -133,6 +194,87 @@ class SourceConfig:
     streaming: Optional[bool] = None  # null: DataConfig.streaming
     packing: Optional[str] = None  # null: DataConfig.packing
     synthetic: SyntheticConfig = field(default_factory=SyntheticConfig)
+
+    def validate(self, i: int, seq_len: int) -> None:
+        """Source `i` of the data config (its label in errors); file sources are peeked at."""
+        name = source_label(i)
+        if self.kind not in SOURCE_KINDS:
+            raise UserError(f"{name}.kind: {self.kind!r} is not one of {', '.join(SOURCE_KINDS)}")
+        try:
+            w = float(self.weight)
+        except (TypeError, ValueError):
+            raise UserError(f"{name}.weight: must be a number >= 0, got {self.weight!r}") from None
+        if not math.isfinite(w) or w < 0:
+            raise UserError(f"{name}.weight: must be a finite number >= 0, got {self.weight!r}")
+        kind = self.kind
+        if kind == "auto":
+            kind = "hub" if self.hub_name else ("synthetic" if not self.path else "file")
+        if kind == "hub":
+            if not self.hub_name:
+                raise UserError(f"{name}.hub_name: required for kind 'hub' (e.g. 'emozilla/pg19')")
+        elif kind == "synthetic":
+            self.synthetic.validate(f"{name}.synthetic", seq_len)
+        else:
+            self._validate_files(i)
+        if not self.text_field:
+            raise UserError(f"{name}.text_field: must name the column holding the text")
+        if self.sample_by not in SAMPLE_BY:
+            raise UserError(f"{name}.sample_by: {self.sample_by!r} is not one of {', '.join(SAMPLE_BY)}")
+        if not isinstance(self.min_tokens, int) or self.min_tokens < 0:
+            raise UserError(f"{name}.min_tokens: must be an integer >= 0, got {self.min_tokens!r}")
+        if self.max_tokens is not None and (not isinstance(self.max_tokens, int) or self.max_tokens < max(1, self.min_tokens)):
+            raise UserError(f"{name}.max_tokens: must be null or an integer >= min_tokens ({self.min_tokens}), got {self.max_tokens!r}")
+        if self.packing is not None and self.packing not in PACKING_MODES:
+            raise UserError(f"{name}.packing: {self.packing!r} is not one of null, {', '.join(PACKING_MODES)}")
+        for j, bucket in enumerate(self.upsample):
+            bucket.validate(f"{name}.upsample[{j}]")
+
+    def _validate_files(self, i: int) -> None:
+        """The path exists (or the glob matches), its format is known, its first record parses."""
+        if not self.path:
+            raise UserError(f"{source_label(i)}.path: required for kind {self.kind!r}")
+        path = os.path.expanduser(self.path)
+        if has_glob(path):
+            if not glob.glob(path, recursive=True):
+                raise UserError(f"{source_label(i)}.path: no file matches {self.path}")
+        elif not os.path.exists(path):
+            raise UserError(f"{source_label(i)}.path: {self.path} does not exist")
+        try:
+            kind = resolve_kind(self, i)
+        except UserError:
+            if has_glob(self.path):
+                return  # a glob without a known extension: the loader infers the format per file
+            raise
+        if kind in KIND_EXTS:
+            peek_files(list_files(self.path, kind), kind, self.text_field, source_label(i), self.path)
+
+
+def resolve_kind(src: SourceConfig, i: int = 0) -> str:
+    """The concrete kind of a source (never "auto")."""
+    kind = src.kind
+    if kind == "jsonl":
+        return "json"
+    if kind != "auto":
+        return kind
+    if src.hub_name:
+        return "hub"
+    if not src.path:
+        return "synthetic"
+    path = os.path.expanduser(src.path)
+    if os.path.isdir(path):
+        if os.path.exists(os.path.join(path, "state.json")) and os.path.exists(
+            os.path.join(path, "dataset_info.json")
+        ):
+            return "disk"
+        return "dir"
+    lower = path.lower()
+    for ext, k in EXT_TO_KIND.items():
+        if lower.endswith(ext):
+            return k
+    raise UserError(
+        f"{source_label(i)}.path: cannot infer the format of {src.path}; set kind to one of "
+        f"{', '.join(FILE_KINDS)}"
+    )
 
 
 def _default_sources() -> List[SourceConfig]:
@@ -167,203 +309,37 @@ class DataConfig:
     prefetch: int = 2  # batches prepared ahead in a background thread (0: none)
     progress: bool = True  # tqdm bar while a cache is built
 
-
-# --------------------------------------------------------------------------- validation
-
-
-def source_label(i: int) -> str:
-    return f"data.sources[{i}]"
-
-
-def has_glob(path: str) -> bool:
-    return any(c in path for c in "*?[")
-
-
-def resolve_kind(src: SourceConfig, i: int = 0) -> str:
-    """The concrete kind of a source (never "auto")."""
-    kind = src.kind
-    if kind == "jsonl":
-        return "json"
-    if kind != "auto":
-        return kind
-    if src.hub_name:
-        return "hub"
-    if not src.path:
-        return "synthetic"
-    path = os.path.expanduser(src.path)
-    if os.path.isdir(path):
-        if os.path.exists(os.path.join(path, "state.json")) and os.path.exists(
-            os.path.join(path, "dataset_info.json")
-        ):
-            return "disk"
-        return "dir"
-    lower = path.lower()
-    for ext, k in EXT_TO_KIND.items():
-        if lower.endswith(ext):
-            return k
-    raise UserError(
-        f"{source_label(i)}.path: cannot infer the format of {src.path}; set kind to one of "
-        f"{', '.join(FILE_KINDS)}"
-    )
-
-
-def _check_path(src: SourceConfig, i: int) -> None:
-    path = os.path.expanduser(src.path)
-    if has_glob(path):
-        if not glob.glob(path, recursive=True):
-            raise UserError(f"{source_label(i)}.path: no file matches {src.path}")
-    elif not os.path.exists(path):
-        raise UserError(f"{source_label(i)}.path: {src.path} does not exist")
-
-
-def _peek(src: SourceConfig, i: int) -> None:
-    """The first record of a file source: non-empty, parses, has text_field (peek.py)."""
-    try:
-        kind = resolve_kind(src, i)
-    except UserError:
-        if has_glob(src.path):
-            return  # a glob without a known extension: the loader infers the format per file
-        raise
-    if kind in KIND_EXTS:
-        peek_files(list_files(src.path, kind), kind, src.text_field, source_label(i), src.path)
-
-
-def _pos_int(value, name: str, minimum: int = 1) -> None:
-    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
-        raise UserError(f"{name}: must be an integer >= {minimum}, got {value!r}")
-
-
-def _probability(value, name: str) -> None:
-    if isinstance(value, bool) or not (isinstance(value, (int, float)) and 0 <= value <= 1):
-        raise UserError(f"{name}: must be a probability in [0, 1], got {value!r}")
-
-
-def validate_synthetic(syn: SyntheticConfig, name: str, seq_len: int) -> None:
-    _pos_int(syn.num_docs, f"{name}.num_docs")
-    _pos_int(syn.num_keys, f"{name}.num_keys")
-    _pos_int(syn.num_values, f"{name}.num_values")
-    _pos_int(syn.queries, f"{name}.queries")
-    _pos_int(syn.value_digits, f"{name}.value_digits")
-    _probability(syn.hard_keys, f"{name}.hard_keys")
-    _probability(syn.recall_multivalue, f"{name}.recall_multivalue")
-    _probability(syn.line_breaks, f"{name}.line_breaks")
-    _probability(syn.inline_queries, f"{name}.inline_queries")
-    if not (isinstance(syn.length_min_ratio, (int, float)) and 0 < syn.length_min_ratio <= 1):
-        raise UserError(f"{name}.length_min_ratio: must be in (0, 1], got {syn.length_min_ratio!r}")
-    lo, hi = syn.length_bounds(seq_len)
-    if lo < 1 or hi < lo:
-        raise UserError(f"{name}.length_min/length_max: need 1 <= length_min <= length_max, got {lo}..{hi}")
-    if syn.filler not in ("noise", "varied", "mixed"):
-        raise UserError(f"{name}.filler: {syn.filler!r} is not one of noise, varied, mixed")
-    if syn.style not in ("ruler", "compact", "short"):
-        raise UserError(f"{name}.style: {syn.style!r} is not one of ruler, compact, short")
-    tasks = syn.task_mix()
-    bad = [t for t in tasks if t not in SYNTHETIC_TASKS]
-    if bad:
-        raise UserError(f"{name}.tasks: unknown task {bad[0]!r}; valid: {', '.join(SYNTHETIC_TASKS)}")
-    total = sum(float(w) for w in tasks.values())
-    if not tasks or any(float(w) < 0 for w in tasks.values()) or not total > 0:
-        raise UserError(f"{name}.tasks: weights must be >= 0 and sum to a positive number")
-    from longctx.data.synthetic import min_document_chars
-
-    # a task too long for length_max falls back to a shorter one (multivalue → niah →
-    # passkey); it is an error only when even the fallback does not fit
-    fits = {t: min_document_chars(syn, t, syn.style) + 2 <= hi for t in SYNTHETIC_TASKS}
-    for task, w in tasks.items():
-        if float(w) > 0 and not any(fits[t] for t in fallback_chain(task)):
-            need = min_document_chars(syn, task, syn.style) + 2  # BOS/EOS
-            fixes = ("style 'short', " if syn.style != "short" and task != "recall" else "") + f"length_max >= {need}, or {name}.tasks without {task!r}"
-            raise UserError(
-                f"{name}.length_max: {hi} tokens is too short for a {task!r} document in style "
-                f"{syn.style!r} (needs ~{need}); use {fixes}"
-            )
-    for which in ("distance_min", "distance_max"):
-        v = getattr(syn, which)
-        if v is not None and (not isinstance(v, int) or v < 0):
-            raise UserError(f"{name}.{which}: must be null or an integer >= 0, got {v!r}")
-    if syn.distance_min is not None and syn.distance_max is not None:
-        if syn.distance_max < syn.distance_min:
-            raise UserError(f"{name}.distance_max: must be >= distance_min ({syn.distance_min})")
+    def validate(self, model_vocab_size: Optional[int] = None) -> None:
+        """With `model_vocab_size` the tokenizer is loaded (fast) and its vocab checked too."""
+        _pos_int(self.seq_len, "data.seq_len", 2)
+        _pos_int(self.micro_batch_size, "data.micro_batch_size", 1)
+        _pos_int(self.shuffle_window, "data.shuffle_window", 1)
+        _pos_int(self.fit_lookahead, "data.fit_lookahead", 1)
+        if not isinstance(self.prefetch, int) or self.prefetch < 0:
+            raise UserError(f"data.prefetch: must be an integer >= 0, got {self.prefetch!r}")
+        if self.epochs is not None:
+            _pos_int(self.epochs, "data.epochs", 1)
+        if self.seed is not None:
+            _pos_int(self.seed, "data.seed", 0)
+        wait = self.cache_wait_s
+        if not (isinstance(wait, (int, float)) and math.isfinite(wait) and wait > 0):
+            raise UserError(f"data.cache_wait_s: must be a finite number of seconds > 0, got {wait!r}")
+        if self.packing not in PACKING_MODES:
+            raise UserError(f"data.packing: {self.packing!r} is not one of {', '.join(PACKING_MODES)}")
+        if self.final_partial not in FINAL_PARTIAL:
+            raise UserError(f"data.final_partial: {self.final_partial!r} is not one of {', '.join(FINAL_PARTIAL)}")
+        if not self.sources:
+            raise UserError("data.sources: empty; give at least one source (or omit it for the synthetic default)")
+        for i, src in enumerate(self.sources):
+            src.validate(i, self.seq_len)
+        weights = [float(src.weight) for src in self.sources]
+        if not sum(weights) > 0:
+            raise UserError(f"data.sources[*].weight: mixture weights must sum to a positive number, got {weights}")
+        check_tokenizer_spec(self.tokenizer)
+        if model_vocab_size is not None:
+            check_vocab(load_tokenizer(self.tokenizer), model_vocab_size)
 
 
 def validate_data_config(cfg: DataConfig, model_vocab_size: Optional[int] = None) -> None:
-    """Cheap checks of a DataConfig; raises UserError with one line naming the field.
-
-    With `model_vocab_size` the tokenizer is loaded (fast) and its vocab checked too."""
-    _pos_int(cfg.seq_len, "data.seq_len", 2)
-    _pos_int(cfg.micro_batch_size, "data.micro_batch_size", 1)
-    _pos_int(cfg.shuffle_window, "data.shuffle_window", 1)
-    _pos_int(cfg.fit_lookahead, "data.fit_lookahead", 1)
-    if not isinstance(cfg.prefetch, int) or cfg.prefetch < 0:
-        raise UserError(f"data.prefetch: must be an integer >= 0, got {cfg.prefetch!r}")
-    if cfg.epochs is not None:
-        _pos_int(cfg.epochs, "data.epochs", 1)
-    if cfg.seed is not None:
-        _pos_int(cfg.seed, "data.seed", 0)
-    if not (isinstance(cfg.cache_wait_s, (int, float)) and math.isfinite(cfg.cache_wait_s) and cfg.cache_wait_s > 0):
-        raise UserError(f"data.cache_wait_s: must be a finite number of seconds > 0, got {cfg.cache_wait_s!r}")
-    if cfg.packing not in PACKING_MODES:
-        raise UserError(f"data.packing: {cfg.packing!r} is not one of {', '.join(PACKING_MODES)}")
-    if cfg.final_partial not in FINAL_PARTIAL:
-        raise UserError(
-            f"data.final_partial: {cfg.final_partial!r} is not one of {', '.join(FINAL_PARTIAL)}"
-        )
-    if not cfg.sources:
-        raise UserError("data.sources: empty; give at least one source (or omit it for the synthetic default)")
-    weights = []
-    for i, src in enumerate(cfg.sources):
-        name = source_label(i)
-        if src.kind not in SOURCE_KINDS:
-            raise UserError(f"{name}.kind: {src.kind!r} is not one of {', '.join(SOURCE_KINDS)}")
-        try:
-            w = float(src.weight)
-        except (TypeError, ValueError):
-            raise UserError(f"{name}.weight: must be a number >= 0, got {src.weight!r}") from None
-        if not math.isfinite(w) or w < 0:
-            raise UserError(f"{name}.weight: must be a finite number >= 0, got {src.weight!r}")
-        weights.append(w)
-        kind = src.kind
-        if kind == "auto":
-            kind = "hub" if src.hub_name else ("synthetic" if not src.path else "file")
-        if kind == "hub":
-            if not src.hub_name:
-                raise UserError(f"{name}.hub_name: required for kind 'hub' (e.g. 'emozilla/pg19')")
-        elif kind == "synthetic":
-            validate_synthetic(src.synthetic, f"{name}.synthetic", cfg.seq_len)
-        else:
-            if not src.path:
-                raise UserError(f"{name}.path: required for kind {src.kind!r}")
-            _check_path(src, i)
-            if src.kind == "auto" and not has_glob(src.path):
-                resolve_kind(src, i)  # raises when the format cannot be inferred
-            _peek(src, i)
-        if not src.text_field:
-            raise UserError(f"{name}.text_field: must name the column holding the text")
-        if src.sample_by not in ("line", "paragraph", "document"):
-            raise UserError(f"{name}.sample_by: {src.sample_by!r} is not one of line, paragraph, document")
-        if not isinstance(src.min_tokens, int) or src.min_tokens < 0:
-            raise UserError(f"{name}.min_tokens: must be an integer >= 0, got {src.min_tokens!r}")
-        if src.max_tokens is not None and (not isinstance(src.max_tokens, int) or src.max_tokens < max(1, src.min_tokens)):
-            raise UserError(f"{name}.max_tokens: must be null or an integer >= min_tokens ({src.min_tokens}), got {src.max_tokens!r}")
-        if src.packing is not None and src.packing not in PACKING_MODES:
-            raise UserError(f"{name}.packing: {src.packing!r} is not one of null, {', '.join(PACKING_MODES)}")
-        for j, b in enumerate(src.upsample):
-            bname = f"{name}.upsample[{j}]"
-            if not isinstance(b.min_tokens, int) or b.min_tokens < 0:
-                raise UserError(f"{bname}.min_tokens: must be an integer >= 0, got {b.min_tokens!r}")
-            if b.max_tokens is not None and b.max_tokens <= b.min_tokens:
-                raise UserError(f"{bname}.max_tokens: must be null or > min_tokens ({b.min_tokens})")
-            if not math.isfinite(float(b.factor)) or float(b.factor) < 0:
-                raise UserError(f"{bname}.factor: must be a finite number >= 0, got {b.factor!r}")
-    if not sum(weights) > 0:
-        raise UserError(
-            f"data.sources[*].weight: mixture weights must sum to a positive number, got {weights}"
-        )
-    if cfg.tokenizer != "byte":
-        from longctx.data.tokenizer import check_tokenizer_spec
-
-        check_tokenizer_spec(cfg.tokenizer)
-    if model_vocab_size is not None:
-        from longctx.data.tokenizer import check_vocab, load_tokenizer
-
-        check_vocab(load_tokenizer(cfg.tokenizer), model_vocab_size)
+    """`cfg.validate(model_vocab_size)`: the entry point of the trainer's config check and the loader."""
+    cfg.validate(model_vocab_size)

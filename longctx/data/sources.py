@@ -12,9 +12,9 @@ import contextlib
 import os
 from typing import Callable, List, Optional, Sequence, Tuple
 
-
 from longctx.data.config import DataConfig, SourceConfig, has_glob, resolve_kind, source_label
 from longctx.data.peek import list_files
+from longctx.data.synthetic import SyntheticCorpus
 from longctx.errors import UserError
 
 
@@ -107,7 +107,7 @@ def _no_download_count():
     """`load_dataset("json", data_files=local)` pings the hub to count a download of the
     packaged builder (a 3-5 s DNS timeout on an offline cluster, for local files). Local
     sources skip that telemetry call; hub sources keep 🤗's behaviour."""
-    import datasets
+    import datasets  # slow to import: only runs that read a 🤗 source pay for it
 
     old = datasets.config.HF_UPDATE_DOWNLOAD_COUNTS
     datasets.config.HF_UPDATE_DOWNLOAD_COUNTS = False
@@ -119,7 +119,7 @@ def _no_download_count():
 
 def _hf_dataset(src: SourceConfig, i: int, kind: str, streaming: bool, hf_cache_dir: Optional[str]):
     """The 🤗 Dataset / IterableDataset behind a non-synthetic source."""
-    import datasets
+    import datasets  # heavy, see _no_download_count
 
     kw = {"cache_dir": hf_cache_dir} if hf_cache_dir else {}
     if kind == "hub":
@@ -159,15 +159,11 @@ def open_table(src: SourceConfig, i: int, cfg: DataConfig, tokenizer):
     label = source_label(i)
     kind = resolve_kind(src, i)
     if kind == "synthetic":
-        from longctx.data.synthetic import SyntheticCorpus
-
         corpus = SyntheticCorpus(src.synthetic, seq_len=cfg.seq_len, tokenizer=tokenizer,
                                  add_bos=cfg.add_bos, add_eos=cfg.add_eos)
 
         def fetch_synthetic(indices):
             docs = [corpus[int(j)] for j in indices]
-            if src.synthetic.answer_separators:
-                return [(d.text, d.answer_spans_with_separators()) for d in docs]
             return [(d.text, d.answer_spans) for d in docs]
 
         return MapTable(fetch_synthetic, len(corpus), label)

@@ -20,6 +20,7 @@ import re
 from typing import List, Optional, Sequence, Tuple
 
 import numpy as np
+from tokenizers import Tokenizer
 
 from longctx.errors import UserError
 
@@ -182,8 +183,6 @@ def _read_special_tokens(directory: str) -> dict:
 
 
 def _from_file(path: str, name: str, specials: dict) -> HFTokenizer:
-    from tokenizers import Tokenizer
-
     try:
         tok = Tokenizer.from_file(path)
     except Exception as e:  # tokenizers raises a bare Exception on malformed files
@@ -226,7 +225,7 @@ def load_tokenizer(spec: str):
             return _from_file(tj, spec, specials)
         # a slow (sentencepiece) tokenizer: let transformers convert it to a fast one
         try:
-            from transformers import AutoTokenizer
+            from transformers import AutoTokenizer  # optional: only to convert a slow tokenizer
         except ImportError:
             raise UserError(
                 f"data.tokenizer: {spec} has no tokenizer.json; install transformers to convert "
@@ -239,9 +238,7 @@ def load_tokenizer(spec: str):
         if not getattr(hf, "is_fast", False):
             raise UserError(f"data.tokenizer: {spec} could not be converted to a fast tokenizer")
         return HFTokenizer(hf.backend_tokenizer, spec, hf.bos_token, hf.eos_token, hf.pad_token)
-    from tokenizers import Tokenizer  # hub id
-
-    try:
+    try:  # a hub id
         tok = Tokenizer.from_pretrained(spec)
     except Exception as e:
         raise UserError(

@@ -134,17 +134,12 @@ class DemoPlan:
     # tokens this asks about nearly every needle that fits (1-6 questions, 2-6 needles); more
     # key-matching examples per document (multikey_2 at 4x: 7 with 4 questions, 20 with 8)
     extend_queries: int = 8
-    # share of those niah documents whose answered questions sit inside the text after their
-    # needle instead of as a block before the final question (see docs/demo.md, "the needle
-    # next to the question")
-    extend_inline_queries: float = 0.0
     # a second extension source drawn for this share of the rows: niah documents with
     # extend_dense_keys needles (multikey_2 holds 14 at 4x; the main corpus's question block
     # leaves room for <= 7) and extend_dense_queries questions (weight 0: no second source)
     extend_dense_weight: float = 0.0
     extend_dense_keys: int = 16
     extend_dense_queries: int = 2
-    hard_keys: float = 0.0  # share of distractor keys with a word of the queried key (both corpora)
     recall_multivalue: float = 0.0  # share of recall keys with several values (base corpus)
     extend_recall_multivalue: float = 0.3  # the same in the extension corpus
     # share of niah/multivalue/passkey documents with each needle on a line of its own, as the
@@ -159,11 +154,6 @@ class DemoPlan:
     # step) measured no better: multikey_2 / multivalue at 4x on 100 samples 39 / 57.5 vs
     # 39 / 56.8 (seed 0)
     extend_packing: str = "pad"
-    # the extension's answer mask also covers the separator after each value ("," or "."): the
-    # token that decides whether multivalue's list goes on. Measured with the 1600 x 12-row base:
-    # multivalue at 4x 24 -> 55 on one base (it had listed one value), 42.5 on the other seed;
-    # not measured with this plan's base, so off (docs/demo.md)
-    extend_answer_separators: bool = False
     num_values: int = 4  # niah_multivalue asks for 4 values of one key
     filler: str = "noise"  # RULER's noise passage: the haystack of niah_single_1 and passkey
     # base mix at 256 (multivalue does not fit 256 tokens; recall drills key matching)

@@ -173,8 +173,6 @@ def corpus_mixes(plan: DemoPlan) -> str:
 
 def _extension_extras(plan: DemoPlan) -> str:
     parts = []
-    if plan.extend_inline_queries:
-        parts.append(f"{plan.extend_inline_queries:.0%} of niah documents with their answered questions inside the text")
     if plan.extend_dense_weight > 0:
         parts.append(f"{plan.extend_dense_weight:.0%} of rows dense niah ({plan.extend_dense_keys} keys, "
                      f"{plan.extend_dense_queries} questions)")

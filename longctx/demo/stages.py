@@ -20,31 +20,28 @@ from longctx.errors import UserError
 
 
 def _synthetic(num_keys: int, length_min_ratio: float, filler: str, tasks: tuple, num_values: int,
-               queries: int = 1, hard_keys: float = 0.0, recall_multivalue: float = 0.0,
-               line_breaks: float = 0.0, packing: str = "pad", inline_queries: float = 0.0,
-               answer_separators: bool = False) -> Dict[str, Any]:
+               queries: int = 1, recall_multivalue: float = 0.0, line_breaks: float = 0.0,
+               packing: str = "pad") -> Dict[str, Any]:
     # compact style = the eval suite's compact prompts word for word (needles, question,
     # answer prefix); filler per plan (noise = RULER's passage, the niah_single_1 / passkey haystack);
     # documents are never split across rows (pad / fit packing)
     return {"name": "synthetic", "kind": "synthetic", "packing": packing,
             "synthetic": {"style": "compact", "filler": filler, "num_keys": num_keys,
                           "num_values": num_values, "length_min_ratio": length_min_ratio,
-                          "queries": queries, "hard_keys": hard_keys, "recall_multivalue": recall_multivalue,
-                          "line_breaks": line_breaks, "inline_queries": inline_queries,
-                          "answer_separators": answer_separators, "tasks": dict(tasks)}}
+                          "queries": queries, "recall_multivalue": recall_multivalue,
+                          "line_breaks": line_breaks, "tasks": dict(tasks)}}
 
 
 def base_synthetic(plan: DemoPlan, tasks: Optional[tuple] = None) -> Dict[str, Any]:
     return _synthetic(plan.num_keys, plan.length_min_ratio, plan.filler, tasks or plan.tasks, plan.num_values,
-                      hard_keys=plan.hard_keys, recall_multivalue=plan.recall_multivalue, line_breaks=plan.line_breaks)
+                      recall_multivalue=plan.recall_multivalue, line_breaks=plan.line_breaks)
 
 
 def extend_synthetic(plan: DemoPlan) -> Dict[str, Any]:
     return _synthetic(plan.extend_num_keys, plan.extend_length_min_ratio, plan.extend_filler,
-                      plan.extend_tasks, plan.num_values, queries=plan.extend_queries, hard_keys=plan.hard_keys,
+                      plan.extend_tasks, plan.num_values, queries=plan.extend_queries,
                       recall_multivalue=plan.extend_recall_multivalue, line_breaks=plan.extend_line_breaks,
-                      packing=plan.extend_packing, inline_queries=plan.extend_inline_queries,
-                      answer_separators=plan.extend_answer_separators)
+                      packing=plan.extend_packing)
 
 
 def extend_sources(plan: DemoPlan) -> List[Dict[str, Any]]:

@@ -205,8 +205,6 @@ def test_findings_state_only_what_the_table_shows():
 def test_training_configs_carry_the_measured_recipe(tmp_path):
     """The written YAMLs are what the trainer validates and runs: base documents near-full
     (a distractor in every 256-token niah document), extension documents 1x..4x."""
-    from dataclasses import replace
-
     from longctx.config import load_config
     from longctx.demo import stages
 
@@ -230,10 +228,6 @@ def test_training_configs_carry_the_measured_recipe(tmp_path):
     assert [dict(s.sources[0].synthetic.tasks) for s in b.stages[:2]] == [{"passkey": 1.0}] * 2  # copying first
     # half the extension's niah/multivalue/passkey documents put needles on lines of their own
     assert e_syn.line_breaks == FULL.extend_line_breaks == 0.5 and b_syn.line_breaks == FULL.line_breaks == 0
-    # the plan's switch for weighting the separator after each answer value reaches the extension only
-    assert e_syn.answer_separators is FULL.extend_answer_separators and b_syn.answer_separators is False
-    sep = stages.extend_synthetic(replace(FULL, extend_answer_separators=True))["synthetic"]
-    assert sep["answer_separators"] is True and stages.base_synthetic(FULL)["synthetic"]["answer_separators"] is False
     assert b.data.micro_batch_size * FULL.base_nproc == FULL.base_batch
 
 
@@ -259,9 +253,9 @@ def test_bpe_plan_trains_its_tokenizer_and_sizes_the_model_by_it(tmp_path):
     assert (over["vocab_size"], over["bos_token_id"], over["eos_token_id"]) == (600, tok.bos_id, tok.eos_id)
 
 
-def test_extension_dense_source_and_inline_questions_reach_the_trainer_config(tmp_path):
+def test_extension_dense_source_reaches_the_trainer_config(tmp_path):
     """extend_dense_weight adds a second, niah-only source with its own corpus seed and the
-    plan's key / question counts; extend_inline_queries reaches the main corpus."""
+    plan's key / question counts."""
     from dataclasses import replace
 
     from longctx.config import load_config
@@ -270,16 +264,15 @@ def test_extension_dense_source_and_inline_questions_reach_the_trainer_config(tm
     from longctx.demo.report import corpus_mixes
 
     byte = load_tokenizer("byte")
-    plan = replace(FULL, extend_dense_weight=0.25, extend_dense_keys=16, extend_dense_queries=2, extend_inline_queries=1.0)
+    plan = replace(FULL, extend_dense_weight=0.25, extend_dense_keys=16, extend_dense_queries=2)
     e = load_config(str(stages.write_config(stages.extend_config(plan, tmp_path / "ext", tmp_path / "base" / "hf", 0,
                                                                  plan.scaled_rope(), byte), tmp_path / "ext.yaml")))
     main, dense = e.data.sources
     assert (main.weight, dense.weight) == (0.75, 0.25) and dense.name == "dense"
     assert dict(dense.synthetic.tasks) == {"niah": 1.0} and (dense.synthetic.num_keys, dense.synthetic.queries) == (16, 2)
-    assert dense.synthetic.seed != main.synthetic.seed and main.synthetic.inline_queries == 1.0
+    assert dense.synthetic.seed != main.synthetic.seed
     assert "25% of rows dense niah (16 keys, 2 questions)" in corpus_mixes(plan)
-    assert "100% of niah documents with their answered questions inside the text" in corpus_mixes(plan)
-    off = replace(FULL, extend_dense_weight=0.0, extend_inline_queries=0.0)
+    off = replace(FULL, extend_dense_weight=0.0)
     assert len(stages.extend_sources(off)) == 1 and "dense" not in corpus_mixes(off)
 
 

@@ -7,7 +7,10 @@ import pytest
 
 from helpers.data import train_bpe
 from longctx.data import ByteTokenizer, DataConfig, SourceConfig, SyntheticConfig, SyntheticCorpus, build_loader, generate_document, load_tokenizer
-from longctx.data.synthetic import NOISE, TEMPLATES, min_document_chars
+from longctx.data.filler import NOISE
+from longctx.data.templates import TEMPLATES, min_document_chars
+from longctx.data.words import WORD_PAIRS
+from longctx.errors import UserError
 
 TOK = ByteTokenizer()
 
@@ -110,30 +113,6 @@ def test_loader_answer_mask_marks_exactly_the_answer_digits():
     assert got == want
 
 
-def test_answer_separators_extend_the_mask_by_the_separator_after_each_value():
-    """answer_separators: the mask also covers the "," that continues a list and the "." that
-    ends the answer (multivalue and multi-valued recall keys included)."""
-    syn = SyntheticConfig(num_docs=60, num_keys=4, num_values=4, recall_multivalue=0.5, answer_separators=True,
-                          tasks={"multivalue": 0.5, "recall": 0.5})
-    cfg = DataConfig(seq_len=640, micro_batch_size=4, emit_answer_mask=True, prefetch=0, epochs=1,
-                     sources=[SourceConfig(kind="synthetic", packing="pad", synthetic=syn)])
-    corpus = SyntheticCorpus(syn, seq_len=640)
-    want = Counter()
-    for i in range(60):
-        d = corpus[i]
-        spans = d.answer_spans_with_separators()
-        assert [d.text[a:b - 1] for a, b in spans] == [d.text[a:b] for a, b in d.answer_spans]
-        assert all(d.text[b - 1] in ",." for _, b in spans)
-        assert d.text[spans[-1][1] - 1] == "."  # the document's final answer ends with its full stop
-        want.update("".join(d.text[a:b] for a, b in spans))
-    assert want[","] > 0 and want["."] > 0
-    got = Counter()
-    for b in build_loader(cfg, TOK, dp_rank=0, dp_size=1, seed=0):
-        m = b["answer_mask"].numpy()
-        got.update(bytes(b["labels"].numpy()[m].astype(np.uint8)).decode())
-    assert got == want
-
-
 def test_tasks_too_long_for_the_length_fall_back(caplog):
     corpus = SyntheticCorpus(SyntheticConfig(style="compact"), seq_len=256)  # multivalue needs ~264
     assert corpus.fallback == {"niah": "niah", "multivalue": "niah", "passkey": "passkey"}
@@ -147,8 +126,6 @@ def test_tasks_too_long_for_the_length_fall_back(caplog):
 def test_length_min_ratio_fills_documents_with_distractors():
     """length_min_ratio near 1: every document close to seq_len, so a 256-token compact
     niah document always has room for a distractor needle (the demo's base training)."""
-    from longctx.data.words import WORD_PAIRS
-
     corpus = SyntheticCorpus(SyntheticConfig(style="compact", filler="noise", length_min_ratio=0.95,
                                              tasks={"niah": 1.0}), seq_len=256)
     docs = [corpus[i] for i in range(100)]
@@ -160,11 +137,8 @@ def test_length_min_ratio_fills_documents_with_distractors():
 
 @pytest.mark.parametrize("ratio", [0, 1.5, "half"])
 def test_length_min_ratio_validated(ratio):
-    from longctx.data.config import validate_synthetic
-    from longctx.errors import UserError
-
     with pytest.raises(UserError, match=r"synthetic.length_min_ratio: must be in \(0, 1\]"):
-        validate_synthetic(SyntheticConfig(length_min_ratio=ratio), "data.sources[0].synthetic", 256)
+        SyntheticConfig(length_min_ratio=ratio).validate("data.sources[0].synthetic", 256)
 
 
 @pytest.mark.parametrize("filler", ["noise", "varied"])
@@ -221,41 +195,8 @@ def test_queries_ask_several_keys_per_document():
 
 
 def test_queries_validated():
-    from longctx.data.config import validate_synthetic
-    from longctx.errors import UserError
-
     with pytest.raises(UserError, match=r"synthetic.queries"):
-        validate_synthetic(SyntheticConfig(queries=0), "data.sources[0].synthetic", 256)
-
-
-def test_hard_keys_share_a_word_with_the_queried_key():
-    def shared(doc):  # distractor keys sharing the adjective or the noun of the queried key
-        adj, noun = doc.key.split("-", 1)
-        return [k.startswith(adj + "-") or k.endswith("-" + noun) for k in doc.keys[1:]]
-
-    hard = SyntheticConfig(num_keys=6, hard_keys=1.0, tasks={"niah": 1.0})
-    docs = [generate_document(hard, i, length_chars=900) for i in range(40)]
-    flags = [f for d in docs for f in shared(d)]
-    assert len(flags) > 100 and all(flags)
-    assert all(len(set(d.keys)) == len(d.keys) for d in docs)  # still distinct keys
-    # both kinds of overlap: same noun (the key's end) and same adjective (its start)
-    nouns = sum(k.endswith("-" + d.key.split("-", 1)[1]) for d in docs for k in d.keys[1:])
-    assert 0.3 < nouns / len(flags) < 0.7
-    half = [f for i in range(80) for f in shared(generate_document(
-        SyntheticConfig(num_keys=6, hard_keys=0.5, tasks={"niah": 1.0}), i, length_chars=900))]
-    assert 0.35 < sum(half) / len(half) < 0.65
-    # hard_keys=0 leaves the corpus as it was (no extra random draws)
-    assert generate_document(SyntheticConfig(num_keys=6), 5, length_chars=900).text == \
-        generate_document(SyntheticConfig(num_keys=6, hard_keys=0.0), 5, length_chars=900).text
-
-
-@pytest.mark.parametrize("bad", [-0.1, 1.5, "0.5", True])
-def test_hard_keys_validated(bad):
-    from longctx.data.config import validate_synthetic
-    from longctx.errors import UserError
-
-    with pytest.raises(UserError, match=r"synthetic.hard_keys: must be a probability in \[0, 1\]"):
-        validate_synthetic(SyntheticConfig(hard_keys=bad), "data.sources[0].synthetic", 256)
+        SyntheticConfig(queries=0).validate("data.sources[0].synthetic", 256)
 
 
 @pytest.mark.parametrize("length", [120, 256, 1024, 3000])
@@ -303,13 +244,10 @@ def test_recall_in_the_corpus_and_the_loader_answer_mask():
 
 
 def test_recall_too_long_for_the_row_is_a_config_error():
-    from longctx.data.config import validate_synthetic
-    from longctx.errors import UserError
-
-    validate_synthetic(SyntheticConfig(tasks={"recall": 1.0}), "data.sources[0].synthetic", 80)
+    SyntheticConfig(tasks={"recall": 1.0}).validate("data.sources[0].synthetic", 80)
     with pytest.raises(UserError, match=r"length_max: 60 tokens is too short for a 'recall' document .*"
                                         r"use length_max >= \d+, or data.sources\[0\].synthetic.tasks without 'recall'$"):
-        validate_synthetic(SyntheticConfig(tasks={"recall": 1.0}), "data.sources[0].synthetic", 60)
+        SyntheticConfig(tasks={"recall": 1.0}).validate("data.sources[0].synthetic", 60)
 
 
 def test_recall_multivalue_keys_list_their_values_in_text_order():
@@ -341,11 +279,8 @@ def test_recall_multivalue_keys_list_their_values_in_text_order():
 
 @pytest.mark.parametrize("bad", [-0.1, 1.5, "0.5", True])
 def test_recall_multivalue_validated(bad):
-    from longctx.data.config import validate_synthetic
-    from longctx.errors import UserError
-
     with pytest.raises(UserError, match=r"synthetic.recall_multivalue: must be a probability in \[0, 1\]"):
-        validate_synthetic(SyntheticConfig(recall_multivalue=bad), "data.sources[0].synthetic", 256)
+        SyntheticConfig(recall_multivalue=bad).validate("data.sources[0].synthetic", 256)
 
 
 @pytest.mark.parametrize("style", ["short", "compact", "ruler"])
@@ -383,50 +318,5 @@ def test_line_breaks_share_of_documents():
 
 @pytest.mark.parametrize("bad", [-0.1, 1.5, "0.5", True])
 def test_line_breaks_validated(bad):
-    from longctx.data.config import validate_synthetic
-    from longctx.errors import UserError
-
     with pytest.raises(UserError, match=r"synthetic.line_breaks: must be a probability in \[0, 1\]"):
-        validate_synthetic(SyntheticConfig(line_breaks=bad), "data.sources[0].synthetic", 256)
-
-
-@pytest.mark.parametrize("line_breaks", [0.0, 1.0])
-def test_inline_queries_sit_after_their_needle_inside_the_text(line_breaks):
-    kw = dict(style="compact", filler="mixed", num_keys=8, queries=4, line_breaks=line_breaks)
-    cfg = SyntheticConfig(inline_queries=1.0, **kw)
-    last_unit_asked = 0
-    for i in range(60):
-        d = generate_document(cfg, i, length_chars=1000, task="niah")
-        tail = generate_document(SyntheticConfig(**kw), i, length_chars=1000, task="niah")
-        prompt = d.text[: d.prompt_len]
-        qa = [(m.start(), m.group(1), m.group(2)) for m in
-              re.finditer(r"What is the special magic number for ([\w-]+)\? The special magic number for \1 is (\d+)\.", prompt)]
-        # the same questions as the tail version, the final one still last and alone at the end
-        assert sorted((k, v) for _, k, v in qa) == sorted(re.findall(
-            r"\nWhat is the special magic number for ([\w-]+)\? The special magic number for \1 is (\d+)\.", tail.text[: tail.prompt_len]))
-        assert d.text.endswith(f"\nWhat is the special magic number for {d.key}? The special magic number for {d.key} is "
-                               f"{d.values[0]}.") and len(d.text) <= 1000
-        for at, k, v in qa:  # after the needle it asks about
-            assert 0 <= prompt.index(f"numbers for {k} is: {v}.") < at
-        assert [d.text[s:e] for s, e in d.answer_spans] == [v for _, _, v in sorted(qa)] + d.values
-        assert Counter(re.findall(r"numbers for ([\w-]+) is", prompt)) == Counter(re.findall(r"numbers for ([\w-]+) is", tail.text))
-        units = re.findall(r"numbers for ([\w-]+) is: \d+\.|The special magic number for ([\w-]+) is \d+\.", prompt)
-        last_unit_asked += bool(units[-1][1])
-    assert 0 < last_unit_asked < 60  # sometimes an answered question, sometimes a needle, right before the final one
-    # inline_queries=0 leaves the corpus as it was; a probability picks documents
-    for i in range(10):
-        assert generate_document(SyntheticConfig(inline_queries=0.0, **kw), i, length_chars=900).text == \
-            generate_document(SyntheticConfig(**kw), i, length_chars=900).text
-    half = SyntheticConfig(inline_queries=0.5, **kw)
-    inlined = sum(generate_document(half, i, length_chars=1000, task="niah").text !=
-                  generate_document(SyntheticConfig(**kw), i, length_chars=1000, task="niah").text for i in range(200))
-    assert 70 < inlined < 130
-
-
-@pytest.mark.parametrize("bad", [-0.1, 1.5, "0.5", True])
-def test_inline_queries_validated(bad):
-    from longctx.data.config import validate_synthetic
-    from longctx.errors import UserError
-
-    with pytest.raises(UserError, match=r"synthetic.inline_queries: must be a probability in \[0, 1\]"):
-        validate_synthetic(SyntheticConfig(inline_queries=bad), "data.sources[0].synthetic", 256)
+        SyntheticConfig(line_breaks=bad).validate("data.sources[0].synthetic", 256)
