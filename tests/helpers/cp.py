@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import pickle
-import socket
 import tempfile
 import time
 import traceback
@@ -19,13 +18,8 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from helpers.train import free_port
 from longctx.parallel.mesh import import_before_process_groups, shutdown_distributed
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _entry(rank, world_size, port, outdir, fn, args):
@@ -45,7 +39,7 @@ def _entry(rank, world_size, port, outdir, fn, args):
 
 def run_distributed(fn, world_size: int, *args, timeout: float = 240.0):
     with tempfile.TemporaryDirectory() as outdir:
-        ctx = mp.start_processes(_entry, args=(world_size, _free_port(), outdir, fn, args), nprocs=world_size,
+        ctx = mp.start_processes(_entry, args=(world_size, free_port(), outdir, fn, args), nprocs=world_size,
                                  join=False, start_method="spawn")
         deadline = time.monotonic() + timeout
         while not ctx.join(timeout=1.0):

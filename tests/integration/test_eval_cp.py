@@ -9,6 +9,7 @@ import pytest
 import torch
 
 import longctx
+from helpers.train import free_port
 from longctx.model import build_model, get_preset
 
 
@@ -18,14 +19,6 @@ def model_dir(tmp_path_factory):
     cfg = get_preset("debug-tiny", initializer_range=0.2, max_position_embeddings=2048)
     longctx.save_pretrained(build_model(cfg, seed=1), d)
     return d
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _args(model_dir, out):
@@ -40,7 +33,7 @@ def test_cp2_prefill_matches_one_process(model_dir, tmp_path):
                          env=env, capture_output=True, text=True, timeout=300)
     assert one.returncode == 0, one.stderr[-2000:]
     two = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
-                          "--master-port", str(_free_port()), "-m", "longctx.eval.cli", "--cp", "2",
+                          "--master-port", str(free_port()), "-m", "longctx.eval.cli", "--cp", "2",
                           *_args(model_dir, tmp_path / "two")], env=env, capture_output=True, text=True, timeout=300)
     assert two.returncode == 0, two.stderr[-3000:]
     a = json.loads((tmp_path / "one" / "results.json").read_text())
@@ -89,7 +82,7 @@ def test_cp_generate_ring_and_allgather_match_single_process(model_dir):
     ref = generate(model, prompts, 12)
     ctx = mp.get_context("spawn")
     q = ctx.Queue()
-    port = _free_port()
+    port = free_port()
     procs = [ctx.Process(target=_worker, args=(r, port, str(model_dir), q)) for r in range(2)]
     for p in procs:
         p.start()

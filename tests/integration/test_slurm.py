@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from helpers.train import free_port
+
 ROOT = Path(__file__).resolve().parents[2]
 STUBS = ROOT / "tests" / "helpers" / "slurm_stubs"
 SCRIPTS = sorted([*ROOT.glob("slurm/*.sbatch"), *ROOT.glob("launch/*.sh")])
@@ -54,18 +56,10 @@ def _metrics(out: Path) -> list:
     return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def test_sbatch_train_preempted_by_usr1_requeues_and_resumes(tmp_path):
     # the script derives its port from the job id unless MASTER_PORT is set; on a shared test
     # machine the stub's predictable job ids could meet a port in use
-    env = _env(tmp_path, MASTER_PORT=str(_free_port()))
+    env = _env(tmp_path, MASTER_PORT=str(free_port()))
     steps = 60
     cfg = _config(tmp_path, steps)
     res = subprocess.run(["sbatch", "--nodes=1", "--gpus-per-node=2", f"--output={tmp_path}/%x-%j.out",
