@@ -117,27 +117,8 @@ class PackedCache:
                    pos, segment_ids_from_position_ids(pos), ans, int(self.n_real[j]))
 
 
-def _build(directory: str, src: SourceConfig, i: int, cfg: DataConfig, tokenizer, desc: dict, pad_id: int) -> None:
-    table = open_table(src, i, cfg, tokenizer)
-    has_answer = resolve_kind(src, i) == "synthetic"
-    T = cfg.seq_len
-    ids_dtype = "uint16" if tokenizer.vocab_size <= 65536 and pad_id < 65536 else "uint32"
-    pos_dtype = "uint16" if T <= 65536 else "int32"
-    total = None if table.streaming else len(table)
-    bar = tqdm(total=total, desc=f"caching {src.name or source_label(i)}", unit="doc",
-               disable=not cfg.progress, dynamic_ncols=True)
-    n_docs = [0]
-
-    def on_doc(k):
-        n_docs[0] += k
-        bar.update(k)
-
-    stream = DocumentStream(table, src, i, tokenizer, seed=BUILD_SEED, dp_rank=0, dp_size=1,
-                            window=cfg.shuffle_window, shuffle=cfg.shuffle, epochs=1, add_bos=cfg.add_bos,
-                            add_eos=cfg.add_eos, answer_mask=has_answer, on_doc=on_doc)
-    packer = make_packer(stream, T, mode=src.packing or cfg.packing, lookahead=cfg.fit_lookahead, pad_id=pad_id,
-                         cross_document_labels=cfg.cross_document_labels, final_partial=cfg.final_partial,
-                         answer=has_answer)
+def _write_rows(packer, directory: str, has_answer: bool, ids_dtype: str, pos_dtype: str):
+    """Every row of `packer` appended to one .bin file per column; (rows, real tokens)."""
     names = ["input_ids", "labels", "position_ids", "n_real"] + (["answer"] if has_answer else [])
     files = {k: open(os.path.join(directory, f"{k}.bin"), "wb") for k in names}
     n_rows = n_real = 0
@@ -168,6 +149,33 @@ def _build(directory: str, src: SourceConfig, i: int, cfg: DataConfig, tokenizer
     finally:
         for f in files.values():
             f.close()
+    return n_rows, n_real
+
+
+def _build(directory: str, src: SourceConfig, i: int, cfg: DataConfig, tokenizer, desc: dict, pad_id: int) -> None:
+    table = open_table(src, i, cfg, tokenizer)
+    has_answer = resolve_kind(src, i) == "synthetic"
+    T = cfg.seq_len
+    ids_dtype = "uint16" if tokenizer.vocab_size <= 65536 and pad_id < 65536 else "uint32"
+    pos_dtype = "uint16" if T <= 65536 else "int32"
+    total = None if table.streaming else len(table)
+    bar = tqdm(total=total, desc=f"caching {src.name or source_label(i)}", unit="doc",
+               disable=not cfg.progress, dynamic_ncols=True)
+    n_docs = [0]
+
+    def on_doc(k):
+        n_docs[0] += k
+        bar.update(k)
+
+    stream = DocumentStream(table, src, i, tokenizer, seed=BUILD_SEED, dp_rank=0, dp_size=1,
+                            window=cfg.shuffle_window, shuffle=cfg.shuffle, epochs=1, add_bos=cfg.add_bos,
+                            add_eos=cfg.add_eos, answer_mask=has_answer, on_doc=on_doc)
+    packer = make_packer(stream, T, mode=src.packing or cfg.packing, lookahead=cfg.fit_lookahead, pad_id=pad_id,
+                         cross_document_labels=cfg.cross_document_labels, final_partial=cfg.final_partial,
+                         answer=has_answer)
+    try:
+        n_rows, n_real = _write_rows(packer, directory, has_answer, ids_dtype, pos_dtype)
+    finally:
         bar.close()
     if n_rows == 0:
         raise UserError(f"{source_label(i)}: no rows to cache (no document passes the filters)")
