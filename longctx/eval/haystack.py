@@ -226,6 +226,28 @@ class Corpus:
         return out
 
 
+@lru_cache(maxsize=4)
+def load_word_list(path: str) -> tuple[str, ...]:
+    """Distinct words of a word-list file, in file order: RULER's english_words.json (an object
+    whose values are the words), a JSON list, or plain text with one word per line."""
+    p = Path(path)
+    if not p.is_file():
+        raise UserError(f"eval.words: {path} is not a file (give RULER's english_words.json or one word per line)")
+    text = p.read_text(encoding="utf-8", errors="replace")
+    try:
+        obj = json.loads(text)
+        items = list(obj.values()) if isinstance(obj, dict) else obj
+    except json.JSONDecodeError:
+        items = text.splitlines()
+    if not isinstance(items, list):
+        raise UserError(f"eval.words: {path} holds a {type(items).__name__}; expected a JSON object or list of words")
+    words = [str(w).strip() for w in items if isinstance(w, str) and w.strip() and " " not in w.strip()]
+    words = list(dict.fromkeys(words))
+    if len(words) < 50:
+        raise UserError(f"eval.words: {path} has {len(words)} usable words; need at least 50")
+    return tuple(words)
+
+
 @lru_cache(maxsize=8)
 def get_corpus(path: Optional[str] = None) -> Corpus:
     """Shared, cached Corpus for a path (None = the built-in essay)."""

@@ -6,12 +6,13 @@ import math
 from pathlib import Path
 from typing import Optional, Sequence
 
-from longctx.eval.scoring import DEFAULT_THRESHOLD, effective_length, mean
+from longctx.eval.scoring import DEFAULT_THRESHOLD, effective_length, mean, weighted_average
 
 
 def aggregate(records: Sequence[dict], threshold: float = DEFAULT_THRESHOLD) -> dict:
-    """Scores per task x length (mean over samples), per-length averages over tasks, effective
-    lengths, and depth x length grids for samples generated at controlled depths."""
+    """Scores per task x length (mean over samples), per-length averages over tasks (and which
+    tasks each covers), RULER's weighted averages over lengths, effective lengths, and depth x
+    length grids for samples generated at controlled depths."""
     tasks: dict = {}
     grids: dict = {}
     for r in records:
@@ -32,9 +33,10 @@ def aggregate(records: Sequence[dict], threshold: float = DEFAULT_THRESHOLD) -> 
             "average": mean(scores.values()),
             "effective_length": effective_length(scores, threshold),
         }
-    avg_by_len, avg_se_by_len = {}, {}
+    avg_by_len, avg_se_by_len, avg_tasks = {}, {}, {}
     for L in lengths:
-        vals = [t["scores"][str(L)] for t in out_tasks.values() if str(L) in t["scores"]]
+        avg_tasks[L] = [name for name, t in out_tasks.items() if str(L) in t["scores"]]
+        vals = [out_tasks[name]["scores"][str(L)] for name in avg_tasks[L]]
         avg_by_len[L] = mean(vals)
         # the tasks' samples are independent: the average's variance is the mean of theirs / k
         ses = [t["stderr"][str(L)] for t in out_tasks.values() if str(L) in t["stderr"]]
@@ -53,7 +55,10 @@ def aggregate(records: Sequence[dict], threshold: float = DEFAULT_THRESHOLD) -> 
         "tasks": out_tasks,
         "average_by_length": {str(L): v for L, v in avg_by_len.items()},
         "average_stderr_by_length": {str(L): v for L, v in avg_se_by_len.items()},
+        "average_tasks_by_length": {str(L): v for L, v in avg_tasks.items()},
         "average": mean(avg_by_len.values()) if avg_by_len else float("nan"),
+        "wavg_inc": weighted_average(avg_by_len, "inc"),
+        "wavg_dec": weighted_average(avg_by_len, "dec"),
         "effective_length": effective_length(avg_by_len, threshold) if avg_by_len else 0,
         "grids": out_grids,
     }
@@ -81,9 +86,10 @@ def _clean(x):
 
 
 def write_results(path: Path, meta: dict, summary: dict, records: Sequence[dict], ppl: Optional[dict],
-                  skipped: Sequence[str], warnings_: Sequence[str]) -> None:
-    doc = {"meta": meta, "summary": summary, "ppl": ppl, "skipped": list(skipped), "warnings": list(warnings_),
-           "samples": list(records)}
+                  skipped: Sequence[str], warnings_: Sequence[str], comparability: Optional[dict] = None) -> None:
+    """results.json; `comparability` ({"ruler_comparable", "departures"}) goes at the top level."""
+    doc = {"meta": meta, **(comparability or {}), "summary": summary, "ppl": ppl, "skipped": list(skipped),
+           "warnings": list(warnings_), "samples": list(records)}
     Path(path).write_text(json.dumps(_clean(doc), indent=1))
 
 
@@ -93,8 +99,28 @@ def _fmt(x, nd: int = 1) -> str:
     return f"{x:.{nd}f}"
 
 
+def average_coverage(summary: dict) -> str:
+    """Which tasks the per-length average covers, e.g. "11 tasks: niah_single_1, ..."."""
+    by_len = summary.get("average_tasks_by_length", {})
+    distinct = {tuple(v) for v in by_len.values()}
+    if len(distinct) == 1:
+        tasks = list(distinct.pop())
+        return f"{len(tasks)} tasks: {', '.join(tasks)}"
+    return "; ".join(f"at {L}: {len(v)} tasks ({', '.join(v)})" for L, v in by_len.items())
+
+
+def _comparability_lines(comparability: Optional[dict]) -> list[str]:
+    if not comparability:
+        return []
+    if comparability["ruler_comparable"]:
+        return ["RULER-comparable: **yes** (RULER's 13 tasks, data and sample count).", ""]
+    return (["## Not comparable with published RULER numbers", ""]
+            + [f"- {d}" for d in comparability["departures"]] + [""])
+
+
 def render_markdown(meta: dict, summary: dict, ppl: Optional[dict], skipped: Sequence[str],
-                    warnings_: Sequence[str], figures: Sequence[str] = ()) -> str:
+                    warnings_: Sequence[str], figures: Sequence[str] = (),
+                    comparability: Optional[dict] = None) -> str:
     lines = ["# Long-context evaluation", ""]
     for key in ("model", "tokenizer", "suite", "style", "samples", "seed", "cp", "dtype", "wall_seconds"):
         if key in meta:
@@ -115,8 +141,11 @@ def render_markdown(meta: dict, summary: dict, ppl: Optional[dict], skipped: Seq
         eff = summary["effective_length"]
         lines.append("| **average** | | " + " | ".join(avg) + f" | {_fmt(summary['average'])} | "
                      f"{eff or '< ' + str(lengths[0])} |")
-        lines += ["", f"Effective length: the longest length whose average score (and that of every shorter "
-                      f"length) is above {thr}: **{eff or 'none'}**.", ""]
+        lines += ["", f"Average over {average_coverage(summary)}. RULER's weighted averages over the lengths: "
+                      f"wAvg (inc) {_fmt(summary.get('wavg_inc'))}, wAvg (dec) {_fmt(summary.get('wavg_dec'))}.", "",
+                  f"Effective length: the longest length whose average score (and that of every shorter "
+                  f"length) is above {thr}: **{eff or 'none'}**.", ""]
+        lines += _comparability_lines(comparability)
     for name, g in summary.get("grids", {}).items():
         lines += [f"## Needle grid: {name} (rows: depth, columns: length)", "",
                   "| depth | " + " | ".join(str(L) for L in g["lengths"]) + " |",

@@ -10,7 +10,7 @@ to 0..100:
 
 ``effective_length`` is RULER's headline number: the longest evaluated length whose average
 score is above a threshold (default 85.6, Llama-2-7B-chat's score at 4k), with every shorter
-length also above it.
+length also above it. ``weighted_average`` is RULER's wAvg (inc / dec) over lengths.
 """
 from __future__ import annotations
 
@@ -76,6 +76,21 @@ def _check(preds: Sequence[str], refs: Sequence[Sequence[str]]) -> None:
 def mean(xs: Iterable[float]) -> float:
     xs = list(xs)
     return sum(xs) / len(xs) if xs else float("nan")
+
+
+def weighted_average(scores_by_length: Mapping[int, float], order: str) -> float:
+    """RULER's wAvg over lengths: weights 1..n rising with the length ("inc") or falling ("dec")."""
+    lengths = sorted(scores_by_length)
+    if not lengths:
+        return float("nan")
+    ranks = range(1, len(lengths) + 1)
+    weights = list(ranks) if order == "inc" else list(reversed(ranks))
+    return sum(w * scores_by_length[L] for w, L in zip(weights, lengths)) / sum(weights)
+
+
+def ruler_round(score: float) -> float:
+    """A task score as RULER's evaluate.py reports it (rounded to 2 decimals)."""
+    return round(score, 2)
 
 
 def effective_length(scores_by_length: Mapping[int, float], threshold: float = DEFAULT_THRESHOLD) -> int:

@@ -73,6 +73,15 @@ def test_oracle_scores_100_and_constant_wrong_scores_0(name, qa_files):
         assert 0.0 < score_sample(s.metric, s.outputs[0], s.outputs) < 100.0
 
 
+def _shortest(tok, sample, length):
+    """1% below the target; RULER's needle-only haystack (niah_multikey_2/3, no filler) may end
+    up to one distractor needle short, as RULER's does."""
+    if sample.meta.get("haystack") != "needle":
+        return 0.99 * length
+    needles = [x for x in sample.input.split("\n") if x.startswith("One of the special magic")]
+    return min(0.99 * length, length - max(len(tok.encode(x + "\n")) for x in needles))
+
+
 @pytest.mark.parametrize("length", [2048, 8192])
 @pytest.mark.parametrize("name", ALL_TASKS)
 def test_byte_tokenizer_lengths_hit_target_within_1pct(name, length, qa_files):
@@ -80,7 +89,7 @@ def test_byte_tokenizer_lengths_hit_target_within_1pct(name, length, qa_files):
     for s in samples:
         n = len(BYTE.encode(s.prompt, add_bos=True))
         assert n == s.prompt_tokens
-        assert 0.99 * length <= s.length <= length, (s.length, length)
+        assert _shortest(BYTE, s, length) <= s.length <= length, (s.length, length)
 
 
 @pytest.mark.parametrize("name", ALL_TASKS)
@@ -89,7 +98,7 @@ def test_hf_tokenizer_lengths_hit_target_within_1pct(name, hf_tok, qa_files):
     samples = build_samples(name, hf_tok, length, 2, seed=2, options=qa_files)
     for s in samples:
         assert len(hf_tok.encode(s.prompt, add_bos=True)) == s.prompt_tokens
-        assert 0.99 * length <= s.length <= length, (s.length, length)
+        assert _shortest(hf_tok, s, length) <= s.length <= length, (s.length, length)
 
 
 def test_ruler_budgets_and_metrics():

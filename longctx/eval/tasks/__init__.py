@@ -12,7 +12,7 @@ import warnings
 from typing import Optional, Sequence, Union
 
 from longctx.errors import UserError
-from longctx.eval.tasks.base import (STYLES, Sample, Task, TaskOptions, count_tokens_fn, fit_draft,
+from longctx.eval.tasks.base import (STYLES, Sample, Task, TaskOptions, count_tokens_fn, draft_wrap, fit_draft,
                                      resolve_chat_template)
 from longctx.eval.tasks.cwe import CweTask
 from longctx.eval.tasks.fwe import FweTask
@@ -66,7 +66,7 @@ def task_min_length(task: Union[str, Task], tokenizer, options: TaskOptions = Ta
     for i in range(probes):
         d = task.draft(_draft_rng(seed, task.name, reference_length, None, i), reference_length, options, None, shared)
         n, f = _min_config(d)
-        worst = max(worst, count(tpl.replace("{input}", d.render(n, f)) + d.answer_prefix))
+        worst = max(worst, count(draft_wrap(d, tpl)(d.render(n, f)) + d.answer_prefix))
     return worst + budget
 
 
@@ -90,7 +90,6 @@ def build_samples(task: Union[str, Task], tokenizer, length: int, num_samples: i
                 raise UserError(f"eval.depths: {d} is outside [0, 1]")
     budget = task.max_new_tokens(tokenizer, options)
     tpl = resolve_chat_template(options.chat_template)
-    wrap = lambda text: tpl.replace("{input}", text)  # noqa: E731
     count = count_tokens_fn(tokenizer, options)
     target_prompt = length - budget
     shared = task.prepare(tokenizer, length, options, seed)
@@ -105,6 +104,7 @@ def build_samples(task: Union[str, Task], tokenizer, length: int, num_samples: i
             if wanted is not None and index not in wanted:
                 continue
             draft = task.draft(_draft_rng(seed, task.name, length, depth, i), length, options, depth, shared)
+            wrap = draft_wrap(draft, tpl)
             fitted = fit_draft(draft, count, wrap, target_prompt, guess) if target_prompt > 0 else None
             if fitted is None or (fitted.n, fitted.fill) < _min_config(draft):
                 n, f = _min_config(draft)
@@ -126,7 +126,7 @@ def build_samples(task: Union[str, Task], tokenizer, length: int, num_samples: i
                 task=task.name, index=index, input=fitted.text, answer_prefix=draft.answer_prefix,
                 outputs=list(draft.outputs), metric=task.metric, target_length=length, max_new_tokens=budget,
                 prompt_tokens=fitted.prompt_tokens, depth=depth, stop=task.stop(options), chat_template=tpl,
-                meta=meta))
+                meta=meta, pre_template=draft.pre_template))
     return samples
 
 

@@ -29,6 +29,8 @@ class TaskOptions:
     max_new_tokens: override the task's generation budget.
     essay_path: local text corpus for the "essay" haystack (file or folder); built-in text if None.
     squad_path / hotpotqa_path: local SQuAD (v2 dev json) / HotpotQA (dev distractor json) files.
+    words_path: a word list for cwe beyond the built-in words (RULER's english_words.json, a JSON
+        list, or one word per line); made-up words if None.
     chat_template: a string with one "{input}" placeholder wrapping the task input (the answer
         prefix goes after it), or a preset name, see CHAT_TEMPLATES.
     num_digits: digits of numeric needle values / pass keys (default 7 / 5).
@@ -40,6 +42,7 @@ class TaskOptions:
     essay_path: Optional[str] = None
     squad_path: Optional[str] = None
     hotpotqa_path: Optional[str] = None
+    words_path: Optional[str] = None
     chat_template: Optional[str] = None
     num_digits: Optional[int] = None
     add_bos: bool = True
@@ -76,7 +79,10 @@ def resolve_chat_template(spec: Optional[str]) -> str:
 
 @dataclass
 class Sample:
-    """One evaluation input. `prompt` is what the model reads; it continues after answer_prefix."""
+    """One evaluation input. `prompt` is what the model reads; it continues after answer_prefix.
+
+    `pre_template` comes before the chat-wrapped input (cwe's one-shot example, a chat turn of its own).
+    """
 
     task: str
     index: int
@@ -91,10 +97,11 @@ class Sample:
     stop: list[str] = field(default_factory=list)
     chat_template: str = "{input}"
     meta: dict = field(default_factory=dict)
+    pre_template: str = ""
 
     @property
     def prompt(self) -> str:
-        return self.chat_template.replace("{input}", self.input) + self.answer_prefix
+        return self.pre_template + self.chat_template.replace("{input}", self.input) + self.answer_prefix
 
     @property
     def length(self) -> int:
@@ -112,6 +119,7 @@ class Draft:
 
     outputs: list[str]
     answer_prefix: str
+    pre_template: str = ""  # text before the chat-wrapped input
     n_min: int = 1
     n_max: Optional[int] = None
     meta: dict
@@ -228,6 +236,11 @@ class Fitted:
 def count_tokens_fn(tokenizer, options: TaskOptions) -> Callable[[str], int]:
     add_bos = options.add_bos and getattr(tokenizer, "bos_id", None) is not None
     return lambda text: len(tokenizer.encode(text, add_bos=add_bos))
+
+
+def draft_wrap(draft: Draft, tpl: str) -> Callable[[str], str]:
+    """The draft's rendered text as the model reads it: pre_template, then the chat-wrapped text."""
+    return lambda text: draft.pre_template + tpl.replace("{input}", text)
 
 
 def fit_draft(draft: Draft, count: Callable[[str], int], wrap: Callable[[str], str], target_prompt: int,

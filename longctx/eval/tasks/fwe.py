@@ -1,11 +1,9 @@
 """Frequent words extraction (RULER "fwe"): the 3 most frequent coded words of a Zipf text.
 
-A vocabulary of L/50 random 6-letter "coded words"; word k appears int(N * k^-alpha / zeta(alpha))
-times (alpha = 2) and the top-ranked one is the noise token "..." the prompt says to ignore, so
-the answer is ranks 2-4. Scored with string_match_all.
-
-Difference from RULER: RULER fits the *prompt* to the target length and adds the 50-token budget
-on top; here prompt + budget fit the target, like every other task.
+A vocabulary of (L - 50) / 50 random 6-letter "coded words" (RULER's size: the length less the
+generation budget, over 50; at least 10); word k appears int(N * k^-alpha / zeta(alpha)) times
+(alpha = 2) and the top-ranked one is the noise token "..." the prompt says to ignore, so the
+answer is ranks 2-4. Scored with string_match_all.
 """
 from __future__ import annotations
 
@@ -31,8 +29,8 @@ def zeta(alpha: float, terms: int = 100000) -> float:
 
 
 class FweDraft(Draft):
-    def __init__(self, rng: random.Random, target_length: int, alpha: float = 2.0, coded_len: int = 6):
-        vocab_size = max(target_length // 50, 10)
+    def __init__(self, rng: random.Random, target_length: int, budget: int, alpha: float = 2.0, coded_len: int = 6):
+        vocab_size = max((target_length - budget) // 50, 10)
         vocab: set = set()
         while len(vocab) < vocab_size:
             vocab.add("".join(rng.choices(string.ascii_lowercase, k=coded_len)))
@@ -70,4 +68,4 @@ class FweTask(Task):
 
     def draft(self, rng: random.Random, target_length: int, options: TaskOptions,
               depth: Optional[float], shared=None) -> FweDraft:
-        return FweDraft(rng, target_length)
+        return FweDraft(rng, target_length, options.max_new_tokens or self.ruler_max_new_tokens)

@@ -5,6 +5,10 @@ numbers (7 digits), adjective-noun words or uuids. Multi-key tasks hide needles 
 (or fill the whole haystack with distractor needles); multi-value hides several values for the
 queried key; multi-query asks for the values of several keys at once. Scored with
 string_match_all: every expected value must appear in the output.
+
+Haystack units go one per line (noise passages, distractor needles), as in RULER; noise words
+top up the last line. The distractor-needle haystack (niah_multikey_2/3) is needles only, as in
+RULER; compact style (tiny models) tops it up with noise words too.
 """
 from __future__ import annotations
 
@@ -39,8 +43,10 @@ def _join_keys(keys: list[str]) -> str:
 class NiahDraft(Draft):
     def __init__(self, *, haystack: str, corpus: Optional[Corpus], needles: list[str], fracs: list[float],
                  depth: Optional[float], template: str, answer_prefix: str, outputs: list[str],
-                 distractor_rng: random.Random, type_k: str, type_v: str, exclude: set, num_digits: int):
+                 distractor_rng: random.Random, type_k: str, type_v: str, exclude: set, num_digits: int,
+                 filler: bool = True):
         self.haystack, self.corpus, self.needles, self.fracs, self.depth = haystack, corpus, needles, fracs, depth
+        self.filler = filler  # noise words after the units (RULER's needle haystack has none)
         self.template, self.answer_prefix, self.outputs = template, answer_prefix, outputs
         self._drng, self._type_k, self._type_v, self._exclude = distractor_rng, type_k, type_v, exclude
         self._num_digits = num_digits
@@ -70,7 +76,7 @@ class NiahDraft(Draft):
         return self.template.replace("{context}", self.context(n, fill))
 
     def fill_max(self, n: int) -> int:
-        if self.haystack == "essay":
+        if self.haystack == "essay" or not self.filler:
             return 0
         # distractor needles can be longer than the noise passage: allow a few passages of filler
         return len(_NOISE_WORDS) * (1 if self.haystack == "noise" else 4) - 1
@@ -124,7 +130,8 @@ class NiahTask(Task):
         drng = random.Random(rng.getrandbits(64))
         return NiahDraft(haystack=self.haystack, corpus=corpus, needles=needles, fracs=fracs, depth=depth,
                          template=template, answer_prefix=prefix, outputs=outputs, distractor_rng=drng,
-                         type_k=self.type_k, type_v=self.type_v, exclude=set(keys), num_digits=digits)
+                         type_k=self.type_k, type_v=self.type_v, exclude=set(keys), num_digits=digits,
+                         filler=self.haystack != "needle" or options.style == "compact")
 
 
 NIAH_TASKS = [
