@@ -39,10 +39,16 @@ their own; on CPU the measured peak is RSS, which only counts pages a process ha
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import re
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Optional
+
+from longctx.config import RunStage, TrainConfig, resolve_stages
+from longctx.errors import UserError
+from longctx.model.config import ModelConfig
 
 GiB = 2**30
 BUCKET = int(5e8)  # DeepSpeed reduce_bucket_size / allreduce bucket (elements), our config leaves the default
@@ -119,9 +125,6 @@ class Layout:
 
 def _deepspeed_knobs(path: Optional[str]) -> dict:
     """Bucket sizes from a user DeepSpeed JSON (parallel.deepspeed_config), where it sets them."""
-    import json
-    from pathlib import Path
-
     if not path or not Path(path).is_file():
         return {}
     try:
@@ -133,15 +136,17 @@ def _deepspeed_knobs(path: Optional[str]) -> dict:
     return {ours: int(float(zero[theirs])) for theirs, ours in keys.items() if theirs in zero}
 
 
-def layout_of(cfg, stage, world_size: int) -> Layout:
-    par = cfg.parallel
-    return Layout(**_deepspeed_knobs(par.deepspeed_config), seq_len=stage.seq_len, world_size=world_size, cp_size=stage.cp_size or par.cp_size,
-                  cp_impl=par.cp_impl, ulysses_size=par.ulysses_size, zero_stage=par.zero_stage,
+def layout_of(cfg: TrainConfig, stage: RunStage, world_size: int) -> Layout:
+    """The layout of one resolved stage of `cfg` (its train section: dtype, batch, loss chunks)."""
+    if not isinstance(stage, RunStage):  # a StageSection, until train/dry_run.py passes RunStage
+        stage = resolve_stages(cfg)[next((i for i, s in enumerate(cfg.stages) if s is stage), 0)]
+    par, tr = stage.parallel, cfg.train
+    return Layout(**_deepspeed_knobs(par.deepspeed_config), seq_len=stage.seq_len, world_size=world_size,
+                  cp_size=par.cp_size, cp_impl=par.cp_impl, ulysses_size=par.ulysses_size, zero_stage=par.zero_stage,
                   offload_optimizer=par.offload_optimizer, offload_params=par.offload_params,
                   activation_checkpointing=par.activation_checkpointing, checkpoint_every=par.checkpoint_every,
-                  recompute_attention=bool(getattr(par, "recompute_attention", False)),
-                  micro_batch_size=cfg.data.micro_batch_size, grad_accum=cfg.train.grad_accum,
-                  dtype=cfg.train.dtype, loss_chunk_size=cfg.train.loss_chunk_size,
+                  recompute_attention=par.recompute_attention, micro_batch_size=stage.data.micro_batch_size,
+                  grad_accum=tr.grad_accum, dtype=tr.dtype, loss_chunk_size=tr.loss_chunk_size,
                   attention_backend=par.attention_backend)
 
 
@@ -392,8 +397,8 @@ def estimate_layout(m, lay: Layout, *, device: str = "gpu", runtime_overhead_gb:
     return MemoryEstimate(**comp, phase=peak_phase, host=float(ms["host"]), phases=totals, info=info, device=device)
 
 
-def estimate_memory(cfg, stage, model_cfg, world_size: int, *, device: str = "gpu",
-                    runtime_overhead_gb: Optional[float] = None) -> MemoryEstimate:
+def estimate_memory(cfg: TrainConfig, stage: RunStage, model_cfg: ModelConfig, world_size: int, *,
+                    device: str = "gpu", runtime_overhead_gb: Optional[float] = None) -> MemoryEstimate:
     """Per-device peak memory of `stage` of `cfg` on `world_size` processes (see module doc)."""
     return estimate_layout(model_cfg, layout_of(cfg, stage, world_size), device=device,
                            runtime_overhead_gb=runtime_overhead_gb, document_masking=cfg.data.document_masking)
@@ -432,8 +437,6 @@ _SIZE = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*([kmgt]?)(i?b?)\s*$", re.IGNORECASE
 def parse_size(text: str, *, what: str = "--gpu-mem") -> float:
     """'80GB', '80G', '80GiB', '141' (GiB) -> bytes. GPU memory is sold in GiB-ish units, so
     GB and GiB both mean 2**30 here (an '80GB' H100 has 79.6 GiB usable by CUDA)."""
-    from longctx.errors import UserError
-
     match = _SIZE.match(str(text))
     if not match:
         raise UserError(f"{what}: cannot read {text!r}; use e.g. 80GB, 141GB or 24GiB")
@@ -445,8 +448,6 @@ def parse_size(text: str, *, what: str = "--gpu-mem") -> float:
 
 
 def parse_length(text: str, *, what: str = "--seq-len") -> int:
-    from longctx.errors import UserError
-
     s = str(text).strip().lower()
     mult = 1024 if s.endswith("k") else (1024 * 1024 if s.endswith("m") else 1)
     try:

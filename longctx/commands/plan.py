@@ -15,8 +15,17 @@ import argparse
 import dataclasses
 import json
 import math
+import re
 from pathlib import Path
 from typing import Optional
+
+from omegaconf import OmegaConf
+
+from longctx.config import RunStage, load_config, resolve_stages, stage_model_config, validate_portable
+from longctx.errors import UserError
+from longctx.model.config import PRESETS
+from longctx.plan import (GPU_USABLE, estimate_layout, format_estimate, layout_of, parse_length, parse_size,
+                          relative_time_per_token)
 
 CHECKPOINTING_ORDER = ("none", "selective", "full")
 
@@ -39,11 +48,8 @@ def add_parser(p: argparse.ArgumentParser) -> None:
 
 
 def _cluster_defaults(config: Optional[str]) -> dict:
-    import re
-
     if not config:
         return {}
-
     try:
         text = Path(config).read_text()
     except OSError:
@@ -54,18 +60,15 @@ def _cluster_defaults(config: Optional[str]) -> dict:
     return dict(item.split("=", 1) for item in m.group(1).split() if "=" in item)
 
 
-def _model_config(cfg, stage, notes: list):
-    from longctx.config import stage_model_config
-    from longctx.model.config import PRESETS
-
-    m = cfg.model
+def _model_config(stage: RunStage, notes: list):
+    m = stage.model
     if m.init_from and not (Path(m.init_from) / "config.json").is_file():
         if m.preset in PRESETS:
             notes.append(f"model.init_from {m.init_from} not found: planning with the architecture of "
                          f"model.preset={m.preset}")
-            cfg = dataclasses.replace(cfg, model=dataclasses.replace(m, init_from=None))
+            stage = dataclasses.replace(stage, model=dataclasses.replace(m, init_from=None))
         # else stage_model_config raises the usual one-line error
-    return stage_model_config(cfg, stage)
+    return stage_model_config(stage)
 
 
 def _valid_cp(cp: int, seq_len: int, world: int, impl: str, heads: int, ulysses: int) -> bool:
@@ -88,8 +91,6 @@ def advise(model_cfg, layout, device_bytes: float, *, device: str, runtime_gb: O
     """For each valid cp size (ascending): of the options that fit (ZeRO 0..3 x checkpointing
     none/selective/full), the one with the lowest predicted time per token (ties: the lower
     ZeRO stage, less checkpointing); optimizer offload only when none fits without it."""
-    from longctx.plan import estimate_layout, relative_time_per_token
-
     rows = []
     world = layout.world_size
     for cp in range(1, world + 1):
@@ -137,8 +138,6 @@ def _user_set(config: Optional[str], overrides: list[str], key: str) -> bool:
         return True
     if not config:
         return False
-    from omegaconf import OmegaConf
-
     node = OmegaConf.load(config)
     for part in key.split("."):
         if not OmegaConf.is_dict(node) or part not in node:
@@ -149,8 +148,6 @@ def _user_set(config: Optional[str], overrides: list[str], key: str) -> bool:
 
 def max_length(model_cfg, layout, device_bytes: float, *, device: str, runtime_gb: Optional[float]) -> int:
     """Longest sequence (a multiple of 2 x cp x 64) that fits with this exact layout."""
-    from longctx.plan import estimate_layout
-
     unit = 2 * layout.cp_size * 64
 
     def fits(n: int) -> bool:
@@ -169,10 +166,6 @@ def max_length(model_cfg, layout, device_bytes: float, *, device: str, runtime_g
 
 
 def run(args: argparse.Namespace) -> int:
-    from longctx.config import load_config, resolved_stages, validate_portable
-    from longctx.errors import UserError
-    from longctx.plan import GPU_USABLE, estimate_layout, format_estimate, layout_of, parse_length, parse_size
-
     cfg = load_config(args.config, args.overrides)
     validate_portable(cfg)  # a job planned here runs elsewhere: no file, library or world-size checks
     if args.runtime_gb is not None and not (math.isfinite(args.runtime_gb) and args.runtime_gb >= 0):
@@ -191,7 +184,7 @@ def run(args: argparse.Namespace) -> int:
         raise UserError(f"--gpus: must be >= 1, got {gpus}")
     mem_text = args.gpu_mem or cluster.get("gpu_mem") or "80GB"
     device_bytes = parse_size(mem_text)
-    stages = resolved_stages(cfg)
+    stages = resolve_stages(cfg)
     target = parse_length(args.seq_len) if args.seq_len else max(s.seq_len for s in stages)
 
     report = {"gpus": gpus, "gpu_mem_gib": device_bytes / 2**30, "device": args.device, "stages": [], "notes": notes}
@@ -199,11 +192,11 @@ def run(args: argparse.Namespace) -> int:
     all_fit = True
     longest = max(range(len(stages)), key=lambda i: stages[i].seq_len)
     for i, stage in enumerate(stages):
-        model_cfg = _model_config(cfg, stage, notes if i == 0 else [])
+        model_cfg = _model_config(stage, notes if i == 0 else [])
         layout = layout_of(cfg, stage, gpus)
-        name = stage.name or "main"
+        name = stage.name
         if gpus % layout.cp_size:
-            where = f"stages[{i}].cp_size" if stage.cp_size else "parallel.cp_size"
+            where = stage.field_names["cp_size"]
             all_fit = False
             report["stages"].append({"name": name, "seq_len": stage.seq_len, "fits": False,
                                      "error": f"{where}={layout.cp_size} does not divide {gpus} GPUs"})
@@ -224,7 +217,7 @@ def run(args: argparse.Namespace) -> int:
                                                              runtime_gb=args.runtime_gb)
     # advice for the target length, with the longest stage's settings otherwise
     stage = stages[longest]
-    model_cfg = _model_config(cfg, stage, [])
+    model_cfg = _model_config(stage, [])
     layout = dataclasses.replace(layout_of(cfg, stage, gpus), seq_len=target)
     if not _user_set(args.config, args.overrides, "data.micro_batch_size") and layout.micro_batch_size != 1:
         layout = dataclasses.replace(layout, micro_batch_size=1)

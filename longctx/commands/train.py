@@ -5,7 +5,7 @@ import argparse
 import math
 import sys
 
-from longctx.config import TrainConfig, load_config, resolved_stages, to_yaml, validate_config
+from longctx.config import TrainConfig, load_config, resolve_stages, to_yaml, validate_config
 from longctx.errors import UserError
 from longctx.parallel.mesh import read_env
 
@@ -23,7 +23,7 @@ def add_parser(p: argparse.ArgumentParser) -> None:
 
 def implied_world_size(cfg: TrainConfig) -> int:
     """The smallest world every stage's cp size divides (dp = 1 for the largest)."""
-    return math.lcm(*[stage.cp_size or cfg.parallel.cp_size for stage in resolved_stages(cfg)])
+    return math.lcm(*[stage.parallel.cp_size for stage in resolve_stages(cfg)])
 
 
 def run(args: argparse.Namespace) -> int:

@@ -10,7 +10,7 @@ import pytest
 
 from helpers.recipes import CPU_RECIPES, PRESET_OF, RECIPES, ROOT, cluster, fake_checkpoint
 from helpers.train import env
-from longctx.config import load_config, resolved_stages, stage_model_config
+from longctx.config import load_config, resolve_stages, stage_model_config
 from longctx.plan import estimate_memory, parse_size
 
 
@@ -25,13 +25,13 @@ def test_full_recipe_dry_run_on_its_cluster_and_fits(tmp_path, name):
                           "--world-size", str(world), *overrides], capture_output=True, text=True, timeout=180, cwd=ROOT)
     assert res.returncode == 0, res.stderr[-2000:]
     cfg = load_config(str(path), overrides)
-    stages = resolved_stages(cfg)
+    stages = resolve_stages(cfg)
     assert res.stdout.count("memory per GPU") == len(stages)
     for i, stage in enumerate(stages):
-        cp = stage.cp_size or cfg.parallel.cp_size
+        cp = stage.parallel.cp_size
         assert f"stage {i} ({stage.name}): seq_len {stage.seq_len}" in res.stdout
         assert f"cp {cp} x dp {world // cp}" in res.stdout
-        est = estimate_memory(cfg, stage, stage_model_config(cfg, stage), world)
+        est = estimate_memory(cfg, stage, stage_model_config(stage), world)
         assert est.fits(parse_size(shape["gpu_mem"])), (name, i, est.peak_gb)
     assert not (tmp_path / "run").exists()  # a dry run writes nothing
 
@@ -59,13 +59,13 @@ def test_cpu_recipe_trains_through_the_launcher(tmp_path, name):
                    f"out_dir={out}", "log.progress=false"])
     assert res.returncode == 0, _failure(res)
     cfg = load_config(str(path), [f"out_dir={out}"])
-    stages = resolved_stages(cfg)
+    stages = resolve_stages(cfg)
     records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in records] == list(range(1, sum(s.steps for s in stages) + 1))
     assert all(math.isfinite(r["loss"]) for r in records)
     # every stage ran at its length and cp
     seen = {(r["stage"], r["seq_len"], r["cp_size"]) for r in records}
-    assert seen == {(i, s.seq_len, s.cp_size or cfg.parallel.cp_size) for i, s in enumerate(stages)}
+    assert seen == {(i, s.seq_len, s.parallel.cp_size) for i, s in enumerate(stages)}
     assert (out / "checkpoints" / f"step_{len(records):07d}" / "COMPLETE").exists()
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from longctx import cli
-from longctx.config import load_config, resolved_stages, stage_model_config
+from longctx.config import load_config, resolve_stages, stage_model_config
 from longctx.errors import UserError
 from longctx.model import build_model, count_parameters, get_preset
 from longctx.plan import (GPU_USABLE, GiB, estimate_layout, estimate_memory, format_estimate, layout_of,
@@ -22,8 +22,8 @@ ROOT = Path(__file__).resolve().parents[2]
 def _layout(preset="llama2-7b", **kw):
     overrides = [f"model.preset={preset}", "data.micro_batch_size=1", *[f"{k}={v}" for k, v in kw.items()]]
     cfg = load_config(None, overrides)
-    stage = resolved_stages(cfg)[0]
-    return cfg, stage, stage_model_config(cfg, stage)
+    stage = resolve_stages(cfg)[0]
+    return cfg, stage, stage_model_config(stage)
 
 
 @pytest.mark.parametrize("preset", ["debug-tiny", "bench-44m", "llama2-7b", "llama3-8b"])
@@ -45,15 +45,15 @@ def test_model_states_follow_zero_accounting():
     cfg, stage, m = _layout(**{"train.dtype": "bfloat16", "data.seq_len": 4096})
 
     def states(z, **extra):
-        c = dataclasses.replace(cfg, parallel=dataclasses.replace(cfg.parallel, zero_stage=z, **extra))
-        e = estimate_memory(c, stage, m, W)
+        st = dataclasses.replace(stage, parallel=dataclasses.replace(stage.parallel, zero_stage=z, **extra))
+        e = estimate_memory(cfg, st, m, W)
         phase = e.phases  # the step phase holds all states
         return e, phase
 
     e0, _ = states(0)
     assert e0.parameters == 2 * P and e0.optimizer in (12 * P, 12 * P + 4 * P)
     e3, _ = states(3)
-    lay3 = layout_of(dataclasses.replace(cfg, parallel=dataclasses.replace(cfg.parallel, zero_stage=3)), stage, W)
+    lay3 = layout_of(cfg, dataclasses.replace(stage, parallel=dataclasses.replace(stage.parallel, zero_stage=3)), W)
     est3 = estimate_layout(m, lay3)
     part = -(-P // W)
     assert est3.optimizer == 12 * part  # master + Adam, partitioned
@@ -135,8 +135,8 @@ def test_plan_cli_json_advice_is_the_fastest_layout_that_fits(capsys):
     # within that cp, every option predicted faster does not fit
     cfg = load_config(None, ["model.preset=llama3-8b", "train.dtype=bfloat16", "data.seq_len=131072",
                              "data.micro_batch_size=1"])
-    stage = resolved_stages(cfg)[0]
-    m = stage_model_config(cfg, stage)
+    stage = resolve_stages(cfg)[0]
+    m = stage_model_config(stage)
     base = dataclasses.replace(layout_of(cfg, stage, 8), cp_size=best["cp_size"])
     for z in range(4):
         for ac in ("none", "selective", "full"):

@@ -5,7 +5,7 @@ import re
 from pathlib import Path
 
 from helpers.recipes import CPU_RECIPES, PRESET_OF, RECIPES, ROOT, cluster, fake_checkpoint
-from longctx.config import load_config, resolved_stages, stage_model_config
+from longctx.config import load_config, resolve_stages, stage_model_config
 
 
 def test_every_recipe_has_a_cpu_version_a_source_and_a_cluster_shape():
@@ -25,29 +25,29 @@ def _load(name: str, ckpt: Path) -> object:
 def test_yarn_recipe_matches_the_paper(tmp_path):
     cfg = _load("yarn-llama2-7b-128k.yaml", fake_checkpoint(tmp_path, "llama2-7b"))
     world = 64
-    s16, s32 = resolved_stages(cfg)
+    s16, s32 = resolve_stages(cfg)
     assert (s16.steps, s32.steps) == (400, 200) and s16.seq_len == s32.seq_len == 65536
-    assert s16.rope_parameters["factor"] == 16 and s32.rope_parameters["factor"] == 32
-    assert s16.rope_parameters["rope_type"] == "yarn" and s16.rope_parameters["original_max_position_embeddings"] == 4096
-    assert (s16.max_position_embeddings, s32.max_position_embeddings) == (65536, 131072)
+    assert s16.model.rope_parameters["factor"] == 16 and s32.model.rope_parameters["factor"] == 32
+    assert s16.model.rope_parameters["rope_type"] == "yarn" and s16.model.rope_parameters["original_max_position_embeddings"] == 4096
+    assert (s16.model.max_position_embeddings, s32.model.max_position_embeddings) == (65536, 131072)
     assert cfg.optim.lr == 2e-5 and cfg.optim.weight_decay == 0 and cfg.optim.warmup_steps == 20
     assert (world // cfg.parallel.cp_size) * cfg.data.micro_batch_size * cfg.train.grad_accum == 64  # global batch
-    m = stage_model_config(cfg, s32)
+    m = stage_model_config(s32)
     assert m.rope_type == "yarn" and m.max_position_embeddings == 131072
 
 
 def test_llama3_recipe_stages_and_scaling(tmp_path):
     cfg = _load("llama3-8b-128k.yaml", fake_checkpoint(tmp_path, "llama3-8b"))
-    stages = resolved_stages(cfg)
+    stages = resolve_stages(cfg)
     assert [s.seq_len for s in stages] == [16384, 32768, 65536, 131072]
-    m = stage_model_config(cfg, stages[-1])
+    m = stage_model_config(stages[-1])
     assert m.rope_parameters == {**m.rope_parameters, "rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0,
                                  "low_freq_factor": 1.0, "high_freq_factor": 4.0,
                                  "original_max_position_embeddings": 8192}
     # cp grows with the length: the same 8k tokens per GPU and 4M tokens per step in every stage
     for s in stages:
-        assert s.seq_len // s.cp_size == 8192
-        assert (64 // s.cp_size) * cfg.train.grad_accum * s.seq_len == 4 * 2**20
+        assert s.seq_len // s.parallel.cp_size == 8192
+        assert (64 // s.parallel.cp_size) * cfg.train.grad_accum * s.seq_len == 4 * 2**20
 
 
 def test_prolong_recipe_mixture(tmp_path):
@@ -57,6 +57,6 @@ def test_prolong_recipe_mixture(tmp_path):
     assert (weights["code-repos"], weights["books"], weights["textbooks"]) == (0.30, 0.30, 0.03)
     assert math.isclose(sum(w for n, w in weights.items() if n not in ("code-repos", "books", "textbooks")), 0.37)
     assert cfg.data.document_masking and cfg.data.seq_len == 65536
-    assert stage_model_config(cfg, resolved_stages(cfg)[0]).rope_parameters["rope_theta"] == 8e6
+    assert stage_model_config(resolve_stages(cfg)[0]).rope_parameters["rope_theta"] == 8e6
     assert cfg.optim.lr == 1e-5 and cfg.optim.min_lr_ratio == 0.1 and cfg.optim.schedule == "cosine"
     assert (64 // cfg.parallel.cp_size) * cfg.train.grad_accum * cfg.data.seq_len == 4 * 2**20  # 4M tokens/step

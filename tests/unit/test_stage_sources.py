@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from omegaconf import OmegaConf
 
-from longctx.config import load_config, stage_data_config, validate_config
+from longctx.config import load_config, resolve_stages, validate_config
 from longctx.data import load_tokenizer
 from longctx.data.config import DEFAULT_TASKS, SyntheticConfig
 from longctx.errors import UserError
@@ -33,11 +33,11 @@ PASSKEY_ONLY = [{"name": "warm", "kind": "synthetic", "packing": "pad", "synthet
 
 def test_a_config_task_mix_replaces_the_default_mix(tmp_path):
     cfg = load_config(str(_config(tmp_path, PASSKEY_ONLY)))
-    warm, main = (stage_data_config(cfg, s).sources[0].synthetic for s in cfg.stages)
+    warm, main = (s.data.sources[0].synthetic for s in resolve_stages(cfg))
     assert warm.task_mix() == {"passkey": 1.0}  # not {niah: 0.6, multivalue: 0.2, passkey: 1.0}
     assert main.task_mix() == DEFAULT_TASKS == SyntheticConfig().task_mix()
-    assert stage_data_config(cfg, cfg.stages[0]).seq_len == 192
-    assert stage_data_config(cfg, cfg.stages[1]).sources[0].synthetic.num_keys == 3  # data.sources
+    assert resolve_stages(cfg)[0].data.seq_len == 192
+    assert resolve_stages(cfg)[1].data.sources[0].synthetic.num_keys == 3  # data.sources
 
 
 def test_each_stage_loader_reads_its_own_sources(tmp_path):

@@ -1,0 +1,127 @@
+"""Whole-config checks of a TrainConfig, before any model, data or process-group work (and
+before the run directory is created): every bad input a user can make ends here in one
+UserError. The sections check their own fields (sections.py); this adds what spans sections,
+files on this machine and the world size.
+"""
+from __future__ import annotations
+
+import json
+import tempfile
+from pathlib import Path
+
+from longctx.attention.select import check_backend_available
+from longctx.config.sections import TrainConfig
+from longctx.config.stages import RunStage, resolve_stages, stage_model_config
+from longctx.data.config import validate_data_config
+from longctx.data.tokenizer import check_local_tokenizer_vocab
+from longctx.errors import UserError
+from longctx.parallel.layout import ulysses_degree, validate_cp
+
+
+def validate_config(cfg: TrainConfig, world_size: int) -> None:
+    """Every check, for a run on this machine with `world_size` processes."""
+    validate_portable(cfg)
+    _validate_on_this_machine(cfg)
+    model_cfg = None
+    for stage in resolve_stages(cfg):
+        model_cfg = _validate_stage(stage, world_size)
+    check_local_tokenizer_vocab(cfg.data.tokenizer, model_cfg.vocab_size)
+    check_out_dir(cfg.out_dir)
+
+
+def validate_portable(cfg: TrainConfig) -> None:
+    """The checks that hold on any machine and for any world size, reading no file: what
+    `longctx plan` checks of a job that runs elsewhere. validate_config adds the rest."""
+    for section in (cfg.model, cfg.parallel, cfg.optim, cfg.train, cfg.checkpoint, cfg.log):
+        section.validate()
+    if cfg.data.micro_batch_size < 1:
+        raise UserError(f"data.micro_batch_size: must be >= 1, got {cfg.data.micro_batch_size}")
+    for stage in resolve_stages(cfg):
+        stage.validate()
+
+
+def _validate_on_this_machine(cfg: TrainConfig) -> None:
+    """Files and libraries the run needs here: init_from, the attention backend, the DeepSpeed
+    JSON, a resume path, cache directories (data sources and the tokenizer: per stage)."""
+    m, par, ck = cfg.model, cfg.parallel, cfg.checkpoint
+    if m.init_from is not None and not (Path(m.init_from) / "config.json").is_file():
+        what = "does not exist" if not Path(m.init_from).exists() else "has no config.json"
+        raise UserError(f"model.init_from: {m.init_from} {what} (expected a Hugging Face Llama directory)")
+    check_backend_available(par.attention_backend, "parallel.attention_backend")
+    if par.deepspeed_config is not None:
+        _validate_deepspeed_json(par.deepspeed_config, par.zero_stage)
+    if ck.resume not in ("none", "auto") and not Path(ck.resume).is_dir():
+        raise UserError(f"checkpoint.resume: {ck.resume} is not 'none', 'auto' or an existing checkpoint directory")
+    for name in ("cache_dir", "hf_cache_dir"):
+        if getattr(cfg.data, name) is not None:
+            check_out_dir(getattr(cfg.data, name), f"data.{name}")
+
+
+def _validate_stage(stage: RunStage, world_size: int):
+    """One stage's cp layout for this world size, its data and its model; returns the model config."""
+    names, cp = stage.field_names, stage.parallel.cp_size
+    if world_size % cp != 0:
+        raise UserError(f"{names['cp_size']}: {cp} must divide the world size {world_size} (world = dp x cp)")
+    try:
+        validate_data_config(stage.data)
+    except UserError as e:
+        msg = str(e)
+        if msg.startswith("data.sources"):  # name the stage's own field
+            msg = names["sources"] + msg[len("data.sources"):]
+        raise UserError(msg) from None
+    model_cfg = stage_model_config(stage)
+    par = stage.parallel
+    try:
+        validate_cp(world_size, cp, par.cp_impl, ulysses_degree(par.cp_impl, cp, par.ulysses_size),
+                    model_cfg.num_attention_heads, model_cfg.num_key_value_heads, stage.seq_len)
+    except UserError as e:
+        raise UserError(str(e).replace("data.seq_len", names["seq_len"])
+                        .replace("parallel.cp_size", names["cp_size"])) from None
+    if model_cfg.max_position_embeddings < stage.seq_len:  # set too small, or a length-dependent RoPE
+        field = names["max_position_embeddings"]
+        raise UserError(f"{field}: the model's max_position_embeddings {model_cfg.max_position_embeddings} is below "
+                        f"the training length {names['seq_len']}={stage.seq_len}; set {field}={stage.seq_len} (or more)")
+    return model_cfg
+
+
+def _validate_deepspeed_json(path: str, zero_stage: int) -> None:
+    """A user DeepSpeed JSON: readable, a JSON object, and not silently changing the ZeRO stage
+    the rest of the config (and the planner) assumes."""
+    p = Path(path)
+    if not p.is_file():
+        what = "is a directory" if p.is_dir() else "does not exist"
+        raise UserError(f"parallel.deepspeed_config: {path} {what} (expected a DeepSpeed JSON file)")
+    try:
+        user = json.loads(p.read_text())
+    except OSError as e:
+        raise UserError(f"parallel.deepspeed_config: cannot read {path} ({e.strerror})") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise UserError(f"parallel.deepspeed_config: {path} is not valid JSON ({e})") from None
+    if not isinstance(user, dict):
+        raise UserError(f"parallel.deepspeed_config: {path} must hold a JSON object (DeepSpeed's config keys), "
+                        f"got a {type(user).__name__}")
+    zero = user.get("zero_optimization")
+    if zero is not None and not isinstance(zero, dict):
+        raise UserError(f"parallel.deepspeed_config: {path}: zero_optimization must be an object, got {zero!r}")
+    stage = (zero or {}).get("stage")
+    if stage is not None and stage != zero_stage:
+        raise UserError(f"parallel.deepspeed_config: {path} sets ZeRO stage {stage} but parallel.zero_stage is "
+                        f"{zero_stage}; set parallel.zero_stage={stage}")
+
+
+def check_out_dir(out_dir: str, field: str = "out_dir") -> None:
+    """A directory we may create or write into: not a file, and the nearest existing ancestor
+    takes a real file create (root ignores mode bits). Creates nothing."""
+    p = Path(out_dir).absolute()
+    if p.exists() and not p.is_dir():
+        raise UserError(f"{field}: {out_dir} is a file, not a directory")
+    probe = p
+    while not probe.exists():
+        probe = probe.parent
+    if not probe.is_dir():
+        raise UserError(f"{field}: {out_dir} is not writable ({probe} is not a directory)")
+    try:
+        with tempfile.NamedTemporaryFile(dir=probe, prefix=".longctx-probe-"):
+            pass
+    except OSError as e:
+        raise UserError(f"{field}: {out_dir} is not writable ({e.strerror})") from None

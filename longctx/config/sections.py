@@ -1,0 +1,198 @@
+"""The training config's sections: typed dataclasses (the omegaconf schema), each with the
+checks of its own fields (`validate()`: no file read, any machine, any world size).
+
+Each component receives only its own section (model, data, parallel, optim, ...). The data
+section, DataConfig, lives with the data package and validates itself there.
+"""
+from __future__ import annotations
+
+import difflib
+import math
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional
+
+from omegaconf import MISSING
+
+from longctx.attention.select import BACKENDS
+from longctx.data.config import DataConfig, SourceConfig
+from longctx.errors import UserError
+from longctx.model.config import PRESETS
+from longctx.parallel.layout import CP_IMPLS
+
+DTYPES = ("float32", "bfloat16")
+SCHEDULES = ("cosine", "linear", "constant")
+CHECKPOINTING = ("none", "full", "selective")
+COMPILE_MODES = ("none", "norms_mlp")  # parallel.compile (longctx/parallel/compiled.py)
+NONFINITE_POLICIES = ("stop", "skip_step")  # train.nonfinite (longctx/train/nonfinite.py)
+
+
+def require_one_of(where: str, value: str, valid, hint: bool = False) -> None:
+    if value not in valid:
+        close = difflib.get_close_matches(str(value), list(valid), n=1) if hint else []
+        suggestion = f"did you mean {close[0]!r}? " if close else ""
+        raise UserError(f"{where}: unknown {value!r}; {suggestion}valid: {', '.join(valid)}")
+
+
+def require_at_least(where: str, value, minimum) -> None:
+    if value < minimum:
+        raise UserError(f"{where}: must be >= {minimum}, got {value}")
+
+
+def require_finite(where: str, value: float, *, positive: bool) -> None:
+    ok = math.isfinite(value) and (value > 0 if positive else value >= 0)
+    if not ok:
+        raise UserError(f"{where}: must be a finite number {'>' if positive else '>='} 0, got {value}")
+
+
+@dataclass
+class ModelSection:
+    preset: str = "debug-tiny"
+    init_from: Optional[str] = None  # HF Llama directory to start from (continued pretraining)
+    rope_parameters: Optional[Dict[str, Any]] = None  # replaces the preset's / checkpoint's RoPE
+    max_position_embeddings: Optional[int] = None
+    overrides: Dict[str, Any] = field(default_factory=dict)  # any other ModelConfig field
+
+    def validate(self) -> None:
+        if self.init_from is None and self.preset not in PRESETS:
+            raise UserError(f"model.preset: unknown {self.preset!r}; valid: {', '.join(sorted(PRESETS))}")
+        if self.max_position_embeddings is not None:
+            require_at_least("model.max_position_embeddings", self.max_position_embeddings, 1)
+
+
+@dataclass
+class ParallelSection:
+    cp_size: int = 1
+    cp_impl: str = "ring"  # ring | allgather | ulysses | hybrid
+    ulysses_size: int = 1  # hybrid: Ulysses degree inside each cp group (ring degree = cp_size / this)
+    attention_backend: str = "auto"  # auto | flash | sdpa | eager
+    zero_stage: int = 0  # DeepSpeed ZeRO stage 0..3, sharded over all dp x cp ranks
+    offload_optimizer: bool = False
+    offload_params: bool = False  # stage 3 only
+    activation_checkpointing: str = "none"  # none | full | selective
+    checkpoint_every: int = 2  # selective: checkpoint every k-th block
+    recompute_attention: bool = False  # false: keep attention kernel outputs in checkpointed blocks
+    compile: str = "none"  # none | norms_mlp: torch.compile each block's norms and MLP (parallel/compiled.py)
+    deepspeed_config: Optional[str] = None  # a user DeepSpeed JSON merged over ours
+
+    def validate(self) -> None:
+        require_one_of("parallel.cp_impl", self.cp_impl, CP_IMPLS)
+        require_at_least("parallel.ulysses_size", self.ulysses_size, 1)
+        require_one_of("parallel.attention_backend", self.attention_backend, BACKENDS, hint=True)
+        if self.zero_stage not in (0, 1, 2, 3):
+            raise UserError(f"parallel.zero_stage: must be 0, 1, 2 or 3, got {self.zero_stage}")
+        if self.offload_params and self.zero_stage != 3:
+            raise UserError("parallel.offload_params: needs parallel.zero_stage=3")
+        require_one_of("parallel.activation_checkpointing", self.activation_checkpointing, CHECKPOINTING)
+        require_one_of("parallel.compile", self.compile, COMPILE_MODES)
+        if self.compile != "none" and self.zero_stage == 3:
+            raise UserError("parallel.compile: not supported with parallel.zero_stage=3 (its parameter hooks run "
+                            "inside the compiled modules); use zero_stage <= 2 or compile=none")
+        require_at_least("parallel.checkpoint_every", self.checkpoint_every, 1)
+
+
+@dataclass
+class OptimSection:
+    lr: float = 3e-4
+    min_lr_ratio: float = 0.1  # cosine/linear decay to lr * this
+    warmup_steps: int = 0
+    schedule: str = "cosine"  # cosine | linear | constant
+    weight_decay: float = 0.0
+    beta1: float = 0.9
+    beta2: float = 0.95
+    eps: float = 1e-8
+    grad_clip: float = 1.0  # 0 disables
+
+    def validate(self) -> None:
+        require_one_of("optim.schedule", self.schedule, SCHEDULES)
+        require_finite("optim.lr", self.lr, positive=True)
+        for name in ("beta1", "beta2"):
+            if not 0 <= getattr(self, name) < 1:
+                raise UserError(f"optim.{name}: must be in [0, 1), got {getattr(self, name)}")
+        if not (math.isfinite(self.eps) and self.eps > 0):
+            raise UserError(f"optim.eps: must be a finite number > 0 (e.g. 1e-8), got {self.eps}")
+        if not 0 <= self.min_lr_ratio <= 1:
+            raise UserError(f"optim.min_lr_ratio: must be in [0, 1], got {self.min_lr_ratio}")
+        require_finite("optim.weight_decay", self.weight_decay, positive=False)
+        require_finite("optim.grad_clip", self.grad_clip, positive=False)
+        require_at_least("optim.warmup_steps", self.warmup_steps, 0)
+
+
+@dataclass
+class TrainSection:
+    steps: int = 20  # optimizer steps (when `stages` is empty)
+    grad_accum: int = 1
+    seed: int = 0
+    dtype: str = "float32"  # float32 | bfloat16 (parameters and compute; fp32 master weights in bf16)
+    loss_chunk_size: int = 1024  # tokens per chunk of the vocabulary head's cross-entropy
+    answer_loss_weight: float = 1.0  # >1 up-weights answer tokens of the synthetic corpus
+    # a step whose loss or gradient norm is not finite: stop (exit 3 after max_nonfinite_steps
+    # consecutive ones, the weights never checkpointed) or skip_step (drop its update, go on)
+    nonfinite: str = "stop"
+    max_nonfinite_steps: int = 3  # consecutive non-finite steps tolerated (skip_step: then stop too)
+
+    def validate(self) -> None:
+        require_one_of("train.dtype", self.dtype, DTYPES)
+        require_at_least("train.grad_accum", self.grad_accum, 1)
+        if self.seed < 0:
+            raise UserError(f"train.seed: must be >= 0 (numpy's generators take no negative seeds), got {self.seed}")
+        require_one_of("train.nonfinite", self.nonfinite, NONFINITE_POLICIES)
+        require_at_least("train.max_nonfinite_steps", self.max_nonfinite_steps, 1)
+        require_at_least("train.loss_chunk_size", self.loss_chunk_size, 1)
+        require_finite("train.answer_loss_weight", self.answer_loss_weight, positive=False)
+
+
+@dataclass
+class CheckpointSection:
+    every: int = 0  # steps between checkpoints (0: only at stage ends and on preemption)
+    keep_last: int = 2
+    resume: str = "none"  # none | auto (newest complete checkpoint) | path to a checkpoint
+    save_hf: bool = True  # each checkpoint carries a Hugging Face export in model/
+    export_hf: bool = True  # write <out_dir>/hf at the end of the run
+
+    def validate(self) -> None:
+        require_at_least("checkpoint.keep_last", self.keep_last, 1)
+        require_at_least("checkpoint.every", self.every, 0)
+
+
+@dataclass
+class LogSection:
+    every: int = 1
+    tensorboard: bool = True
+    progress: bool = True
+    peak_tflops: Optional[float] = None  # per device, for MFU; null: known GPU table / measured on CPU
+
+    def validate(self) -> None:
+        require_at_least("log.every", self.every, 1)
+        if self.peak_tflops is not None and not (math.isfinite(self.peak_tflops) and self.peak_tflops > 0):
+            raise UserError(f"log.peak_tflops: must be null or a finite number > 0, got {self.peak_tflops}")
+
+
+@dataclass
+class StageSection:
+    """One stage of a staged context extension, as written; unset fields inherit the base
+    config (longctx.config.stages resolves them)."""
+
+    name: str = ""
+    seq_len: int = MISSING
+    steps: int = MISSING
+    lr: Optional[float] = None
+    warmup_steps: Optional[int] = None
+    cp_size: Optional[int] = None
+    rope_parameters: Optional[Dict[str, Any]] = None
+    max_position_embeddings: Optional[int] = None
+    # this stage's data sources instead of data.sources (e.g. an easy task mix first); the
+    # rest of the data section (tokenizer, packing, batch size) is shared
+    sources: Optional[List[SourceConfig]] = None
+
+
+@dataclass
+class TrainConfig:
+    out_dir: str = "runs/default"
+    model: ModelSection = field(default_factory=ModelSection)
+    data: DataConfig = field(default_factory=DataConfig)
+    parallel: ParallelSection = field(default_factory=ParallelSection)
+    optim: OptimSection = field(default_factory=OptimSection)
+    train: TrainSection = field(default_factory=TrainSection)
+    checkpoint: CheckpointSection = field(default_factory=CheckpointSection)
+    log: LogSection = field(default_factory=LogSection)
+    stages: List[StageSection] = field(default_factory=list)

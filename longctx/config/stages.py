@@ -1,0 +1,121 @@
+"""Training stages resolved once: each RunStage carries every field it trains with, so
+nothing downstream falls back to the base config. A config without `stages` is one stage,
+"main", from data / train / optim.
+"""
+from __future__ import annotations
+
+import dataclasses
+import difflib
+from dataclasses import dataclass
+from typing import Any, Dict
+
+from longctx.config.sections import (ModelSection, OptimSection, ParallelSection, StageSection, TrainConfig,
+                                     require_at_least, require_finite)
+from longctx.data.config import DataConfig
+from longctx.errors import UserError
+from longctx.model.config import ModelConfig, get_preset
+from longctx.model.hf import read_hf_config
+from longctx.model.rope import require_explicit_fields
+
+# RoPE types whose frequencies do not depend on max_position_embeddings (scaled ones, once
+# original_max_position_embeddings is set): a stage longer than it raises it to its length
+LENGTH_FREE_ROPE = ("default", "linear", "yarn", "llama3")
+
+
+@dataclass
+class RunStage:
+    """One training stage with every field resolved once: nothing downstream falls back to the base config."""
+
+    index: int
+    name: str  # the stage's name; "main" for a config without `stages`
+    where: str  # field prefix for error messages: "stages[3]", or "model" without stages
+    steps: int
+    seq_len: int
+    model: ModelSection  # base section + the stage's rope_parameters / max_position_embeddings
+    parallel: ParallelSection  # cp_size resolved (stage's or base's)
+    optim: OptimSection  # lr / warmup_steps resolved
+    data: DataConfig  # seq_len, sources, emit_answer_mask resolved
+    # resolved field -> the field the user sets to change it (e.g. "cp_size" -> "stages[1].cp_size"
+    # when the stage sets it, else "parallel.cp_size"), for error messages
+    field_names: Dict[str, str]
+
+    def validate(self) -> None:
+        """The stage's own values (portable: no file, any world size)."""
+        require_at_least(self.field_names["steps"], self.steps, 1)
+        require_finite(self.field_names["lr"], self.optim.lr, positive=True)
+        require_at_least(self.field_names["warmup_steps"], self.optim.warmup_steps, 0)
+        require_at_least(self.field_names["seq_len"], self.seq_len, 2)
+        require_at_least(self.field_names["cp_size"], self.parallel.cp_size, 1)
+
+
+def resolve_stages(cfg: TrainConfig) -> list[RunStage]:
+    """The stages to run, each complete (reads no file)."""
+    if not cfg.stages:
+        return [_resolve(cfg, 0, StageSection(name="main", seq_len=cfg.data.seq_len, steps=cfg.train.steps), False)]
+    return [_resolve(cfg, i, stage, True) for i, stage in enumerate(cfg.stages)]
+
+
+def _set(value, base):
+    return base if value is None else value
+
+
+def _resolve(cfg: TrainConfig, index: int, stage: StageSection, staged: bool) -> RunStage:
+    where = f"stages[{index}]" if staged else "model"
+
+    def named(field: str, own: bool, base: str) -> str:
+        return f"stages[{index}].{field}" if own else base
+
+    names = {
+        "steps": named("steps", staged, "train.steps"),
+        "seq_len": named("seq_len", staged, "data.seq_len"),
+        "lr": named("lr", stage.lr is not None, "optim.lr"),
+        "warmup_steps": named("warmup_steps", stage.warmup_steps is not None, "optim.warmup_steps"),
+        "cp_size": named("cp_size", bool(stage.cp_size), "parallel.cp_size"),
+        "rope_parameters": named("rope_parameters", bool(stage.rope_parameters), "model.rope_parameters"),
+        "max_position_embeddings": named("max_position_embeddings", staged, "model.max_position_embeddings"),
+        "sources": named("sources", stage.sources is not None, "data.sources"),
+    }
+    m = cfg.model
+    model = dataclasses.replace(m, rope_parameters=stage.rope_parameters or m.rope_parameters,
+                                max_position_embeddings=stage.max_position_embeddings or m.max_position_embeddings)
+    sources = stage.sources if stage.sources is not None else cfg.data.sources
+    data = dataclasses.replace(cfg.data, seq_len=stage.seq_len, sources=list(sources),
+                               emit_answer_mask=cfg.data.emit_answer_mask or cfg.train.answer_loss_weight != 1.0)
+    return RunStage(
+        index=index, name=stage.name or "main", where=where, steps=stage.steps, seq_len=stage.seq_len, model=model,
+        parallel=dataclasses.replace(cfg.parallel, cp_size=stage.cp_size or cfg.parallel.cp_size),
+        optim=dataclasses.replace(cfg.optim, lr=_set(stage.lr, cfg.optim.lr),
+                                  warmup_steps=_set(stage.warmup_steps, cfg.optim.warmup_steps)),
+        data=data, field_names=names)
+
+
+def stage_model_config(stage: RunStage) -> ModelConfig:
+    """The model configuration of one stage: preset or init_from checkpoint, then the model
+    section's overrides, then the stage's RoPE / max length. Reads only config.json."""
+    m = stage.model
+    base = read_hf_config(m.init_from) if m.init_from else get_preset(m.preset)
+    changes: Dict[str, Any] = dict(m.overrides)
+    if m.rope_parameters is not None:
+        changes["rope_parameters"] = dict(m.rope_parameters)
+    if m.max_position_embeddings is not None:
+        changes["max_position_embeddings"] = m.max_position_embeddings
+    valid = {f.name for f in dataclasses.fields(type(base))}
+    for key in changes:
+        if key not in valid:
+            close = difflib.get_close_matches(key, sorted(valid), n=1)
+            raise UserError(f"model.overrides.{key}: not a model field" + (f"; did you mean {close[0]!r}?" if close else ""))
+    rope_field = stage.field_names["rope_parameters"]
+    try:
+        model_cfg = base.replace(**changes)
+    except UserError as e:
+        msg = str(e)
+        if msg.startswith("model.rope_parameters"):
+            msg = rope_field + msg[len("model.rope_parameters"):]
+        raise UserError(msg) from None
+    if m.rope_parameters is not None:  # the user's own dict, before normalization filled any default
+        require_explicit_fields(dict(m.rope_parameters), rope_field)
+    if (m.max_position_embeddings is None and model_cfg.max_position_embeddings < stage.seq_len
+            and model_cfg.rope_parameters["rope_type"] in LENGTH_FREE_ROPE):
+        # trained at this length: the config (and its export) says so; the RoPE is unchanged
+        model_cfg = model_cfg.replace(max_position_embeddings=stage.seq_len)
+    return model_cfg
