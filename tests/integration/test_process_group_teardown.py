@@ -18,7 +18,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from helpers.cp import _free_port
+from helpers.train import free_port
 from longctx.model import build_model, get_preset
 from longctx.parallel import make_cp_attention, shard_batch
 from longctx.parallel.mesh import build_mesh, init_distributed, shutdown_distributed
@@ -48,7 +48,7 @@ def _worker(rank, world, port, outdir):
 
 
 def test_shutdown_frees_every_process_group_after_cp_steps(tmp_path):
-    mp.start_processes(_worker, args=(2, _free_port(), str(tmp_path)), nprocs=2, start_method="spawn")
+    mp.start_processes(_worker, args=(2, free_port(), str(tmp_path)), nprocs=2, start_method="spawn")
     for rank in range(2):
         alive = json.loads((tmp_path / f"rank{rank}.json").read_text())["alive"]
         assert alive == [], f"rank {rank}: process groups {alive} (0 world, 1 cp, 2 dp) survived shutdown"
@@ -75,7 +75,7 @@ def _train_worker(rank, world, port, outdir, overrides):
 
 
 def _train_and_count(tmp_path, overrides):
-    mp.start_processes(_train_worker, args=(2, _free_port(), str(tmp_path), overrides), nprocs=2, start_method="spawn")
+    mp.start_processes(_train_worker, args=(2, free_port(), str(tmp_path), overrides), nprocs=2, start_method="spawn")
     return [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
 
 
