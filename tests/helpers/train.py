@@ -9,6 +9,8 @@ import sys
 from pathlib import Path
 
 VENV_BIN = Path(sys.executable).parent
+# what torchrun and SLURM jobs set for their ranks; a test's processes start without them
+LAUNCHER_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
 
 
 def free_port() -> int:
@@ -28,7 +30,7 @@ def env() -> dict:
     e = dict(os.environ)
     e.setdefault("OMP_NUM_THREADS", "1")
     e["PYTHONUNBUFFERED"] = "1"
-    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+    for key in LAUNCHER_VARS:
         e.pop(key, None)
     return e
 
