@@ -1,0 +1,70 @@
+"""A run's pieces built from its config sections: the plain model, its optimizer, the DeepSpeed
+config, and the run directory's first files (resolved config, per-rank logs)."""
+from __future__ import annotations
+
+import logging
+import sys
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from longctx.model.config import ModelConfig, get_preset
+from longctx.model.hf import load_pretrained, read_hf_config
+from longctx.model.llama import Transformer, build_model, count_parameters
+from longctx.parallel.zero import build_optimizer, deepspeed_config
+from longctx.train.summary import weights_line
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+
+def build_plain_model(cfg, model_cfg: ModelConfig, device: torch.device) -> tuple[Transformer, ModelConfig, str]:
+    """The model of `model_cfg` in train.dtype: model.init_from's weights, else model.preset's
+    architecture initialised from train.seed. Returns (model, the config of the weights' origin,
+    the line that says where the weights come from)."""
+    m = cfg.model
+    if m.init_from:
+        model = load_pretrained(m.init_from, config=model_cfg, device=device)
+    else:
+        model = build_model(model_cfg, device=device, seed=cfg.train.seed)
+    line = weights_line(m.init_from, m.preset, len(model.state_dict()), count_parameters(model), cfg.train.seed)
+    origin = read_hf_config(m.init_from) if m.init_from else get_preset(m.preset)
+    return model.to(DTYPES[cfg.train.dtype]), origin, line
+
+
+def optimizer_for(model: nn.Module, optim, offload: bool) -> torch.optim.Optimizer:
+    """AdamW of the config's optim section (zero.build_optimizer)."""
+    return build_optimizer(model, lr=optim.lr, betas=(optim.beta1, optim.beta2), eps=optim.eps,
+                           weight_decay=optim.weight_decay, offload=offload)
+
+
+def deepspeed_config_for(cfg, world_size: int) -> dict:
+    par = cfg.parallel
+    return deepspeed_config(zero_stage=par.zero_stage, micro_batch_size=cfg.data.micro_batch_size,
+                            grad_accum=cfg.train.grad_accum, world_size=world_size, dtype=cfg.train.dtype,
+                            grad_clip=cfg.optim.grad_clip, offload_optimizer=par.offload_optimizer,
+                            offload_params=par.offload_params, user_json=par.deepspeed_config)
+
+
+def setup_logging(out_dir: Path, rank: int) -> None:
+    """Every rank logs to logs/rank_XXXXX.log; rank 0's warnings also reach the console."""
+    logs = out_dir / "logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    handler = logging.FileHandler(logs / f"rank_{rank:05d}.log")
+    handler.setFormatter(logging.Formatter(f"%(asctime)s [rank {rank}] %(levelname)s %(name)s: %(message)s"))
+    root = logging.getLogger()
+    root.addHandler(handler)
+    root.setLevel(logging.INFO)
+    if rank == 0:
+        console = logging.StreamHandler(sys.stderr)
+        console.setLevel(logging.WARNING)
+        root.addHandler(console)
+
+
+def resolved_header(cfg) -> str:
+    """Comments that say where the model's architecture comes from (the preset field stays in
+    the YAML, so the file loads back, but an init_from checkpoint's config.json wins)."""
+    if cfg.model.init_from:
+        return (f"# model: architecture and weights from model.init_from={cfg.model.init_from} (its config.json); "
+                f"model.preset ({cfg.model.preset}) is not used\n")
+    return f"# model: preset {cfg.model.preset}, random init (train.seed {cfg.train.seed})\n"

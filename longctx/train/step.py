@@ -1,0 +1,140 @@
+"""One optimizer step: grad_accum micro-batches -> (cp shards) -> scaled backward -> update -> metrics.
+
+Loss normalisation (why every dp x cp layout gives the same loss and update): with N the
+number of real (weighted) label tokens in the whole optimizer step, summed over all ranks and
+micro-batches, each rank backpropagates  loss_sum_rank_micro * world * grad_accum / N.
+DeepSpeed divides by grad_accum and averages over the world, so the applied gradient is the
+gradient of  sum(all token losses) / N  -- the single-device mean.
+"""
+from __future__ import annotations
+
+import contextlib
+import math
+import time
+from dataclasses import dataclass
+from typing import Iterator, Optional
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from longctx.data.packing import IGNORE
+from longctx.errors import UserError
+from longctx.model.config import ModelConfig
+from longctx.parallel.mesh import Mesh
+from longctx.parallel.sharding import shard_batch
+from longctx.train.metrics import cpu_limit_fraction, peak_memory_bytes
+from longctx.train.nonfinite import backward_factor, optimizer_step_skipped
+
+
+@dataclass
+class StepSetup:
+    """What a step of the current stage needs besides its batches."""
+    mesh: Mesh
+    world: int
+    device: torch.device
+    grad_accum: int
+    micro_batch_size: int
+    seq_len: int
+    loss_chunk_size: int
+    model_config: ModelConfig
+    flops_per_token: float
+    peak_flops: float
+    cpu_limits: Optional[dict]  # CPU: this machine's GEMM / attention rates (train/metrics.py)
+
+
+def all_reduce_sum(values: list[float]) -> list[float]:
+    t = torch.tensor(values, dtype=torch.float64)
+    if dist.get_backend() == "nccl":
+        t = t.cuda()
+    dist.all_reduce(t)
+    return t.cpu().tolist()
+
+
+def replicated_grad_norm(model: nn.Module) -> float:
+    """L2 norm of the (already all-reduced, replicated) gradients, before clipping."""
+    norms = [p.grad.detach().float().norm() for p in model.parameters() if p.grad is not None]
+    return float(torch.stack(norms).norm()) if norms else 0.0
+
+
+def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:
+    for group in optimizer.param_groups:
+        group["lr"] = lr
+
+
+def to_rank(inputs: dict, setup: StepSetup) -> dict:
+    """Model inputs (B, T) on this rank's device, cut to its zigzag cp shard (B, T / cp)."""
+    inputs = {k: v.to(setup.device) for k, v in inputs.items()}
+    if setup.mesh.cp_size > 1:
+        inputs = shard_batch(inputs, setup.mesh.cp_rank, setup.mesh.cp_size)
+    return inputs
+
+
+def label_weight(inputs: dict) -> float:
+    """This shard's real label tokens, weighted by loss_weights when present."""
+    valid = (inputs["labels"] != IGNORE).float()  # (B, T)
+    weights = inputs.get("loss_weights")
+    return float((valid * weights).sum() if weights is not None else valid.sum())
+
+
+def forward_backward(engine, model: nn.Module, shards: list[dict], scale: float, loss_chunk_size: int):
+    """Backward of every micro-batch's loss_sum * scale, then the engine's step. Returns
+    (this rank's summed loss, the gradient norm when the engine does not report it, whether
+    the update was dropped for a non-finite gradient)."""
+    loss_total, grad_norm, dropped = 0.0, None, False
+    for inputs in shards:
+        loss_sum, _ = engine(inputs["input_ids"], position_ids=inputs["position_ids"],
+                             segment_ids=inputs.get("segment_ids"), labels=inputs["labels"],
+                             loss_weights=inputs.get("loss_weights"), loss_chunk_size=loss_chunk_size)
+        engine.backward(loss_sum * (scale * backward_factor(loss_sum)))  # see train/nonfinite.py
+        if engine.is_gradient_accumulation_boundary() and engine.zero_optimization_stage() == 0:
+            grad_norm = replicated_grad_norm(model)  # DeepSpeed does not report it without ZeRO
+            # a plain torch optimizer (no bf16/fp16 wrapper) has no overflow check of its own
+            dropped = not math.isfinite(grad_norm) and not (engine.bfloat16_enabled() or engine.fp16_enabled())
+        with optimizer_step_skipped(engine.optimizer) if dropped else contextlib.nullcontext():
+            engine.step()
+        loss_total += float(loss_sum.detach())
+    return loss_total, grad_norm, dropped
+
+
+def train_step(engine, model: nn.Module, batches: Iterator[dict], lr: float, setup: StepSetup) -> dict:
+    """One optimizer step on the next grad_accum batches (ModelInputs); returns its metrics."""
+    t0 = time.perf_counter()
+    micro = [next(batches) for _ in range(setup.grad_accum)]
+    t_data = time.perf_counter() - t0
+    set_lr(engine.optimizer, lr)
+    columns = sum(inputs["labels"].shape[1] for inputs in micro)  # after the unscored tails were cut
+    shards = [to_rank(inputs, setup) for inputs in micro]
+    total_weight, = all_reduce_sum([sum(label_weight(s) for s in shards)])
+    if total_weight <= 0:
+        raise UserError("data: a whole optimizer step has no label tokens (all labels ignored)")
+    scale = setup.world * setup.grad_accum / total_weight
+    loss_total, grad_norm, dropped = forward_backward(engine, model, shards, scale, setup.loss_chunk_size)
+    global_loss, = all_reduce_sum([loss_total])
+    elapsed = time.perf_counter() - t0
+    if grad_norm is None:
+        grad_norm = engine.get_global_grad_norm()
+    computed = columns / (setup.seq_len * len(micro))  # share of the columns run (unscored tails are not)
+    record = {"loss": global_loss / total_weight, "lr": lr,
+              "grad_norm": float(grad_norm) if grad_norm is not None else float("nan"),
+              **throughput(setup, elapsed, t_data, computed),
+              "update_applied": not dropped and engine.was_step_applied()}
+    if setup.cpu_limits is not None:  # cpu_mfu, gemm_limit_s, attention_limit_s
+        sequences = setup.micro_batch_size * setup.grad_accum * computed
+        record.update(cpu_limit_fraction(setup.model_config, setup.seq_len, setup.mesh.cp_size, elapsed,
+                                         setup.cpu_limits, sequences=sequences))
+    return record
+
+
+def throughput(setup: StepSetup, elapsed: float, t_data: float, computed: float) -> dict:
+    """Throughput, utilisation and memory of a step that took `elapsed` seconds and ran the
+    share `computed` of its columns."""
+    tokens = setup.seq_len * setup.micro_batch_size * setup.grad_accum * setup.mesh.dp_size
+    tps = tokens / elapsed
+    return {
+        "tokens": tokens, "tokens_per_s": tps, "tokens_per_s_per_device": tps / setup.world,
+        "mfu": setup.flops_per_token * tps * computed / setup.world / setup.peak_flops,
+        "computed_fraction": computed, "peak_memory_gb": peak_memory_bytes() / 2**30,
+        "data_wait_fraction": t_data / elapsed, "step_time_s": elapsed, "seq_len": setup.seq_len,
+        "cp_size": setup.mesh.cp_size, "dp_size": setup.mesh.dp_size,
+    }
