@@ -51,9 +51,8 @@ CONFIGS: dict[str, tuple[int, list[str]]] = {
 }
 # glibc serves allocations below its (adaptive, up to 32 MiB) mmap threshold from a heap that
 # it rarely returns to the OS, so with the default the RSS of a CPU run creeps up step after
-# step by whatever the heap has fragmented (the bare model + AdamW at 4k tokens, 8 layers:
-# 2.25, 2.88, 3.17 GiB after steps 1-3, with a live peak of 2.12 GiB). A fixed 64 KiB threshold makes every
-# tensor its own mapping, returned on free, so RSS measures live memory -- what a GPU's caching
+# step by whatever the heap has fragmented (measured in docs/plan.md). A fixed 64 KiB threshold
+# makes every tensor its own mapping, returned on free, so RSS measures live memory -- what a GPU's caching
 # allocator has to hold (the planner keeps a separate 8% reserve for its fragmentation).
 MMAP_THRESHOLD = 65536
 BASELINE = (1, ["model.preset=debug-tiny", "data.seq_len=256"])

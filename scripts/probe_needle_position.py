@@ -7,8 +7,8 @@ accuracy per placement:
 
     python scripts/probe_needle_position.py --model runs/demo/extend/hf --results EVAL/results.json
 
-A model that matches keys scores the same everywhere; docs/demo.md ("The needle next to the
-question") has what the demo's models do.
+A model that matches keys scores the same everywhere; one that guesses by position does not
+(docs/demo.md, "How the recipe was found").
 """
 from __future__ import annotations
 

@@ -105,7 +105,7 @@ def _load_error(i: int, what: str, exc: Exception) -> UserError:
 @contextlib.contextmanager
 def _no_download_count():
     """`load_dataset("json", data_files=local)` pings the hub to count a download of the
-    packaged builder (a 3-5 s DNS timeout on an offline cluster, for local files). Local
+    packaged builder (a DNS timeout on an offline cluster, for local files). Local
     sources skip that telemetry call; hub sources keep 🤗's behaviour."""
     import datasets  # slow to import: only runs that read a 🤗 source pay for it
 
