@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The checks that need a GPU, as one script (docs/gpu.md has the results and how to read them):
-#   1. tests/test_device.py on CUDA (model vs transformers, attention backends, checkpointing,
+#   1. tests/unit/test_device.py on CUDA (model vs transformers, attention backends, checkpointing,
 #      generation, training steps);
 #   2. the real trainer (`longctx train`, DeepSpeed engine, NCCL, bf16) for a few steps at 16k;
 #   3. benchmarks/bench_train.py on CUDA: longctx vs transformers, tokens/s, memory, MFU.
@@ -18,8 +18,8 @@ export PYTHONPATH=$PWD:${PYTHONPATH:-} PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$out/gpu.txt"
 $py -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__)" | tee -a "$out/gpu.txt"
 
-echo "== 1. tests/test_device.py on cuda"
-timeout 150 $py -m pytest -q -p no:cacheprovider tests/test_device.py 2>&1 | tail -25 | tee "$out/tests.txt"
+echo "== 1. tests/unit/test_device.py on cuda"
+timeout 150 $py -m pytest -q -p no:cacheprovider tests/unit/test_device.py 2>&1 | tail -25 | tee "$out/tests.txt"
 
 echo "== 2. longctx train on cuda (bench-44m, 16k tokens, bf16, full checkpointing, ZeRO-0 and ZeRO-2)"
 for stage in 0 2; do
