@@ -1,37 +1,11 @@
 """Resuming with a changed config: more steps or more stages train them; nothing new is a notice."""
-from types import SimpleNamespace
-
-from longctx.train.continuation import continue_from
 from helpers.train import TINY, metrics, run_train
 
 BASE = [*TINY, "optim.schedule=constant", "checkpoint.every=2", "checkpoint.keep_last=3"]
 
 
-def _stages(*steps):
-    return [SimpleNamespace(name=f"s{i}", steps=n) for i, n in enumerate(steps)]
-
-
 def _ok(res):
     assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-3000:]
-
-
-def test_continue_from_each_case():
-    finished = {"stage": 1, "stage_step": 0, "stage_steps": [4], "data_stage": 0, "step": 4}
-    more = continue_from(finished, _stages(6))
-    assert (more.stage, more.stage_step, more.loader_belongs) == (0, 4, True) and "from 4 to 6" in more.note
-    added = continue_from(finished, _stages(4, 3))
-    assert (added.stage, added.stage_step, added.loader_belongs) == (1, 0, False) and "starting stage 1" in added.note
-    assert continue_from(finished, _stages(4)).stage == 1  # nothing left
-    assert continue_from(finished, _stages(3)).stage == 1  # shortened: still nothing left
-    mid = {"stage": 0, "stage_step": 2, "stage_steps": [4], "data_stage": 0, "step": 2}
-    resumed = continue_from(mid, _stages(9))
-    assert (resumed.stage, resumed.stage_step, resumed.loader_belongs, resumed.note) == (0, 2, True, None)
-    past = continue_from(mid, _stages(2, 5))
-    assert (past.stage, past.stage_step, past.loader_belongs) == (1, 0, False) and "moving on" in past.note
-    boundary = {"stage": 1, "stage_step": 0, "stage_steps": [4, 4], "data_stage": 0, "step": 4}
-    assert continue_from(boundary, _stages(4, 4)) == continue_from(boundary, _stages(9, 4))  # no going back
-    legacy = {"stage": 1, "stage_step": 0, "step": 4}  # written before stage_steps was recorded
-    assert continue_from(legacy, _stages(6)).stage == 1
 
 
 def test_extending_a_finished_run_trains_the_new_steps_exactly(tmp_path):
