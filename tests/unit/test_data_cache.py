@@ -1,6 +1,8 @@
 """Pre-tokenized, pre-packed cache: built once, reused, keyed by config + tokenizer."""
 import json
 import os
+import threading
+import time
 from collections import Counter
 
 import numpy as np
@@ -9,6 +11,7 @@ import pytest
 from helpers.data import collect, make_texts, rebuild_documents, train_bpe, write_jsonl
 from longctx.data import ByteTokenizer, DataConfig, SourceConfig, SyntheticConfig, build_loader, load_tokenizer
 from longctx.data import cache as cache_mod
+from longctx.errors import UserError
 
 TOK = ByteTokenizer()
 TEXTS = make_texts(80, seed=31, min_words=2, max_words=60)
@@ -131,9 +134,6 @@ def test_synthetic_cache_keeps_answer_mask(tmp_path):
 
 def test_waits_for_another_builder(setup, monkeypatch):
     """A second process finding the lock waits for the first one's result."""
-    import threading
-    import time
-
     path, cache_dir = setup
     cfg = cfg_for(path, cache_dir)
     desc = cache_mod.cache_description(cfg.sources[0], 0, cfg, TOK)
@@ -159,8 +159,6 @@ def test_waits_for_another_builder(setup, monkeypatch):
 
 
 def test_resume_refuses_a_rebuilt_cache(setup):
-    from longctx.errors import UserError
-
     path, cache_dir = setup
     loader = build_loader(cfg_for(path, cache_dir), TOK, dp_rank=0, dp_size=1, seed=0)
     collect(loader, 2)

@@ -1,5 +1,10 @@
 """Bad input → one clear UserError line naming the source or field (never a traceback)."""
+import json
+
+import datasets
+import huggingface_hub.constants
 import pytest
+from tokenizers import Tokenizer
 
 from helpers.data import train_bpe, write_jsonl
 from longctx.data import (ByteTokenizer, DataConfig, SourceConfig, SyntheticConfig, UpsampleBucket, build_loader,
@@ -116,9 +121,6 @@ def test_other_fields_named():
 
 
 def test_unknown_format_and_hub_offline(tmp_path, monkeypatch):
-    import datasets
-    import huggingface_hub.constants
-
     # offline mode fails fast (a cut-off network only fails after DNS timeouts)
     monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", True)
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
@@ -134,10 +136,6 @@ def test_unknown_format_and_hub_offline(tmp_path, monkeypatch):
 def test_tokenizer_without_bos_with_add_bos(tmp_path):
     tok = load_tokenizer(train_bpe(tmp_path / "tok", with_config=False))
     assert tok.bos_id is not None  # "<s>" found by name
-    import json
-
-    from tokenizers import Tokenizer
-
     raw = Tokenizer.from_file(str(tmp_path / "tok" / "tokenizer.json"))
     data = json.loads(raw.to_str())
     data["added_tokens"] = []

@@ -1,7 +1,9 @@
 """Sources through 🤗 datasets: local jsonl / parquet / text / csv / arrow (save_to_disk) /
 directory, streaming and not; filtering by token length; up-sampling by length bucket."""
+import csv
 from collections import Counter
 
+import datasets
 import pytest
 
 from helpers.data import make_texts, rebuild_documents, rows_by_source, write_jsonl, write_parquet
@@ -31,8 +33,6 @@ def cfg_for(src: SourceConfig, **kw):
 
 @pytest.mark.parametrize("streaming", [False, True])
 def test_jsonl_and_parquet_load_through_datasets(tmp_path, streaming):
-    import datasets
-
     jl = write_jsonl(tmp_path / "a.jsonl", TEXTS[:20], field="content")
     pq = write_parquet(tmp_path / "b.parquet", TEXTS[20:])
     cfg = DataConfig(sources=[SourceConfig(path=jl, text_field="content"), SourceConfig(path=pq)],
@@ -46,8 +46,6 @@ def test_jsonl_and_parquet_load_through_datasets(tmp_path, streaming):
 
 
 def test_text_csv_and_globs(tmp_path):
-    import csv
-
     for k, t in enumerate(TEXTS[:6]):
         (tmp_path / f"doc{k}.txt").write_text(t + "\nsecond line\n")
     with open(tmp_path / "c.csv", "w", newline="") as f:
@@ -67,8 +65,6 @@ def test_text_csv_and_globs(tmp_path):
 
 @pytest.mark.parametrize("streaming", [False, True])
 def test_save_to_disk_and_directory_sources(tmp_path, streaming):
-    import datasets
-
     datasets.Dataset.from_dict({"text": TEXTS[:15]}).save_to_disk(str(tmp_path / "saved"))
     (tmp_path / "folder").mkdir()
     write_jsonl(tmp_path / "folder" / "part-0.jsonl", TEXTS[15:25])

@@ -1,4 +1,6 @@
 """Tokenizers: the byte tokenizer and a local 🤗 tokenizer (file and directory)."""
+import time
+
 import numpy as np
 import pytest
 import torch
@@ -28,7 +30,6 @@ def test_byte_tokenizer_roundtrip_and_specials():
 def test_byte_tokenizer_is_fast_on_long_texts():
     tok = ByteTokenizer()
     text = "abc " * 1_000_000  # 4 MB
-    import time
 
     t = time.perf_counter()
     arr = tok.encode_np(text)
