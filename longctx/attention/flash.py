@@ -22,6 +22,7 @@ import torch
 
 from longctx.attention.eager import EagerKernel
 from longctx.attention.kernel import AttentionKernel, resolve_scale
+from longctx.attention.sdpa import sdpa_attention
 
 log = logging.getLogger(__name__)
 Tensor = torch.Tensor
@@ -95,7 +96,6 @@ def flash_attention(
     same_ids = kv_segment_ids is None or kv_segment_ids is segment_ids or torch.equal(kv_segment_ids, segment_ids)
     cu = _cu_seqlens(segment_ids) if (same_ids and q.shape[2] == k.shape[2]) else None
     if cu is None:
-        from longctx.attention.sdpa import sdpa_attention
         return sdpa_attention(q, k, v, causal=causal, scale=scale, segment_ids=segment_ids,
                               kv_segment_ids=kv_segment_ids)
     cu_seqlens, max_len = cu

@@ -59,7 +59,7 @@ def job_private_root() -> Path:
 
 def _jit_builders(offload_optimizer: bool) -> list:
     """DeepSpeed's builders of the ops it will JIT-build for this job."""
-    import deepspeed.ops
+    import deepspeed.ops  # lazy: deepspeed is heavy to import (see parallel/zero.py)
     from deepspeed.accelerator import get_accelerator
     from deepspeed.git_version_info import installed_ops
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import datetime
 import importlib
 import os
+import socket
 import sys
 from dataclasses import dataclass
 from typing import Optional, Sequence
@@ -132,8 +133,6 @@ def shutdown_distributed(completed: bool) -> None:
 
 
 def _free_port() -> int:
-    import socket
-
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]

@@ -2,7 +2,7 @@
 
 Gradients are averaged by DeepSpeed over the whole world. The trainer scales each rank's
 loss so that this average equals the gradient of the global mean over real tokens (see
-longctx/train/step.py), which makes every dp x cp layout give the same update.
+train/step.py), which makes every dp x cp layout give the same update.
 """
 from __future__ import annotations
 
@@ -18,6 +18,9 @@ from torch import nn
 from longctx.errors import UserError
 from longctx.parallel.checkpointing import model_key
 from longctx.parallel.ds_ops import guard_build_locks, jit_ops
+
+# deepspeed is imported inside the functions that use it: importing it takes seconds and sets
+# up its accelerator, which `longctx export` (zero_fp32_masters) and eval do not need.
 
 
 def deepspeed_config(*, zero_stage: int, micro_batch_size: int, grad_accum: int, world_size: int,
@@ -68,12 +71,11 @@ def build_optimizer(model: nn.Module, *, lr: float, betas: tuple[float, float], 
         (no_decay if p.ndim < 2 else decay).append(p)
     groups = [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
     if offload:
-        from deepspeed.ops.adam import DeepSpeedCPUAdam
+        from deepspeed.ops.adam import DeepSpeedCPUAdam  # lazy, see the top of this file
 
         guard_build_locks(jit_ops(offload_optimizer=True))  # its constructor builds / loads cpu_adam
         return DeepSpeedCPUAdam(groups, lr=lr, betas=betas, eps=eps, adamw_mode=True)
-    # the fused kernel (one pass per tensor; CPU and CUDA): 2.7x faster than the per-tensor
-    # loop on the demo's 30 tensors (benchmarks/bench_kernels.py)
+    # the fused kernel: one pass per tensor (CPU and CUDA) instead of a loop over tensors
     fused = all(p.device.type in ("cpu", "cuda") for p in model.parameters())
     return torch.optim.AdamW(groups, lr=lr, betas=betas, eps=eps, fused=fused)
 
@@ -86,7 +88,7 @@ def quiet_deepspeed_deprecations() -> None:
 
 
 def initialize_engine(model: nn.Module, optimizer: torch.optim.Optimizer, ds_config: dict):
-    import deepspeed
+    import deepspeed  # lazy, see the top of this file
 
     quiet_deepspeed_deprecations()
     logging.getLogger("DeepSpeed").setLevel(logging.WARNING)
@@ -99,8 +101,6 @@ def initialize_engine(model: nn.Module, optimizer: torch.optim.Optimizer, ds_con
         engine.param_names[param] = model_key(name)
     if ds_config["zero_optimization"]["stage"] == 3:
         # The chunked loss reads the head weight outside the head's own forward.
-        import deepspeed
-
         deepspeed.zero.register_external_parameter(model, model.output_weight)
     return engine, optimizer
 
@@ -109,7 +109,7 @@ def full_state_dict(engine, model: nn.Module) -> dict[str, torch.Tensor]:
     """The whole model's weights on every rank's CPU (gathers ZeRO-3 partitions)."""
     stage = engine.zero_optimization_stage()
     if stage == 3:
-        import deepspeed
+        import deepspeed  # lazy, see the top of this file
 
         state = {}
         params = dict(model.named_parameters())
@@ -126,7 +126,7 @@ def zero_fp32_masters(checkpoint: Path) -> Optional[dict[str, torch.Tensor]]:
     ds = Path(checkpoint) / "ds"
     if not any(ds.glob("*zero_pp_rank_*_optim_states.pt")):
         return None
-    from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+    from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint  # lazy, see the top
 
     state = get_fp32_state_dict_from_zero_checkpoint(str(checkpoint), tag="ds")
     return {model_key(k): v for k, v in state.items()}

@@ -2,7 +2,6 @@
 its loader, its steps) -> checkpoints -> the HF export. The step itself is train/step.py."""
 from __future__ import annotations
 
-import dataclasses
 import logging
 import math
 import sys
@@ -13,7 +12,7 @@ import torch
 import torch.distributed as dist
 from tqdm import tqdm
 
-from longctx.config import TrainConfig, resolved_stages, stage_data_config, stage_model_config, to_yaml, validate_config
+from longctx.config import RunStage, TrainConfig, resolve_stages, stage_model_config, to_yaml, validate_config
 from longctx.data import build_loader, check_vocab, load_tokenizer
 from longctx.data.loader import ModelInputs
 from longctx.model.hf import save_hf_weights
@@ -37,12 +36,10 @@ log = logging.getLogger("longctx.train")
 
 def stage_loader(cfg: TrainConfig, stage_index: int, tokenizer, *, dp_rank: int, dp_size: int,
                  collate: Optional[ModelInputs] = None):
-    """The loader of stage `stage_index`: its seq_len and sources (see stage_data_config), answer
-    masks when answer tokens are weighted, and a seed of its own."""
-    stage = resolved_stages(cfg)[stage_index]
-    data_cfg = dataclasses.replace(stage_data_config(cfg, stage),
-                                   emit_answer_mask=cfg.data.emit_answer_mask or cfg.train.answer_loss_weight != 1.0)
-    return build_loader(data_cfg, tokenizer, dp_rank=dp_rank, dp_size=dp_size, seed=cfg.train.seed + 1000 * stage_index,
+    """The loader of stage `stage_index`: its data section (seq_len, sources, answer masks when
+    answer tokens are weighted) and a seed of its own."""
+    stage = resolve_stages(cfg)[stage_index]
+    return build_loader(stage.data, tokenizer, dp_rank=dp_rank, dp_size=dp_size, seed=cfg.train.seed + 1000 * stage_index,
                         collate=collate)
 
 
@@ -51,7 +48,7 @@ class Trainer:
         self.cfg = cfg
         self.env = read_env()
         validate_config(cfg, self.env.world_size)  # everything cheap, before any process group
-        self.stages = resolved_stages(cfg)
+        self.stages = resolve_stages(cfg)
         self.out = Path(cfg.out_dir)
         # a bad path fails before any process group; hashes are verified (split over ranks) in run()
         self.resume_candidates = resume_candidates(self.out, cfg.checkpoint.resume)
@@ -127,23 +124,19 @@ class Trainer:
             self._meshes[cp] = build_mesh(cp)
         return self._meshes[cp]
 
-    def _stage_cp(self, index: int) -> int:
-        return self.stages[index].cp_size or self.cfg.parallel.cp_size
-
     def _build_model(self):
         """The plain model of stage 0 (weights from init_from or the preset's seeded init)."""
-        model, self.model_origin, weights = build_plain_model(self.cfg, stage_model_config(self.cfg, self.stages[0]),
-                                                              self.device)
+        model, self.model_origin, weights = build_plain_model(self.cfg, stage_model_config(self.stages[0]), self.device)
         self._announce(weights)
         return model
 
     def _build_engine(self):
         """Tokenizer, model, optimizer and the DeepSpeed engine (parallelize); returns the tokenizer."""
-        cfg, par = self.cfg, self.cfg.parallel
+        cfg, par = self.cfg, self.stages[0].parallel
         tokenizer = load_tokenizer(cfg.data.tokenizer)
         model = self._build_model()
         check_vocab(tokenizer, model.config.vocab_size)
-        self.cp, self.mesh = self._stage_cp(0), self._mesh(self._stage_cp(0))
+        self.cp, self.mesh = par.cp_size, self._mesh(par.cp_size)
         self.engine = parallelize(model, self.mesh, par, device=self.device, ds_config=deepspeed_config_for(cfg, self.world),
                                   optimizer=optimizer_for(model, cfg.optim, par.offload_optimizer))
         self.model = model
@@ -166,28 +159,28 @@ class Trainer:
     def _enter_stage(self, index: int) -> None:
         """The stage's RoPE / max length, its cp size's mesh and attention, its step setup."""
         stage = self.stages[index]
-        model_cfg = stage_model_config(self.cfg, stage)
+        model_cfg = stage_model_config(stage)
         where = f"stage {index} ({stage.name})" if self.cfg.stages else "model"
         self._announce(rope_line(where, self.model_origin if index == 0 else self.model.config, model_cfg))
-        cp = self._stage_cp(index)
+        cp = stage.parallel.cp_size
         mesh = self._mesh(cp)
-        set_stage(self.model, model_cfg, attention_for(mesh, self.cfg.parallel, self.device) if cp != self.cp else None)
+        set_stage(self.model, model_cfg, attention_for(mesh, stage.parallel, self.device) if cp != self.cp else None)
         self.cp, self.mesh = cp, mesh
         # CPU: this machine's GEMM and attention-kernel rates at the stage's shapes, measured
         # on every rank at once, for the step's cpu_mfu (train/metrics.py)
         cpu_limits = (measure_cpu_limits(model_cfg, stage.seq_len, cp_size=cp, dtype=self.dtype, seconds=0.25)
                       if self.device.type == "cpu" else None)
-        self.setup = StepSetup(mesh, self.world, self.device, self.cfg.train.grad_accum, self.cfg.data.micro_batch_size,
+        self.setup = StepSetup(mesh, self.world, self.device, self.cfg.train.grad_accum, stage.data.micro_batch_size,
                                stage.seq_len, self.cfg.train.loss_chunk_size, model_cfg,
                                flops_per_token(model_cfg, stage.seq_len), self.peak, cpu_limits)
 
-    def _stage_loader(self, index: int, tokenizer, loader_state: Optional[dict]):
-        """Stage `index`'s loader of model inputs, at `loader_state` when resuming inside the stage.
+    def _stage_loader(self, stage: RunStage, tokenizer, loader_state: Optional[dict]):
+        """The stage's loader of model inputs, at `loader_state` when resuming inside the stage.
         Unscored row tails are dropped in steps divisible by the zigzag's 2 x cp chunks and round
         enough to keep the attention kernels' blocks regular."""
-        collate = ModelInputs(self.cfg.data.document_masking, self.cfg.train.answer_loss_weight,
+        collate = ModelInputs(stage.data.document_masking, self.cfg.train.answer_loss_weight,
                               trim_multiple=math.lcm(64, 2 * self.cp))
-        loader = stage_loader(self.cfg, index, tokenizer, dp_rank=self.mesh.dp_rank, dp_size=self.mesh.dp_size,
+        loader = stage_loader(self.cfg, stage.index, tokenizer, dp_rank=self.mesh.dp_rank, dp_size=self.mesh.dp_size,
                               collate=collate)
         if loader_state is not None:
             loader.load_state_dict(loader_state)
@@ -218,7 +211,7 @@ class Trainer:
         si = state["stage"]
         stage = self.stages[si]
         self._enter_stage(si)
-        loader = self._stage_loader(si, tokenizer, loader_state)
+        loader = self._stage_loader(stage, tokenizer, loader_state)
         batches = iter(loader)
         while state["stage_step"] < stage.steps:
             record = self._step(self.engine, batches, stage, state)
@@ -238,12 +231,11 @@ class Trainer:
                 break
         return None
 
-    def _step(self, engine, batches, stage, state: dict) -> dict:
+    def _step(self, engine, batches, stage: RunStage, state: dict) -> dict:
         """One optimizer step at the stage's learning rate for this step (train/step.py)."""
-        cfg = self.cfg
-        lr = lr_at(state["stage_step"], stage.steps, lr=stage.lr or cfg.optim.lr,
-                   warmup_steps=cfg.optim.warmup_steps if stage.warmup_steps is None else stage.warmup_steps,
-                   schedule=cfg.optim.schedule, min_lr_ratio=cfg.optim.min_lr_ratio)
+        opt = stage.optim
+        lr = lr_at(state["stage_step"], stage.steps, lr=opt.lr, warmup_steps=opt.warmup_steps, schedule=opt.schedule,
+                   min_lr_ratio=opt.min_lr_ratio)
         return train_step(engine, self.model, batches, lr, self.setup)
 
     def _account(self, record: dict, state: dict, si: int, stage) -> None:

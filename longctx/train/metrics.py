@@ -189,7 +189,7 @@ class MetricsWriter:
         self._file = open(out_dir / "metrics.jsonl", "a") if enabled else None
         self._tb = None
         if enabled and tensorboard:
-            from torch.utils.tensorboard import SummaryWriter
+            from torch.utils.tensorboard import SummaryWriter  # lazy: optional (log.tensorboard), heavy
 
             self._tb = SummaryWriter(str(out_dir / "tb"))
 
