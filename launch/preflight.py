@@ -108,16 +108,13 @@ def check_eval(world: int, argv: list[str]) -> str:
     """`longctx eval` options for `world` processes, before any starts: every option, the model
     directory and its tokenizer (the weights are not read). Returns the absolute --out."""
     from longctx.cli import OneLineParser
-    from longctx.eval.cli import add_eval_parser, check_options, resolve_options, tokenizer_spec_for_eval
-    from longctx.eval.model_io import resolve_model_dir
+    from longctx.commands import eval as eval_command
 
     parser = OneLineParser(prog="longctx eval")
-    add_eval_parser(parser)
-    opts = resolve_options(parser.parse_args(argv))
-    os.environ["WORLD_SIZE"] = str(world)  # eval's --cp check reads the processes it runs in
-    check_options(opts)
-    tokenizer_spec_for_eval(resolve_model_dir(opts["model"]), opts["tokenizer"])
-    return str(Path(opts["out"]).absolute())
+    eval_command.add_parser(parser)
+    cfg = eval_command.config_from_args(parser.parse_args(argv))
+    eval_command.check(cfg, world)
+    return str(Path(cfg.out).absolute())
 
 
 def _train_args(rest: list[str]) -> tuple[str | None, list[str]]:

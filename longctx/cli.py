@@ -7,20 +7,20 @@ from __future__ import annotations
 
 import argparse
 import difflib
-import importlib
 import re
 import sys
-from typing import Callable, NoReturn, Optional
+from typing import NoReturn, Optional
 
+from longctx.commands import demo, eval as eval_command, export, plan, train
 from longctx.errors import UserError
 
-# command -> (module, register function, run function, help)
-COMMANDS: dict[str, tuple[str, str, str, str]] = {
-    "train": ("longctx.commands.train", "add_parser", "run", "train or continue pretraining (torchrun/SLURM/DeepSpeed)"),
-    "eval": ("longctx.eval.cli", "add_eval_parser", "run_eval", "long-context evaluation (RULER, needle, passkey, ppl)"),
-    "plan": ("longctx.commands.plan", "add_parser", "run", "per-GPU memory estimate and the smallest cp / ZeRO stage that fits"),
-    "export": ("longctx.commands.export", "add_parser", "run", "export a checkpoint as a Hugging Face Llama directory"),
-    "demo": ("longctx.commands.demo", "add_parser", "run", "run the built-in end-to-end default job"),
+# command -> (module with add_parser(parser) and run(args) -> exit code, help)
+COMMANDS = {
+    "train": (train, "train or continue pretraining (torchrun/SLURM/DeepSpeed)"),
+    "eval": (eval_command, "long-context evaluation (RULER, needle, passkey, ppl)"),
+    "plan": (plan, "per-GPU memory estimate and the smallest cp / ZeRO stage that fits"),
+    "export": (export, "export a checkpoint as a Hugging Face Llama directory"),
+    "demo": (demo, "run the built-in end-to-end default job"),
 }
 
 
@@ -68,22 +68,12 @@ class OneLineParser(argparse.ArgumentParser):
         self.exit(2)
 
 
-def optional_command(name: str, module: str, register: str, run: str, help_text: str) -> None:
-    COMMANDS[name] = (module, register, run, help_text)
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser = OneLineParser(prog="longctx", description="Extend LLaMA-style models to long context.")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=OneLineParser)
     sub.required = True
-    for name, (module, register, _run, help_text) in COMMANDS.items():
-        try:
-            mod = importlib.import_module(module)
-        except ModuleNotFoundError as e:
-            if e.name and e.name.startswith("longctx"):
-                continue  # command not part of this build yet
-            raise
-        getattr(mod, register)(sub.add_parser(name, help=help_text, description=help_text))
+    for name, (module, help_text) in COMMANDS.items():
+        module.add_parser(sub.add_parser(name, help=help_text, description=help_text))
     parser.set_defaults(_command_parsers=sub.choices)
     return parser
 
@@ -99,10 +89,9 @@ def main(argv: Optional[list[str]] = None) -> int:
             args._command_parsers[args.command].error(f"unrecognized arguments: {' '.join(extra)}")
     except SystemExit as e:  # --help (0) or a one-line argparse error (2)
         return e.code if isinstance(e.code, int) else 2
-    module, _register, run, _help = COMMANDS[args.command]
-    runner: Callable[[argparse.Namespace], int] = getattr(importlib.import_module(module), run)
+    module, _help = COMMANDS[args.command]
     try:
-        return int(runner(args) or 0)
+        return int(module.run(args) or 0)
     except UserError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

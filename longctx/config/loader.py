@@ -4,7 +4,8 @@ flags), merged in that order.
 
 Loading is strict: an unknown key is rejected with the closest valid key suggested (a dash
 in a key may stand for an underscore), a value of the wrong type names its field, and a
-missing required value names its field. Every failure is one UserError.
+missing required value names its field. Every failure is one UserError. A list of scalars
+may be written as one comma-separated string (`lengths=4k,8k`).
 """
 from __future__ import annotations
 
@@ -83,8 +84,17 @@ def _dataclass_in(t: Any) -> Any:
     return None
 
 
+def _is_scalar_list(t: Any) -> bool:
+    """Whether a field type is List[str | int | float] (or Optional of it)."""
+    if typing.get_origin(t) is typing.Union:
+        args = [a for a in typing.get_args(t) if a is not type(None)]
+        return len(args) == 1 and _is_scalar_list(args[0])
+    return typing.get_origin(t) is list and typing.get_args(t)[0] in (str, int, float)
+
+
 def _checked_keys(node: dict, schema: type, where: str) -> dict:
-    """`node` with every key a field of `schema` (a dash accepted for an underscore), recursively;
+    """`node` with every key a field of `schema` (a dash accepted for an underscore) and a
+    scalar given for a list of scalars read as a comma-separated list ("4k,8k"), recursively;
     an unknown key -> UserError with the closest valid key."""
     hints = typing.get_type_hints(schema)
     out = {}
@@ -96,6 +106,8 @@ def _checked_keys(node: dict, schema: type, where: str) -> dict:
             close = difflib.get_close_matches(key, list(hints), n=1)
             hint = f"did you mean '{where}{close[0]}'?" if close else f"valid: {', '.join(hints)}"
             raise UserError(f"{where}{key}: unknown key; {hint}")
+        if _is_scalar_list(hints[key]) and isinstance(value, (str, int, float)) and not isinstance(value, bool):
+            value = [item.strip() for item in str(value).split(",") if item.strip()]
         sub = _dataclass_in(hints[key])
         if sub is not None and is_dataclass(hints[key]) and value is not None and not isinstance(value, dict):
             raise UserError(f"{where}{key}: must be a mapping of {where}{key}.* fields "

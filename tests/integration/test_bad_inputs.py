@@ -21,7 +21,6 @@ import pytest
 
 from longctx.attention.flash import flash_available
 from longctx.cli import main
-from longctx.eval.cli import main as eval_main
 
 ROOT = Path(__file__).resolve().parents[2]
 RUN = "out_dir={w}/run"  # every train case points its run directory into the working dir
@@ -171,9 +170,12 @@ EVAL = [
     ("batch size 0", ["eval", "--model", "{w}/model", "--batch-size", "0"], "eval.batch_size"),
     ("missing essay corpus", ["eval", "--model", "{w}/model", "--essay", "{w}/no-essay"], "eval.essay: {w}/no-essay does not exist"),
     ("--out is a file", ["eval", "--model", "{w}/model", "--out", "{w}/empty.yaml"], "eval.out: {w}/empty.yaml is a file"),
-    ("empty --config", ["eval", "--config", "{w}/empty.yaml"], "--config: {w}/empty.yaml is empty"),
-    ("invalid --config", ["eval", "--config", "{w}/bad.yaml"], "--config: {w}/bad.yaml is not valid YAML"),
-    ("unknown option in --config", ["eval", "--config", "{w}/eval_unknown.yaml"], "unknown option 'sampels'"),
+    ("empty --config", ["eval", "--config", "{w}/empty.yaml"], "{w}/empty.yaml: empty config file"),
+    ("invalid --config", ["eval", "--config", "{w}/bad.yaml"], "{w}/bad.yaml: invalid YAML"),
+    ("unknown option in --config", ["eval", "--config", "{w}/eval_unknown.yaml"],
+     "eval.sampels: unknown key; did you mean 'eval.samples'"),
+    ("unknown override", ["eval", "--model", "{w}/model", "sampels=3"], "did you mean 'eval.samples'"),
+    ("bad number override", ["eval", "--model", "{w}/model", "eval.samples=many"], "eval.samples: must be an integer"),
     ("bad number in --config", ["eval", "--config", "{w}/eval_badnum.yaml"], "eval.samples: must be an integer"),
     ("unknown eval flag", ["eval", "--model", "{w}/model", "--bogus"], "--bogus: unrecognized argument(s) for longctx eval"),
 ]
@@ -217,10 +219,10 @@ DEMO = [
     ("extra argument", ["demo", "extra"], "extra: unrecognized"),
 ]
 
-EVAL_MODULE = [  # `python -m longctx.eval.cli ...`: eval's own entry point, same checks
-    ("samples 0", ["--samples", "0", "--model", "{w}/model"], "eval.samples"),
-    ("samples not a number", ["--samples", "x"], "--samples: invalid int value"),
-    ("unknown flag", ["--bogus"], "--bogus: unrecognized"),
+EVAL_FLAGS_FIRST = [  # `longctx eval` with the flag before --model
+    ("samples 0", ["eval", "--samples", "0", "--model", "{w}/model"], "eval.samples"),
+    ("samples not a number", ["eval", "--samples", "x"], "--samples: invalid int value"),
+    ("unknown flag", ["eval", "--bogus"], "--bogus: unrecognized"),
 ]
 
 TOP = [
@@ -338,7 +340,7 @@ def workdir(tmp_path_factory):
 # ------------------------------------------------------------------------------ in-process cases
 CLI_CASES = [(f"{group}: {cid}", argv, needle)
              for group, table in (("train", TRAIN), ("eval", EVAL), ("export", EXPORT), ("plan", PLAN),
-                                  ("demo", DEMO), ("top", TOP), ("eval.cli", EVAL_MODULE))
+                                  ("demo", DEMO), ("top", TOP), ("eval flags first", EVAL_FLAGS_FIRST))
              for cid, argv, needle in table]
 
 
@@ -347,8 +349,7 @@ def test_cli_bad_input(workdir, capsys, monkeypatch, case, argv, needle):
     monkeypatch.delenv("WORLD_SIZE", raising=False)
     monkeypatch.delenv("RANK", raising=False)
     before = listing(workdir)
-    entry = eval_main if case.startswith("eval.cli:") else main
-    rc = entry(fill(argv, workdir))
+    rc = main(fill(argv, workdir))
     captured = capsys.readouterr()
     assert_clean(rc, captured.out, captured.err, needle, workdir, before)
 

@@ -29,11 +29,11 @@ def _args(model_dir, out):
 
 def test_cp2_prefill_matches_one_process(model_dir, tmp_path):
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
-    one = subprocess.run([sys.executable, "-m", "longctx.eval.cli", *_args(model_dir, tmp_path / "one")],
+    one = subprocess.run([sys.executable, "-m", "longctx", "eval", *_args(model_dir, tmp_path / "one")],
                          env=env, capture_output=True, text=True, timeout=300)
     assert one.returncode == 0, one.stderr[-2000:]
     two = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
-                          "--master-port", str(free_port()), "-m", "longctx.eval.cli", "--cp", "2",
+                          "--master-port", str(free_port()), "-m", "longctx", "eval", "--cp", "2",
                           *_args(model_dir, tmp_path / "two")], env=env, capture_output=True, text=True, timeout=300)
     assert two.returncode == 0, two.stderr[-3000:]
     a = json.loads((tmp_path / "one" / "results.json").read_text())

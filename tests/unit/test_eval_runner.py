@@ -8,8 +8,9 @@ import torch
 import longctx
 from longctx.data.tokenizer import load_tokenizer
 from longctx.errors import UserError
+from longctx.cli import main
 from longctx.eval.api import evaluate
-from longctx.eval.cli import main as eval_main
+from longctx.eval.config import EvalConfig
 from longctx.eval.runner import Engine
 from longctx.eval.tasks import RULER_TASKS, TaskOptions, build_samples
 from longctx.model import build_model, get_preset
@@ -44,29 +45,30 @@ def qa_opts(tmp_path_factory):
                            [f"River {k}", [f"River {k} runs under bridge {k}."]]]} for k in range(120)]
     (d / "squad.json").write_text(json.dumps(squad))
     (d / "hotpot.json").write_text(json.dumps(hotpot))
-    return {"squad_path": str(d / "squad.json"), "hotpotqa_path": str(d / "hotpot.json")}
+    return {"squad": str(d / "squad.json"), "hotpotqa": str(d / "hotpot.json")}
 
 
 def test_oracle_100_and_constant_0_through_the_pipeline(tmp_path, qa_opts):
-    opts = TaskOptions(**qa_opts)
-    res = evaluate(None, BYTE, tasks=RULER_TASKS + ["passkey"], lengths=[2048], samples=2, options=opts,
-                   predictor=lambda s: " and ".join(s.outputs), out_dir=tmp_path / "oracle", progress=False)
+    cfg = EvalConfig(tasks=RULER_TASKS + ["passkey"], lengths=["2048"], samples=2, **qa_opts,
+                     out=str(tmp_path / "oracle"), no_progress=True)
+    res = evaluate(None, BYTE, cfg, predictor=lambda s: " and ".join(s.outputs))
     assert set(res["summary"]["tasks"]) == set(RULER_TASKS + ["passkey"])
     assert all(t["scores"]["2048"] == 100.0 for t in res["summary"]["tasks"].values())
     assert res["summary"]["effective_length"] == 2048
-    res = evaluate(None, BYTE, tasks=RULER_TASKS, lengths=[2048], samples=2, options=opts,
-                   predictor=lambda s: "no idea", progress=False)
+    cfg = EvalConfig(tasks=RULER_TASKS, lengths=["2048"], samples=2, **qa_opts, out=None, no_progress=True)
+    res = evaluate(None, BYTE, cfg, predictor=lambda s: "no idea")
     assert all(t["scores"]["2048"] == 0.0 for t in res["summary"]["tasks"].values())
     assert res["summary"]["effective_length"] == 0
 
 
 def test_qa_tasks_skip_with_a_message_when_data_is_absent():
-    res = evaluate(None, BYTE, tasks=["qa_1", "qa_2", "passkey"], lengths=[1024], samples=1,
-                   predictor=lambda s: "x", progress=False)
+    cfg = EvalConfig(tasks=["qa_1", "qa_2", "passkey"], lengths=["1024"], samples=1, out=None, no_progress=True)
+    res = evaluate(None, BYTE, cfg, predictor=lambda s: "x")
     assert set(res["summary"]["tasks"]) == {"passkey"}
     assert any("qa_1 skipped" in m for m in res["skipped"]) and any("qa_2 skipped" in m for m in res["skipped"])
     with pytest.raises(UserError, match="nothing to run"):
-        evaluate(None, BYTE, tasks=["qa_1"], lengths=[1024], samples=1, predictor=lambda s: "x", progress=False)
+        evaluate(None, BYTE, EvalConfig(tasks=["qa_1"], lengths=["1024"], samples=1, out=None, no_progress=True),
+                 predictor=lambda s: "x")
 
 
 def test_greedy_matches_transformers_and_is_batch_invariant(model_dir):
@@ -92,7 +94,7 @@ def test_greedy_matches_transformers_and_is_batch_invariant(model_dir):
 
 def test_cli_writes_results_report_and_figures(model_dir, tmp_path):
     out = tmp_path / "out"
-    rc = eval_main(["--model", str(model_dir), "--suite", "niah,passkey,ppl", "--lengths", "512,1k",
+    rc = main(["eval", "--model", str(model_dir), "--suite", "niah,passkey,ppl", "--lengths", "512,1k",
                     "--samples", "1", "--depths", "0,0.5,1", "--style", "compact", "--out", str(out),
                     "--ppl-windows", "1", "--no-progress"])
     assert rc == 0
@@ -115,7 +117,7 @@ def test_cli_config_file_form(model_dir, tmp_path):
     cfg = tmp_path / "eval.yaml"
     cfg.write_text(f"model: {model_dir}\ntasks: passkey\nlengths: [256, 512]\nsamples: 1\nstyle: compact\n"
                    f"out: {tmp_path / 'o'}\nno_progress: true\n")
-    assert eval_main(["--config", str(cfg), "--samples", "2"]) == 0
+    assert main(["eval", "--config", str(cfg), "--samples", "2"]) == 0
     res = json.loads((tmp_path / "o" / "results.json").read_text())
     assert res["summary"]["tasks"]["passkey"]["samples"] == {"256": 2, "512": 2}  # the flag won
 
@@ -129,26 +131,26 @@ def test_cli_config_file_form(model_dir, tmp_path):
     (["--suite", "longbench"], "error: eval.suite: unknown suite 'longbench'"),
 ])
 def test_cli_bad_input_is_one_clear_error(model_dir, tmp_path, capsys, argv, message):
-    rc = eval_main(["--model", str(model_dir), "--out", str(tmp_path / "x"), "--no-progress", *argv])
+    rc = main(["eval", "--model", str(model_dir), "--out", str(tmp_path / "x"), "--no-progress", *argv])
     err = capsys.readouterr().err.strip().splitlines()
     assert rc == 2
     assert err[-1].startswith(message), err
 
 
 def test_cli_missing_model_and_vocab_mismatch(tmp_path, capsys):
-    assert eval_main(["--model", str(tmp_path / "nope"), "--tasks", "passkey"]) == 2
+    assert main(["eval", "--model", str(tmp_path / "nope"), "--tasks", "passkey"]) == 2
     assert "model path does not exist" in capsys.readouterr().err
     small = tmp_path / "small"
     longctx.save_pretrained(tiny_model(vocab_size=200), small)
-    assert eval_main(["--model", str(small), "--tokenizer", "byte", "--tasks", "passkey"]) == 2
+    assert main(["eval", "--model", str(small), "--tokenizer", "byte", "--tasks", "passkey"]) == 2
     err = capsys.readouterr().err
     assert "vocab_size 259" in err and "vocab_size is 200" in err
-    assert eval_main(["--model", str(small), "--tasks", "passkey"]) == 2  # no tokenizer recorded
+    assert main(["eval", "--model", str(small), "--tasks", "passkey"]) == 2  # no tokenizer recorded
     assert "has no tokenizer files; pass --tokenizer" in capsys.readouterr().err
 
 
 def test_lengths_above_max_warn_and_still_run(model_dir, tmp_path, capsys):
-    rc = eval_main(["--model", str(model_dir), "--tasks", "passkey", "--lengths", "2k", "--samples", "1",
+    rc = main(["eval", "--model", str(model_dir), "--tasks", "passkey", "--lengths", "2k", "--samples", "1",
                     "--style", "compact", "--out", str(tmp_path / "w"), "--no-progress"])
     assert rc == 0
     assert "warning: eval.lengths: 2048 exceed the model's max_position_embeddings=1024" in capsys.readouterr().err
@@ -161,5 +163,5 @@ def test_run_directory_with_hf_export_is_accepted(model_dir, tmp_path):
 
     run = tmp_path / "run"
     shutil.copytree(model_dir, run / "hf")
-    assert eval_main(["--model", str(run), "--tasks", "passkey", "--lengths", "256", "--samples", "1",
+    assert main(["eval", "--model", str(run), "--tasks", "passkey", "--lengths", "256", "--samples", "1",
                       "--style", "compact", "--out", str(tmp_path / "r"), "--no-progress"]) == 0

@@ -179,12 +179,7 @@ def test_plan_recipe_on_fewer_gpus_than_a_stage_needs(capsys):
 
 
 def test_plan_through_the_cli_entry_point(capsys):
-    """`longctx plan` as the CLI runs it (registered here the way longctx/cli.py registers it)."""
-    from longctx import cli
-
-    if "plan" not in cli.COMMANDS:
-        cli.optional_command("plan", "longctx.commands.plan", "add_parser", "run",
-                             "per-device memory estimate and the smallest cp/ZeRO layout that fits")
+    """`longctx plan` as the CLI runs it."""
     assert cli.main(["plan", "--gpus", "8", "model.preset=llama2-7b", "data.seq_len=32768"]) == 0
     assert "recommended: parallel.cp_size=" in capsys.readouterr().out
     assert cli.main(["plan", "--gpu-mem", "lots"]) == 2

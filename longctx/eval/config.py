@@ -1,0 +1,199 @@
+"""`longctx eval`'s configuration: one typed schema, loaded like the training config.
+
+    cfg = load_structured(EvalConfig, "eval.yaml", ["samples=5"], prefix="eval.")
+    cfg.validate(world_size)          # every check that needs no weights or process group
+    selection = select(cfg)           # lengths, tasks, needle-depth grids, perplexity lengths
+
+Fields are named `eval.<field>` in messages; every field is also a command-line flag
+(`--max-batch-tokens` for max_batch_tokens). Lists may be written as "4k,8k".
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Dict, List, Optional
+
+from longctx.config import check_out_dir
+from longctx.data.tokenizer import check_tokenizer_spec
+from longctx.errors import UserError
+from longctx.eval.model_io import parse_dtype
+from longctx.eval.scoring import DEFAULT_THRESHOLD
+from longctx.eval.tasks import NIAH_GRID_TASK, RULER_TASKS, TaskOptions, get_task
+
+SUITES = ("ruler", "niah", "passkey", "ppl")
+DECODE_CP_IMPLS = ("ring", "allgather", "ulysses")  # context-parallel prefill (eval/cp_prefill.py)
+DEFAULT_DEPTHS = [i / 10 for i in range(11)]
+PATH_FIELDS = ("essay", "squad", "hotpotqa", "ppl_data", "ruler_data", "words")  # must exist
+
+
+def option(default, help_text: str):
+    """A field with its command-line help (commands/eval.py makes a flag of every field)."""
+    if isinstance(default, list):
+        return field(default_factory=lambda: list(default), metadata={"help": help_text})
+    return field(default=default, metadata={"help": help_text})
+
+
+@dataclass
+class EvalConfig:
+    model: Optional[str] = option(None, "HF directory, training checkpoint or run directory (required)")
+    tokenizer: Optional[str] = option(None, "'byte', tokenizer.json or tokenizer dir (default: the model's own)")
+    suite: List[str] = option(["ruler"], "suites: ruler, niah, passkey, ppl")
+    tasks: Optional[List[str]] = option(None, "task names (replaces the suite's tasks)")
+    lengths: List[str] = option(["4096"], "context lengths, e.g. 4096,8k,16k")
+    samples: int = option(10, "samples per task and length (per depth for grids)")
+    out: Optional[str] = option("eval_out", "output directory (null: write nothing)")
+    seed: int = option(0, "data seed")
+    dtype: str = option("auto", "auto (as stored) | fp32 | bf16 | fp16")
+    batch_size: Optional[int] = option(None, "fixed decoding batch size (default: from max_batch_tokens)")
+    max_batch_tokens: int = option(16384, "prompt tokens per batch when batch_size is unset")
+    cp: int = option(1, "context-parallel size for prefill/decoding (under torchrun)")
+    cp_impl: str = option("ring", "ring | allgather | ulysses")
+    depths: Optional[List[str]] = option(None, "needle depths in [0,1] for grids (default 11 points)")
+    style: str = option("ruler", "ruler (RULER's templates and budgets) | compact (tiny models, short lengths)")
+    max_new_tokens: Optional[int] = option(None, "override every task's generation budget")
+    num_digits: Optional[int] = option(None, "digits of numeric needle values and pass keys")
+    chat_template: Optional[str] = option(None, "llama2-chat | llama3-chat | chatml | a string with {input}")
+    essay: Optional[str] = option(None, "local text corpus (file or folder) for the essay haystack")
+    squad: Optional[str] = option(None, "local SQuAD v2 dev json for qa_1")
+    hotpotqa: Optional[str] = option(None, "local HotpotQA dev (distractor) json for qa_2")
+    ppl_data: Optional[str] = option(None, "long documents for perplexity (file or folder of .txt/.jsonl)")
+    ppl_lengths: Optional[List[str]] = option(None, "lengths for perplexity (default: lengths)")
+    ppl_windows: int = option(4, "windows per length for perplexity")
+    threshold: float = option(DEFAULT_THRESHOLD, "effective-length threshold")
+    strict_lengths: bool = option(False, "error (instead of warn) on lengths above max_position_embeddings")
+    save_inputs: bool = option(False, "keep each prompt in results.json")
+    no_progress: bool = option(False, "no progress bars")
+    ruler_data: Optional[str] = option(None, "a RULER prepared-data directory to evaluate")
+    write_data: Optional[str] = option(None, "write our prompts in RULER's data layout (no model needed)")
+    words: Optional[str] = option(None, "RULER's english_words.json (cwe)")
+
+    def validate(self, world_size: int) -> None:
+        """Every check that needs no weights or process group, for `world_size` processes."""
+        if not self.model and self.write_data is None:
+            raise UserError("eval.model: required (--model DIR: an HF directory, checkpoint or run directory)")
+        for name, minimum in (("samples", 1), ("seed", 0), ("max_batch_tokens", 1), ("ppl_windows", 1)):
+            _at_least(name, getattr(self, name), minimum)
+        if self.batch_size is not None:
+            _at_least("batch_size", self.batch_size, 1)
+        if not (math.isfinite(self.threshold) and 0 <= self.threshold <= 100):
+            raise UserError(f"eval.threshold: must be a finite number in [0, 100], got {self.threshold}")
+        select(self)
+        parse_dtype(self.dtype)
+        if self.cp_impl not in DECODE_CP_IMPLS:
+            raise UserError(f"eval.cp_impl: {self.cp_impl!r} is not valid; valid: {', '.join(DECODE_CP_IMPLS)}")
+        _check_cp(self.cp, world_size)
+        for name in PATH_FIELDS:
+            if getattr(self, name) is not None and not Path(getattr(self, name)).exists():
+                raise UserError(f"eval.{name}: {getattr(self, name)} does not exist")
+        for name in ("out", "write_data"):
+            if getattr(self, name) is not None:
+                check_out_dir(getattr(self, name), f"eval.{name}")
+        if self.tokenizer is not None:
+            as_eval_field(check_tokenizer_spec, self.tokenizer)
+
+    def task_options(self) -> TaskOptions:
+        return TaskOptions(style=self.style, max_new_tokens=self.max_new_tokens, essay_path=self.essay,
+                           squad_path=self.squad, hotpotqa_path=self.hotpotqa, chat_template=self.chat_template,
+                           num_digits=self.num_digits)
+
+
+@dataclass
+class EvalSelection:
+    """What an EvalConfig asks to run, parsed."""
+
+    lengths: List[int]
+    tasks: List[str]
+    grids: Dict[str, List[float]]  # task -> needle depths of its depth x length grid
+    ppl_lengths: List[int]  # empty: no perplexity
+    options: TaskOptions
+
+
+def select(cfg: EvalConfig) -> EvalSelection:
+    """The tasks, grids and lengths of `cfg` (UserError naming the field for a bad one)."""
+    for s in cfg.suite:
+        if s not in SUITES:
+            raise UserError(f"eval.suite: unknown suite {s!r}; valid: {', '.join(SUITES)}")
+    depths = [_number(d, "eval.depths") for d in cfg.depths] if cfg.depths is not None else DEFAULT_DEPTHS
+    for d in depths:
+        if not 0.0 <= d <= 1.0:
+            raise UserError(f"eval.depths: {d} is outside [0, 1]")
+    tasks, grids = [], {}
+    if cfg.tasks is not None:
+        tasks = list(cfg.tasks)
+        for t in tasks:
+            get_task(t)  # unknown task -> UserError
+        if cfg.depths is not None:
+            grids = {t: depths for t in tasks if get_task(t).family in ("niah", "passkey")}
+    else:
+        for s in cfg.suite:
+            if s == "ruler":
+                tasks += RULER_TASKS
+            elif s in ("niah", "passkey"):
+                name = NIAH_GRID_TASK if s == "niah" else "passkey"
+                tasks.append(name)
+                grids[name] = depths
+    lengths = parse_lengths(cfg.lengths)
+    want_ppl = "ppl" in cfg.suite
+    ppl_lengths = (parse_lengths(cfg.ppl_lengths, "eval.ppl_lengths") if cfg.ppl_lengths else lengths) if want_ppl else []
+    return EvalSelection(lengths, list(dict.fromkeys(tasks)), grids, ppl_lengths, cfg.task_options())
+
+
+def parse_lengths(items: List[str], field: str = "eval.lengths") -> List[int]:
+    """["4096", "8k", "1m"] -> sorted distinct token counts."""
+    out = []
+    for item in items:
+        s = str(item).strip().lower()
+        if not s:
+            continue
+        mult = 1
+        if s.endswith("k"):
+            s, mult = s[:-1], 1024
+        elif s.endswith("m"):
+            s, mult = s[:-1], 1024 * 1024
+        try:
+            value = int(float(s) * mult)
+        except ValueError:
+            raise UserError(f"{field}: {item!r} is not a length (use integers or 4k/8k-style values)") from None
+        if value <= 0:
+            raise UserError(f"{field}: lengths must be positive, got {item!r}")
+        out.append(value)
+    if not out:
+        raise UserError(f"{field}: no lengths given")
+    return sorted(set(out))
+
+
+def as_eval_field(fn, *args):
+    """fn(*args) with the data section's tokenizer errors named as eval's tokenizer field."""
+    try:
+        return fn(*args)
+    except UserError as e:
+        msg = str(e)
+        if msg.startswith("data.tokenizer"):
+            msg = "eval.tokenizer" + msg[len("data.tokenizer"):]
+        raise UserError(msg) from None
+
+
+def _check_cp(cp: int, world: int) -> None:
+    """eval.cp against the processes this eval runs in, before any process group."""
+    if cp < 1:
+        raise UserError(f"eval.cp: must be >= 1, got {cp}")
+    if world == 1 and cp > 1:
+        raise UserError(f"eval.cp={cp} needs {cp} processes: torchrun --nproc-per-node {cp} -m longctx eval ...")
+    if world % cp != 0:
+        raise UserError(f"eval.cp={cp} must divide the number of processes ({world})")
+
+
+def _at_least(name: str, value: int, minimum: int) -> None:
+    if value < minimum:
+        raise UserError(f"eval.{name}: must be >= {minimum}, got {value}")
+
+
+def _number(value: str, field: str) -> float:
+    try:
+        number = float(value)
+    except ValueError:
+        raise UserError(f"{field}: must be a number, got {value!r}") from None
+    if not math.isfinite(number):
+        raise UserError(f"{field}: must be a finite number, got {value!r}")
+    return number
