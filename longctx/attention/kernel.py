@@ -98,43 +98,55 @@ def plan_tiles(
         if bool((lo == hi) & (kv_segment_ids.min() == lo) & (kv_segment_ids.max() == lo)):
             segment_ids = kv_segment_ids = None  # a single document: no mask at all
     if segment_ids is None:
-        if not causal:
-            return [Tile(0, T, 0, S, False, None)]
-        if T == S:
-            return [Tile(0, T, 0, S, True, None)]
-        if T < S:
-            return [Tile(0, T, 0, off, False, None), Tile(0, T, off, S, True, None)]
-        return [Tile(T - S, T, 0, S, True, None)] if S > 0 else []
+        return _unmasked_tiles(T, S, causal)
     tiles: List[Tile] = []
     for qa in range(0, T, tile):
-        qb = min(T, qa + tile)
-        row: List[Tile] = []
-        for ka in range(0, S, tile):
-            kb = min(S, ka + tile)
-            if causal and ka > qb - 1 + off:
-                break  # this and all later key tiles lie after every query of the row
-            same = segment_ids[:, qa:qb, None] == kv_segment_ids[:, None, ka:kb]  # (B, tq, tk)
+        tiles.extend(_document_row(qa, min(T, qa + tile), S, off, causal, segment_ids, kv_segment_ids, device, tile))
+    return tiles
+
+
+def _unmasked_tiles(T: int, S: int, causal: bool) -> List[Tile]:
+    """Causal attention with T < S: an unmasked prefix and a square causal block; T > S: the
+    last S queries form the square, the first T - S see nothing."""
+    off = S - T
+    if not causal:
+        return [Tile(0, T, 0, S, False, None)]
+    if T == S:
+        return [Tile(0, T, 0, S, True, None)]
+    if T < S:
+        return [Tile(0, T, 0, off, False, None), Tile(0, T, off, S, True, None)]
+    return [Tile(T - S, T, 0, S, True, None)] if S > 0 else []
+
+
+def _document_row(qa: int, qb: int, S: int, off: int, causal: bool, segment_ids: Tensor, kv_segment_ids: Tensor,
+                  device: torch.device, tile: int) -> List[Tile]:
+    """The tiles of query rows [qa, qb) under document masking (see plan_tiles)."""
+    row: List[Tile] = []
+    for ka in range(0, S, tile):
+        kb = min(S, ka + tile)
+        if causal and ka > qb - 1 + off:
+            break  # this and all later key tiles lie after every query of the row
+        same = segment_ids[:, qa:qb, None] == kv_segment_ids[:, None, ka:kb]  # (B, tq, tk)
+        if not bool(same.any()):
+            continue
+        partial = causal and kb - 1 > qa + off  # some keys lie after some queries
+        if partial and qa + off == ka and qb - qa == kb - ka and bool(same.all()):
+            row.append(Tile(qa, qb, ka, kb, True, None))
+            continue
+        if partial:
+            qpos = torch.arange(qa + off, qb + off, device=device)
+            same = same & (torch.arange(ka, kb, device=device)[None, :] <= qpos[:, None])
             if not bool(same.any()):
                 continue
-            partial = causal and kb - 1 > qa + off  # some keys lie after some queries
-            if partial and qa + off == ka and qb - qa == kb - ka and bool(same.all()):
-                row.append(Tile(qa, qb, ka, kb, True, None))
-                continue
-            if partial:
-                qpos = torch.arange(qa + off, qb + off, device=device)
-                same = same & (torch.arange(ka, kb, device=device)[None, :] <= qpos[:, None])
-                if not bool(same.any()):
-                    continue
-            if not partial and bool(same.all()):
-                prev = row[-1] if row else None
-                if prev is not None and prev.mask is None and not prev.is_causal and prev.k1 == ka:
-                    prev.k1 = kb  # extend the previous unmasked tile
-                else:
-                    row.append(Tile(qa, qb, ka, kb, False, None))
-                continue
-            row.append(Tile(qa, qb, ka, kb, False, same[:, None]))
-        tiles.extend(row)
-    return tiles
+        if not partial and bool(same.all()):
+            prev = row[-1] if row else None
+            if prev is not None and prev.mask is None and not prev.is_causal and prev.k1 == ka:
+                prev.k1 = kb  # extend the previous unmasked tile
+            else:
+                row.append(Tile(qa, qb, ka, kb, False, None))
+            continue
+        row.append(Tile(qa, qb, ka, kb, False, same[:, None]))
+    return row
 
 
 def _row_runs(ids: Tensor) -> List[List[Tuple[int, int, int]]]:

@@ -188,8 +188,8 @@ def fold_trailing_padding(segment_ids: torch.Tensor, labels: torch.Tensor) -> to
     one, so tokens at the end of a row whose labels are all ignored (the padding of `pad`
     packing) can share the last document's segment without changing the loss or any
     gradient: their own outputs are never scored, and no scored token sees them. The
-    attention kernels then run a row holding one document and its padding unmasked (the
-    masked CPU kernel is ~1.4x slower, and most rows of the demo's extension are like that).
+    attention kernels then run a row holding one document and its padding unmasked, which is
+    faster than the masked kernel (docs/data.md has the measurement).
     """
     last = segment_ids[:, -1:]  # (B, 1)
     in_last = segment_ids == last  # (B, T)
@@ -208,7 +208,7 @@ def trim_unscored_tail(batch: dict, multiple: int) -> dict:
     regular). Exact for the same reason as fold_trailing_padding: under causal attention no
     scored token sees a later one, and the dropped tokens' own outputs are never scored. A
     batch of documents shorter than its rows (`pad` packing) then costs what its longest
-    document costs: the demo's extension (4 rows, documents of 1x-4x) runs ~94% of its columns.
+    document costs.
     Entries that are not (B, T) tensors pass through unchanged.
     """
     labels = batch["labels"]  # (B, T)

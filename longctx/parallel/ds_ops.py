@@ -27,7 +27,7 @@ import torch
 from torch.utils.cpp_extension import get_default_build_root
 
 log = logging.getLogger("longctx.parallel")
-LOCK_STALE_S = 60.0  # a real build of these ops takes ~30 s on a 2-core CPU
+LOCK_STALE_S = 60.0  # longer than a real build of these ops takes on a small CPU
 _BUILDERS = {"shm_comm": "ShareMemCommBuilder", "cpu_adam": "CPUAdamBuilder"}
 
 

@@ -199,68 +199,72 @@ def save_checkpoint(out_dir: str | Path, step: int, *, engine, trainer_state: di
     rank, _ = rank_and_world()
     out_dir = Path(out_dir)
     root = checkpoint_dir(out_dir)
-    name = f"step_{step:07d}"
-    tmp, final = root / f".tmp-{name}", root / name
-
-    def fail(problem: str) -> CheckpointError:
-        if rank == 0:
-            shutil.rmtree(tmp, ignore_errors=True)
-        _barrier()
-        return CheckpointError(f"checkpoint: cannot save step {step}: {problem}; {_intact(out_dir)}")
-
-    def prepare() -> None:
-        if rank != 0:
-            return
-        root.mkdir(parents=True, exist_ok=True)
-        for stale in root.glob(".tmp-*"):
-            shutil.rmtree(stale, ignore_errors=True)
-        need, free = _estimate_bytes(root, engine), shutil.disk_usage(root).free
-        if need > free:
-            raise OSError(errno.ENOSPC, f"needs ~{need / 2**30:.2f} GiB, {free / 2**30:.2f} GiB free", str(root))
-        if final.exists() and not (final / COMPLETE).is_file():  # an incomplete one left by a crash here
-            shutil.rmtree(final)
-        tmp.mkdir()
-
-    problem = run_phase(prepare)
-    if problem:
-        raise fail(problem)
-    # A write failing inside DeepSpeed's save skips its closing barrier on this rank only;
-    # joining it here keeps the ranks' collectives in step (its other collectives come first).
-    problem = run_phase(lambda: engine.save_checkpoint(str(tmp), tag="ds", save_latest=True),
-                         after_failure=_barrier)
-    if problem:
-        raise fail(problem)
-
-    def write_own() -> None:
-        torch.save(rank_state, tmp / f"rank_{rank:05d}.pt")
-        if rank == 0:
-            (tmp / "trainer_state.json").write_text(json.dumps(trainer_state, indent=2))
-
-    problem = run_phase(write_own)
-    if problem is None and hf_writer is not None:
-        problem = hf_writer(tmp / "model")
-    if problem:
-        raise fail(problem)
-    _barrier()
-    problem = manifest.write_manifest(tmp, step)
-    if problem:
-        raise fail(problem)
-
-    def commit() -> None:
-        if rank != 0:
-            return
-        if final.exists():  # a complete one of the same step (a re-run from an earlier checkpoint)
-            shutil.rmtree(final)
-        os.replace(tmp, final)
-        with open(final / COMPLETE, "w") as f:
-            f.write(f"{step}\n")
-            f.flush()
-            os.fsync(f.fileno())
-
-    problem = run_phase(commit)
-    if problem:
-        raise fail(problem)
+    tmp, final = root / f".tmp-step_{step:07d}", root / f"step_{step:07d}"
+    for phase in _save_phases(rank, step, root, tmp, final, engine, trainer_state, rank_state, hf_writer):
+        problem = phase()
+        if problem:
+            if rank == 0:
+                shutil.rmtree(tmp, ignore_errors=True)
+            _barrier()
+            raise CheckpointError(f"checkpoint: cannot save step {step}: {problem}; {_intact(out_dir)}")
     if rank == 0:
         _prune(out_dir, keep_last, final)
     _barrier()
     return final
+
+
+def _save_phases(rank: int, step: int, root: Path, tmp: Path, final: Path, engine, trainer_state: dict,
+                 rank_state: dict, hf_writer) -> list[Callable[[], Optional[str]]]:
+    """The phases of a save, in order; each returns the failure every rank agreed on, or None."""
+    def own_files() -> Optional[str]:
+        problem = run_phase(lambda: _write_own(rank, tmp, rank_state, trainer_state))
+        return problem if problem is not None or hf_writer is None else hf_writer(tmp / "model")
+
+    def listed() -> Optional[str]:
+        _barrier()
+        return manifest.write_manifest(tmp, step)
+
+    return [
+        lambda: run_phase(lambda: _prepare(rank, root, tmp, final, engine)),
+        # A write failing inside DeepSpeed's save skips its closing barrier on this rank only;
+        # joining it here keeps the ranks' collectives in step (its other collectives come first).
+        lambda: run_phase(lambda: engine.save_checkpoint(str(tmp), tag="ds", save_latest=True),
+                          after_failure=_barrier),
+        own_files,
+        listed,
+        lambda: run_phase(lambda: _commit(rank, tmp, final, step)),
+    ]
+
+
+def _prepare(rank: int, root: Path, tmp: Path, final: Path, engine) -> None:
+    """Rank 0: an empty temporary directory, stale ones removed, enough free space."""
+    if rank != 0:
+        return
+    root.mkdir(parents=True, exist_ok=True)
+    for stale in root.glob(".tmp-*"):
+        shutil.rmtree(stale, ignore_errors=True)
+    need, free = _estimate_bytes(root, engine), shutil.disk_usage(root).free
+    if need > free:
+        raise OSError(errno.ENOSPC, f"needs ~{need / 2**30:.2f} GiB, {free / 2**30:.2f} GiB free", str(root))
+    if final.exists() and not (final / COMPLETE).is_file():  # an incomplete one left by a crash here
+        shutil.rmtree(final)
+    tmp.mkdir()
+
+
+def _write_own(rank: int, tmp: Path, rank_state: dict, trainer_state: dict) -> None:
+    torch.save(rank_state, tmp / f"rank_{rank:05d}.pt")
+    if rank == 0:
+        (tmp / "trainer_state.json").write_text(json.dumps(trainer_state, indent=2))
+
+
+def _commit(rank: int, tmp: Path, final: Path, step: int) -> None:
+    """Rank 0: the temporary directory becomes the checkpoint, then COMPLETE (fsynced)."""
+    if rank != 0:
+        return
+    if final.exists():  # a complete one of the same step (a re-run from an earlier checkpoint)
+        shutil.rmtree(final)
+    os.replace(tmp, final)
+    with open(final / COMPLETE, "w") as f:
+        f.write(f"{step}\n")
+        f.flush()
+        os.fsync(f.fileno())
