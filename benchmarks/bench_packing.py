@@ -13,6 +13,7 @@ Prints a markdown table (docs/data.md quotes it).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import statistics
 import sys
@@ -23,18 +24,17 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 import torch  # noqa: E402
 
 from longctx.attention import get_attention  # noqa: E402
-from longctx.data import DataConfig, SourceConfig, build_loader, load_tokenizer  # noqa: E402
+from longctx.data import DataConfig, build_loader, load_tokenizer  # noqa: E402
 from longctx.data.packing import fold_trailing_padding  # noqa: E402
-from longctx.demo import stages  # noqa: E402
-from longctx.demo.plan import FULL  # noqa: E402
+from longctx.demo import jobs  # noqa: E402
+from longctx.demo.config import FULL  # noqa: E402
 from longctx.model import build_model, get_preset  # noqa: E402
 
 
 def extension_config(packing: str, lookahead: int = 16, rows: int = 2) -> DataConfig:
-    src = stages.extend_synthetic(FULL)
-    src = dict(src, packing=packing)
+    src = dataclasses.replace(jobs.extend_synthetic(FULL), packing=packing)
     return DataConfig(seq_len=FULL.extend_len, micro_batch_size=rows, prefetch=0, emit_answer_mask=True,
-                      fit_lookahead=lookahead, sources=[SourceConfig(**src)])
+                      fit_lookahead=lookahead, sources=[src])
 
 
 def padding_share(cfg: DataConfig, tok, n_rows: int) -> float:

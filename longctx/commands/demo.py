@@ -5,7 +5,7 @@
 3. extend: YaRN x4 + continued pretraining at 1024 tokens, 2 processes, cp=2, ZeRO-3;
 4. re-evaluate; before/after table, heatmaps, curves and report.md in the run directory.
 
-`--fast` runs the same pipeline with token budgets (CI smoke test, ~3 min); `--ablation` adds
+`--fast` runs the same pipeline with token budgets (the CI smoke test); `--ablation` adds
 (b) scaling only and (d) the same continued pretraining with plain RoPE. See docs/demo.md.
 """
 from __future__ import annotations
@@ -13,6 +13,12 @@ from __future__ import annotations
 import argparse
 import signal
 import sys
+from pathlib import Path
+
+from longctx.demo.config import demo_config
+from longctx.demo.jobs import check_out_dir
+from longctx.demo.pipeline import MARKER, run_demo
+from longctx.errors import UserError
 
 
 def add_parser(p: argparse.ArgumentParser) -> None:
@@ -24,22 +30,15 @@ def add_parser(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from pathlib import Path
-
-    from longctx.demo.pipeline import MARKER, run_demo
-    from longctx.demo.plan import PLANS
-    from longctx.demo.stages import check_out_dir
-    from longctx.errors import UserError
-
     if args.seed < 0:
         raise UserError(f"--seed: must be >= 0, got {args.seed}")
     check_out_dir(Path(args.out), MARKER)  # before anything is replaced, created or signalled
-    plan = PLANS["fast" if args.fast else "full"]
+    demo = demo_config("fast" if args.fast else "full")
     # SIGTERM (kill, a job scheduler) unwinds like Ctrl-C, so the running training job is
-    # stopped too (stages.stop_job) instead of being left behind
+    # stopped too (jobs.stop_job) instead of being left behind
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     try:
-        return run_demo(plan, Path(args.out), seed=args.seed, ablation=args.ablation, argv=sys.argv[1:])
+        return run_demo(demo, Path(args.out), seed=args.seed, ablation=args.ablation, argv=sys.argv[1:])
     except RuntimeError as e:  # a training job failed; its log is named in the message
         print(f"error: {e}", file=sys.stderr)
         return 1

@@ -1,1 +1,1 @@
-"""The `longctx demo` pipeline: plan (what runs), stages (training jobs), evaluation, report."""
+"""The `longctx demo` pipeline: config (what runs), jobs (the training jobs), evaluation, report."""

@@ -9,16 +9,23 @@ from __future__ import annotations
 import os
 import time
 from pathlib import Path
+
 import torch
 
-from longctx.demo.plan import EVAL_TASKS, HEATMAP_TASK, DemoPlan
+from longctx.data import load_tokenizer
+from longctx.demo.config import EVAL_TASKS, HEATMAP_TASK, DemoConfig
+from longctx.errors import UserError
+from longctx.eval.api import write_outputs
+from longctx.eval.model_io import tokenizer_spec_for
+from longctx.eval.report import aggregate
+from longctx.eval.runner import Engine, run_samples
+from longctx.eval.tasks import TaskOptions, build_samples
+from longctx.model.hf import load_pretrained
+from longctx.model.llama import count_parameters
 
 
 def task_min_length(task: str, tokenizer, options) -> int:
     """Smallest target length the task's compact prompt fits (binary search over build_samples)."""
-    from longctx.errors import UserError
-    from longctx.eval.tasks import build_samples
-
     lo, hi = 16, 4096
     while lo < hi:
         mid = (lo + hi) // 2
@@ -60,51 +67,41 @@ def eval_threads(busy: float | None = None) -> int:
     return max(1, min(cpus, round(cpus - busy)))
 
 
-def evaluate_model(model_dir: Path, plan: DemoPlan, out_dir: Path, *, label: str, progress: bool = True) -> dict:
+def evaluate_model(model_dir: Path, demo: DemoConfig, out_dir: Path, *, label: str, progress: bool = True) -> dict:
     """Evaluate the HF model in model_dir; writes out_dir/{results.json,report.md,*.png}.
     Returns the eval summary plus `wall_seconds` and `missing` ({task: [lengths not evaluated]})."""
-    from longctx.eval.api import write_outputs
-    from longctx.data import load_tokenizer
-    from longctx.eval.model_io import tokenizer_spec_for
-    from longctx.eval.report import aggregate
-    from longctx.eval.runner import Engine, run_samples
-    from longctx.eval.tasks import TaskOptions, build_samples
-    from longctx.model.hf import load_pretrained
-
     t0 = time.time()
     torch.set_num_threads(eval_threads())
     tokenizer_spec = tokenizer_spec_for(model_dir, None)  # the export's own: "byte" or its tokenizer files
     tokenizer = load_tokenizer(tokenizer_spec)
     options = TaskOptions(style="compact")
-    model = load_pretrained(model_dir, dtype=getattr(torch, plan.dtype)).eval()  # the training dtype
+    model = load_pretrained(model_dir, dtype=getattr(torch, demo.dtype)).eval()  # the training dtype
     samples, missing = [], {}
     for task in EVAL_TASKS:
         minimum = task_min_length(task, tokenizer, options)
-        for L in plan.lengths:
+        for L in demo.lengths:
             if L < minimum:
                 missing.setdefault(task, []).append(L)
                 continue
             if task == HEATMAP_TASK:
-                samples += build_samples(task, tokenizer, L, plan.heatmap_samples, seed=plan.eval_seed,
-                                         options=options, depths=list(plan.heatmap_depths))
+                samples += build_samples(task, tokenizer, L, demo.heatmap_samples, seed=demo.eval_seed,
+                                         options=options, depths=list(demo.heatmap_depths))
             else:
-                samples += build_samples(task, tokenizer, L, plan.samples, seed=plan.eval_seed, options=options)
+                samples += build_samples(task, tokenizer, L, demo.samples, seed=demo.eval_seed, options=options)
     engine = Engine(model, tokenizer, max_batch_tokens=16384)
     records = run_samples(engine, samples, progress=progress, desc=f"eval {label}")
     summary = aggregate(records)
     wall = time.time() - t0
-    meta = {"model": str(model_dir), "tokenizer": tokenizer_spec, "style": "compact", "seed": plan.eval_seed,
-            "samples": plan.samples, "wall_seconds": round(wall, 1), "variant": label,
+    meta = {"model": str(model_dir), "tokenizer": tokenizer_spec, "style": "compact", "seed": demo.eval_seed,
+            "samples": demo.samples, "wall_seconds": round(wall, 1), "variant": label,
             "rope_parameters": model.config.rope_parameters,
             "max_position_embeddings": model.config.max_position_embeddings,
-            "dtype": plan.dtype, "generation": dict(engine.stats)}
+            "dtype": demo.dtype, "generation": dict(engine.stats)}
     notes = [f"{t}: not evaluated at {', '.join(map(str, Ls))} (the compact prompt needs more tokens)"
              for t, Ls in missing.items()]
     out_dir.mkdir(parents=True, exist_ok=True)
     write_outputs(out_dir, meta, summary, records, None, notes, [],
                   max_position=model.config.max_position_embeddings)
-    from longctx.model.llama import count_parameters
-
     return {"summary": summary, "wall_seconds": wall, "missing": missing, "parameters": count_parameters(model)}
 
 

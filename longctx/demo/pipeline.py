@@ -3,7 +3,7 @@
 plain RoPE.
 
 Run directory (self-contained):
-    demo.json                 what was run (plan, seed, argv), written first
+    demo.json                 what was run (demo, seed, argv), written first
     configs/*.yaml            the training configs of each job
     base/  extend/  [extend_plain/]   training runs: metrics.jsonl, tb/, checkpoints/, hf/, train.log
     [scaled/hf]               variant (b): base weights + YaRN, no training
@@ -20,8 +20,8 @@ import time
 from pathlib import Path
 
 from longctx.data import load_tokenizer
-from longctx.demo import evaluation, report, stages
-from longctx.demo.plan import DemoPlan
+from longctx.demo import evaluation, jobs, report
+from longctx.demo.config import DemoConfig
 
 MARKER = "demo.json"
 
@@ -30,11 +30,11 @@ def _say(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
 
-def findings(plan: DemoPlan, tables: dict, noise: float = 5.0) -> list[str]:
+def findings(demo: DemoConfig, tables: dict, noise: float = 5.0) -> list[str]:
     """Plain statements read off the table. Two scores differ only by more than two standard
     errors of their difference (from the eval samples), or by more than `noise` points when the
     tables carry no standard errors."""
-    L4 = plan.extend_len
+    L4 = demo.extend_len
     avg = {k: t["average"] for k, t in tables.items()}
     se = {k: t.get("average_se", {}) for k, t in tables.items()}
     out = []
@@ -52,98 +52,98 @@ def findings(plan: DemoPlan, tables: dict, noise: float = 5.0) -> list[str]:
         limit = noise if sx is None or sy is None else 2 * math.hypot(sx, sy)
         return "no measurable difference" if abs(d) <= limit else (f"+{d:.0f} points" if d > 0 else f"{d:.0f} points")
 
-    a1 = avg["a"].get(plan.train_len)
+    a1 = avg["a"].get(demo.train_len)
     if a1 is not None and a1 < 50:
-        out.append(f"The base model scores only {a1:.0f} at its own training length ({plan.train_len}): it has not "
+        out.append(f"The base model scores only {a1:.0f} at its own training length ({demo.train_len}): it has not "
                    "learned retrieval yet, so the comparisons below say little about context extension.")
     a4, c4 = avg["a"].get(L4), avg.get("c", {}).get(L4)
     if a4 is not None:
-        out.append(f"Without extension the model scores {pm('a', L4)} at {plan.factor}x ({L4} tokens) "
-                   f"vs {avg['a'][plan.train_len]:.0f} at its training length (target at {plan.factor}x: <= 30).")
+        out.append(f"Without extension the model scores {pm('a', L4)} at {demo.factor}x ({L4} tokens) "
+                   f"vs {avg['a'][demo.train_len]:.0f} at its training length (target at {demo.factor}x: <= 30).")
     if c4 is not None:
-        out.append(f"After YaRN x{plan.factor} + {plan.extend_steps} steps at {L4} tokens: {pm('c', L4)} at {plan.factor}x "
-                   f"(target >= 80); at {plan.train_len} tokens {avg['c'][plan.train_len]:.0f} "
-                   f"(base: {avg['a'][plan.train_len]:.0f}).")
-        L8 = plan.lengths[-1]
+        out.append(f"After YaRN x{demo.factor} + {demo.extend_steps} steps at {L4} tokens: {pm('c', L4)} at {demo.factor}x "
+                   f"(target >= 80); at {demo.train_len} tokens {avg['c'][demo.train_len]:.0f} "
+                   f"(base: {avg['a'][demo.train_len]:.0f}).")
+        L8 = demo.lengths[-1]
         if L8 > L4:
             out.append(f"At {L8} tokens (beyond the extension length) (c) scores {avg['c'][L8]:.0f}.")
     if "b" in avg:
-        per = ", ".join(f"{L}: {cmp('b', 'a', L)}" for L in plan.lengths)
+        per = ", ".join(f"{L}: {cmp('b', 'a', L)}" for L in demo.lengths)
         out.append(f"Scaling alone (b) vs no extension (a), per length: {per}.")
     if "d" in avg and "c" in avg:
-        per = ", ".join(f"{L}: {cmp('c', 'd', L)}" for L in plan.lengths)
+        per = ", ".join(f"{L}: {cmp('c', 'd', L)}" for L in demo.lengths)
         out.append(f"YaRN + training (c) vs the same training with plain RoPE (d), per length: {per}. "
-                   f"A difference counts only beyond two standard errors of the eval samples ({plan.samples} per "
+                   f"A difference counts only beyond two standard errors of the eval samples ({demo.samples} per "
                    f"task and length); training seeds differ by more (a rerun with the same seed reproduces every score).")
     return out
 
 
-def run_demo(plan: DemoPlan, out: Path, *, seed: int = 0, ablation: bool = False, argv: list | None = None) -> int:
+def run_demo(demo: DemoConfig, out: Path, *, seed: int = 0, ablation: bool = False, argv: list | None = None) -> int:
     t_all = time.time()
-    stages.check_out_dir(out, MARKER)
+    jobs.check_out_dir(out, MARKER)
     if out.is_dir():
         shutil.rmtree(out)  # a previous demo run (it has the marker): start clean
     out.mkdir(parents=True)
-    (out / MARKER).write_text(json.dumps({"plan": plan.name, "seed": seed, "ablation": ablation,
+    (out / MARKER).write_text(json.dumps({"plan": demo.name, "seed": seed, "ablation": ablation,
                                           "argv": argv or [], "started": time.strftime("%Y-%m-%d %H:%M:%S")}, indent=1))
     timings: dict = {}
     tables: dict = {}
     n_steps = 6 if ablation else 4
-    rope = plan.scaled_rope()
+    rope = demo.scaled_rope()
 
     def step(i: int, text: str) -> float:
         _say(f"\n[{i}/{n_steps}] {text}")
         return time.time()
 
-    tok_spec = stages.prepare_tokenizer(plan, out / "tokenizer")
+    tok_spec = jobs.prepare_tokenizer(demo, out / "tokenizer")
     tokenizer = load_tokenizer(tok_spec)
-    t = step(1, f"train a {plan.num_layers}-layer model ({report.vocabulary(plan)}) at {plan.train_len} tokens "
-                f"(curriculum {' -> '.join(str(s.seq_len) for s in plan.base_stages)}), {plan.base_nproc} data-parallel processes")
-    cfg = stages.write_config(stages.base_config(plan, out / "base", seed, tokenizer), out / "configs" / "base.yaml")
-    stages.run_training(cfg, out / "base", nproc=plan.base_nproc, log_name="train.log")
+    t = step(1, f"train a {demo.num_layers}-layer model ({report.vocabulary(demo)}) at {demo.train_len} tokens "
+                f"(curriculum {' -> '.join(str(s.seq_len) for s in demo.base_stages)}), {demo.base_nproc} data-parallel processes")
+    cfg = jobs.write_config(jobs.base_config(demo, out / "base", seed, tokenizer), out / "configs" / "base.yaml")
+    jobs.run_training(cfg, out / "base", nproc=demo.base_nproc, log_name="train.log")
     timings["1 train base"] = time.time() - t
 
-    t = step(2, f"evaluate the base model at {', '.join(map(str, plan.lengths))} tokens")
-    res = evaluation.evaluate_model(out / "base" / "hf", plan, out / "eval" / "a_base", label="(a) base")
-    tables["a"] = evaluation.score_table(res["summary"], plan.lengths)
+    t = step(2, f"evaluate the base model at {', '.join(map(str, demo.lengths))} tokens")
+    res = evaluation.evaluate_model(out / "base" / "hf", demo, out / "eval" / "a_base", label="(a) base")
+    tables["a"] = evaluation.score_table(res["summary"], demo.lengths)
     params = res["parameters"]
     timings["2 eval base"] = time.time() - t
 
-    t = step(3, f"extend: YaRN x{plan.factor} + {plan.extend_steps} steps at {plan.extend_len} tokens, "
-                f"torchrun {plan.nproc} processes, cp={plan.cp_size}, ZeRO-{plan.zero_stage}")
-    cfg = stages.write_config(stages.extend_config(plan, out / "extend", out / "base" / "hf", seed, rope, tokenizer),
+    t = step(3, f"extend: YaRN x{demo.factor} + {demo.extend_steps} steps at {demo.extend_len} tokens, "
+                f"torchrun {demo.nproc} processes, cp={demo.cp_size}, ZeRO-{demo.zero_stage}")
+    cfg = jobs.write_config(jobs.extend_config(demo, out / "extend", out / "base" / "hf", seed, rope, tokenizer),
                               out / "configs" / "extend.yaml")
-    stages.run_training(cfg, out / "extend", nproc=plan.nproc, log_name="train.log")
+    jobs.run_training(cfg, out / "extend", nproc=demo.nproc, log_name="train.log")
     timings["3 extend (cp=2, ZeRO-3)"] = time.time() - t
 
     t = step(4, "re-evaluate the extended model")
-    res = evaluation.evaluate_model(out / "extend" / "hf", plan, out / "eval" / "c_extended", label="(c) extended")
-    tables["c"] = evaluation.score_table(res["summary"], plan.lengths)
+    res = evaluation.evaluate_model(out / "extend" / "hf", demo, out / "eval" / "c_extended", label="(c) extended")
+    tables["c"] = evaluation.score_table(res["summary"], demo.lengths)
     timings["4 eval extended"] = time.time() - t
     timings["demo total"] = time.time() - t_all
-    _say("\nretrieval score before -> after extension (0-100):\n" + report.console_table(plan, tables["a"], tables["c"]))
+    _say("\nretrieval score before -> after extension (0-100):\n" + report.console_table(demo, tables["a"], tables["c"]))
 
     if ablation:
         t_abl = time.time()
-        t = step(5, f"ablation (b): base weights + YaRN x{plan.factor}, no training")
-        stages.save_scaled_only(out / "base" / "hf", out / "scaled" / "hf", rope, plan.extend_len)
-        res = evaluation.evaluate_model(out / "scaled" / "hf", plan, out / "eval" / "b_scaled", label="(b) scaled")
-        tables["b"] = evaluation.score_table(res["summary"], plan.lengths)
+        t = step(5, f"ablation (b): base weights + YaRN x{demo.factor}, no training")
+        jobs.save_scaled_only(out / "base" / "hf", out / "scaled" / "hf", rope, demo.extend_len)
+        res = evaluation.evaluate_model(out / "scaled" / "hf", demo, out / "eval" / "b_scaled", label="(b) scaled")
+        tables["b"] = evaluation.score_table(res["summary"], demo.lengths)
         timings["5 ablation (b) eval"] = time.time() - t
 
-        t = step(6, f"ablation (d): the same {plan.extend_steps} steps at {plan.extend_len} tokens with plain RoPE")
-        cfg = stages.write_config(stages.extend_config(plan, out / "extend_plain", out / "base" / "hf", seed,
-                                                       plan.base_rope(), tokenizer), out / "configs" / "extend_plain.yaml")
-        stages.run_training(cfg, out / "extend_plain", nproc=plan.nproc, log_name="train.log")
-        res = evaluation.evaluate_model(out / "extend_plain" / "hf", plan, out / "eval" / "d_plain", label="(d) plain")
-        tables["d"] = evaluation.score_table(res["summary"], plan.lengths)
+        t = step(6, f"ablation (d): the same {demo.extend_steps} steps at {demo.extend_len} tokens with plain RoPE")
+        cfg = jobs.write_config(jobs.extend_config(demo, out / "extend_plain", out / "base" / "hf", seed,
+                                                       demo.base_rope(), tokenizer), out / "configs" / "extend_plain.yaml")
+        jobs.run_training(cfg, out / "extend_plain", nproc=demo.nproc, log_name="train.log")
+        res = evaluation.evaluate_model(out / "extend_plain" / "hf", demo, out / "eval" / "d_plain", label="(d) plain")
+        tables["d"] = evaluation.score_table(res["summary"], demo.lengths)
         timings["6 ablation (d) train + eval"] = time.time() - t
         timings["ablation total"] = time.time() - t_abl
         timings["all"] = time.time() - t_all
 
-    facts = findings(plan, tables)
-    path = report.write_report(out, plan, seed, tables, timings, {"parameters": params, "findings": facts})
-    _say("\n" + "\n".join(report.accuracy_table(plan, tables)))
+    facts = findings(demo, tables)
+    path = report.write_report(out, demo, seed, tables, timings, {"parameters": params, "findings": facts})
+    _say("\n" + "\n".join(report.accuracy_table(demo, tables)))
     _say("\n" + "\n".join(f"- {f}" for f in facts))
     _say(f"\ndemo wall time {timings['demo total']:.0f} s"
          + (f", ablation {timings['ablation total']:.0f} s" if ablation else "") + f"; report: {path}")

@@ -5,9 +5,10 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
-from typing import Optional
+from typing import Dict, Optional
 
-from longctx.demo.plan import EVAL_TASKS, DemoPlan
+from longctx.demo.config import EVAL_TASKS, DemoConfig
+from longctx.eval.plots import pyplot
 
 # variant key -> (label, what it is)
 VARIANTS = {
@@ -18,42 +19,42 @@ VARIANTS = {
 }
 
 
-def vocabulary(plan: DemoPlan) -> str:
-    return f"BPE-{plan.tokenizer_vocab} vocabulary" if plan.tokenizer_vocab else "byte vocabulary"
+def vocabulary(demo: DemoConfig) -> str:
+    return f"BPE-{demo.tokenizer_vocab} vocabulary" if demo.tokenizer_vocab else "byte vocabulary"
 
 
 def _fmt(x: Optional[float]) -> str:
     return "n/a" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.1f}"
 
 
-def _len_header(plan: DemoPlan) -> str:
-    return " | ".join(f"{L} ({m}x)" for L, m in zip(plan.lengths, plan.multipliers))
+def _len_header(demo: DemoConfig) -> str:
+    return " | ".join(f"{L} ({m}x)" for L, m in zip(demo.lengths, demo.multipliers))
 
 
-def describe(plan: DemoPlan, key: str) -> tuple[str, str]:
+def describe(demo: DemoConfig, key: str) -> tuple[str, str]:
     label, what = VARIANTS[key]
-    return label, what.format(L=plan.train_len, F=plan.factor, S=plan.extend_steps, XL=plan.extend_len)
+    return label, what.format(L=demo.train_len, F=demo.factor, S=demo.extend_steps, XL=demo.extend_len)
 
 
 def _fmt_se(x: Optional[float], se: Optional[float]) -> str:
     return _fmt(x) if se is None or x is None else f"{_fmt(x)} ± {se:.1f}"
 
 
-def accuracy_table(plan: DemoPlan, tables: dict) -> list[str]:
+def accuracy_table(demo: DemoConfig, tables: dict) -> list[str]:
     """Average over tasks per length (± its standard error), one row per variant."""
-    lines = ["| variant | " + _len_header(plan) + " |", "|---|" + "---:|" * len(plan.lengths)]
+    lines = ["| variant | " + _len_header(demo) + " |", "|---|" + "---:|" * len(demo.lengths)]
     for key in sorted(tables):
-        label, _ = describe(plan, key)
+        label, _ = describe(demo, key)
         t = tables[key]
         se = t.get("average_se", {})
-        lines.append(f"| {label} | " + " | ".join(_fmt_se(t["average"][L], se.get(L)) for L in plan.lengths) + " |")
+        lines.append(f"| {label} | " + " | ".join(_fmt_se(t["average"][L], se.get(L)) for L in demo.lengths) + " |")
     return lines
 
 
-def before_after_table(plan: DemoPlan, before: dict, after: dict) -> list[str]:
+def before_after_table(demo: DemoConfig, before: dict, after: dict) -> list[str]:
     """Per length: each task before -> after."""
     lines = ["| length | " + " | ".join(EVAL_TASKS) + " | **average** |", "|---|" + "---:|" * (len(EVAL_TASKS) + 1)]
-    for L, m in zip(plan.lengths, plan.multipliers):
+    for L, m in zip(demo.lengths, demo.multipliers):
         cells = []
         for task in list(EVAL_TASKS) + ["average"]:
             b, a = before[task][L], after[task][L]
@@ -62,36 +63,34 @@ def before_after_table(plan: DemoPlan, before: dict, after: dict) -> list[str]:
     return lines
 
 
-def console_table(plan: DemoPlan, before: dict, after: dict) -> str:
+def console_table(demo: DemoConfig, before: dict, after: dict) -> str:
     """Plain-text before/after table for the terminal."""
     names = list(EVAL_TASKS) + ["average"]
     w = max(len(n) for n in names) + 2
-    head = f"{'task':<{w}}" + "".join(f"{f'{L} ({m}x)':>16}" for L, m in zip(plan.lengths, plan.multipliers))
+    head = f"{'task':<{w}}" + "".join(f"{f'{L} ({m}x)':>16}" for L, m in zip(demo.lengths, demo.multipliers))
     rows = [head, "-" * len(head)]
     for task in names:
         cells = []
-        for L in plan.lengths:
+        for L in demo.lengths:
             b, a = before[task][L], after[task][L]
             cells.append(f"{'n/a' if b is None and a is None else _fmt(b) + ' -> ' + _fmt(a):>16}")
         rows.append(f"{task:<{w}}" + "".join(cells))
     return "\n".join(rows)
 
 
-def plot_variants(plan: DemoPlan, tables: dict, path: Path) -> Path:
-    from longctx.eval.plots import _plt
-
-    plt = _plt()
+def plot_variants(demo: DemoConfig, tables: dict, path: Path) -> Path:
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(7, 4))
     styles = {"a": "o-", "b": "s--", "c": "o-", "d": "^--"}
     for key in sorted(tables):
-        ys = [tables[key]["average"][L] for L in plan.lengths]
-        ax.plot(plan.lengths, [float("nan") if y is None else y for y in ys], styles[key], label=describe(plan, key)[0])
-    ax.axvline(plan.train_len, color="grey", lw=0.8, ls=":", label=f"base training length {plan.train_len}")
-    ax.axvline(plan.extend_len, color="red", lw=0.8, ls=":", label=f"extension length {plan.extend_len}")
+        ys = [tables[key]["average"][L] for L in demo.lengths]
+        ax.plot(demo.lengths, [float("nan") if y is None else y for y in ys], styles[key], label=describe(demo, key)[0])
+    ax.axvline(demo.train_len, color="grey", lw=0.8, ls=":", label=f"base training length {demo.train_len}")
+    ax.axvline(demo.extend_len, color="red", lw=0.8, ls=":", label=f"extension length {demo.extend_len}")
     ax.set_xscale("log", base=2)
-    ax.set_xticks(plan.lengths, [str(L) for L in plan.lengths])
+    ax.set_xticks(demo.lengths, [str(L) for L in demo.lengths])
     ax.set_ylim(-3, 103)
-    ax.set_xlabel(f"context length ({vocabulary(plan).split()[0]} tokens)")
+    ax.set_xlabel(f"context length ({vocabulary(demo).split()[0]} tokens)")
     ax.set_ylabel("retrieval accuracy (avg over tasks)")
     ax.legend(fontsize=7)
     fig.tight_layout()
@@ -100,42 +99,42 @@ def plot_variants(plan: DemoPlan, tables: dict, path: Path) -> Path:
     return path
 
 
-def write_report(out: Path, plan: DemoPlan, seed: int, tables: dict, timings: dict, extra: dict) -> Path:
+def write_report(out: Path, demo: DemoConfig, seed: int, tables: dict, timings: dict, extra: dict) -> Path:
     """report.md + summary.json + accuracy_vs_length.png in the run directory."""
-    fig = plot_variants(plan, tables, out / "accuracy_vs_length.png")
-    summary = {"plan": plan.name, "seed": seed, "lengths": plan.lengths, "multipliers": list(plan.multipliers),
-               "train_len": plan.train_len, "extend_len": plan.extend_len,
-               "scaled_rope": plan.scaled_rope(), "variants": {}, "timings_s": timings, **extra}
+    fig = plot_variants(demo, tables, out / "accuracy_vs_length.png")
+    summary = {"plan": demo.name, "seed": seed, "lengths": demo.lengths, "multipliers": list(demo.multipliers),
+               "train_len": demo.train_len, "extend_len": demo.extend_len,
+               "scaled_rope": demo.scaled_rope(), "variants": {}, "timings_s": timings, **extra}
     for key, t in tables.items():
-        label, what = describe(plan, key)
+        label, what = describe(demo, key)
         summary["variants"][key] = {
             "label": label, "description": what,
             "scores": {task: {str(L): v for L, v in row.items()} for task, row in t.items() if task != "average_se"},
             "average_stderr": {str(L): v for L, v in t.get("average_se", {}).items()}}
     (out / "summary.json").write_text(json.dumps(summary, indent=1))
 
-    rope = plan.scaled_rope()
-    L, XL = plan.train_len, plan.extend_len
+    rope = demo.scaled_rope()
+    L, XL = demo.train_len, demo.extend_len
     lines = [f"# longctx demo: context extension {L} → {XL} tokens", "",
-             f"- plan: `{plan.name}`{' (CI smoke run: budgets far too small for meaningful accuracy)' if plan.name == 'fast' else ''}; training seed {seed}; eval seed {plan.eval_seed} "
-             f"({plan.samples} samples per task and length; {HEATMAP_NOTE.format(n=plan.heatmap_samples, d=len(plan.heatmap_depths))})",
-             f"- model: {extra.get('parameters', '?'):,} parameters ({plan.num_layers} layers, d{plan.hidden_size}, "
-             f"{plan.num_heads} heads x {plan.head_dim}, {vocabulary(plan)}), {plan.dtype}, RoPE theta {plan.rope_theta:g}",
-             f"- base training: {' → '.join(str(s.seq_len) for s in plan.base_stages)} tokens "
-             f"({' + '.join(str(s.steps) for s in plan.base_stages)} steps), answer tokens weighted x{plan.answer_loss_weight:g}",
-             f"- corpora (synthetic task mix): {corpus_mixes(plan)}",
-             f"- extension: `{json.dumps(rope)}`, max_position_embeddings {XL}; {plan.extend_steps} steps at "
-             f"{XL} tokens on {plan.nproc} processes, cp={plan.cp_size}, ZeRO-{plan.zero_stage}", "",
+             f"- plan: `{demo.name}`{' (CI smoke run: budgets far too small for meaningful accuracy)' if demo.name == 'fast' else ''}; training seed {seed}; eval seed {demo.eval_seed} "
+             f"({demo.samples} samples per task and length; {HEATMAP_NOTE.format(n=demo.heatmap_samples, d=len(demo.heatmap_depths))})",
+             f"- model: {extra.get('parameters', '?'):,} parameters ({demo.num_layers} layers, d{demo.hidden_size}, "
+             f"{demo.num_heads} heads x {demo.head_dim}, {vocabulary(demo)}), {demo.dtype}, RoPE theta {demo.rope_theta:g}",
+             f"- base training: {' → '.join(str(s.seq_len) for s in demo.base_stages)} tokens "
+             f"({' + '.join(str(s.steps) for s in demo.base_stages)} steps), answer tokens weighted x{demo.answer_loss_weight:g}",
+             f"- corpora (synthetic task mix): {corpus_mixes(demo)}",
+             f"- extension: `{json.dumps(rope)}`, max_position_embeddings {XL}; {demo.extend_steps} steps at "
+             f"{XL} tokens on {demo.nproc} processes, cp={demo.cp_size}, ZeRO-{demo.zero_stage}", "",
              "## Retrieval accuracy (average over tasks, 0-100)", ""]
-    lines += accuracy_table(plan, tables)
-    lines += ["", "Variants: " + "; ".join(f"{describe(plan, k)[0]}: {describe(plan, k)[1]}" for k in sorted(tables)) + ".",
+    lines += accuracy_table(demo, tables)
+    lines += ["", "Variants: " + "; ".join(f"{describe(demo, k)[0]}: {describe(demo, k)[1]}" for k in sorted(tables)) + ".",
               f"At {L} tokens the average is over {len(EVAL_TASKS) - sum(1 for t in EVAL_TASKS if tables['a'][t][L] is None)} tasks "
               "(compact niah_multivalue needs ~389 tokens). ± is one standard error of the average over the "
-              f"eval's samples ({plan.samples} per task and length): the test set's sampling noise alone; "
+              f"eval's samples ({demo.samples} per task and length): the test set's sampling noise alone; "
               "a different training seed moves the scores by more.", ""]
     if "c" in tables:
         lines += ["## Before → after extension, per task and length", ""]
-        lines += before_after_table(plan, tables["a"], tables["c"])
+        lines += before_after_table(demo, tables["a"], tables["c"])
         lines.append("")
     if extra.get("findings"):
         lines += ["## What the numbers show", ""] + [f"- {f}" for f in extra["findings"]] + [""]
@@ -155,27 +154,27 @@ def write_report(out: Path, plan: DemoPlan, seed: int, tables: dict, timings: di
     return path
 
 
-def _mix(tasks: tuple, recall_multivalue: float, line_breaks: float = 0.0) -> str:
-    parts = [f"{t} {w:g}" for t, w in tasks]
-    if recall_multivalue and any(t == "recall" for t, _ in tasks):
+def _mix(tasks: Dict[str, float], recall_multivalue: float, line_breaks: float = 0.0) -> str:
+    parts = [f"{t} {w:g}" for t, w in tasks.items()]
+    if recall_multivalue and "recall" in tasks:
         parts.append(f"{recall_multivalue:.0%} of recall keys multi-valued")
-    if line_breaks and any(t != "recall" for t, _ in tasks):
+    if line_breaks and any(t != "recall" for t in tasks):
         parts.append(f"{line_breaks:.0%} of the other documents with each needle on its own line")
     return ", ".join(parts)
 
 
-def corpus_mixes(plan: DemoPlan) -> str:
-    stages = [f"{s.seq_len}: {_mix(s.tasks, plan.recall_multivalue, plan.line_breaks)}" for s in plan.base_stages if s.tasks]
-    return (f"base {_mix(plan.tasks, plan.recall_multivalue, plan.line_breaks)}" + (f" ({'; '.join(stages)})" if stages else "") +
-            f"; extension {_mix(plan.extend_tasks, plan.extend_recall_multivalue, plan.extend_line_breaks)}" +
-            _extension_extras(plan))
+def corpus_mixes(demo: DemoConfig) -> str:
+    stages = [f"{s.seq_len}: {_mix(s.tasks, demo.recall_multivalue, demo.line_breaks)}" for s in demo.base_stages if s.tasks]
+    return (f"base {_mix(demo.tasks, demo.recall_multivalue, demo.line_breaks)}" + (f" ({'; '.join(stages)})" if stages else "") +
+            f"; extension {_mix(demo.extend_tasks, demo.extend_recall_multivalue, demo.extend_line_breaks)}" +
+            _extension_extras(demo))
 
 
-def _extension_extras(plan: DemoPlan) -> str:
+def _extension_extras(demo: DemoConfig) -> str:
     parts = []
-    if plan.extend_dense_weight > 0:
-        parts.append(f"{plan.extend_dense_weight:.0%} of rows dense niah ({plan.extend_dense_keys} keys, "
-                     f"{plan.extend_dense_queries} questions)")
+    if demo.extend_dense_weight > 0:
+        parts.append(f"{demo.extend_dense_weight:.0%} of rows dense niah ({demo.extend_dense_keys} keys, "
+                     f"{demo.extend_dense_queries} questions)")
     return "".join(f", {p}" for p in parts)
 
 

@@ -4,8 +4,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Optional
 
+import numpy as np
 
-def _plt():
+
+def pyplot():
+    """matplotlib.pyplot on the file-only Agg backend (imported on first use: heavy, and only
+    the figures need it)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -16,8 +20,7 @@ def _plt():
 
 def needle_heatmap(grid: dict, path: Path, title: str = "") -> Path:
     """grid = {"depths": [...], "lengths": [...], "scores": [[score per length] per depth]}."""
-    plt = _plt()
-    import numpy as np
+    plt = pyplot()
 
     data = np.array([[np.nan if x is None else x for x in row] for row in grid["scores"]], dtype=float)
     fig, ax = plt.subplots(figsize=(1.2 + 0.9 * len(grid["lengths"]), 1.0 + 0.42 * len(grid["depths"])))
@@ -39,7 +42,7 @@ def needle_heatmap(grid: dict, path: Path, title: str = "") -> Path:
 
 
 def score_curves(summary: dict, path: Path, max_position: Optional[int] = None) -> Path:
-    plt = _plt()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(7, 4))
     for name, t in summary["tasks"].items():
         xs = sorted(int(L) for L in t["scores"])
@@ -62,7 +65,7 @@ def score_curves(summary: dict, path: Path, max_position: Optional[int] = None) 
 
 
 def ppl_curve(ppl: dict, path: Path, max_position: Optional[int] = None) -> Path:
-    plt = _plt()
+    plt = pyplot()
     rows = ppl["rows"]
     fig, ax = plt.subplots(figsize=(6, 4))
     ax.plot([r["length"] for r in rows], [r["ppl"] for r in rows], marker="o")

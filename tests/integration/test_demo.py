@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from longctx.demo.plan import EVAL_TASKS, FAST, FULL, HEATMAP_TASK
+from longctx.demo.config import EVAL_TASKS, FAST, FULL, HEATMAP_TASK
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -206,14 +206,14 @@ def test_training_configs_carry_the_measured_recipe(tmp_path):
     """The written YAMLs are what the trainer validates and runs: base documents near-full
     (a distractor in every 256-token niah document), extension documents 1x..4x."""
     from longctx.config import load_config
-    from longctx.demo import stages
+    from longctx.demo import jobs
 
     from longctx.data import load_tokenizer
 
-    byte = load_tokenizer(stages.prepare_tokenizer(FULL, tmp_path / "tokenizer"))
+    byte = load_tokenizer(jobs.prepare_tokenizer(FULL, tmp_path / "tokenizer"))
     assert byte.name == "byte" and not (tmp_path / "tokenizer").exists()
-    base = stages.write_config(stages.base_config(FULL, tmp_path / "base", 0, byte), tmp_path / "base.yaml")
-    ext = stages.write_config(stages.extend_config(FULL, tmp_path / "ext", tmp_path / "base" / "hf", 0,
+    base = jobs.write_config(jobs.base_config(FULL, tmp_path / "base", 0, byte), tmp_path / "base.yaml")
+    ext = jobs.write_config(jobs.extend_config(FULL, tmp_path / "ext", tmp_path / "base" / "hf", 0,
                                                    FULL.scaled_rope(), byte), tmp_path / "ext.yaml")
     b, e = load_config(str(base)), load_config(str(ext))
     b_syn, e_syn = b.data.sources[0].synthetic, e.data.sources[0].synthetic
@@ -238,15 +238,15 @@ def test_bpe_plan_trains_its_tokenizer_and_sizes_the_model_by_it(tmp_path):
 
     from longctx.config import load_config
     from longctx.data import load_tokenizer
-    from longctx.demo import stages
+    from longctx.demo import jobs
 
     plan = replace(FULL, tokenizer_vocab=600, tokenizer_docs=200)
-    spec = stages.prepare_tokenizer(plan, tmp_path / "tokenizer")
+    spec = jobs.prepare_tokenizer(plan, tmp_path / "tokenizer")
     assert spec == str(tmp_path / "tokenizer" / "tokenizer.json")
     tok = load_tokenizer(spec)
     assert tok.vocab_size == 600 and len(tok.encode("One of the special magic numbers for")) <= 8
-    base = load_config(str(stages.write_config(stages.base_config(plan, tmp_path / "base", 0, tok), tmp_path / "b.yaml")))
-    ext = load_config(str(stages.write_config(stages.extend_config(plan, tmp_path / "ext", tmp_path / "base" / "hf", 0,
+    base = load_config(str(jobs.write_config(jobs.base_config(plan, tmp_path / "base", 0, tok), tmp_path / "b.yaml")))
+    ext = load_config(str(jobs.write_config(jobs.extend_config(plan, tmp_path / "ext", tmp_path / "base" / "hf", 0,
                                                                    plan.scaled_rope(), tok), tmp_path / "e.yaml")))
     assert base.data.tokenizer == ext.data.tokenizer == spec
     over = base.model.overrides
@@ -260,12 +260,12 @@ def test_extension_dense_source_reaches_the_trainer_config(tmp_path):
 
     from longctx.config import load_config
     from longctx.data import load_tokenizer
-    from longctx.demo import stages
+    from longctx.demo import jobs
     from longctx.demo.report import corpus_mixes
 
     byte = load_tokenizer("byte")
     plan = replace(FULL, extend_dense_weight=0.25, extend_dense_keys=16, extend_dense_queries=2)
-    e = load_config(str(stages.write_config(stages.extend_config(plan, tmp_path / "ext", tmp_path / "base" / "hf", 0,
+    e = load_config(str(jobs.write_config(jobs.extend_config(plan, tmp_path / "ext", tmp_path / "base" / "hf", 0,
                                                                  plan.scaled_rope(), byte), tmp_path / "ext.yaml")))
     main, dense = e.data.sources
     assert (main.weight, dense.weight) == (0.75, 0.25) and dense.name == "dense"
@@ -273,7 +273,7 @@ def test_extension_dense_source_reaches_the_trainer_config(tmp_path):
     assert dense.synthetic.seed != main.synthetic.seed
     assert "25% of rows dense niah (16 keys, 2 questions)" in corpus_mixes(plan)
     off = replace(FULL, extend_dense_weight=0.0)
-    assert len(stages.extend_sources(off)) == 1 and "dense" not in corpus_mixes(off)
+    assert len(jobs.extend_sources(off)) == 1 and "dense" not in corpus_mixes(off)
 
 
 def test_eval_threads_follow_the_cores_other_processes_leave_free():

@@ -1,10 +1,11 @@
-"""The demo's training jobs: configs written into the run directory, run as real
-`longctx train` processes (one process for the base model; `torchrun` with 2 ranks, cp=2 and
-ZeRO-3 for the extension), so each step can be re-run by hand from its YAML.
+"""The demo's training jobs: a DemoConfig turned into the TrainConfigs of its jobs, written
+into the run directory and run as real `longctx train` processes (one process for the base
+model; `torchrun` with 2 ranks, cp=2 and ZeRO-3 for the extension), so each step can be
+re-run by hand from its YAML.
 """
 from __future__ import annotations
 
-import copy
+import dataclasses
 import os
 import socket
 import subprocess
@@ -12,122 +13,117 @@ import sys
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
-from omegaconf import OmegaConf
-
-from longctx.config import check_out_dir as check_writable_dir
-from longctx.demo.plan import DemoPlan
+from longctx.config import (CheckpointSection, LogSection, ModelSection, OptimSection, ParallelSection,
+                            StageSection, TrainConfig, TrainSection, check_out_dir as check_writable_dir,
+                            load_config, to_yaml)
+from longctx.data.bpe import train_bpe
+from longctx.data.config import DataConfig, SourceConfig, SyntheticConfig
+from longctx.data.synthetic import generate_document
+from longctx.demo.config import DemoConfig
 from longctx.errors import UserError
+from longctx.eval.model_io import tokenizer_spec_for
+from longctx.model.hf import load_pretrained, read_hf_config, save_pretrained
+
+DENSE_SEED = 4321  # the dense-needle source's corpus seed: its documents are not the main corpus's
 
 
-def _synthetic(num_keys: int, length_min_ratio: float, filler: str, tasks: tuple, num_values: int,
+def _synthetic(num_keys: int, length_min_ratio: float, filler: str, tasks: Dict[str, float], num_values: int,
                queries: int = 1, recall_multivalue: float = 0.0, line_breaks: float = 0.0,
-               packing: str = "pad") -> Dict[str, Any]:
+               packing: str = "pad") -> SourceConfig:
     # compact style = the eval suite's compact prompts word for word (needles, question,
-    # answer prefix); filler per plan (noise = RULER's passage, the niah_single_1 / passkey haystack);
-    # documents are never split across rows (pad / fit packing)
-    return {"name": "synthetic", "kind": "synthetic", "packing": packing,
-            "synthetic": {"style": "compact", "filler": filler, "num_keys": num_keys,
-                          "num_values": num_values, "length_min_ratio": length_min_ratio,
-                          "queries": queries, "recall_multivalue": recall_multivalue,
-                          "line_breaks": line_breaks, "tasks": dict(tasks)}}
+    # answer prefix); filler per config (noise = RULER's passage, the niah_single_1 / passkey
+    # haystack); documents are never split across rows (pad / fit packing)
+    return SourceConfig(name="synthetic", kind="synthetic", packing=packing, synthetic=SyntheticConfig(
+        style="compact", filler=filler, num_keys=num_keys, num_values=num_values, length_min_ratio=length_min_ratio,
+        queries=queries, recall_multivalue=recall_multivalue, line_breaks=line_breaks, tasks=dict(tasks)))
 
 
-def base_synthetic(plan: DemoPlan, tasks: Optional[tuple] = None) -> Dict[str, Any]:
-    return _synthetic(plan.num_keys, plan.length_min_ratio, plan.filler, tasks or plan.tasks, plan.num_values,
-                      recall_multivalue=plan.recall_multivalue, line_breaks=plan.line_breaks)
+def base_synthetic(demo: DemoConfig, tasks: Optional[Dict[str, float]] = None) -> SourceConfig:
+    return _synthetic(demo.num_keys, demo.length_min_ratio, demo.filler, tasks or demo.tasks, demo.num_values,
+                      recall_multivalue=demo.recall_multivalue, line_breaks=demo.line_breaks)
 
 
-def extend_synthetic(plan: DemoPlan) -> Dict[str, Any]:
-    return _synthetic(plan.extend_num_keys, plan.extend_length_min_ratio, plan.extend_filler,
-                      plan.extend_tasks, plan.num_values, queries=plan.extend_queries,
-                      recall_multivalue=plan.extend_recall_multivalue, line_breaks=plan.extend_line_breaks,
-                      packing=plan.extend_packing)
+def extend_synthetic(demo: DemoConfig) -> SourceConfig:
+    return _synthetic(demo.extend_num_keys, demo.extend_length_min_ratio, demo.extend_filler,
+                      demo.extend_tasks, demo.num_values, queries=demo.extend_queries,
+                      recall_multivalue=demo.extend_recall_multivalue, line_breaks=demo.extend_line_breaks,
+                      packing=demo.extend_packing)
 
 
-def extend_sources(plan: DemoPlan) -> List[Dict[str, Any]]:
-    """The extension's data sources: the main corpus, plus the dense-needle one when the plan
-    draws it (its own corpus seed, so its documents are not the main corpus's)."""
-    main = extend_synthetic(plan)
-    if plan.extend_dense_weight <= 0:
+def extend_sources(demo: DemoConfig) -> List[SourceConfig]:
+    """The extension's data sources: the main corpus, plus the dense-needle one when the
+    config draws it."""
+    main = extend_synthetic(demo)
+    if demo.extend_dense_weight <= 0:
         return [main]
-    dense = copy.deepcopy(main)
-    dense["name"], dense["weight"] = "dense", plan.extend_dense_weight
-    dense["synthetic"].update(num_keys=plan.extend_dense_keys, queries=plan.extend_dense_queries,
-                              tasks={"niah": 1.0}, seed=4321)
-    main["weight"] = 1.0 - plan.extend_dense_weight
-    return [main, dense]
+    dense = dataclasses.replace(main, name="dense", weight=demo.extend_dense_weight, synthetic=dataclasses.replace(
+        main.synthetic, num_keys=demo.extend_dense_keys, queries=demo.extend_dense_queries, tasks={"niah": 1.0},
+        seed=DENSE_SEED))
+    return [dataclasses.replace(main, weight=1.0 - demo.extend_dense_weight), dense]
 
 
-def prepare_tokenizer(plan: DemoPlan, out_dir: Path) -> str:
+def prepare_tokenizer(demo: DemoConfig, out_dir: Path) -> str:
     """The run's tokenizer spec: "byte", or a BPE trained here on documents of both training
     corpora (base and extension), written to out_dir/tokenizer.json."""
-    if not plan.tokenizer_vocab:
+    if not demo.tokenizer_vocab:
         return "byte"
-    from longctx.data.bpe import train_bpe
-    from longctx.data.config import SyntheticConfig
-    from longctx.data.synthetic import generate_document
-
     texts = []
-    for i, source in enumerate((base_synthetic(plan), extend_synthetic(plan))):
-        cfg = SyntheticConfig(**source["synthetic"])
+    for i, source in enumerate((base_synthetic(demo), extend_synthetic(demo))):
         # character lengths from train_len to ~3 x extend_len (a BPE token is ~3 characters):
         # documents of both rows' sizes, every task, filler and question kind
-        for j in range(plan.tokenizer_docs // 2):
-            length = plan.train_len + (j * 7919) % (plan.extend_len * 3)
-            texts.append(generate_document(cfg, i * plan.tokenizer_docs + j, length_chars=length).text)
-    return str(train_bpe(texts, plan.tokenizer_vocab, out_dir))
+        for j in range(demo.tokenizer_docs // 2):
+            length = demo.train_len + (j * 7919) % (demo.extend_len * 3)
+            texts.append(generate_document(source.synthetic, i * demo.tokenizer_docs + j, length_chars=length).text)
+    return str(train_bpe(texts, demo.tokenizer_vocab, out_dir))
 
 
-def base_config(plan: DemoPlan, out_dir: Path, seed: int, tokenizer) -> Dict[str, Any]:
+def _optim(lr: float, warmup: int) -> OptimSection:
+    return OptimSection(lr=lr, warmup_steps=warmup, schedule="cosine", min_lr_ratio=0.1, weight_decay=0.0,
+                        grad_clip=1.0)
+
+
+def base_config(demo: DemoConfig, out_dir: Path, seed: int, tokenizer) -> TrainConfig:
     """Step 1: a fresh model trained at train_len with a length curriculum. `tokenizer`: the
     loaded tokenizer (sizes the vocabulary); its name ("byte" or the tokenizer.json path) is
     the config's data.tokenizer."""
-    return {
-        "out_dir": str(out_dir),
-        "model": {"preset": "debug-tiny", "overrides": plan.model_overrides(tokenizer),
-                  "rope_parameters": plan.base_rope(), "max_position_embeddings": plan.train_len},
-        "data": {"seq_len": plan.train_len, "micro_batch_size": plan.base_batch // plan.base_nproc,
-                 "tokenizer": tokenizer.name,
-                 "sources": [base_synthetic(plan)]},
-        "parallel": {"compile": plan.base_compile},
-        "optim": {"lr": plan.base_lr, "warmup_steps": plan.base_warmup, "schedule": "cosine",
-                  "min_lr_ratio": 0.1, "weight_decay": 0.0, "grad_clip": 1.0},
-        "train": {"dtype": plan.dtype, "seed": seed, "answer_loss_weight": plan.answer_loss_weight},
-        "checkpoint": {"every": 0, "keep_last": 1, "save_hf": False, "export_hf": True},
-        "log": {"tensorboard": True, "progress": True},
-        "stages": [{"name": s.name, "seq_len": s.seq_len, "steps": s.steps,
-                    "warmup_steps": plan.base_warmup if i == 0 else 0,
-                    **({"sources": [base_synthetic(plan, s.tasks)]} if s.tasks else {})}
-                   for i, s in enumerate(plan.base_stages)],
-    }
+    stages = [StageSection(name=s.name, seq_len=s.seq_len, steps=s.steps, warmup_steps=demo.base_warmup if i == 0 else 0,
+                           sources=[base_synthetic(demo, s.tasks)] if s.tasks else None)
+              for i, s in enumerate(demo.base_stages)]
+    return TrainConfig(
+        out_dir=str(out_dir),
+        model=ModelSection(preset="debug-tiny", overrides=demo.model_overrides(tokenizer),
+                           rope_parameters=demo.base_rope(), max_position_embeddings=demo.train_len),
+        data=DataConfig(seq_len=demo.train_len, micro_batch_size=demo.base_batch // demo.base_nproc,
+                        tokenizer=tokenizer.name, sources=[base_synthetic(demo)]),
+        parallel=ParallelSection(compile=demo.base_compile),
+        optim=_optim(demo.base_lr, demo.base_warmup),
+        train=TrainSection(dtype=demo.dtype, seed=seed, answer_loss_weight=demo.answer_loss_weight),
+        checkpoint=CheckpointSection(every=0, keep_last=1, save_hf=False, export_hf=True),
+        log=LogSection(tensorboard=True, progress=True),
+        stages=stages)
 
 
-def extend_config(plan: DemoPlan, out_dir: Path, init_from: Path, seed: int, rope: Dict[str, Any],
-                  tokenizer) -> Dict[str, Any]:
+def extend_config(demo: DemoConfig, out_dir: Path, init_from: Path, seed: int, rope: Dict[str, Any],
+                  tokenizer) -> TrainConfig:
     """Step 3: continued pretraining at factor x train_len from the base model's HF export,
     with new RoPE parameters, 2 ranks with context parallelism (cp=2) and ZeRO-3."""
-    return {
-        "out_dir": str(out_dir),
-        "model": {"init_from": str(init_from), "rope_parameters": dict(rope),
-                  "max_position_embeddings": plan.extend_len},
-        "data": {"seq_len": plan.extend_len, "micro_batch_size": plan.extend_batch,
-                 "tokenizer": tokenizer.name, "sources": extend_sources(plan)},
-        "parallel": {"cp_size": plan.cp_size, "cp_impl": "ring", "zero_stage": plan.zero_stage},
-        "optim": {"lr": plan.extend_lr, "warmup_steps": plan.extend_warmup, "schedule": "cosine",
-                  "min_lr_ratio": 0.1, "weight_decay": 0.0, "grad_clip": 1.0},
-        "train": {"steps": plan.extend_steps, "dtype": plan.dtype, "seed": seed,
-                  "answer_loss_weight": plan.answer_loss_weight},
-        "checkpoint": {"every": plan.extend_checkpoint_every, "keep_last": 2, "save_hf": True, "export_hf": True},
-        "log": {"tensorboard": True, "progress": True},
-    }
+    return TrainConfig(
+        out_dir=str(out_dir),
+        model=ModelSection(init_from=str(init_from), rope_parameters=dict(rope), max_position_embeddings=demo.extend_len),
+        data=DataConfig(seq_len=demo.extend_len, micro_batch_size=demo.extend_batch, tokenizer=tokenizer.name,
+                        sources=extend_sources(demo)),
+        parallel=ParallelSection(cp_size=demo.cp_size, cp_impl="ring", zero_stage=demo.zero_stage),
+        optim=_optim(demo.extend_lr, demo.extend_warmup),
+        train=TrainSection(steps=demo.extend_steps, dtype=demo.dtype, seed=seed,
+                           answer_loss_weight=demo.answer_loss_weight),
+        checkpoint=CheckpointSection(every=demo.extend_checkpoint_every, keep_last=2, save_hf=True, export_hf=True),
+        log=LogSection(tensorboard=True, progress=True))
 
 
-def write_config(cfg: Dict[str, Any], path: Path) -> Path:
-    """Write a training config and check it with the trainer's own loader and validator."""
-    from longctx.config import load_config
-
+def write_config(cfg: TrainConfig, path: Path) -> Path:
+    """Write a training config and read it back with the trainer's own loader."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(OmegaConf.to_yaml(OmegaConf.create(cfg)))
+    path.write_text(to_yaml(cfg))
     load_config(str(path))  # raises UserError on anything the trainer would refuse
     return path
 
@@ -236,9 +232,6 @@ def run_training(config: Path, out_dir: Path, nproc: int, log_name: str, threads
 
 def save_scaled_only(base_hf: Path, out: Path, rope: Dict[str, Any], max_position_embeddings: int) -> Path:
     """Variant (b): the base weights unchanged, only the RoPE scaling switched on."""
-    from longctx.eval.model_io import tokenizer_spec_for
-    from longctx.model.hf import load_pretrained, read_hf_config, save_pretrained
-
     cfg = read_hf_config(base_hf).replace(rope_parameters=dict(rope), max_position_embeddings=max_position_embeddings)
     model = load_pretrained(base_hf, config=cfg)
     save_pretrained(model, out, tokenizer=tokenizer_spec_for(base_hf, None))  # "byte", or its tokenizer files
