@@ -21,9 +21,11 @@ import torch
 from longctx.config import load_structured
 from longctx.data.tokenizer import check_tokenizer_spec
 from longctx.eval.api import evaluate
+from longctx.eval.comparability import warning_line
 from longctx.eval.config import EvalConfig, as_eval_field, select
 from longctx.eval.model_io import (check_lengths, check_pair, load_tokenizer_for, parse_dtype, resolve_model_dir,
                                    tokenizer_spec_for)
+from longctx.eval.ruler_prompts import write_prompts
 from longctx.model.hf import load_pretrained
 from longctx.parallel.mesh import build_mesh, init_distributed, read_env, shutdown_distributed
 
@@ -64,6 +66,12 @@ def run(args: argparse.Namespace) -> int:
     cfg = config_from_args(args)
     world = read_env().world_size
     cfg.validate(world)
+    if cfg.write_data is not None:  # prompts only, no weights
+        files, skipped = write_prompts(cfg)
+        for s in skipped:
+            print(s, file=sys.stderr)
+        print(f"wrote {len(files)} RULER data files under {cfg.write_data}")
+        return 0
     model_dir = resolve_model_dir(cfg.model)
     tokenizer = as_eval_field(load_tokenizer_for, model_dir, cfg.tokenizer)
     model = load_pretrained(model_dir, dtype=parse_dtype(cfg.dtype)).eval()
@@ -87,6 +95,8 @@ def run(args: argparse.Namespace) -> int:
             print(s, file=sys.stderr)
         _print_summary(result)
         print(f"wrote {', '.join(result['files'])}")
+        if result["comparability"] and not result["comparability"]["ruler_comparable"]:
+            print(warning_line(result["comparability"]), file=sys.stderr)
     return 0
 
 

@@ -18,9 +18,11 @@ import torch.distributed as dist
 
 from longctx.errors import UserError
 from longctx.eval import plots
+from longctx.eval.comparability import assess
 from longctx.eval.config import EvalConfig, select
 from longctx.eval.ppl import perplexity_vs_length
 from longctx.eval.report import aggregate, render_markdown, write_results
+from longctx.eval.ruler_format import read_ruler_data, write_predictions
 from longctx.eval.runner import Engine, run_samples
 from longctx.eval.tasks import Sample, TaskOptions, build_samples, get_task
 
@@ -56,8 +58,12 @@ def evaluate(model, tokenizer, cfg: EvalConfig, *, cp_group=None, meta: Optional
     t0 = time.time()
     run = select(cfg)
     progress = not cfg.no_progress
-    all_samples, skipped = generate_all(run.tasks, run.lengths if run.tasks else [], cfg.samples, tokenizer,
-                                        seed=cfg.seed, options=run.options, depths=run.grids)
+    if cfg.ruler_data is not None:  # RULER's prepared prompts instead of ours
+        all_samples, skipped = read_ruler_data(cfg.ruler_data, tokenizer, run.options, lengths=run.lengths,
+                                               tasks=cfg.tasks)
+    else:
+        all_samples, skipped = generate_all(run.tasks, run.lengths if run.tasks else [], cfg.samples, tokenizer,
+                                            seed=cfg.seed, options=run.options, depths=run.grids)
     if run.tasks and not all_samples and not run.ppl_lengths:
         raise UserError("eval.tasks: nothing to run (" + "; ".join(skipped) + ")")
     engine = Engine(model, tokenizer, cp_group=cp_group, cp_impl=cfg.cp_impl, batch_size=cfg.batch_size,
@@ -80,17 +86,23 @@ def evaluate(model, tokenizer, cfg: EvalConfig, *, cp_group=None, meta: Optional
         stats["tokens_per_second"] = (stats["prompt_tokens"] + stats["new_tokens"]) / stats["seconds"]
     meta = dict(meta or {}, seed=cfg.seed, samples=cfg.samples, style=cfg.style,
                 wall_seconds=round(time.time() - t0, 1), generation=stats)
+    comparability = assess(records, run.options, tokenizer=tokenizer, model_dir=meta.get("model"),
+                           ruler_data=cfg.ruler_data is not None) if records else None
     files: list[str] = []
     if cfg.out is not None and _is_main():
         out = Path(cfg.out)
         out.mkdir(parents=True, exist_ok=True)
         files = write_outputs(out, meta, summary, records, ppl, skipped, list(warnings_),
-                              max_position=getattr(getattr(model, "config", None), "max_position_embeddings", None))
-    return {"summary": summary, "records": records, "ppl": ppl, "skipped": skipped, "files": files, "meta": meta}
+                              max_position=getattr(getattr(model, "config", None), "max_position_embeddings", None),
+                              comparability=comparability, samples=all_samples)
+    return {"summary": summary, "records": records, "ppl": ppl, "skipped": skipped, "files": files, "meta": meta,
+            "comparability": comparability}
 
 
 def write_outputs(out: Path, meta: dict, summary: dict, records, ppl, skipped, warnings_,
-                  max_position: Optional[int] = None) -> list[str]:
+                  max_position: Optional[int] = None, comparability: Optional[dict] = None,
+                  samples: Sequence[Sample] = ()) -> list[str]:
+    """results.json, report.md, figures and, given the samples, RULER's pred files (out/ruler/)."""
     figures = []
     for name, grid in summary.get("grids", {}).items():
         figures.append(str(plots.needle_heatmap(grid, out / f"heatmap_{name}.png", title=f"{name}: score by depth x length")))
@@ -98,6 +110,7 @@ def write_outputs(out: Path, meta: dict, summary: dict, records, ppl, skipped, w
         figures.append(str(plots.score_curves(summary, out / "scores_vs_length.png", max_position)))
     if ppl:
         figures.append(str(plots.ppl_curve(ppl, out / "ppl_vs_length.png", max_position)))
-    write_results(out / "results.json", meta, summary, records, ppl, skipped, warnings_)
-    (out / "report.md").write_text(render_markdown(meta, summary, ppl, skipped, warnings_, figures))
-    return [str(out / "results.json"), str(out / "report.md")] + figures
+    write_results(out / "results.json", meta, summary, records, ppl, skipped, warnings_, comparability)
+    (out / "report.md").write_text(render_markdown(meta, summary, ppl, skipped, warnings_, figures, comparability))
+    pred_dirs = sorted({str(Path(f).parent) + "/" for f in write_predictions(out / "ruler", samples, records)})
+    return [str(out / "results.json"), str(out / "report.md")] + figures + pred_dirs
