@@ -104,7 +104,8 @@ def import_before_process_groups(*modules: str) -> None:
     DeepSpeed 0.19), out of reach of destroy_process_group: such a group keeps its gloo
     threads and is destroyed, if at all, in interpreter shutdown, where a rank can die with
     SIGABRT. torch._dynamo is imported lazily by the first call of a torch.library custom op
-    (the CP attention op), DeepSpeed by the trainer; both paths pay the import anyway. tests/test_process_group_teardown.py checks that every group is freed."""
+    (the CP attention op), DeepSpeed by the trainer; both paths pay the import anyway.
+    tests/integration/test_process_group_teardown.py checks that every group is freed."""
     for name in ("torch._dynamo", *modules):
         importlib.import_module(name)
 

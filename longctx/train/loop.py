@@ -39,8 +39,8 @@ def stage_loader(cfg: TrainConfig, stage_index: int, tokenizer, *, dp_rank: int,
     """The loader of stage `stage_index`: its data section (seq_len, sources, answer masks when
     answer tokens are weighted) and a seed of its own."""
     stage = resolve_stages(cfg)[stage_index]
-    return build_loader(stage.data, tokenizer, dp_rank=dp_rank, dp_size=dp_size, seed=cfg.train.seed + 1000 * stage_index,
-                        collate=collate)
+    return build_loader(stage.data, tokenizer, dp_rank=dp_rank, dp_size=dp_size,
+                        seed=cfg.train.seed + 1000 * stage_index, collate=collate)
 
 
 class Trainer:
@@ -62,7 +62,8 @@ class Trainer:
         dist.barrier()
         setup_logging(self.out, self.rank)
         self.dtype = DTYPES[cfg.train.dtype]
-        self.device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
+        self.device = (torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available()
+                       else torch.device("cpu"))
         self._meshes: dict[int, object] = {}
         self.guard = NonFiniteGuard(cfg.train.nonfinite, cfg.train.max_nonfinite_steps)
         self.resume_from: Optional[Path] = None
@@ -137,8 +138,9 @@ class Trainer:
         model = self._build_model()
         check_vocab(tokenizer, model.config.vocab_size)
         self.cp, self.mesh = par.cp_size, self._mesh(par.cp_size)
-        self.engine = parallelize(model, self.mesh, par, device=self.device, ds_config=deepspeed_config_for(cfg, self.world),
-                                  optimizer=optimizer_for(model, cfg.optim, par.offload_optimizer))
+        self.engine = parallelize(model, self.mesh, par, device=self.device,
+                                  optimizer=optimizer_for(model, cfg.optim, par.offload_optimizer),
+                                  ds_config=deepspeed_config_for(cfg, self.world))
         self.model = model
         self._announce(layout_line(self.world, self.world // self.cp, self.cp, par.cp_impl, par.zero_stage,
                                    par.offload_optimizer, cfg.train.dtype, par.activation_checkpointing))
