@@ -86,12 +86,12 @@ def measure(nproc: int, overrides: list[str], workdir: Path) -> dict:
 
 
 def predict(nproc: int, overrides: list[str], overhead_gb: float) -> dict:
-    from longctx.config import load_config, resolved_stages, stage_model_config
+    from longctx.config import load_config, resolve_stages, stage_model_config
     from longctx.plan import estimate_memory
 
     cfg = load_config(None, [*COMMON, *MODEL, *overrides])
-    stage = resolved_stages(cfg)[0]
-    est = estimate_memory(cfg, stage, stage_model_config(cfg, stage), nproc, device="cpu",
+    stage = resolve_stages(cfg)[0]
+    est = estimate_memory(cfg, stage, stage_model_config(stage), nproc, device="cpu",
                           runtime_overhead_gb=overhead_gb)
     return {"predicted_gb": est.peak_gb, "breakdown_gb": {k: v / 2**30 for k, v in est.components().items()}}
 

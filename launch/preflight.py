@@ -46,16 +46,16 @@ def cluster_shape(config_path: str) -> dict:
 
 
 def global_batch(cfg, world: int, stage) -> int:
-    cp = stage.cp_size or cfg.parallel.cp_size
+    cp = stage.parallel.cp_size
     return (world // cp) * cfg.data.micro_batch_size * cfg.train.grad_accum
 
 
 def check(world: int, config: str | None, overrides: list[str], gpu_mem: str | None) -> str:
-    from longctx.config import load_config, resolved_stages, validate_config
+    from longctx.config import load_config, resolve_stages, validate_config
     from longctx.errors import UserError
 
     cfg = load_config(config, overrides)
-    stages = resolved_stages(cfg)
+    stages = resolve_stages(cfg)
     shape = cluster_shape(config) if config else {}
     if shape:
         try:
@@ -70,10 +70,10 @@ def check(world: int, config: str | None, overrides: list[str], gpu_mem: str | N
                 f"{shape['gpus_per_node']}, global batch {theirs}) but this job has {world}; submit with "
                 f"--nodes={shape.get('nodes', 1)} --gpus-per-node={shape['gpus_per_node']}, or set "
                 "LONGCTX_ALLOW_FEWER_GPUS=1 to run it smaller (raise train.grad_accum to keep the global batch)")
-    for i, stage in enumerate(stages):
-        cp = stage.cp_size or cfg.parallel.cp_size
+    for stage in stages:
+        cp = stage.parallel.cp_size
         if cp > world:
-            where = f"stages[{i}].cp_size" if stage.cp_size else "parallel.cp_size"
+            where = stage.field_names["cp_size"]
             raise UserError(f"{where}: {cp} needs at least {cp} GPUs (one sequence is split over {cp}), "
                             f"this job has {world}")
     validate_config(cfg, world)  # also a parallel.deepspeed_config JSON against parallel.zero_stage
@@ -97,9 +97,9 @@ def _memory_warning(cfg, stages, world: int, gpu_mem: str | None) -> None:
     else:
         device_bytes = parse_size(gpu_mem)
     for i, stage in enumerate(stages):
-        est = estimate_memory(cfg, stage, stage_model_config(cfg, stage), world)
+        est = estimate_memory(cfg, stage, stage_model_config(stage), world)
         if not est.fits(device_bytes):
-            print(f"warning: stage {i} ({stage.name or 'main'}) is estimated at {est.peak_gb:.1f} GiB per GPU, "
+            print(f"warning: stage {i} ({stage.name}) is estimated at {est.peak_gb:.1f} GiB per GPU, "
                   f"more than {device_bytes / 2**30:.0f} GiB; see `longctx plan` for a layout that fits",
                   file=sys.stderr)
 

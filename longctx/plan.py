@@ -46,7 +46,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
-from longctx.config import RunStage, TrainConfig, resolve_stages
+from longctx.config import RunStage, TrainConfig
 from longctx.errors import UserError
 from longctx.model.config import ModelConfig
 
@@ -138,8 +138,6 @@ def _deepspeed_knobs(path: Optional[str]) -> dict:
 
 def layout_of(cfg: TrainConfig, stage: RunStage, world_size: int) -> Layout:
     """The layout of one resolved stage of `cfg` (its train section: dtype, batch, loss chunks)."""
-    if not isinstance(stage, RunStage):  # a StageSection, until train/dry_run.py passes RunStage
-        stage = resolve_stages(cfg)[next((i for i, s in enumerate(cfg.stages) if s is stage), 0)]
     par, tr = stage.parallel, cfg.train
     return Layout(**_deepspeed_knobs(par.deepspeed_config), seq_len=stage.seq_len, world_size=world_size,
                   cp_size=par.cp_size, cp_impl=par.cp_impl, ulysses_size=par.ulysses_size, zero_stage=par.zero_stage,

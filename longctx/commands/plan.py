@@ -23,8 +23,9 @@ from omegaconf import OmegaConf
 
 from longctx.config import RunStage, load_config, resolve_stages, stage_model_config, validate_portable
 from longctx.errors import UserError
-from longctx.model.config import PRESETS
-from longctx.plan import (GPU_USABLE, estimate_layout, format_estimate, layout_of, parse_length, parse_size,
+from longctx.model.config import PRESETS, ModelConfig
+from longctx.parallel.layout import ulysses_degree, validate_cp
+from longctx.plan import (GPU_USABLE, Layout, estimate_layout, format_estimate, layout_of, parse_length, parse_size,
                           relative_time_per_token)
 
 CHECKPOINTING_ORDER = ("none", "selective", "full")
@@ -71,18 +72,12 @@ def _model_config(stage: RunStage, notes: list):
     return stage_model_config(stage)
 
 
-def _valid_cp(cp: int, seq_len: int, world: int, impl: str, heads: int, ulysses: int) -> bool:
-    if world % cp:
-        return False
-    if cp == 1:
-        return True
-    if impl in ("ring", "hybrid") and seq_len % (2 * cp):
-        return False
-    if impl in ("allgather", "ulysses") and seq_len % cp:
-        return False
-    if impl == "ulysses" and heads % cp:
-        return False
-    if impl == "hybrid" and (cp % ulysses or heads % ulysses):
+def _valid_cp(cp: int, layout: Layout, model_cfg: ModelConfig) -> bool:
+    """Whether the trainer accepts this cp size for the layout (longctx.parallel.layout's checks)."""
+    try:
+        validate_cp(layout.world_size, cp, layout.cp_impl, ulysses_degree(layout.cp_impl, cp, layout.ulysses_size),
+                    model_cfg.num_attention_heads, model_cfg.num_key_value_heads, layout.seq_len)
+    except UserError:
         return False
     return True
 
@@ -94,8 +89,7 @@ def advise(model_cfg, layout, device_bytes: float, *, device: str, runtime_gb: O
     rows = []
     world = layout.world_size
     for cp in range(1, world + 1):
-        if not _valid_cp(cp, layout.seq_len, world, layout.cp_impl, model_cfg.num_attention_heads,
-                         layout.ulysses_size):
+        if not _valid_cp(cp, layout, model_cfg):
             continue
         found = None
         smallest = None
@@ -170,8 +164,25 @@ def run(args: argparse.Namespace) -> int:
     validate_portable(cfg)  # a job planned here runs elsewhere: no file, library or world-size checks
     if args.runtime_gb is not None and not (math.isfinite(args.runtime_gb) and args.runtime_gb >= 0):
         raise UserError(f"--runtime-gb: must be a finite number >= 0, got {args.runtime_gb}")
-    cluster = _cluster_defaults(args.config)
     notes: list[str] = []
+    gpus, device_bytes = _machine(args, notes)
+    stages = resolve_stages(cfg)
+    target = parse_length(args.seq_len) if args.seq_len else max(s.seq_len for s in stages)
+    report = {"gpus": gpus, "gpu_mem_gib": device_bytes / 2**30, "device": args.device, "stages": [], "notes": notes}
+    text, all_fit = _stage_estimates(cfg, stages, gpus, device_bytes, args, report)
+    rows = _advice(cfg, stages, gpus, device_bytes, target, args, notes)
+    best = recommend(rows)
+    report["advice"] = {"seq_len": target, "options": rows, "recommended": best}
+    if args.json:
+        print(json.dumps(report, indent=2))
+    else:
+        _print_report(report, text, cfg, args, _longest(stages))
+    return 3 if (args.check and not all_fit) else 0
+
+
+def _machine(args: argparse.Namespace, notes: list) -> tuple[int, float]:
+    """(GPUs, bytes per GPU): the flags, else the config's '# cluster:' line, else 8 x 80 GB."""
+    cluster = _cluster_defaults(args.config)
     if args.gpus is not None:
         gpus = args.gpus
     elif "gpus_per_node" in cluster:
@@ -182,61 +193,66 @@ def run(args: argparse.Namespace) -> int:
         notes.append("--gpus not given: planning for 8")
     if gpus < 1:
         raise UserError(f"--gpus: must be >= 1, got {gpus}")
-    mem_text = args.gpu_mem or cluster.get("gpu_mem") or "80GB"
-    device_bytes = parse_size(mem_text)
-    stages = resolve_stages(cfg)
-    target = parse_length(args.seq_len) if args.seq_len else max(s.seq_len for s in stages)
+    return gpus, parse_size(args.gpu_mem or cluster.get("gpu_mem") or "80GB")
 
-    report = {"gpus": gpus, "gpu_mem_gib": device_bytes / 2**30, "device": args.device, "stages": [], "notes": notes}
-    text = []
-    all_fit = True
-    longest = max(range(len(stages)), key=lambda i: stages[i].seq_len)
+
+def _longest(stages: list[RunStage]) -> int:
+    return max(range(len(stages)), key=lambda i: stages[i].seq_len)
+
+
+def _stage_estimates(cfg, stages: list[RunStage], gpus: int, device_bytes: float, args: argparse.Namespace,
+                     report: dict) -> tuple[list[str], bool]:
+    """Each stage's estimate as configured, into report["stages"]; returns (text lines, all fit)."""
+    text, all_fit, longest = [], True, _longest(stages)
     for i, stage in enumerate(stages):
-        model_cfg = _model_config(stage, notes if i == 0 else [])
+        model_cfg = _model_config(stage, report["notes"] if i == 0 else [])
         layout = layout_of(cfg, stage, gpus)
-        name = stage.name
         if gpus % layout.cp_size:
             where = stage.field_names["cp_size"]
             all_fit = False
-            report["stages"].append({"name": name, "seq_len": stage.seq_len, "fits": False,
+            report["stages"].append({"name": stage.name, "seq_len": stage.seq_len, "fits": False,
                                      "error": f"{where}={layout.cp_size} does not divide {gpus} GPUs"})
-            text.append(f"stage {i} ({name}): seq_len {stage.seq_len:,}: {where}={layout.cp_size} does not divide "
-                        f"--gpus {gpus}; see the advice below for a cp size that does")
+            text.append(f"stage {i} ({stage.name}): seq_len {stage.seq_len:,}: {where}={layout.cp_size} does not "
+                        f"divide --gpus {gpus}; see the advice below for a cp size that does")
             continue
         est = estimate_layout(model_cfg, layout, device=args.device, runtime_overhead_gb=args.runtime_gb)
         fits = est.fits(device_bytes)
         all_fit &= fits
-        report["stages"].append({"name": name, "seq_len": stage.seq_len, "fits": fits,
+        report["stages"].append({"name": stage.name, "seq_len": stage.seq_len, "fits": fits,
                                  "peak_gib": est.peak_gb, "phase": est.phase, "host_gib": est.host / 2**30,
                                  "components_gib": {k: v / 2**30 for k, v in est.components().items()}})
-        text.append(f"stage {i} ({name}): seq_len {stage.seq_len:,}, "
+        text.append(f"stage {i} ({stage.name}): seq_len {stage.seq_len:,}, "
                     f"{est.info['parameters_total']:,} parameters, {gpus} x {device_bytes / 2**30:.0f} GiB")
         text.append(format_estimate(est, device_bytes))
         if i == longest:
             report["max_seq_len_as_configured"] = max_length(model_cfg, layout, device_bytes, device=args.device,
                                                              runtime_gb=args.runtime_gb)
-    # advice for the target length, with the longest stage's settings otherwise
-    stage = stages[longest]
+    return text, all_fit
+
+
+def _advice(cfg, stages: list[RunStage], gpus: int, device_bytes: float, target: int, args: argparse.Namespace,
+            notes: list) -> list[dict]:
+    """advise() for the target length, with the longest stage's settings otherwise."""
+    stage = stages[_longest(stages)]
     model_cfg = _model_config(stage, [])
     layout = dataclasses.replace(layout_of(cfg, stage, gpus), seq_len=target)
     if not _user_set(args.config, args.overrides, "data.micro_batch_size") and layout.micro_batch_size != 1:
         layout = dataclasses.replace(layout, micro_batch_size=1)
         notes.append(f"data.micro_batch_size not set (default {cfg.data.micro_batch_size}): the advice plans one "
                      "sequence per micro-batch, as long-context runs train")
-    rows = advise(model_cfg, layout, device_bytes, device=args.device, runtime_gb=args.runtime_gb)
-    report["advice"] = {"seq_len": target, "options": rows}
-    best = recommend(rows)
-    report["advice"]["recommended"] = best
-    if args.json:
-        print(json.dumps(report, indent=2))
-        return 3 if (args.check and not all_fit) else 0
+    return advise(model_cfg, layout, device_bytes, device=args.device, runtime_gb=args.runtime_gb)
 
-    for note in notes:
+
+def _print_report(report: dict, text: list[str], cfg, args: argparse.Namespace, longest: int) -> None:
+    gpus, device_bytes = report["gpus"], report["gpu_mem_gib"] * 2**30
+    target, rows, best = report["advice"]["seq_len"], report["advice"]["options"], report["advice"]["recommended"]
+    for note in report["notes"]:
         print(f"note: {note}")
     print("\n".join(text))
     usable = device_bytes * (GPU_USABLE if args.device == "gpu" else 1.0) / 2**30
     if "max_seq_len_as_configured" in report:
-        print(f"\nlongest sequence that fits stage {longest}'s layout: {report['max_seq_len_as_configured']:,} tokens")
+        print(f"\nlongest sequence that fits stage {longest}'s layout: "
+              f"{report['max_seq_len_as_configured']:,} tokens")
     print(f"\nadvice for seq_len {target:,} on {gpus} x {device_bytes / 2**30:.0f} GiB "
           f"({usable:.1f} GiB usable; per cp: the fitting option with the lowest predicted time per token):")
     print(f"  {'cp':>4} {'dp':>4} {'tokens/rank':>12}  {'ZeRO':>4}  {'checkpointing':<13} {'offload':<8} "
@@ -255,4 +271,3 @@ def run(args: argparse.Namespace) -> int:
     else:
         print(f"nothing fits {target:,} tokens on {gpus} GPUs: add GPUs (cp > {gpus}), lower "
               "data.micro_batch_size or train.loss_chunk_size, or use a shorter target")
-    return 3 if (args.check and not all_fit) else 0

@@ -61,8 +61,8 @@ def test_fast_demo_completes_with_a_wellformed_report(fast_run):
 
     report = (out / "report.md").read_text()
     assert "## Retrieval accuracy" in report and "## Before → after extension" in report
-    assert "- corpora (synthetic task mix): base " + ", ".join(f"{t} {w:g}" for t, w in FAST.tasks) in report
-    assert "extension " + ", ".join(f"{t} {w:g}" for t, w in FAST.extend_tasks) in report
+    assert "- corpora (synthetic task mix): base " + ", ".join(f"{t} {w:g}" for t, w in FAST.tasks.items()) in report
+    assert "extension " + ", ".join(f"{t} {w:g}" for t, w in FAST.extend_tasks.items()) in report
     for L, m in zip(summary["lengths"], summary["multipliers"]):
         assert f"| {L} ({m}x) |" in report  # one before/after row per length
     acc_rows = [line for line in report.splitlines() if line.startswith("| (a)") or line.startswith("| (c)")]
