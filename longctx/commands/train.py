@@ -8,6 +8,8 @@ import sys
 from longctx.config import TrainConfig, load_config, resolve_stages, to_yaml, validate_config
 from longctx.errors import UserError
 from longctx.parallel.mesh import read_env
+from longctx.train.dry_run import dry_run
+from longctx.train.loop import train
 
 
 def add_parser(p: argparse.ArgumentParser) -> None:
@@ -42,10 +44,6 @@ def run(args: argparse.Namespace) -> int:
         print(to_yaml(cfg), end="")
         return 0
     if args.dry_run:
-        from longctx.train.dry_run import dry_run
-
         print(dry_run(cfg, world))
         return 0
-    from longctx.train.loop import train
-
     return train(cfg)

@@ -8,7 +8,12 @@ from typing import Optional
 
 import torch
 
+from longctx.data.tokenizer import load_tokenizer
 from longctx.errors import UserError
+from longctx.model.loading import resolve_model_dir  # an HF directory, a training checkpoint or a run directory
+
+__all__ = ["DTYPES", "check_lengths", "check_pair", "load_tokenizer_for", "parse_dtype", "resolve_model_dir",
+           "tokenizer_spec_for"]
 
 DTYPES = {"fp32": torch.float32, "float32": torch.float32, "bf16": torch.bfloat16, "bfloat16": torch.bfloat16,
           "fp16": torch.float16, "float16": torch.float16}
@@ -21,22 +26,6 @@ def parse_dtype(name: Optional[str]) -> Optional[torch.dtype]:
     if name not in DTYPES:
         raise UserError(f"eval.dtype: {name!r} is not a dtype; valid: auto, {', '.join(DTYPES)}")
     return DTYPES[name]
-
-
-def resolve_model_dir(path: str | Path) -> Path:
-    """An HF directory, a training checkpoint (model/), or a run directory (checkpoints/, hf/)."""
-    from longctx.model.loading import resolve_model_dir as _resolve
-
-    return _resolve(path)
-
-
-def load_model(path: str | Path, dtype: Optional[torch.dtype] = None):
-    from longctx.model.hf import load_pretrained
-
-    model_dir = resolve_model_dir(path)
-    model = load_pretrained(model_dir, dtype=dtype)
-    model.eval()
-    return model, model_dir
 
 
 def tokenizer_spec_for(model_dir: Path, spec: Optional[str]) -> str:
@@ -60,8 +49,6 @@ def tokenizer_spec_for(model_dir: Path, spec: Optional[str]) -> str:
 
 
 def load_tokenizer_for(model_dir: Path, spec: Optional[str]):
-    from longctx.data.tokenizer import load_tokenizer
-
     return load_tokenizer(tokenizer_spec_for(model_dir, spec))
 
 

@@ -8,6 +8,7 @@ each rank scores its zigzag shard and the sums are all-reduced.
 """
 from __future__ import annotations
 
+import json
 import math
 import warnings
 from pathlib import Path
@@ -16,9 +17,11 @@ from typing import Optional, Sequence
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
+from tqdm import tqdm
 
 from longctx.errors import UserError
 from longctx.eval.haystack import BUILTIN_ESSAY
+from longctx.parallel import make_cp_attention, shard_sequence
 
 IGNORE = -100
 
@@ -27,8 +30,6 @@ def load_documents(path: Optional[str]) -> tuple[list[str], str]:
     """Texts from a .txt/.jsonl/.json file or a folder of them; the built-in essay when None."""
     if path is None:
         return [BUILTIN_ESSAY], "built-in essay (repeats itself: give --ppl-data for meaningful numbers)"
-    import json
-
     p = Path(path)
     if not p.exists():
         raise UserError(f"eval.ppl_data: {path} does not exist (a .txt/.jsonl/.json file or a folder of them)")
@@ -88,8 +89,6 @@ def window_nll(model, ids: torch.Tensor, *, cp_group=None, cp_impl: str = "ring"
     P = dist.get_world_size(cp_group) if cp_group is not None else 1
     if P == 1:
         return _chunked_nll(model, model.forward_hidden(ids), labels, chunk)
-    from longctx.parallel import make_cp_attention, shard_sequence
-
     L = ids.shape[1] // (2 * P) * (2 * P)  # the zigzag layout needs a multiple of 2 * cp
     ids, labels = ids[:, :L], labels[:, :L].clone()
     labels[:, -1] = IGNORE
@@ -115,11 +114,7 @@ def perplexity_vs_length(model, tokenizer, lengths: Sequence[int], *, num_window
     docs, source = load_documents(data_path)
     device = model.embed_tokens.weight.device
     rows = []
-    bar = None
-    if progress:
-        from tqdm import tqdm
-
-        bar = tqdm(total=len(lengths) * num_windows, desc="ppl", unit="window")
+    bar = tqdm(total=len(lengths) * num_windows, desc="ppl", unit="window") if progress else None
     for L in lengths:
         windows, mode = make_windows(tokenizer, docs, L, num_windows)
         total, count = 0.0, 0

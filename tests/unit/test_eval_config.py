@@ -1,0 +1,56 @@
+"""EvalConfig through the training config's loader: the example files, the order of the layers
+(defaults < --config < key=value < flags), comma lists, and one-line errors naming eval.<field>."""
+from pathlib import Path
+
+import pytest
+
+from longctx.cli import build_parser
+from longctx.commands.eval import config_from_args
+from longctx.config import load_structured
+from longctx.errors import UserError
+from longctx.eval.config import EvalConfig, select
+
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLES = sorted((ROOT / "configs" / "eval").glob("*.yaml"))
+
+
+def _args(*argv):
+    args, extra = build_parser().parse_known_args(["eval", *argv])
+    args.overrides += extra
+    return args
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.name)
+def test_example_configs_load_and_select(path):
+    cfg = load_structured(EvalConfig, str(path), prefix="eval.")
+    run = select(cfg)
+    assert run.lengths and (run.tasks or run.ppl_lengths)
+    assert cfg.model
+
+
+def test_layers_flags_over_overrides_over_file(tmp_path):
+    f = tmp_path / "e.yaml"
+    f.write_text("samples: 3\nlengths: 4k,8k\nstyle: compact\ntasks: passkey\n")
+    cfg = config_from_args(_args("--config", str(f), "samples=5", "eval.seed=7"))
+    assert (cfg.samples, cfg.seed, cfg.style, cfg.tasks, cfg.lengths) == (5, 7, "compact", ["passkey"], ["4k", "8k"])
+    cfg = config_from_args(_args("--config", str(f), "samples=5", "--samples", "9", "--lengths", "1k,2k"))
+    assert cfg.samples == 9 and select(cfg).lengths == [1024, 2048]
+
+
+def test_a_file_may_nest_its_fields_under_eval(tmp_path):
+    f = tmp_path / "e.yaml"
+    f.write_text("eval:\n  samples: 4\n  max-batch-tokens: 2048\n")
+    cfg = load_structured(EvalConfig, str(f), prefix="eval.")
+    assert (cfg.samples, cfg.max_batch_tokens) == (4, 2048)
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (["sampels=3"], "eval.sampels: unknown key; did you mean 'eval.samples'?"),
+    (["samples=many"], "eval.samples: must be an integer, got 'many'"),
+    (["threshold=high"], "eval.threshold: must be a number, got 'high'"),
+    (["save_inputs=maybe"], "eval.save_inputs: must be true or false, got 'maybe'"),
+])
+def test_bad_values_name_the_eval_field(overrides, message):
+    with pytest.raises(UserError) as e:
+        load_structured(EvalConfig, None, overrides, prefix="eval.")
+    assert str(e.value).startswith(message)
