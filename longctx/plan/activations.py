@@ -1,0 +1,113 @@
+"""Activation, attention-workspace, context-parallel and loss buffers of one training stage."""
+from __future__ import annotations
+
+from longctx.plan.layout import Layout
+
+
+def activation_bytes(m, lay: Layout, device: str, document_masking: bool = True) -> dict:
+    """Bytes of saved activations and the transient workspaces of one stage."""
+    b = 2 if lay.dtype == "bfloat16" else 4  # bytes of the compute dtype
+    t = lay.micro_batch_size * lay.seq_len // lay.cp_size  # local tokens
+    return {**_saved(m, lay, device, document_masking, b, t), **_attention(m, lay, device, document_masking, b, t),
+            **_cp_buffers(m, lay, b, t), **_loss(m, lay, b, t), "tokens": t}
+
+
+def _saved(m, lay: Layout, device: str, document_masking: bool, b: int, t: int) -> dict:
+    """What the forward keeps for the backward, under the checkpointing policy."""
+    cp = lay.cp_size
+    d, f, L = m.hidden_size, m.intermediate_size, m.num_hidden_layers
+    q, kv = m.num_attention_heads * m.head_dim, m.num_key_value_heads * m.head_dim
+    Hq = m.num_attention_heads
+    # saved per layer (elements per token); bf16 RMSNorm also keeps an fp32 copy of its input (2x4 bytes)
+    per_layer = t * (b * (6 * d + 3 * q + 2 * kv + 4 * f) + 4 * Hq + (2 * 4 * d if b == 2 else 0))
+    block_input = t * b * d
+    rope = 2 * t * m.head_dim * 4  # cos, sin (fp32), shared by all layers
+    final = 3 * t * b * d  # last block output, final norm's normalized value and output (the loss input)
+    is_wrapped = [lay.activation_checkpointing == "full" or
+                  (lay.activation_checkpointing == "selective" and i % lay.checkpoint_every == 0) for i in range(L)]
+    # a checkpointed block keeps its input and, unless parallel.recompute_attention, the
+    # attention kernel's output and LSE (selective activation checkpointing keeps the fused
+    # kernel's results so the recomputation never reruns attention or its cp communication).
+    # CPU kernels tile multi-document calls: about two kernel calls (outputs) per query row.
+    calls = 2 if (document_masking and cp == 1 and (device == "cpu" or lay.attention_backend in ("sdpa", "eager"))) else 1
+    attn_kept = 0 if lay.recompute_attention else calls * t * (q * b + 4 * Hq)
+    kept = [block_input + attn_kept if w else per_layer for w in is_wrapped]
+    saved = sum(kept) + rope + final  # at the end of the forward
+    # while the last block runs (forward, recomputation, backward), the blocks below keep what
+    # they saved and the last block has all of its activations (saved or recomputed)
+    top = sum(kept[:-1]) + rope + per_layer
+    recompute = per_layer if is_wrapped[-1] else 0
+    mlp_saved = t * b * (4 * f + 3 * d)  # a block's MLP half: freed before its attention backward runs
+    mlp_bwd = t * b * (3 * f + 2 * d)  # gradient temporaries of the MLP backward (and the residual)
+    return {"saved": saved, "top": top, "recompute": recompute, "mlp_saved": mlp_saved, "mlp_bwd": mlp_bwd}
+
+
+def _attention(m, lay: Layout, device: str, document_masking: bool, b: int, t: int) -> dict:
+    """The attention kernel's workspace (per layer, transient), with the document mask's."""
+    cp = lay.cp_size
+    q, kv = m.num_attention_heads * m.head_dim, m.num_key_value_heads * m.head_dim
+    Hq = m.num_attention_heads
+    if cp == 1:
+        attn_fwd = t * q * b
+        attn_bwd = t * (q + 2 * kv) * b + (t * q * 4 if device == "gpu" else 0)  # dq/dk/dv (+ flash dq accumulator)
+        if device == "gpu" and kv != q:
+            attn_bwd += 2 * t * q * b  # flash-attn expands dK/dV to the query heads for GQA
+    else:
+        attn_fwd = 2 * t * q * 4 + t * q * b  # fp32 output accumulator + merge temporaries, block output
+        attn_bwd = t * q * 4 + t * (q + 2 * kv) * b  # fp32 dq accumulator + block gradients
+    # Document masks: flash-attn (GPU default) runs packed documents as variable-length
+    # sequences. The sdpa/eager kernels (CPU, or chosen on GPU) tile a call that has several
+    # documents into 1024 x 1024 blocks: fp32 accumulators for out/lse (forward) and dq/dk/dv
+    # (backward) plus boolean masks for the tiles a document boundary crosses (about 2 rows of
+    # tiles per boundary; a few documents per row assumed) and one additive mask tile.
+    masked = document_masking and (device == "cpu" or lay.attention_backend in ("sdpa", "eager"))
+    B = lay.micro_batch_size
+    tile = 1024
+    rows = t // B  # queries of one kernel call
+    if lay.cp_impl == "allgather" and cp > 1:
+        keys = lay.seq_len
+    elif lay.cp_impl in ("ulysses", "hybrid") and cp > 1:
+        rows = keys = lay.seq_len // (lay.ulysses_size if lay.cp_impl == "hybrid" else 1)
+    else:
+        keys = rows
+    if masked:
+        boundaries = 2
+        mask = B * (boundaries * 2 * max(rows, keys) * min(tile, keys) + tile * tile * b)
+        attn_fwd += B * rows * Hq * m.head_dim * 4 // (1 if lay.cp_impl != "ulysses" or cp == 1 else cp)
+        attn_bwd += t * (q + 2 * kv) * 4
+    else:
+        mask = 0
+    if lay.attention_backend == "eager":  # materialized fp32 scores and probabilities per tile/call
+        mask += 2 * B * Hq * (min(rows, tile) * min(keys, tile) if masked else rows * keys) * 4
+    return {"attn_fwd": attn_fwd, "attn_bwd": attn_bwd, "mask": mask}
+
+
+def _cp_buffers(m, lay: Layout, b: int, t: int) -> dict:
+    """Context-parallel communication buffers (per layer, transient)."""
+    cp = lay.cp_size
+    q, kv = m.num_attention_heads * m.head_dim, m.num_key_value_heads * m.head_dim
+    comm_fwd = comm_bwd = 0
+    if cp > 1:
+        kvb = 2 * t * kv * b  # local K and V
+        if lay.cp_impl == "ring":
+            comm_fwd = 2 * kvb  # stacked K/V being sent + the one received
+            comm_bwd = 2 * kvb + 2 * (2 * t * kv * 4)  # K/V and their fp32 dK/dV travel together
+        elif lay.cp_impl == "allgather":
+            comm_fwd = cp * kvb  # the whole sequence's K/V
+            comm_bwd = cp * kvb + cp * 2 * t * kv * 4  # gathered again + fp32 dK/dV before reduce-scatter
+        else:  # ulysses / hybrid: all-to-all of q, k, v and the output; hybrid adds a ring of K/V
+            comm_fwd = 2 * t * (2 * q + 2 * kv) * b
+            comm_bwd = comm_fwd + 2 * t * (q + 2 * kv) * 4
+            if lay.cp_impl == "hybrid" and cp // max(1, lay.ulysses_size) > 1:
+                comm_bwd += 2 * kvb * lay.ulysses_size
+    return {"comm_fwd": comm_fwd, "comm_bwd": comm_bwd}
+
+
+def _loss(m, lay: Layout, b: int, t: int) -> dict:
+    """The chunked cross-entropy: one chunk's fp32 logits (+ the bf16 matmul output), the fp32
+    head gradient and the hidden-state gradient, all created in the forward."""
+    d, V = m.hidden_size, m.vocab_size
+    c = min(lay.loss_chunk_size, t)
+    loss_fwd = c * V * 4 + (2 * c * V * b if b == 2 else 0) + V * d * 4 + t * d * b
+    loss_bwd = V * d * 4 + t * d * b + V * d * b + t * d * b  # saved grads, scaled copies
+    return {"loss_fwd": loss_fwd, "loss_bwd": loss_bwd}

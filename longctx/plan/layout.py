@@ -1,0 +1,104 @@
+"""The layout a memory estimate varies (everything of a config that changes memory), and the
+relative step time of a layout (to rank the ones that fit)."""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+from longctx.config import RunStage, TrainConfig
+
+BUCKET = int(5e8)  # DeepSpeed reduce_bucket_size / allreduce bucket (elements), our config leaves the default
+PREFETCH = int(5e7)  # stage3_prefetch_bucket_size (elements)
+MAX_LIVE = int(1e9)  # stage3_max_live_parameters: gathered parameters kept at most
+
+
+@dataclass
+class Layout:
+    """Everything of a config that changes memory (so advice can vary it)."""
+
+    seq_len: int
+    world_size: int
+    cp_size: int
+    cp_impl: str
+    ulysses_size: int
+    zero_stage: int
+    offload_optimizer: bool
+    offload_params: bool
+    activation_checkpointing: str
+    checkpoint_every: int
+    recompute_attention: bool
+    micro_batch_size: int
+    grad_accum: int
+    dtype: str
+    loss_chunk_size: int
+    attention_backend: str
+    # DeepSpeed buffer sizes (elements): its defaults, or a parallel.deepspeed_config's values
+    reduce_bucket_size: int = BUCKET
+    prefetch_bucket_size: int = PREFETCH
+    max_live_parameters: int = MAX_LIVE
+
+
+def _deepspeed_knobs(path: Optional[str]) -> dict:
+    """Bucket sizes from a user DeepSpeed JSON (parallel.deepspeed_config), where it sets them."""
+    if not path or not Path(path).is_file():
+        return {}
+    try:
+        zero = json.loads(Path(path).read_text()).get("zero_optimization") or {}
+    except (OSError, ValueError):
+        return {}
+    keys = {"reduce_bucket_size": "reduce_bucket_size", "stage3_prefetch_bucket_size": "prefetch_bucket_size",
+            "stage3_max_live_parameters": "max_live_parameters"}
+    return {ours: int(float(zero[theirs])) for theirs, ours in keys.items() if theirs in zero}
+
+
+def layout_of(cfg: TrainConfig, stage: RunStage, world_size: int) -> Layout:
+    """The layout of one resolved stage of `cfg` (its train section: dtype, batch, loss chunks)."""
+    par, tr = stage.parallel, cfg.train
+    return Layout(**_deepspeed_knobs(par.deepspeed_config), seq_len=stage.seq_len, world_size=world_size,
+                  cp_size=par.cp_size, cp_impl=par.cp_impl, ulysses_size=par.ulysses_size, zero_stage=par.zero_stage,
+                  offload_optimizer=par.offload_optimizer, offload_params=par.offload_params,
+                  activation_checkpointing=par.activation_checkpointing, checkpoint_every=par.checkpoint_every,
+                  recompute_attention=par.recompute_attention, micro_batch_size=stage.data.micro_batch_size,
+                  grad_accum=tr.grad_accum, dtype=tr.dtype, loss_chunk_size=tr.loss_chunk_size,
+                  attention_backend=par.attention_backend)
+
+
+# ------------------------------------------------------------------------ step time
+ZERO3_GATHER_COST = 1.05  # parameter all-gathers in forward and backward, mostly overlapped
+OFFLOAD_COST = 1.25  # the optimizer step on the host (CPU Adam) and its PCIe copies
+
+
+def relative_time_per_token(m, lay: Layout) -> float:
+    """Predicted training time per token of a layout, relative to the same model with no
+    recomputation, ZeRO <= 2 and no offload (1.0); used to rank layouts that fit, not to
+    predict seconds. Compute per token is the same for every cp size; activation
+    checkpointing re-runs the forward of checkpointed blocks (without the attention kernel
+    unless recompute_attention), ZeRO-3 and optimizer offload pay the constants above."""
+    c = parameter_counts(m)
+    n = m.num_hidden_layers * (c["attn"] + c["mlp"]) + c["head"]  # parameters in matmuls
+    attention = m.num_hidden_layers * m.num_attention_heads * m.head_dim * lay.seq_len  # causal: 6 x this
+    step = 6 * n + 6 * attention
+    recomputed = 2 * n + (2 * attention if lay.recompute_attention else 0)
+    share = {"none": 0.0, "full": 1.0, "selective": 1.0 / max(1, lay.checkpoint_every)}[lay.activation_checkpointing]
+    factor = 1.0 + share * recomputed / step
+    if lay.zero_stage == 3:
+        factor *= ZERO3_GATHER_COST
+    if lay.offload_optimizer:
+        factor *= OFFLOAD_COST
+    return factor
+
+
+# ----------------------------------------------------------------------------- counting
+def parameter_counts(m) -> dict:
+    """Exact parameter counts of longctx's Transformer for a ModelConfig (no model built)."""
+    d, f, D = m.hidden_size, m.intermediate_size, m.head_dim
+    q, kv = m.num_attention_heads * D, m.num_key_value_heads * D
+    attn = d * q + 2 * d * kv + q * d + ((q + 2 * kv + d) if m.attention_bias else 0)
+    mlp = 3 * d * f + ((2 * f + d) if m.mlp_bias else 0)
+    layer = attn + mlp + 2 * d
+    embed = m.vocab_size * d
+    head = 0 if m.tie_word_embeddings else m.vocab_size * d
+    total = m.num_hidden_layers * layer + embed + head + d
+    return {"total": total, "layer": layer, "embed": embed, "head": head or embed, "mlp": mlp, "attn": attn}
