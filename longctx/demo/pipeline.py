@@ -80,23 +80,17 @@ def findings(demo: DemoConfig, tables: dict, noise: float = 5.0) -> list[str]:
 
 def run_demo(demo: DemoConfig, out: Path, *, seed: int = 0, ablation: bool = False, argv: list | None = None) -> int:
     t_all = time.time()
-    jobs.check_out_dir(out, MARKER)
-    if out.is_dir():
-        shutil.rmtree(out)  # a previous demo run (it has the marker): start clean
-    out.mkdir(parents=True)
-    (out / MARKER).write_text(json.dumps({"plan": demo.name, "seed": seed, "ablation": ablation,
-                                          "argv": argv or [], "started": time.strftime("%Y-%m-%d %H:%M:%S")}, indent=1))
+    _fresh_run_dir(out, {"plan": demo.name, "seed": seed, "ablation": ablation, "argv": argv or [],
+                         "started": time.strftime("%Y-%m-%d %H:%M:%S")})
     timings: dict = {}
     tables: dict = {}
     n_steps = 6 if ablation else 4
-    rope = demo.scaled_rope()
 
     def step(i: int, text: str) -> float:
         _say(f"\n[{i}/{n_steps}] {text}")
         return time.time()
 
-    tok_spec = jobs.prepare_tokenizer(demo, out / "tokenizer")
-    tokenizer = load_tokenizer(tok_spec)
+    tokenizer = load_tokenizer(jobs.prepare_tokenizer(demo, out / "tokenizer"))
     t = step(1, f"train a {demo.num_layers}-layer model ({report.vocabulary(demo)}) at {demo.train_len} tokens "
                 f"(curriculum {' -> '.join(str(s.seq_len) for s in demo.base_stages)}), {demo.base_nproc} data-parallel processes")
     cfg = jobs.write_config(jobs.base_config(demo, out / "base", seed, tokenizer), out / "configs" / "base.yaml")
@@ -104,21 +98,16 @@ def run_demo(demo: DemoConfig, out: Path, *, seed: int = 0, ablation: bool = Fal
     timings["1 train base"] = time.time() - t
 
     t = step(2, f"evaluate the base model at {', '.join(map(str, demo.lengths))} tokens")
-    res = evaluation.evaluate_model(out / "base" / "hf", demo, out / "eval" / "a_base", label="(a) base")
-    tables["a"] = evaluation.score_table(res["summary"], demo.lengths)
-    params = res["parameters"]
+    tables["a"], params = _evaluate(demo, out / "base" / "hf", out / "eval" / "a_base", "(a) base")
     timings["2 eval base"] = time.time() - t
 
     t = step(3, f"extend: YaRN x{demo.factor} + {demo.extend_steps} steps at {demo.extend_len} tokens, "
                 f"torchrun {demo.nproc} processes, cp={demo.cp_size}, ZeRO-{demo.zero_stage}")
-    cfg = jobs.write_config(jobs.extend_config(demo, out / "extend", out / "base" / "hf", seed, rope, tokenizer),
-                              out / "configs" / "extend.yaml")
-    jobs.run_training(cfg, out / "extend", nproc=demo.nproc, log_name="train.log")
+    _extend(demo, out, "extend", seed, demo.scaled_rope(), tokenizer)
     timings["3 extend (cp=2, ZeRO-3)"] = time.time() - t
 
     t = step(4, "re-evaluate the extended model")
-    res = evaluation.evaluate_model(out / "extend" / "hf", demo, out / "eval" / "c_extended", label="(c) extended")
-    tables["c"] = evaluation.score_table(res["summary"], demo.lengths)
+    tables["c"], _ = _evaluate(demo, out / "extend" / "hf", out / "eval" / "c_extended", "(c) extended")
     timings["4 eval extended"] = time.time() - t
     timings["demo total"] = time.time() - t_all
     _say("\nretrieval score before -> after extension (0-100):\n" + report.console_table(demo, tables["a"], tables["c"]))
@@ -126,21 +115,42 @@ def run_demo(demo: DemoConfig, out: Path, *, seed: int = 0, ablation: bool = Fal
     if ablation:
         t_abl = time.time()
         t = step(5, f"ablation (b): base weights + YaRN x{demo.factor}, no training")
-        jobs.save_scaled_only(out / "base" / "hf", out / "scaled" / "hf", rope, demo.extend_len)
-        res = evaluation.evaluate_model(out / "scaled" / "hf", demo, out / "eval" / "b_scaled", label="(b) scaled")
-        tables["b"] = evaluation.score_table(res["summary"], demo.lengths)
+        jobs.save_scaled_only(out / "base" / "hf", out / "scaled" / "hf", demo.scaled_rope(), demo.extend_len)
+        tables["b"], _ = _evaluate(demo, out / "scaled" / "hf", out / "eval" / "b_scaled", "(b) scaled")
         timings["5 ablation (b) eval"] = time.time() - t
 
         t = step(6, f"ablation (d): the same {demo.extend_steps} steps at {demo.extend_len} tokens with plain RoPE")
-        cfg = jobs.write_config(jobs.extend_config(demo, out / "extend_plain", out / "base" / "hf", seed,
-                                                       demo.base_rope(), tokenizer), out / "configs" / "extend_plain.yaml")
-        jobs.run_training(cfg, out / "extend_plain", nproc=demo.nproc, log_name="train.log")
-        res = evaluation.evaluate_model(out / "extend_plain" / "hf", demo, out / "eval" / "d_plain", label="(d) plain")
-        tables["d"] = evaluation.score_table(res["summary"], demo.lengths)
+        _extend(demo, out, "extend_plain", seed, demo.base_rope(), tokenizer)
+        tables["d"], _ = _evaluate(demo, out / "extend_plain" / "hf", out / "eval" / "d_plain", "(d) plain")
         timings["6 ablation (d) train + eval"] = time.time() - t
         timings["ablation total"] = time.time() - t_abl
         timings["all"] = time.time() - t_all
+    return _finish(demo, out, seed, tables, timings, params, ablation)
 
+
+def _fresh_run_dir(out: Path, record: dict) -> None:
+    """An empty run directory holding only the marker (with what is run)."""
+    jobs.check_out_dir(out, MARKER)
+    if out.is_dir():
+        shutil.rmtree(out)  # a previous demo run (it has the marker): start clean
+    out.mkdir(parents=True)
+    (out / MARKER).write_text(json.dumps(record, indent=1))
+
+
+def _extend(demo: DemoConfig, out: Path, name: str, seed: int, rope: dict, tokenizer) -> None:
+    """Continued pretraining from the base model's export with `rope`, into out/name."""
+    cfg = jobs.write_config(jobs.extend_config(demo, out / name, out / "base" / "hf", seed, rope, tokenizer),
+                            out / "configs" / f"{name}.yaml")
+    jobs.run_training(cfg, out / name, nproc=demo.nproc, log_name="train.log")
+
+
+def _evaluate(demo: DemoConfig, model_dir: Path, out_dir: Path, label: str) -> tuple[dict, int]:
+    """(score table, parameter count) of one variant."""
+    res = evaluation.evaluate_model(model_dir, demo, out_dir, label=label)
+    return evaluation.score_table(res["summary"], demo.lengths), res["parameters"]
+
+
+def _finish(demo: DemoConfig, out: Path, seed: int, tables: dict, timings: dict, params: int, ablation: bool) -> int:
     facts = findings(demo, tables)
     path = report.write_report(out, demo, seed, tables, timings, {"parameters": params, "findings": facts})
     _say("\n" + "\n".join(report.accuracy_table(demo, tables)))
