@@ -40,7 +40,7 @@ def task_min_length(task: str, tokenizer, options) -> int:
 def busy_cores(window_s: float = 0.3) -> float | None:
     """Cores kept busy by other processes, measured over `window_s` from /proc/stat (None
     where there is no /proc/stat). Not the load average: its minute-long memory still counts
-    the training job that just ended, and the eval then ran on one thread (about 2x slower)."""
+    the training job that just ended, and would leave the eval on one thread."""
     def sample():
         with open("/proc/stat") as f:
             fields = [float(x) for x in f.readline().split()[1:]]
