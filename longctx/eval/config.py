@@ -22,7 +22,7 @@ from longctx.eval.scoring import DEFAULT_THRESHOLD
 from longctx.eval.tasks import NIAH_GRID_TASK, RULER_TASKS, TaskOptions, get_task
 
 SUITES = ("ruler", "niah", "passkey", "ppl")
-DECODE_CP_IMPLS = ("ring", "allgather", "ulysses")  # context-parallel prefill (eval/cp_prefill.py)
+DECODE_CP_IMPLS = ("ring", "allgather", "ulysses")  # context-parallel prefill (parallel/cp_decode.py)
 DEFAULT_DEPTHS = [i / 10 for i in range(11)]
 PATH_FIELDS = ("essay", "squad", "hotpotqa", "ppl_data", "ruler_data", "words")  # must exist
 
@@ -95,7 +95,7 @@ class EvalConfig:
     def task_options(self) -> TaskOptions:
         return TaskOptions(style=self.style, max_new_tokens=self.max_new_tokens, essay_path=self.essay,
                            squad_path=self.squad, hotpotqa_path=self.hotpotqa, chat_template=self.chat_template,
-                           num_digits=self.num_digits)
+                           num_digits=self.num_digits, words_path=self.words)
 
 
 @dataclass
