@@ -40,7 +40,7 @@ def model_has_chat_template(model_dir: Optional[str | Path]) -> bool:
 def _data_departures(tasks: set, options: TaskOptions, records: Sequence[dict]) -> list[str]:
     """Haystack and word data that differ from RULER's (our generator only)."""
     out = []
-    essay = sorted(tasks & set(ESSAY_TASKS))
+    essay = [t for t in ESSAY_TASKS if t in tasks]
     if essay and options.essay_path is None:
         out.append(f"built-in essay haystack for {', '.join(essay)} (a ~1,000-word text repeated; RULER uses "
                    "Paul Graham's essays: pass essay=FILE)")
@@ -69,7 +69,7 @@ def _run_departures(tasks: set, options: TaskOptions, records: Sequence[dict], t
     for r in records:
         counts[(r["task"], r["target_length"])] = counts.get((r["task"], r["target_length"]), 0) + 1
     if counts and min(counts.values()) < RULER_SAMPLES:
-        out.append(f"{min(counts.values())} samples per task and length; RULER uses {RULER_SAMPLES}")
+        out.append(f"{min(counts.values())} samples per task and length (RULER uses {RULER_SAMPLES})")
     if options.style != "ruler":
         out.append(f"style={options.style} (shorter templates and budgets than RULER's)")
     if options.max_new_tokens is not None:

@@ -30,7 +30,7 @@ def test_builtin_essay_without_qa_is_not_comparable_and_says_why():
     assert verdict["ruler_comparable"] is False
     text = " | ".join(verdict["departures"])
     for reason in ("built-in essay haystack", "qa_1 and qa_2 not evaluated", "11 of RULER's 13 tasks",
-                   "10 samples per task and length; RULER uses 500", "byte tokenizer"):
+                   "10 samples per task and length (RULER uses 500)", "byte tokenizer"):
         assert reason in text, reason
     line = warning_line(verdict)
     assert line.startswith("warning: not comparable with published RULER numbers: ") and "\n" not in line
