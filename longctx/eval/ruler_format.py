@@ -178,8 +178,10 @@ def write_summary_csv(folder: Path, rows: dict[str, tuple[float, str]]) -> Path:
     path = folder / ("summary.csv" if len(tasks) > 1 else f"summary-{tasks[0]}.csv")
     table = [list(range(len(tasks) + 1)), ["Tasks"] + tasks, ["Score"] + [rows[t][0] for t in tasks],
              ["Nulls"] + [rows[t][1] for t in tasks]]
-    with open(path, "w", newline="", encoding="utf-8") as f:
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "w", newline="", encoding="utf-8") as f:
         csv.writer(f, lineterminator="\n").writerows(table)
+    tmp.replace(path)
     return path
 
 
