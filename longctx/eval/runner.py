@@ -17,9 +17,12 @@ from typing import Callable, Optional, Sequence
 
 import torch
 import torch.distributed as dist
+from tqdm import tqdm
 
 from longctx.eval.scoring import score_sample
 from longctx.eval.tasks import Sample
+from longctx.model.generate import generate
+from longctx.parallel.cp_decode import cp_generate
 
 
 def _is_dist() -> bool:
@@ -60,14 +63,10 @@ class Engine:
         pad = 0 if pad is None else pad
         t0 = time.perf_counter()
         if self.cp_size > 1:
-            from longctx.parallel.cp_decode import cp_generate
-
             out, st = cp_generate(self.model, prompts, max_new_tokens, group=self.cp_group, impl=self.cp_impl,
                                   eos_id=eos, pad_id=pad)
             self.stats["peak_cache_bytes"] = max(self.stats["peak_cache_bytes"], st["cache_bytes"])
         else:
-            from longctx.model.generate import generate
-
             out = generate(self.model, prompts, max_new_tokens, eos_id=eos, pad_id=pad)
         self.stats["seconds"] += time.perf_counter() - t0
         self.stats["prompt_tokens"] += sum(len(p) for p in prompts)
@@ -101,8 +100,6 @@ class Engine:
 def _progress(total: int, enabled: bool, desc: str):
     if not enabled:
         return None
-    from tqdm import tqdm
-
     return tqdm(total=total, desc=desc, unit="sample", file=sys.stderr, dynamic_ncols=True)
 
 
