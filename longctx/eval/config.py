@@ -20,9 +20,9 @@ from longctx.errors import UserError
 from longctx.eval.model_io import parse_dtype
 from longctx.eval.scoring import DEFAULT_THRESHOLD
 from longctx.eval.tasks import NIAH_GRID_TASK, RULER_TASKS, TaskOptions, get_task
+from longctx.parallel.cp_decode import DECODE_CP_IMPLS
 
 SUITES = ("ruler", "niah", "passkey", "ppl")
-DECODE_CP_IMPLS = ("ring", "allgather", "ulysses")  # context-parallel prefill (parallel/cp_decode.py)
 DEFAULT_DEPTHS = [i / 10 for i in range(11)]
 PATH_FIELDS = ("essay", "squad", "hotpotqa", "ppl_data", "ruler_data", "words")  # must exist
 

@@ -28,6 +28,7 @@ from longctx.model.generate import greedy_decode
 from longctx.parallel.cp import make_cp_attention
 from longctx.parallel.sharding import shard_sequence
 
+DECODE_CP_IMPLS = ("ring", "allgather", "ulysses")  # the impls cp_generate prefills with (not hybrid)
 PAD_SEGMENT = -1
 
 
