@@ -15,7 +15,10 @@ from longctx.model.llama import Transformer, build_model, count_parameters
 from longctx.parallel.zero import build_optimizer, deepspeed_config
 from longctx.train.summary import weights_line
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+def train_dtype(cfg) -> torch.dtype:
+    """train.dtype as a torch dtype (its valid names, config/sections.py DTYPES, are torch's own)."""
+    return getattr(torch, cfg.train.dtype)
 
 
 def build_plain_model(cfg, model_cfg: ModelConfig, device: torch.device) -> tuple[Transformer, ModelConfig, str]:
@@ -29,7 +32,7 @@ def build_plain_model(cfg, model_cfg: ModelConfig, device: torch.device) -> tupl
         model = build_model(model_cfg, device=device, seed=cfg.train.seed)
     line = weights_line(m.init_from, m.preset, len(model.state_dict()), count_parameters(model), cfg.train.seed)
     origin = read_hf_config(m.init_from) if m.init_from else get_preset(m.preset)
-    return model.to(DTYPES[cfg.train.dtype]), origin, line
+    return model.to(train_dtype(cfg)), origin, line
 
 
 def optimizer_for(model: nn.Module, optim, offload: bool) -> torch.optim.Optimizer:

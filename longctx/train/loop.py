@@ -19,8 +19,8 @@ from longctx.model.hf import save_hf_weights
 from longctx.parallel.mesh import build_mesh, init_distributed, read_env, shutdown_distributed
 from longctx.parallel.parallelize import attention_for, parallelize, set_stage
 from longctx.parallel.zero import full_state_dict
-from longctx.train.build import (DTYPES, build_plain_model, deepspeed_config_for, optimizer_for, resolved_header,
-                                 setup_logging)
+from longctx.train.build import (build_plain_model, deepspeed_config_for, optimizer_for, resolved_header,
+                                 setup_logging, train_dtype)
 from longctx.train.checkpoint import (CheckpointError, choose_resume, load_checkpoint, read_trainer_state,
                                       resume_candidates, rng_state, run_phase, save_checkpoint, set_rng_state)
 from longctx.train.continuation import continue_from, nothing_left_notice
@@ -61,7 +61,7 @@ class Trainer:
             (self.out / NONFINITE_MARKER).unlink(missing_ok=True)
         dist.barrier()
         setup_logging(self.out, self.rank)
-        self.dtype = DTYPES[cfg.train.dtype]
+        self.dtype = train_dtype(cfg)
         self.device = (torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available()
                        else torch.device("cpu"))
         self._meshes: dict[int, object] = {}
