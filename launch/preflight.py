@@ -106,7 +106,8 @@ def _memory_warning(cfg, stages, world: int, gpu_mem: str | None) -> None:
 
 def check_eval(world: int, argv: list[str]) -> str:
     """`longctx eval` options for `world` processes, before any starts: every option, the model
-    directory and its tokenizer (the weights are not read). Returns the absolute --out."""
+    directory and its tokenizer (the weights are not read). Returns the absolute --out ("" for
+    out=null, an eval that writes nothing)."""
     from longctx.cli import OneLineParser
     from longctx.commands import eval as eval_command
 
@@ -114,7 +115,7 @@ def check_eval(world: int, argv: list[str]) -> str:
     eval_command.add_parser(parser)
     cfg = eval_command.config_from_args(parser.parse_args(argv))
     eval_command.check(cfg, world)
-    return str(Path(cfg.out).absolute())
+    return str(Path(cfg.out).absolute()) if cfg.out else ""
 
 
 def _train_args(rest: list[str]) -> tuple[str | None, list[str]]:

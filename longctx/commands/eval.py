@@ -53,9 +53,12 @@ def config_from_args(args: argparse.Namespace) -> EvalConfig:
     return load_structured(EvalConfig, args.config, args.overrides, flags, prefix="eval.")
 
 
-def check(cfg: EvalConfig, world_size: int) -> Path:
-    """Every check before any weight is read or process group exists; returns the model directory."""
+def check(cfg: EvalConfig, world_size: int) -> typing.Optional[Path]:
+    """Every check before any weight is read or process group exists; returns the model directory
+    (None for write_data without a model: validate checked its tokenizer)."""
     cfg.validate(world_size)
+    if not cfg.model:
+        return None
     model_dir = resolve_model_dir(cfg.model)  # UserError for a missing/invalid path, before the weights
     as_eval_field(check_tokenizer_spec, as_eval_field(tokenizer_spec_for, model_dir, cfg.tokenizer))
     return model_dir

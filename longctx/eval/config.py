@@ -72,6 +72,9 @@ class EvalConfig:
         """Every check that needs no weights or process group, for `world_size` processes."""
         if not self.model and self.write_data is None:
             raise UserError("eval.model: required (--model DIR: an HF directory, checkpoint or run directory)")
+        if not self.model and self.tokenizer is None:
+            raise UserError("eval.tokenizer: write_data without a model needs the tokenizer that fits the lengths "
+                            "(--tokenizer byte, a tokenizer.json or a tokenizer directory)")
         for name, minimum in (("samples", 1), ("seed", 0), ("max_batch_tokens", 1), ("ppl_windows", 1)):
             _at_least(name, getattr(self, name), minimum)
         if self.batch_size is not None:

@@ -135,3 +135,17 @@ def test_preflight_takes_the_command_word_the_docs_write(tmp_path, capsys):
     assert capsys.readouterr().out.strip() == str(tmp_path / "r")
     assert preflight.main(["--world-size", "2", "--", "train", "parallel.cp_size=3"]) == 2
     assert "error: parallel.cp_size: 3 needs at least 3 GPUs" in capsys.readouterr().err
+
+
+def test_preflight_eval_write_data_needs_no_model(tmp_path, capsys):
+    """`--write-data` writes prompts without weights: preflight checks its tokenizer, not a model."""
+    import preflight
+
+    argv = ["--world-size", "1", "--command", "eval", "--", "--write-data", str(tmp_path / "w"), "--lengths", "1024"]
+    assert preflight.main([*argv, "--tokenizer", "byte", "--out", str(tmp_path / "e")]) == 0
+    assert capsys.readouterr().out.strip() == str(tmp_path / "e")
+    assert preflight.main([*argv, "--tokenizer", "byte", "out=null"]) == 0
+    assert capsys.readouterr().out.strip() == ""
+    assert preflight.main(argv) == 2
+    assert "error: eval.tokenizer: write_data without a model needs the tokenizer" in capsys.readouterr().err
+    assert not (tmp_path / "w").exists()
