@@ -275,9 +275,9 @@ class RotaryEmbedding(nn.Module):
 
 class _Rotate(torch.autograd.Function):
     """x * cos + rotate_half(x) * sin, computed per half in fp32 and written straight into an
-    output of x's dtype. Bit-identical to `rotate_reference` (same products and sums), 1.2x
-    faster on CPU for fwd+bwd (benchmarks/bench_kernels.py): no concatenated rotate_half copy,
-    no fp32 output tensor, and autograd keeps only cos/sin (not fp32 copies of x)."""
+    output of x's dtype. Bit-identical to `rotate_reference` (same products and sums), and
+    cheaper (benchmarks/bench_kernels.py measures it): no concatenated rotate_half copy, no fp32
+    output tensor, and autograd keeps only cos/sin (not fp32 copies of x)."""
 
     @staticmethod
     def forward(ctx, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

@@ -13,9 +13,9 @@ from longctx.plan.layout import Layout, layout_of, parameter_counts
 
 GiB = 2**30
 # Fixed per-process runtime memory (Python, torch, DeepSpeed, data loader; CUDA context and
-# NCCL on GPU). CPU: measured as the peak RSS of the trainer with the debug-tiny model
-# (benchmarks/bench_plan.py prints it; 0.36 GiB with torch 2.13 / DeepSpeed 0.19). GPU: CUDA
-# context + cuBLAS/NCCL workspaces, typical for H100/A100 with NCCL's default buffers.
+# NCCL on GPU). CPU: the peak RSS of the trainer with the debug-tiny model, as
+# benchmarks/bench_plan.py measures it (docs/plan.md). GPU: CUDA context + cuBLAS/NCCL
+# workspaces, typical for H100/A100 with NCCL's default buffers.
 RUNTIME_GB = {"cpu": 0.36, "gpu": 1.5}
 GPU_USABLE = 0.92  # fraction of nominal memory a plan may use (allocator fragmentation, reserve)
 

@@ -158,7 +158,7 @@ def peak_memory_bytes() -> int:
 
 def peak_rss_bytes() -> int:
     """This process image's peak RSS. Linux: VmHWM, not ru_maxrss, which also keeps the image
-    before exec, i.e. the forked parent's RSS (a small worker of a 2.4 GB parent read 2.56 GB)."""
+    before exec, i.e. the forked parent's RSS (a small worker of a large parent reads as large)."""
     try:
         with open("/proc/self/status") as f:
             for line in f:
