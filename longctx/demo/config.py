@@ -7,8 +7,8 @@ DemoConfig into the TrainConfigs of its jobs. The measurements behind each choic
 docs/demo.md.
 
 - Model: 3 layers, d256, 4 heads of 64, byte vocabulary, bf16: small enough for a 2-core CPU.
-  A byte-level BPE trained on the corpus (`tokenizer_vocab`) holds ~3x more text per token,
-  which makes the short lengths too easy and the long ones too hard for this model.
+  A BPE would hold several times more text per token, which makes the short lengths too easy
+  and the long ones too hard for this model.
 - Base training at 256 tokens with a length curriculum (128 -> 192 -> 256; the short stages
   on passkey documents only, where copying is learned), the answer tokens weighted up,
   documents nearly as long as the row (only then does a 256-token niah document hold a
@@ -68,10 +68,6 @@ class DemoConfig:
     intermediate_size: int = 688
     rope_theta: float = 10000.0
     dtype: str = "bfloat16"
-    # 0: the byte tokenizer; else a byte-level BPE of this many ids, trained on the demo's own
-    # corpus at the start of the run (run_dir/tokenizer/tokenizer.json)
-    tokenizer_vocab: int = 0
-    tokenizer_docs: int = 3000  # synthetic documents the BPE is trained on
     # step 1: base training at a short context
     train_len: int = 256
     base_stages: List[DemoStage] = field(default_factory=_curriculum)
@@ -116,11 +112,6 @@ class DemoConfig:
     # questions per extension niah document, each about another needle: with 12 keys at <= 1024
     # tokens this asks about nearly every needle that fits
     extend_queries: int = 8
-    # a second extension source drawn for this share of the rows: niah documents with
-    # extend_dense_keys needles and extend_dense_queries questions (weight 0: no second source)
-    extend_dense_weight: float = 0.0
-    extend_dense_keys: int = 16
-    extend_dense_queries: int = 2
     recall_multivalue: float = 0.0  # share of recall keys with several values (base corpus)
     extend_recall_multivalue: float = 0.3  # the same in the extension corpus
     # share of niah/multivalue/passkey documents with each needle on a line of its own, as the

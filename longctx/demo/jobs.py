@@ -5,27 +5,21 @@ re-run by hand from its YAML.
 """
 from __future__ import annotations
 
-import dataclasses
 import os
 import socket
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, Optional
 
 from longctx.config import (CheckpointSection, LogSection, ModelSection, OptimSection, ParallelSection,
                             StageSection, TrainConfig, TrainSection, check_out_dir as check_writable_dir,
                             load_config, to_yaml)
-from longctx.data.bpe import train_bpe
 from longctx.data.config import DataConfig, SourceConfig, SyntheticConfig
-from longctx.data.synthetic import generate_document
 from longctx.demo.config import DemoConfig
 from longctx.errors import UserError
 from longctx.eval.model_io import tokenizer_spec_for
 from longctx.model.hf import load_pretrained, read_hf_config, save_pretrained
-
-DENSE_SEED = 4321  # the dense-needle source's corpus seed: its documents are not the main corpus's
-
 
 def _synthetic(num_keys: int, length_min_ratio: float, filler: str, tasks: Dict[str, float], num_values: int,
                queries: int = 1, recall_multivalue: float = 0.0, line_breaks: float = 0.0,
@@ -48,33 +42,6 @@ def extend_synthetic(demo: DemoConfig) -> SourceConfig:
                       demo.extend_tasks, demo.num_values, queries=demo.extend_queries,
                       recall_multivalue=demo.extend_recall_multivalue, line_breaks=demo.extend_line_breaks,
                       packing=demo.extend_packing)
-
-
-def extend_sources(demo: DemoConfig) -> List[SourceConfig]:
-    """The extension's data sources: the main corpus, plus the dense-needle one when the
-    config draws it."""
-    main = extend_synthetic(demo)
-    if demo.extend_dense_weight <= 0:
-        return [main]
-    dense = dataclasses.replace(main, name="dense", weight=demo.extend_dense_weight, synthetic=dataclasses.replace(
-        main.synthetic, num_keys=demo.extend_dense_keys, queries=demo.extend_dense_queries, tasks={"niah": 1.0},
-        seed=DENSE_SEED))
-    return [dataclasses.replace(main, weight=1.0 - demo.extend_dense_weight), dense]
-
-
-def prepare_tokenizer(demo: DemoConfig, out_dir: Path) -> str:
-    """The run's tokenizer spec: "byte", or a BPE trained here on documents of both training
-    corpora (base and extension), written to out_dir/tokenizer.json."""
-    if not demo.tokenizer_vocab:
-        return "byte"
-    texts = []
-    for i, source in enumerate((base_synthetic(demo), extend_synthetic(demo))):
-        # character lengths from train_len to ~3 x extend_len (a BPE token is ~3 characters):
-        # documents of both rows' sizes, every task, filler and question kind
-        for j in range(demo.tokenizer_docs // 2):
-            length = demo.train_len + (j * 7919) % (demo.extend_len * 3)
-            texts.append(generate_document(source.synthetic, i * demo.tokenizer_docs + j, length_chars=length).text)
-    return str(train_bpe(texts, demo.tokenizer_vocab, out_dir))
 
 
 def _optim(lr: float, warmup: int) -> OptimSection:
@@ -111,7 +78,7 @@ def extend_config(demo: DemoConfig, out_dir: Path, init_from: Path, seed: int, r
         out_dir=str(out_dir),
         model=ModelSection(init_from=str(init_from), rope_parameters=dict(rope), max_position_embeddings=demo.extend_len),
         data=DataConfig(seq_len=demo.extend_len, micro_batch_size=demo.extend_batch, tokenizer=tokenizer.name,
-                        sources=extend_sources(demo)),
+                        sources=[extend_synthetic(demo)]),
         parallel=ParallelSection(cp_size=demo.cp_size, cp_impl="ring", zero_stage=demo.zero_stage),
         optim=_optim(demo.extend_lr, demo.extend_warmup),
         train=TrainSection(steps=demo.extend_steps, dtype=demo.dtype, seed=seed,

@@ -90,8 +90,8 @@ def run_demo(demo: DemoConfig, out: Path, *, seed: int = 0, ablation: bool = Fal
         _say(f"\n[{i}/{n_steps}] {text}")
         return time.time()
 
-    tokenizer = load_tokenizer(jobs.prepare_tokenizer(demo, out / "tokenizer"))
-    t = step(1, f"train a {demo.num_layers}-layer model ({report.vocabulary(demo)}) at {demo.train_len} tokens "
+    tokenizer = load_tokenizer("byte")
+    t = step(1, f"train a {demo.num_layers}-layer model (byte vocabulary) at {demo.train_len} tokens "
                 f"(curriculum {' -> '.join(str(s.seq_len) for s in demo.base_stages)}), {demo.base_nproc} data-parallel processes")
     cfg = jobs.write_config(jobs.base_config(demo, out / "base", seed, tokenizer), out / "configs" / "base.yaml")
     jobs.run_training(cfg, out / "base", nproc=demo.base_nproc, log_name="train.log")

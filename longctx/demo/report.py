@@ -19,10 +19,6 @@ VARIANTS = {
 }
 
 
-def vocabulary(demo: DemoConfig) -> str:
-    return f"BPE-{demo.tokenizer_vocab} vocabulary" if demo.tokenizer_vocab else "byte vocabulary"
-
-
 def _fmt(x: Optional[float]) -> str:
     return "n/a" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.1f}"
 
@@ -90,7 +86,7 @@ def plot_variants(demo: DemoConfig, tables: dict, path: Path) -> Path:
     ax.set_xscale("log", base=2)
     ax.set_xticks(demo.lengths, [str(L) for L in demo.lengths])
     ax.set_ylim(-3, 103)
-    ax.set_xlabel(f"context length ({vocabulary(demo).split()[0]} tokens)")
+    ax.set_xlabel("context length (byte tokens)")
     ax.set_ylabel("retrieval accuracy (avg over tasks)")
     ax.legend(fontsize=7)
     fig.tight_layout()
@@ -119,7 +115,7 @@ def write_report(out: Path, demo: DemoConfig, seed: int, tables: dict, timings: 
              f"- plan: `{demo.name}`{' (CI smoke run: budgets far too small for meaningful accuracy)' if demo.name == 'fast' else ''}; training seed {seed}; eval seed {demo.eval_seed} "
              f"({demo.samples} samples per task and length; {HEATMAP_NOTE.format(n=demo.heatmap_samples, d=len(demo.heatmap_depths))})",
              f"- model: {extra.get('parameters', '?'):,} parameters ({demo.num_layers} layers, d{demo.hidden_size}, "
-             f"{demo.num_heads} heads x {demo.head_dim}, {vocabulary(demo)}), {demo.dtype}, RoPE theta {demo.rope_theta:g}",
+             f"{demo.num_heads} heads x {demo.head_dim}, byte vocabulary), {demo.dtype}, RoPE theta {demo.rope_theta:g}",
              f"- base training: {' → '.join(str(s.seq_len) for s in demo.base_stages)} tokens "
              f"({' + '.join(str(s.steps) for s in demo.base_stages)} steps), answer tokens weighted x{demo.answer_loss_weight:g}",
              f"- corpora (synthetic task mix): {corpus_mixes(demo)}",
@@ -166,16 +162,7 @@ def _mix(tasks: Dict[str, float], recall_multivalue: float, line_breaks: float =
 def corpus_mixes(demo: DemoConfig) -> str:
     stages = [f"{s.seq_len}: {_mix(s.tasks, demo.recall_multivalue, demo.line_breaks)}" for s in demo.base_stages if s.tasks]
     return (f"base {_mix(demo.tasks, demo.recall_multivalue, demo.line_breaks)}" + (f" ({'; '.join(stages)})" if stages else "") +
-            f"; extension {_mix(demo.extend_tasks, demo.extend_recall_multivalue, demo.extend_line_breaks)}" +
-            _extension_extras(demo))
-
-
-def _extension_extras(demo: DemoConfig) -> str:
-    parts = []
-    if demo.extend_dense_weight > 0:
-        parts.append(f"{demo.extend_dense_weight:.0%} of rows dense niah ({demo.extend_dense_keys} keys, "
-                     f"{demo.extend_dense_queries} questions)")
-    return "".join(f", {p}" for p in parts)
+            f"; extension {_mix(demo.extend_tasks, demo.extend_recall_multivalue, demo.extend_line_breaks)}")
 
 
 HEATMAP_NOTE = "niah_single_1: {n} per depth x {d} depths"

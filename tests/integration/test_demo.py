@@ -210,8 +210,7 @@ def test_training_configs_carry_the_measured_recipe(tmp_path):
 
     from longctx.data import load_tokenizer
 
-    byte = load_tokenizer(jobs.prepare_tokenizer(FULL, tmp_path / "tokenizer"))
-    assert byte.name == "byte" and not (tmp_path / "tokenizer").exists()
+    byte = load_tokenizer("byte")
     base = jobs.write_config(jobs.base_config(FULL, tmp_path / "base", 0, byte), tmp_path / "base.yaml")
     ext = jobs.write_config(jobs.extend_config(FULL, tmp_path / "ext", tmp_path / "base" / "hf", 0,
                                                    FULL.scaled_rope(), byte), tmp_path / "ext.yaml")
@@ -229,51 +228,6 @@ def test_training_configs_carry_the_measured_recipe(tmp_path):
     # half the extension's niah/multivalue/passkey documents put needles on lines of their own
     assert e_syn.line_breaks == FULL.extend_line_breaks == 0.5 and b_syn.line_breaks == FULL.line_breaks == 0
     assert b.data.micro_batch_size * FULL.base_nproc == FULL.base_batch
-
-
-def test_bpe_plan_trains_its_tokenizer_and_sizes_the_model_by_it(tmp_path):
-    """tokenizer_vocab > 0: a BPE trained on both corpora, recorded in both configs, the model's
-    vocabulary and BOS/EOS taken from it."""
-    from dataclasses import replace
-
-    from longctx.config import load_config
-    from longctx.data import load_tokenizer
-    from longctx.demo import jobs
-
-    plan = replace(FULL, tokenizer_vocab=600, tokenizer_docs=200)
-    spec = jobs.prepare_tokenizer(plan, tmp_path / "tokenizer")
-    assert spec == str(tmp_path / "tokenizer" / "tokenizer.json")
-    tok = load_tokenizer(spec)
-    assert tok.vocab_size == 600 and len(tok.encode("One of the special magic numbers for")) <= 8
-    base = load_config(str(jobs.write_config(jobs.base_config(plan, tmp_path / "base", 0, tok), tmp_path / "b.yaml")))
-    ext = load_config(str(jobs.write_config(jobs.extend_config(plan, tmp_path / "ext", tmp_path / "base" / "hf", 0,
-                                                                   plan.scaled_rope(), tok), tmp_path / "e.yaml")))
-    assert base.data.tokenizer == ext.data.tokenizer == spec
-    over = base.model.overrides
-    assert (over["vocab_size"], over["bos_token_id"], over["eos_token_id"]) == (600, tok.bos_id, tok.eos_id)
-
-
-def test_extension_dense_source_reaches_the_trainer_config(tmp_path):
-    """extend_dense_weight adds a second, niah-only source with its own corpus seed and the
-    plan's key / question counts."""
-    from dataclasses import replace
-
-    from longctx.config import load_config
-    from longctx.data import load_tokenizer
-    from longctx.demo import jobs
-    from longctx.demo.report import corpus_mixes
-
-    byte = load_tokenizer("byte")
-    plan = replace(FULL, extend_dense_weight=0.25, extend_dense_keys=16, extend_dense_queries=2)
-    e = load_config(str(jobs.write_config(jobs.extend_config(plan, tmp_path / "ext", tmp_path / "base" / "hf", 0,
-                                                                 plan.scaled_rope(), byte), tmp_path / "ext.yaml")))
-    main, dense = e.data.sources
-    assert (main.weight, dense.weight) == (0.75, 0.25) and dense.name == "dense"
-    assert dict(dense.synthetic.tasks) == {"niah": 1.0} and (dense.synthetic.num_keys, dense.synthetic.queries) == (16, 2)
-    assert dense.synthetic.seed != main.synthetic.seed
-    assert "25% of rows dense niah (16 keys, 2 questions)" in corpus_mixes(plan)
-    off = replace(FULL, extend_dense_weight=0.0)
-    assert len(jobs.extend_sources(off)) == 1 and "dense" not in corpus_mixes(off)
 
 
 def test_eval_threads_follow_the_cores_other_processes_leave_free():
