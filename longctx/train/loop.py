@@ -34,13 +34,12 @@ from longctx.train.summary import layout_line, rope_line
 log = logging.getLogger("longctx.train")
 
 
-def stage_loader(cfg: TrainConfig, stage_index: int, tokenizer, *, dp_rank: int, dp_size: int,
+def stage_loader(stage: RunStage, train_seed: int, tokenizer, *, dp_rank: int, dp_size: int,
                  collate: Optional[ModelInputs] = None):
-    """The loader of stage `stage_index`: its data section (seq_len, sources, answer masks when
-    answer tokens are weighted) and a seed of its own."""
-    stage = resolve_stages(cfg)[stage_index]
+    """The loader of a resolved stage: its data section (seq_len, sources, answer masks when
+    answer tokens are weighted) and a seed of its own (train.seed + 1000 x the stage index)."""
     return build_loader(stage.data, tokenizer, dp_rank=dp_rank, dp_size=dp_size,
-                        seed=cfg.train.seed + 1000 * stage_index, collate=collate)
+                        seed=train_seed + 1000 * stage.index, collate=collate)
 
 
 class Trainer:
@@ -182,8 +181,8 @@ class Trainer:
         enough to keep the attention kernels' blocks regular."""
         collate = ModelInputs(stage.data.document_masking, self.cfg.train.answer_loss_weight,
                               trim_multiple=math.lcm(64, 2 * self.cp))
-        loader = stage_loader(self.cfg, stage.index, tokenizer, dp_rank=self.mesh.dp_rank, dp_size=self.mesh.dp_size,
-                              collate=collate)
+        loader = stage_loader(stage, self.cfg.train.seed, tokenizer, dp_rank=self.mesh.dp_rank,
+                              dp_size=self.mesh.dp_size, collate=collate)
         if loader_state is not None:
             loader.load_state_dict(loader_state)
         return loader

@@ -45,7 +45,7 @@ def test_each_stage_loader_reads_its_own_sources(tmp_path):
     tok = load_tokenizer("byte")
     texts = {}
     for si in (0, 1):
-        batch = next(iter(stage_loader(cfg, si, tok, dp_rank=0, dp_size=1)))
+        batch = next(iter(stage_loader(resolve_stages(cfg)[si], cfg.train.seed, tok, dp_rank=0, dp_size=1)))
         assert batch["input_ids"].shape == (4, cfg.stages[si].seq_len)
         assert "answer_mask" in batch  # answer tokens are weighted in this config
         texts[si] = [tok.decode(row.tolist()) for row in batch["input_ids"]]
