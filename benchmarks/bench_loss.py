@@ -3,7 +3,8 @@
 plain:   logits = hidden @ W.T (all tokens x vocab), F.cross_entropy on fp32 logits
 chunked: longctx.model.loss.chunked_cross_entropy (logits never exist in full)
 Each in a fresh subprocess; peak = the process's RSS high-water mark (VmHWM) growth over the
-RSS before the loss.
+RSS before the loss, with glibc serving every block of 64 KiB or more by mmap
+(MALLOC_MMAP_THRESHOLD_), so that freed tensors leave RSS at once and the peak is live memory.
 
     python benchmarks/bench_loss.py --tokens 32768 --vocab 32000 --hidden 512
 """
@@ -51,7 +52,8 @@ def worker(impl: str, tokens: int, vocab: int, hidden: int, dtype: str, chunk: i
 def measure(impl: str, tokens: int, vocab: int, hidden: int, dtype: str = "float32", chunk: int = 1024) -> dict:
     cmd = [sys.executable, os.path.abspath(__file__), "--worker", impl, "--tokens", str(tokens), "--vocab", str(vocab),
            "--hidden", str(hidden), "--dtype", dtype, "--chunk", str(chunk)]
-    res = subprocess.run(cmd, capture_output=True, text=True, check=True)
+    env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": str(1 << 16)}
+    res = subprocess.run(cmd, capture_output=True, text=True, check=True, env=env)
     return json.loads(res.stdout.strip().splitlines()[-1])
 
 

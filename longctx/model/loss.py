@@ -3,6 +3,8 @@
 The full (tokens x vocab) logits never exist: each chunk's logits are formed, reduced to
 its loss, and turned into the gradients of the hidden states and of the head weight right
 away (the head is linear, so the gradient is exact), then freed. Softmax statistics are fp32.
+Within a chunk the compute-dtype GEMM outputs and casts run a row block at a time, so the
+chunk's only full-size buffer is its fp32 logits (later its fp32 d logits, in place).
 """
 from __future__ import annotations
 
@@ -11,20 +13,65 @@ from typing import Optional
 import torch
 
 IGNORE_INDEX = -100
+ROW_BLOCK = 256  # rows per compute-dtype GEMM and cast inside a chunk
 
 
-def _accumulate_weight_grad(grad_weight, probs, dlogits, h) -> None:
-    """grad_weight (V, d) fp32 += dlogits^T h, accumulated in fp32 across chunks.
+def _row_blocks(n: int):
+    return ((r, min(n, r + ROW_BLOCK)) for r in range(0, n, ROW_BLOCK))
 
-    On CUDA with bf16/fp16 inputs the product is one tensor-core GEMM of the compute-dtype
-    operands with an fp32 output (what a plain bf16 head's backward computes, without its
-    final rounding); fp32 operands there would run on the SIMT cores without TF32 (a quarter
-    of an 8k-token step of a 4-layer 7B-shaped model on an H200, docs/gpu.md). Elsewhere the
-    product is formed from the fp32 probabilities (CPU has no mixed-output GEMM)."""
-    if h.is_cuda and h.dtype in (torch.bfloat16, torch.float16):
-        grad_weight.add_(torch.mm(dlogits.t(), h, out_dtype=torch.float32))
-    else:
-        grad_weight.addmm_(probs.t(), h.float())
+
+def _logits_fp32(h: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """(c, d) @ (V, d)^T -> (c, V) fp32: each row block's compute-dtype GEMM output widened
+    into one fp32 buffer (the values of `(h @ weight.t()).float()` without its (c, V) temporary)."""
+    if h.dtype == torch.float32:
+        return h @ weight.t()
+    logits = torch.empty(h.shape[0], weight.shape[0], dtype=torch.float32, device=h.device)  # (c, V)
+    for a, b in _row_blocks(h.shape[0]):
+        logits[a:b] = h[a:b] @ weight.t()
+    return logits
+
+
+def _logsumexp_rows(logits: torch.Tensor) -> torch.Tensor:
+    """(c, V) -> (c,) fp32, a row block at a time (torch.logsumexp keeps a temporary of its
+    input's size)."""
+    return torch.cat([torch.logsumexp(logits[a:b], dim=-1) for a, b in _row_blocks(logits.shape[0])])
+
+
+def _accumulate_grads(grad_hidden, grad_weight, dlogits, h, weight) -> None:
+    """grad_hidden (c, d) = dlogits @ weight and grad_weight (V, d) fp32 += dlogits^T h, from the
+    chunk's fp32 d logits (c, V).
+
+    grad_hidden is a compute-dtype GEMM of the d logits cast a row block at a time. On CUDA
+    with bf16/fp16 inputs the weight gradient is a tensor-core GEMM of the compute-dtype
+    operands with an fp32 output, per row block (what a plain bf16 head's backward computes,
+    without its final rounding); fp32 operands there would run on the SIMT cores without TF32
+    (a quarter of an 8k-token step of a 4-layer 7B-shaped model on an H200, docs/gpu.md).
+    Elsewhere it is one fp32 GEMM of the fp32 d logits (CPU has no mixed-output GEMM)."""
+    mixed_cuda = h.is_cuda and h.dtype in (torch.bfloat16, torch.float16)
+    for a, b in _row_blocks(h.shape[0]):
+        block = dlogits[a:b].to(h.dtype)  # (r, V)
+        grad_hidden[a:b] = block @ weight
+        if mixed_cuda:
+            grad_weight.add_(torch.mm(block.t(), h[a:b], out_dtype=torch.float32))
+        else:  # per row block: the GEMM packs a (V, r) transpose, not the chunk's (V, c)
+            grad_weight.addmm_(dlogits[a:b].t(), h[a:b].float())
+
+
+def _chunk_loss(h, weight, y, w, grad_hidden, grad_weight) -> torch.Tensor:
+    """One chunk: its weighted loss sum, and (when grad_hidden is given) its gradients written
+    into grad_hidden (c, d) and added to grad_weight. A function of its own so that the chunk's
+    (c, V) buffer is freed before the next chunk allocates its own."""
+    # h (c, d), y (c,), w (c,) fp32
+    logits = _logits_fp32(h, weight)  # (c, V) fp32
+    lse = _logsumexp_rows(logits)  # (c,)
+    picked = logits.gather(1, y[:, None]).squeeze(1)  # (c,)
+    loss = ((lse - picked) * w).sum()
+    if grad_hidden is not None:
+        dlogits = logits.sub_(lse[:, None]).exp_()  # softmax, in place: (c, V) fp32
+        dlogits[torch.arange(len(y), device=y.device), y] -= 1.0
+        dlogits.mul_(w[:, None])  # d loss / d logits
+        _accumulate_grads(grad_hidden, grad_weight, dlogits, h, weight)
+    return loss
 
 
 class _ChunkedLinearCrossEntropy(torch.autograd.Function):
@@ -37,21 +84,9 @@ class _ChunkedLinearCrossEntropy(torch.autograd.Function):
         total = torch.zeros((), dtype=torch.float32, device=hidden.device)
         safe_labels = labels.clamp_min(0)
         for start in range(0, hidden.shape[0], chunk_size):
-            h = hidden[start:start + chunk_size]  # (c, d)
-            y = safe_labels[start:start + chunk_size]  # (c,)
-            w = token_weights[start:start + chunk_size]  # (c,)
-            logits = (h @ weight.t()).float()  # (c, V)
-            lse = torch.logsumexp(logits, dim=-1)  # (c,)
-            picked = logits.gather(1, y[:, None]).squeeze(1)  # (c,)
-            total += ((lse - picked) * w).sum()
-            if needs_grad:
-                probs = logits.sub_(lse[:, None]).exp_()  # softmax, in place: (c, V) fp32
-                probs[torch.arange(len(y), device=y.device), y] -= 1.0
-                probs.mul_(w[:, None])  # d loss / d logits
-                dlogits = probs.to(hidden.dtype)  # (c, V)
-                grad_hidden[start:start + chunk_size] = dlogits @ weight
-                _accumulate_weight_grad(grad_weight, probs, dlogits, h)
-            del logits
+            end = start + chunk_size
+            total += _chunk_loss(hidden[start:end], weight, safe_labels[start:end], token_weights[start:end],
+                                 None if grad_hidden is None else grad_hidden[start:end], grad_weight)
         if needs_grad:
             ctx.save_for_backward(grad_hidden, grad_weight.to(weight.dtype))
         return total
