@@ -87,6 +87,12 @@ def _free(*objs) -> None:
     gc.collect()
 
 
+def contender_options(args) -> dict:
+    """The command line's settings of the contenders (each takes the ones it has)."""
+    return {"loss_chunk": args.loss_chunk, "loss_shard_tokens": args.alst_loss_shard_tokens,
+            "recompute_attention": args.recompute_attention}
+
+
 def _run_step(c, inputs, rank: int, threads: int, world: int):
     """One training step of `c` on this rank (rank 0 alone, with every thread, for one-process
     contenders). Returns (seconds, loss, peak RSS growth bytes), or Nones where it did not run."""
@@ -121,8 +127,7 @@ def _correctness(args, ckpt, rank, world):
             continue
         dist.barrier()
         try:
-            c = build_contender(name, ckpt, torch.float32, world, loss_chunk=args.loss_chunk,
-                                loss_shard_tokens=args.alst_loss_shard_tokens)
+            c = build_contender(name, ckpt, torch.float32, world, **contender_options(args))
             if not c.single or rank == 0:
                 loss = c.forward_backward(c.prepare(batch))
                 grads = c.named_grads()
@@ -160,8 +165,7 @@ def _speed(args, ckpt, rank, world, threads, T):
         dist.barrier()
         rss0 = _rss_bytes()
         try:
-            built[name] = build_contender(name, ckpt, torch.bfloat16, world, loss_chunk=args.loss_chunk,
-                                          loss_shard_tokens=args.alst_loss_shard_tokens)
+            built[name] = build_contender(name, ckpt, torch.bfloat16, world, **contender_options(args))
             inputs[name] = built[name].prepare(batch)
             dt, loss, growth = _run_step(built[name], inputs[name], rank, threads, world)
             results[name] = {"times": [], "growth": [], "loss": loss, "warmup_s": dt}
@@ -200,18 +204,18 @@ def _speed(args, ckpt, rank, world, threads, T):
 
 
 def _probe(args, ckpt, rank, world, threads, name, T):
-    """One real step of `name` at T; a watchdog stops the process when RSS passes the budget."""
+    """One real step of `name` at T; a watchdog stops the process when its RSS high-water mark
+    (VmHWM: it also holds spikes between two looks) passes the budget."""
     budget = args.budget_gb * GiB
 
     def watch():
         while True:
-            if _rss_bytes() > budget:
+            if peak_rss_bytes() > budget:
                 os._exit(OVER_BUDGET)
             time.sleep(0.02)
 
     threading.Thread(target=watch, daemon=True).start()
-    c = build_contender(name, ckpt, torch.bfloat16, world, loss_chunk=args.loss_chunk,
-                        loss_shard_tokens=args.alst_loss_shard_tokens)
+    c = build_contender(name, ckpt, torch.bfloat16, world, **contender_options(args))
     dt, loss, _ = _run_step(c, c.prepare(make_batch(args.vocab, T)), rank, threads, world)
     return [{"impl": name, "seq_len": T, "rank": rank, "peak_rss_gb": peak_rss_bytes() / GiB, "step_s": dt,
              "loss": loss}]
@@ -284,6 +288,8 @@ def max_len_search(args, ckpt, name, log) -> dict:
     def fits(T):
         ranks, err = run_group(args, ckpt, world, ("probe", name, T), timeout=args.probe_timeout)
         peak = max(r[0]["peak_rss_gb"] for r in ranks) if ranks else None
+        if peak is not None and peak > args.budget_gb:  # the last spike came after the watchdog's last look
+            ranks, err = None, "over budget"
         probes.append({"seq_len": T, "fits": ranks is not None, "peak_rss_gb": peak, "why": err})
         log(f"# max-len {name} T={T}: {'fits' if ranks else err} peak {peak}")
         return ranks is not None, err
@@ -366,6 +372,9 @@ def parse(argv=None):
     p.add_argument("--loss-chunk", type=int, default=2048, help="longctx chunked-loss tokens per chunk")
     p.add_argument("--alst-loss-shard-tokens", type=int, default=0,
                    help="tokens per TiledFusedLogitsLoss shard (0: ALST's default of ~1 GiB of fp32 logits)")
+    p.add_argument("--recompute-attention", action="store_true",
+                   help="longctx: replay the attention kernel in backward instead of keeping its tensors "
+                        "(parallel.recompute_attention=true: less memory per token, one more attention forward)")
     p.add_argument("--threads", type=int, default=0, help="total threads, split across ranks (0: all cores)")
     p.add_argument("--limit-seconds", type=float, default=0.5, help="measuring time of each machine-limit rate")
     p.add_argument("--max-len", action="store_true", help="find each contender's longest T within --budget-gb")

@@ -99,9 +99,9 @@ class HFSingle(Contender):
         return {n: p.grad.float() for n, p in self.model.named_parameters()}
 
 
-def _ours_model(ckpt: str, dtype: torch.dtype):
+def _ours_model(ckpt: str, dtype: torch.dtype, recompute_attention: bool):
     model = load_pretrained(ckpt, dtype=dtype)
-    apply_activation_checkpointing(model, "full")
+    apply_activation_checkpointing(model, "full", recompute_attention=recompute_attention)
     model.train()
     return model
 
@@ -113,8 +113,8 @@ def _ours_names(model) -> dict:
 class OursSingle(Contender):
     name, single = "ours", True
 
-    def __init__(self, ckpt: str, dtype: torch.dtype, loss_chunk: int = 2048, **_):
-        self.model = _ours_model(ckpt, dtype)
+    def __init__(self, ckpt: str, dtype: torch.dtype, loss_chunk: int = 2048, recompute_attention: bool = False, **_):
+        self.model = _ours_model(ckpt, dtype, recompute_attention)
         self.opt = build_optimizer(self.model, **OPTIM)
         self.loss_chunk = loss_chunk
 
@@ -145,9 +145,10 @@ class OursCP(Contender):
     """The trainer's step (longctx/train/loop.py): zigzag shard, chunked loss, loss_sum scaled by
     world / N so DeepSpeed's world average is the single-device mean's gradient."""
 
-    def __init__(self, name: str, ckpt: str, dtype: torch.dtype, world: int, loss_chunk: int = 2048, **_):
+    def __init__(self, name: str, ckpt: str, dtype: torch.dtype, world: int, loss_chunk: int = 2048,
+                 recompute_attention: bool = False, **_):
         self.name, self.world, self.loss_chunk = name, world, loss_chunk
-        self.model = _ours_model(ckpt, dtype)
+        self.model = _ours_model(ckpt, dtype, recompute_attention)
         self.model.set_attention(make_cp_attention(None, impl=name))
         opt = build_optimizer(self.model, **OPTIM)
         self.engine, _ = initialize_engine(self.model, opt, _ds_config(world, dtype))
