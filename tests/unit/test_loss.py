@@ -1,10 +1,16 @@
 """Chunked cross-entropy: same loss and gradients as the plain one, far less memory."""
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 import torch.nn.functional as F
 
 from longctx.model.loss import chunked_cross_entropy
 from helpers.model import tiny_model
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+from bench_loss import measure  # noqa: E402  (the benchmark's subprocess measurement of peak RSS)
 
 
 @pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.bfloat16, 2e-2)])
@@ -55,12 +61,6 @@ def test_no_grad_path_skips_gradient_work():
 
 def test_chunked_loss_peak_memory_is_a_fraction_of_plain():
     """Subprocess RSS growth of loss forward+backward (4k tokens x 32k vocab, fp32)."""
-    import sys
-    from pathlib import Path
-
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
-    from bench_loss import measure
-
     plain = measure("plain", 4096, 32000, 256)
     chunked = measure("chunked", 4096, 32000, 256, chunk=512)
     assert abs(plain["loss"] - chunked["loss"]) <= 1e-5 * plain["loss"]
@@ -70,12 +70,6 @@ def test_chunked_loss_peak_memory_is_a_fraction_of_plain():
 def test_chunked_loss_holds_one_chunk_of_logits_at_a_time():
     """bf16, 8192 tokens x 32k vocab in chunks of 2048: the peak is one chunk's fp32 logits
     (250 MiB) plus the head-sized gradients and row-block temporaries, not two chunks."""
-    import sys
-    from pathlib import Path
-
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
-    from bench_loss import measure
-
     tokens, vocab, hidden, chunk = 8192, 32000, 256, 2048
     chunked = measure("chunked", tokens, vocab, hidden, "bfloat16", chunk=chunk)
     chunk_logits_gb = chunk * vocab * 4 / 2**30
