@@ -90,7 +90,7 @@ def _free(*objs) -> None:
 def contender_options(args) -> dict:
     """The command line's settings of the contenders (each takes the ones it has)."""
     return {"loss_chunk": args.loss_chunk, "loss_shard_tokens": args.alst_loss_shard_tokens,
-            "recompute_attention": args.recompute_attention}
+            "recompute_attention": args.recompute_attention, "mlp_tile_tokens": args.mlp_tile_tokens}
 
 
 def _run_step(c, inputs, rank: int, threads: int, world: int):
@@ -375,6 +375,9 @@ def parse(argv=None):
     p.add_argument("--recompute-attention", action="store_true",
                    help="longctx: replay the attention kernel in backward instead of keeping its tensors "
                         "(parallel.recompute_attention=true: less memory per token, one more attention forward)")
+    p.add_argument("--mlp-tile-tokens", type=int, default=0,
+                   help="longctx: run each MLP in sequence tiles of this many tokens "
+                        "(parallel.mlp_tile_tokens: the backward holds one tile's MLP activations)")
     p.add_argument("--threads", type=int, default=0, help="total threads, split across ranks (0: all cores)")
     p.add_argument("--limit-seconds", type=float, default=0.5, help="measuring time of each machine-limit rate")
     p.add_argument("--max-len", action="store_true", help="find each contender's longest T within --budget-gb")

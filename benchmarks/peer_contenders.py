@@ -99,9 +99,10 @@ class HFSingle(Contender):
         return {n: p.grad.float() for n, p in self.model.named_parameters()}
 
 
-def _ours_model(ckpt: str, dtype: torch.dtype, recompute_attention: bool):
+def _ours_model(ckpt: str, dtype: torch.dtype, recompute_attention: bool, mlp_tile_tokens: int):
     model = load_pretrained(ckpt, dtype=dtype)
     apply_activation_checkpointing(model, "full", recompute_attention=recompute_attention)
+    model.set_mlp_tiling(mlp_tile_tokens)
     model.train()
     return model
 
@@ -113,8 +114,9 @@ def _ours_names(model) -> dict:
 class OursSingle(Contender):
     name, single = "ours", True
 
-    def __init__(self, ckpt: str, dtype: torch.dtype, loss_chunk: int = 2048, recompute_attention: bool = False, **_):
-        self.model = _ours_model(ckpt, dtype, recompute_attention)
+    def __init__(self, ckpt: str, dtype: torch.dtype, loss_chunk: int = 2048, recompute_attention: bool = False,
+                 mlp_tile_tokens: int = 0, **_):
+        self.model = _ours_model(ckpt, dtype, recompute_attention, mlp_tile_tokens)
         self.opt = build_optimizer(self.model, **OPTIM)
         self.loss_chunk = loss_chunk
 
@@ -146,9 +148,9 @@ class OursCP(Contender):
     world / N so DeepSpeed's world average is the single-device mean's gradient."""
 
     def __init__(self, name: str, ckpt: str, dtype: torch.dtype, world: int, loss_chunk: int = 2048,
-                 recompute_attention: bool = False, **_):
+                 recompute_attention: bool = False, mlp_tile_tokens: int = 0, **_):
         self.name, self.world, self.loss_chunk = name, world, loss_chunk
-        self.model = _ours_model(ckpt, dtype, recompute_attention)
+        self.model = _ours_model(ckpt, dtype, recompute_attention, mlp_tile_tokens)
         self.model.set_attention(make_cp_attention(None, impl=name))
         opt = build_optimizer(self.model, **OPTIM)
         self.engine, _ = initialize_engine(self.model, opt, _ds_config(world, dtype))

@@ -71,6 +71,7 @@ class ParallelSection:
     activation_checkpointing: str = "none"  # none | full | selective
     checkpoint_every: int = 2  # selective: checkpoint every k-th block
     recompute_attention: bool = False  # false: keep attention kernel outputs in checkpointed blocks
+    mlp_tile_tokens: int = 0  # > 0: each MLP runs in sequence tiles of this many tokens (model/swiglu.py)
     compile: str = "none"  # none | norms_mlp: torch.compile each block's norms and MLP (parallel/compiled.py)
     deepspeed_config: Optional[str] = None  # a user DeepSpeed JSON merged over ours
 
@@ -88,6 +89,11 @@ class ParallelSection:
             raise UserError("parallel.compile: not supported with parallel.zero_stage=3 (its parameter hooks run "
                             "inside the compiled modules); use zero_stage <= 2 or compile=none")
         require_at_least("parallel.checkpoint_every", self.checkpoint_every, 1)
+        require_at_least("parallel.mlp_tile_tokens", self.mlp_tile_tokens, 0)
+        if self.mlp_tile_tokens and self.zero_stage == 3:
+            raise UserError("parallel.mlp_tile_tokens: not supported with parallel.zero_stage=3 (the tiles read "
+                            "the MLP weights outside the modules whose hooks gather them); use zero_stage <= 2 "
+                            "or mlp_tile_tokens=0")
 
 
 @dataclass

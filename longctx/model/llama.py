@@ -13,20 +13,9 @@ from longctx.attention import AttentionFn, sdpa_attention
 from longctx.model.cache import KVCache
 from longctx.model.config import ModelConfig
 from longctx.model.loss import chunked_cross_entropy
+from longctx.model.norm import RMSNorm
 from longctx.model.rope import RotaryEmbedding, apply_rotary
-
-
-class RMSNorm(nn.Module):
-    def __init__(self, dim: int, eps: float):
-        super().__init__()
-        self.weight = nn.Parameter(torch.ones(dim))
-        self.eps = eps
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # Statistics in fp32, scale applied in the input dtype (as the reference does).
-        xf = x.float()
-        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * xf.to(x.dtype)
+from longctx.model.swiglu import tiled_swiglu
 
 
 class Attention(nn.Module):
@@ -61,8 +50,12 @@ class MLP(nn.Module):
         self.gate_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=cfg.mlp_bias)
         self.up_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=cfg.mlp_bias)
         self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=cfg.mlp_bias)
+        self.tile_tokens = 0  # > 0: run in sequence tiles of this many tokens (see model/swiglu.py)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if 0 < self.tile_tokens < x.numel() // x.shape[-1]:
+            return tiled_swiglu(x, self.tile_tokens, self.gate_proj.weight, self.gate_proj.bias,
+                                self.up_proj.weight, self.up_proj.bias, self.down_proj.weight, self.down_proj.bias)
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))  # SwiGLU
 
 
@@ -109,6 +102,15 @@ class Transformer(nn.Module):
         """Hand every block the attention function (a local kernel or a context-parallel one)."""
         for attention in self.attention_modules():
             attention.attn_fn = attn_fn
+
+    def set_mlp_tiling(self, tile_tokens: int) -> None:
+        """Run every block's MLP in sequence tiles of `tile_tokens` tokens (0: the whole sequence
+        at once): the backward then holds one tile's MLP activations instead of the sequence's."""
+        if tile_tokens < 0:
+            raise ValueError("tile_tokens must be >= 0")
+        for module in self.modules():
+            if isinstance(module, MLP):
+                module.tile_tokens = tile_tokens
 
     def set_context(self, config: ModelConfig) -> None:
         """Switch to `config`'s RoPE and maximum length (a training stage's context extension);

@@ -1,7 +1,8 @@
 """The one step that applies parallelism to a plain model, in a fixed order (torchtitan's habit):
 
     1. attention    the local kernel (cp 1) or context-parallel attention over the mesh's cp group
-    2. checkpoint   activation checkpointing of the blocks (checkpointing.py)
+    2. checkpoint   activation checkpointing of the blocks (checkpointing.py), and the MLPs'
+                    sequence tiles (model/swiglu.py)
     3. compile      the norms and MLPs, in place (compiled.py)
     4. ZeRO         the DeepSpeed engine over every dp x cp rank (zero.py)
 
@@ -44,6 +45,7 @@ def parallelize(model: Transformer, mesh: Mesh, par, *, device: torch.device, op
     model.set_attention(attention_for(mesh, par, device))
     apply_activation_checkpointing(model, par.activation_checkpointing, par.checkpoint_every,
                                    recompute_attention=par.recompute_attention)
+    model.set_mlp_tiling(par.mlp_tile_tokens)
     compile_pointwise(model, par.compile)
     engine, _ = initialize_engine(model, optimizer, ds_config)
     return engine

@@ -18,11 +18,15 @@ def _saved(m, lay: Layout, device: str, document_masking: bool, b: int, t: int) 
     d, f, L = m.hidden_size, m.intermediate_size, m.num_hidden_layers
     q, kv = m.num_attention_heads * m.head_dim, m.num_key_value_heads * m.head_dim
     Hq = m.num_attention_heads
-    # saved per layer (elements per token); bf16 RMSNorm also keeps an fp32 copy of its input (2x4 bytes)
-    per_layer = t * (b * (6 * d + 3 * q + 2 * kv + 4 * f) + 4 * Hq + (2 * 4 * d if b == 2 else 0))
+    # MLP activations: gate, its silu, up and their product; with parallel.mlp_tile_tokens the
+    # MLP keeps only its input, and its backward holds one tile (recomputed and its gradients)
+    tile = min(lay.mlp_tile_tokens, t) if lay.mlp_tile_tokens else 0
+    mlp_acts = 0 if tile else 4 * f
+    # saved per layer (elements per token): each RMSNorm keeps its input and an fp32 1/rms (4 bytes)
+    per_layer = t * (b * (4 * d + 3 * q + 2 * kv + mlp_acts) + 4 * Hq + 2 * 4)
     block_input = t * b * d
     rope = 2 * t * m.head_dim * 4  # cos, sin (fp32), shared by all layers
-    final = 3 * t * b * d  # last block output, final norm's normalized value and output (the loss input)
+    final = t * (2 * b * d + 4)  # last block output and 1/rms, the final norm's output (the loss input)
     is_wrapped = [lay.activation_checkpointing == "full" or
                   (lay.activation_checkpointing == "selective" and i % lay.checkpoint_every == 0) for i in range(L)]
     # a checkpointed block keeps its input and, unless parallel.recompute_attention, the
@@ -37,8 +41,9 @@ def _saved(m, lay: Layout, device: str, document_masking: bool, b: int, t: int) 
     # they saved and the last block has all of its activations (saved or recomputed)
     top = sum(kept[:-1]) + rope + per_layer
     recompute = per_layer if is_wrapped[-1] else 0
-    mlp_saved = t * b * (4 * f + 3 * d)  # a block's MLP half: freed before its attention backward runs
-    mlp_bwd = t * b * (3 * f + 2 * d)  # gradient temporaries of the MLP backward (and the residual)
+    mlp_saved = t * b * (mlp_acts + 2 * d)  # a block's MLP half: freed before its attention backward runs
+    # gradient temporaries of the MLP backward (and the residual); a tile's recomputed activations
+    mlp_bwd = t * b * 2 * d + (tile * b * 7 * f if tile else t * b * 3 * f)
     return {"saved": saved, "top": top, "recompute": recompute, "mlp_saved": mlp_saved, "mlp_bwd": mlp_bwd}
 
 

@@ -34,6 +34,7 @@ class Layout:
     dtype: str
     loss_chunk_size: int
     attention_backend: str
+    mlp_tile_tokens: int = 0
     # DeepSpeed buffer sizes (elements): its defaults, or a parallel.deepspeed_config's values
     reduce_bucket_size: int = BUCKET
     prefetch_bucket_size: int = PREFETCH
@@ -62,7 +63,7 @@ def layout_of(cfg: TrainConfig, stage: RunStage, world_size: int) -> Layout:
                   activation_checkpointing=par.activation_checkpointing, checkpoint_every=par.checkpoint_every,
                   recompute_attention=par.recompute_attention, micro_batch_size=stage.data.micro_batch_size,
                   grad_accum=tr.grad_accum, dtype=tr.dtype, loss_chunk_size=tr.loss_chunk_size,
-                  attention_backend=par.attention_backend)
+                  attention_backend=par.attention_backend, mlp_tile_tokens=par.mlp_tile_tokens)
 
 
 # ------------------------------------------------------------------------ step time
@@ -75,14 +76,17 @@ def relative_time_per_token(m, lay: Layout) -> float:
     recomputation, ZeRO <= 2 and no offload (1.0); used to rank layouts that fit, not to
     predict seconds. Compute per token is the same for every cp size; activation
     checkpointing re-runs the forward of checkpointed blocks (without the attention kernel
-    unless recompute_attention), ZeRO-3 and optimizer offload pay the constants above."""
+    unless recompute_attention), a tiled MLP (mlp_tile_tokens) runs its forward once more in
+    the backward, ZeRO-3 and optimizer offload pay the constants above."""
     c = parameter_counts(m)
     n = m.num_hidden_layers * (c["attn"] + c["mlp"]) + c["head"]  # parameters in matmuls
     attention = m.num_hidden_layers * m.num_attention_heads * m.head_dim * lay.seq_len  # causal: 6 x this
     step = 6 * n + 6 * attention
     recomputed = 2 * n + (2 * attention if lay.recompute_attention else 0)
     share = {"none": 0.0, "full": 1.0, "selective": 1.0 / max(1, lay.checkpoint_every)}[lay.activation_checkpointing]
-    factor = 1.0 + share * recomputed / step
+    tiled = 0 < lay.mlp_tile_tokens < lay.micro_batch_size * lay.seq_len // lay.cp_size
+    retiled = 2 * m.num_hidden_layers * c["mlp"] if tiled else 0
+    factor = 1.0 + (share * recomputed + retiled) / step
     if lay.zero_stage == 3:
         factor *= ZERO3_GATHER_COST
     if lay.offload_optimizer:

@@ -46,11 +46,13 @@ def _model_worker(rank, world, impls, L, ckpt_impls=()):
         ref_grads = {n: p.grad for n, p in ref.named_parameters()}
         local = shard_batch(batch, rank, world)
         variants = [(name, impl, u, None) for name, (impl, u) in impls.items()]
-        variants += [(f"{impl}+ckpt-{pol}", impl, None, pol) for impl in ckpt_impls for pol in ("sac", "full")]
+        variants += [(f"{impl}+ckpt-{pol}", impl, None, pol) for impl in ckpt_impls
+                     for pol in ("sac", "full", "sac+tiled-mlp")]
         for name, impl, u, ckpt in variants:
             model = build_model(cfg, seed=3)
             if ckpt is not None:  # the recompute re-runs the CP forward, communication included
                 apply_activation_checkpointing(model, "full", recompute_attention=(ckpt == "full"))
+                model.set_mlp_tiling(5 if ckpt.endswith("tiled-mlp") else 0)  # tiles that cross documents
             model.set_attention(make_cp_attention(None, impl=impl, ulysses_size=u))
             loss_sum = _loss_sum(model, local)
             (loss_sum / n_tokens).backward()
@@ -113,10 +115,11 @@ def _check(results, n_impls):
 
 
 def test_model_cp2_matches_cp1():
-    """Also with activation checkpointing (selective: attention kernels kept; full recompute)."""
+    """Also with activation checkpointing (selective: attention kernels kept; full recompute;
+    selective with the MLPs in sequence tiles)."""
     impls = {"ring": ("ring", None), "allgather": ("allgather", None), "ulysses": ("ulysses", None)}
     ckpt_impls = ("ring", "ulysses")
-    _check(run_distributed(_model_worker, 2, impls, 24, ckpt_impls), len(impls) + 2 * len(ckpt_impls))
+    _check(run_distributed(_model_worker, 2, impls, 24, ckpt_impls), len(impls) + 3 * len(ckpt_impls))
 
 
 def test_model_cp4_matches_cp1():

@@ -21,8 +21,8 @@ def _loss_and_grads(model, ids, seg, labels):
 
 # fp32: inductor may reorder the norm's reduction; bf16: it may skip an intermediate rounding
 @pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.bfloat16, 3e-2)], ids=["fp32", "bf16"])
-@pytest.mark.parametrize("checkpointing", ["none", "full"])
-def test_compiled_norms_and_mlp_match_eager(dtype, tol, checkpointing):
+@pytest.mark.parametrize("checkpointing,tile", [("none", 0), ("full", 0), ("full", 40)])
+def test_compiled_norms_and_mlp_match_eager(dtype, tol, checkpointing, tile):
     g = torch.Generator().manual_seed(0)
     ids = torch.randint(0, 128, (2, 48), generator=g)
     labels = torch.cat([ids[:, 1:], torch.full((2, 1), -100)], 1)
@@ -31,6 +31,7 @@ def test_compiled_norms_and_mlp_match_eager(dtype, tol, checkpointing):
     for mode in ("none", "norms_mlp"):
         model = tiny_model("yarn", "gqa", seed=4).to(dtype).train()
         apply_activation_checkpointing(model, checkpointing)
+        model.set_mlp_tiling(tile)  # 96 tokens per MLP call: tiles of 40, 40 and 16
         n = compile_pointwise(model, mode)
         assert n == (0 if mode == "none" else 3 * len(model.layers) + 1)
         keys.append(list(model.state_dict()))
