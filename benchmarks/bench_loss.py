@@ -45,7 +45,7 @@ def worker(impl: str, tokens: int, vocab: int, hidden: int, dtype: str, chunk: i
     loss.backward()
     elapsed = time.perf_counter() - start
     peak = peak_rss_bytes()
-    return {"impl": impl, "tokens": tokens, "vocab": vocab, "dtype": dtype, "loss": float(loss),
+    return {"impl": impl, "tokens": tokens, "vocab": vocab, "dtype": dtype, "loss": float(loss.detach()),
             "seconds": elapsed, "peak_growth_gb": (peak - base) / 2**30}
 
 

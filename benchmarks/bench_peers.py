@@ -294,15 +294,15 @@ def max_len_search(args, ckpt, name, log) -> dict:
         log(f"# max-len {name} T={T}: {'fits' if ranks else err} peak {peak}")
         return ranks is not None, err
 
-    lo, hi, T = 0, None, args.max_len_start
-    while hi is None and T <= args.max_len_cap:
+    lo, hi, T = 0, None, min(args.max_len_start, args.max_len_cap)
+    while hi is None:  # double from the start, the cap the last length probed
         ok, err = fits(T)
-        if ok:
-            lo, T = T, T * 2
-        else:
+        if not ok:
             hi = T
-            if err == "timeout":
-                break
+            break
+        lo, T = T, min(2 * T, args.max_len_cap) // grain * grain
+        if T <= lo:
+            break
     if hi is not None and probes[-1]["why"] != "timeout":
         while hi - lo > max(grain, int(lo * args.max_len_resolution)):
             mid = (lo + hi) // 2 // grain * grain
@@ -383,7 +383,7 @@ def parse(argv=None):
     p.add_argument("--max-len", action="store_true", help="find each contender's longest T within --budget-gb")
     p.add_argument("--budget-gb", type=float, default=8.0, help="per-rank peak RSS budget of --max-len (GiB)")
     p.add_argument("--max-len-start", type=int, default=8192)
-    p.add_argument("--max-len-cap", type=int, default=1 << 20)
+    p.add_argument("--max-len-cap", type=int, default=1 << 20, help="the longest T probed (doubling stops there)")
     p.add_argument("--max-len-resolution", type=float, default=0.125, help="stop bisecting within this fraction")
     p.add_argument("--probe-timeout", type=float, default=900.0, help="seconds per --max-len probe")
     p.add_argument("--out", help="write the rows (JSON) here")

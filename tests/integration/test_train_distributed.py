@@ -50,9 +50,10 @@ LAYOUTS = {
     "dp2-zero0": (2, ["parallel.cp_size=1", "parallel.zero_stage=0", "data.micro_batch_size=1"]),
     "cp2-zero3": (2, ["parallel.cp_size=2", "parallel.zero_stage=3", "data.micro_batch_size=2"]),
     "dp2cp2-zero2": (4, ["parallel.cp_size=2", "parallel.zero_stage=2", "data.micro_batch_size=1"]),
-    # activation checkpointing (keeping attention outputs) around context-parallel attention
-    "cp2-zero1-ckpt": (2, ["parallel.cp_size=2", "parallel.zero_stage=1", "data.micro_batch_size=2",
-                           "parallel.activation_checkpointing=full"]),
+    # activation checkpointing (keeping attention outputs) around context-parallel attention,
+    # with each MLP in sequence tiles (2 rows x 128 local tokens: 3 tiles per call)
+    "cp2-zero1-ckpt-tiled": (2, ["parallel.cp_size=2", "parallel.zero_stage=1", "data.micro_batch_size=2",
+                                 "parallel.activation_checkpointing=full", "parallel.mlp_tile_tokens=100"]),
 }
 
 

@@ -82,3 +82,22 @@ def test_cpu_limits_and_fraction():
     from longctx.train.metrics import flops_per_token
 
     assert (gemm + attn) * 2 == pytest.approx(flops_per_token(cfg, 256) * 256)  # one rank of two
+
+
+@pytest.mark.parametrize("limit,cap,expected_probes", [
+    (70000, 98304, [65536, 98304, 81920, 73728]),  # the cap is probed, then bisection
+    (200000, 98304, [65536, 98304]),  # everything up to the cap fits
+    (50000, 98304, [65536, 32768, 49152, 57344, 53248]),  # the start is over: bisection below it
+])
+def test_max_len_search_doubles_to_the_cap_then_bisects(limit, cap, expected_probes, monkeypatch):
+    import bench_peers
+
+    def fake_group(args, ckpt, world, job, timeout):
+        T = job[2]
+        return ([[{"peak_rss_gb": T / limit}]] * world, None) if T <= limit else (None, "over budget")
+
+    monkeypatch.setattr(bench_peers, "run_group", fake_group)
+    args = bench_peers.parse(["--max-len", "--budget-gb", "1", "--max-len-start", "65536", "--max-len-cap", str(cap)])
+    found = bench_peers.max_len_search(args, "ckpt", "ulysses", lambda msg: None)
+    assert [p["seq_len"] for p in found["probes"]] == expected_probes
+    assert found["max_len"] == max([T for T in expected_probes if T <= limit], default=0)

@@ -6,6 +6,7 @@ from torch.autograd.graph import saved_tensors_hooks
 
 from longctx.errors import UserError
 from longctx.config.sections import ParallelSection
+import longctx.model.norm as norm_module
 from longctx.model.norm import RMSNorm
 from longctx.model.swiglu import swiglu, tiled_swiglu
 from longctx.parallel.checkpointing import apply_activation_checkpointing
@@ -46,6 +47,24 @@ def test_rmsnorm_is_bit_identical_to_the_reference(dtype):
     assert torch.equal(out, ref)
     assert all(torch.equal(a, b) for a, b in zip(torch.autograd.grad(out, (x, norm.weight), grad),
                                                  torch.autograd.grad(ref, (x, ref_w), grad)))
+
+
+@pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-6), (torch.bfloat16, 1e-2)])
+def test_rmsnorm_in_token_blocks(dtype, tol, monkeypatch):
+    """Several blocks of 5 tokens: outputs and input gradients stay bit-identical; the weight
+    gradient sums the blocks in fp32 (another summation order)."""
+    monkeypatch.setattr(norm_module, "BLOCK_ELEMENTS", 5 * 64)
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(3, 37, 64, generator=g).to(dtype).requires_grad_()
+    grad = torch.randn(3, 37, 64, generator=g).to(dtype)
+    norm = RMSNorm(64, 1e-5).to(dtype)
+    ref_w = norm.weight.detach().clone().requires_grad_()
+    ref, out = _reference_norm(x, ref_w, 1e-5), norm(x)
+    assert torch.equal(out, ref)
+    (dx, dw), (ref_dx, ref_dw) = (torch.autograd.grad(out, (x, norm.weight), grad),
+                                  torch.autograd.grad(ref, (x, ref_w), grad))
+    assert torch.equal(dx, ref_dx)
+    assert (dw.float() - ref_dw.float()).abs().max() <= tol * ref_dw.float().abs().max()
 
 
 def test_rmsnorm_keeps_its_input_and_one_fp32_value_per_token():

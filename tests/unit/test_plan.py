@@ -82,6 +82,25 @@ def test_activation_policies_and_cp_scale_activations():
     assert cp2.activations == pytest.approx(cp1.activations / 2, rel=0.02)
 
 
+def test_mlp_tiles_shrink_the_mlp_backward_and_cost_one_mlp_forward():
+    def plan(tile):
+        cfg, stage, m = _layout(**{"train.dtype": "bfloat16", "data.seq_len": 131072, "parallel.cp_size": 8,
+                                   "parallel.activation_checkpointing": "full", "parallel.zero_stage": 2,
+                                   "parallel.mlp_tile_tokens": tile})
+        lay = layout_of(cfg, stage, 8)
+        return m, lay, estimate_layout(m, lay)
+
+    m, whole_lay, whole = plan(0)
+    _, tiled_lay, tiled = plan(2048)
+    t, f = whole.info["tokens_per_rank"], m.intermediate_size
+    # the last block's recomputed MLP activations (4f) and its gradient temporaries (3f) over the
+    # whole shard become one tile's 7f
+    saved_by_tiles = whole.phases["backward_mlp"] - tiled.phases["backward_mlp"]
+    assert saved_by_tiles == pytest.approx(2 * (7 * f * t - 7 * f * 2048))
+    assert whole.phase == "backward_mlp" and tiled.peak < whole.peak
+    assert relative_time_per_token(m, tiled_lay) > relative_time_per_token(m, whole_lay)
+
+
 def test_components_sum_to_peak_and_phase_is_the_max():
     cfg, stage, m = _layout(**{"data.seq_len": 8192, "parallel.zero_stage": 2})
     est = estimate_memory(cfg, stage, m, 4, device="cpu", runtime_overhead_gb=0.4)
