@@ -82,25 +82,25 @@ def reduce_scatter_stack(t: Tensor, group: Optional[dist.ProcessGroup]) -> Tenso
     return out[0]
 
 
-def all_to_all(chunks: Sequence[Tensor], peers: Sequence[int], index: int,
-               group: Optional[dist.ProcessGroup] = None, tag: int = 2) -> List[Tensor]:
-    """chunks[i] goes to global rank peers[i]; returns received[i] (same shape) from peers[i].
+def all_to_all(send: Tensor, peers: Sequence[int], index: int, group: Optional[dist.ProcessGroup] = None,
+               tag: int = 2) -> Tensor:
+    """send (P, ...): send[i] goes to global rank peers[i]; returns recv (P, ...) with recv[i]
+    from peers[i]. One buffer each way, so a caller lays out what it sends (and reads what it
+    receives) without a stack of chunks.
 
     When the peers are exactly the group (pure Ulysses) the native all_to_all_single is used;
     a subset (a Ulysses group inside a hybrid layout) uses point-to-point ops.
     """
-    chunks = [c.contiguous() for c in chunks]
+    send = send.contiguous()
+    recv = torch.empty_like(send)
     if list(peers) == group_ranks(group):
-        send = torch.stack(chunks)
-        recv = torch.empty_like(send)
         dist.all_to_all_single(recv, send, group=group)
-        return list(recv.unbind(0))
-    recv = [torch.empty_like(c) for c in chunks]
-    recv[index] = chunks[index]
+        return recv
+    recv[index].copy_(send[index])
     ops = []
     for i, peer in enumerate(peers):
         if i != index:
-            ops.append(dist.P2POp(dist.isend, chunks[i], peer, group, tag))
+            ops.append(dist.P2POp(dist.isend, send[i], peer, group, tag))
             ops.append(dist.P2POp(dist.irecv, recv[i], peer, group, tag))
     for w in dist.batch_isend_irecv(ops):
         w.wait()

@@ -54,6 +54,7 @@ def hybrid_forward(q: Tensor, k: Tensor, v: Tensor, *, ulysses: UlyssesSpec, rin
         out2, lse2 = ring_forward(q2, k2, v2, ring, causal, scale, q_seg, kv_segs)
     if U == 1:
         return out2, lse2
+    del q2, k2, v2  # the head-sharded inputs: freed before the output's all-to-all
     return gather_heads(out2, ulysses), gather_heads(lse2.unsqueeze(-1), ulysses).squeeze(-1)
 
 
@@ -68,14 +69,17 @@ def hybrid_backward(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, 
     else:
         out2, dout2, lse2 = out, dout, lse
     if ring.size == 1:
-        dq2, dk2, dv2 = kernel.backward(dout2, q2, k2, v2, out2, lse2, causal=causal, scale=scale,
-                                        segment_ids=full_seg)
+        grads = kernel.backward(dout2, q2, k2, v2, out2, lse2, causal=causal, scale=scale, segment_ids=full_seg)
     else:
         q_seg, kv_segs = _ring_segments(full_seg, ring)
-        dq2, dk2, dv2 = ring_backward(dout2, q2, k2, v2, out2, lse2, ring, causal, scale, q_seg, kv_segs)
+        grads = ring_backward(dout2, q2, k2, v2, out2, lse2, ring, causal, scale, q_seg, kv_segs)
     if U == 1:
-        return dq2, dk2, dv2
-    dq, dk, dv = (gather_heads(x, ulysses) for x in (dq2, dk2, dv2))
+        return grads
+    del q2, k2, v2, out2, dout2, lse2  # the head-sharded copies: freed before the gradients' all-to-alls
+    grads = list(grads)
+    for i in range(3):  # each head-sharded gradient is freed once its all-to-all is done
+        grads[i] = gather_heads(grads[i], ulysses)
+    dq, dk, dv = grads
     Hkv = k.shape[1]
     if dk.shape[1] != Hkv:  # kv heads were replicated: sum the replicas' gradients
         B, _, T, D = dk.shape

@@ -35,36 +35,38 @@ class UlyssesSpec:
         return len(self.peers)
 
 
-def _slot_order(U: int) -> List[int]:
-    """Received half-chunk slot for each position of the reordered sequence.
-
-    Slot 2u' / 2u'+1 are the first / second local chunk received from member u'. Target
-    order: first chunks of members 0..U-1, then second chunks of members U-1..0."""
-    return [2 * t for t in range(U)] + [2 * (U - 1 - t) + 1 for t in range(U)]
+def _halves(U: int, half: int):
+    """(member, which half, sequence slice) of the reordered sequence: the first chunks of
+    members 0..U-1, then the second chunks of members U-1..0 (the ring zigzag order)."""
+    for u in range(U):
+        yield u, 0, slice(u * half, (u + 1) * half)
+        yield u, 1, slice((2 * U - 1 - u) * half, (2 * U - u) * half)
 
 
 def scatter_heads(x: Tensor, spec: UlyssesSpec) -> Tensor:
     """(B, H, T, D) sequence-sharded -> (B, H/U, U*T, D) head-sharded, reordered."""
     x = x.contiguous()
     B, H, T, D = x.shape
-    U = spec.size
-    parts = list(x.view(B, U, H // U, T, D).unbind(1))  # parts[u'] goes to member u'
-    recv = all_to_all(parts, spec.peers, spec.index, spec.group)  # recv[u'] = (B, H/U, T, D) from u'
-    slots = torch.stack(recv, dim=2).view(B, H // U, 2 * U, T // 2, D)  # slot 2u'+i = chunk i of u'
-    order = torch.tensor(_slot_order(U), device=x.device)
-    return slots.index_select(2, order).reshape(B, H // U, U * T, D)
+    U, half = spec.size, T // 2
+    send = x.view(B, U, H // U, T, D).transpose(0, 1)  # send[u'] goes to member u' (a view when B == 1)
+    recv = all_to_all(send, spec.peers, spec.index, spec.group)  # recv[u'] = (B, H/U, T, D) from u'
+    out = x.new_empty(B, H // U, U * T, D)
+    for u, which, seq in _halves(U, half):  # received halves written straight into place
+        out[:, :, seq] = recv[u, :, :, which * half:(which + 1) * half]
+    return out
 
 
 def gather_heads(y: Tensor, spec: UlyssesSpec) -> Tensor:
     """Inverse of scatter_heads: (B, H/U, U*T, D) -> (B, H, T, D)."""
-    y = y.contiguous()
     B, Hl, L, D = y.shape
     U = spec.size
     T = L // U
-    inv = torch.argsort(torch.tensor(_slot_order(U), device=y.device))
-    slots = y.view(B, Hl, 2 * U, T // 2, D).index_select(2, inv).view(B, Hl, U, T, D)
-    recv = all_to_all(list(slots.unbind(2)), spec.peers, spec.index, spec.group)  # recv[u'] = heads of u'
-    return torch.stack(recv, dim=1).reshape(B, U * Hl, T, D)
+    half = T // 2
+    send = y.new_empty(U, B, Hl, T, D)  # send[u'] = member u''s two sequence chunks of these heads
+    for u, which, seq in _halves(U, half):
+        send[u, :, :, which * half:(which + 1) * half] = y[:, :, seq]
+    recv = all_to_all(send, spec.peers, spec.index, spec.group)  # recv[u'] = heads of member u'
+    return recv.transpose(0, 1).reshape(B, U * Hl, T, D)
 
 
 def replicate_kv_heads(k: Tensor, degree: int) -> Tensor:
