@@ -6,7 +6,9 @@ members that hold the same heads. U = 1 is plain ring attention, R = 1 plain Uly
 
 Forward and backward are explicit: the backward re-distributes q, k, v, out, lse and dout
 with the same all-to-all (cheap next to attention) instead of keeping head-sharded copies
-alive, runs the ring / local kernel backward, and sends the gradients back. Gradients of
+alive, runs the ring / local kernel backward, and sends the gradients back. Pure Ulysses runs
+that backward one group of heads at a time (one kv head per member and its query heads), so
+the whole sequence's head-sharded tensors exist for one group at once. Gradients of
 replicated kv heads (U > Hkv) are summed over their replicas.
 """
 from __future__ import annotations
@@ -58,10 +60,40 @@ def hybrid_forward(q: Tensor, k: Tensor, v: Tensor, *, ulysses: UlyssesSpec, rin
     return gather_heads(out2, ulysses), gather_heads(lse2.unsqueeze(-1), ulysses).squeeze(-1)
 
 
+def _group_heads(x: Tensor, U: int, groups: int, g: int) -> Tensor:
+    """(B, H, T, D) local heads -> (B, U*H/(U*groups), T, D): head group g of every member's share."""
+    h = x.shape[1] // (U * groups)
+    return x.unflatten(1, (U, groups, h))[:, :, g].flatten(1, 2)
+
+
+def _ulysses_backward_by_head_groups(dout, q, k, v, out, lse, ulysses: UlyssesSpec, kernel: AttentionKernel,
+                                     causal: bool, scale: float, full_seg, groups: int):
+    """Pure Ulysses backward over `groups` groups of heads in turn (a group: one kv head per member
+    and its query heads): the whole sequence's head-sharded tensors exist for one group at a time,
+    so the backward's working set is 1/groups of all heads'. Heads are independent: the results
+    are those of one pass over all heads."""
+    U = ulysses.size
+    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    for g in range(groups):
+        q2, k2, v2, out2, dout2 = (scatter_heads(_group_heads(x, U, groups, g), ulysses)
+                                   for x in (q, k, v, out, dout))  # (B, h, U*T, D)
+        lse2 = scatter_heads(_group_heads(lse.unsqueeze(-1), U, groups, g), ulysses).squeeze(-1)
+        grads = kernel.backward(dout2, q2, k2, v2, out2, lse2, causal=causal, scale=scale, segment_ids=full_seg)
+        del q2, k2, v2, out2, dout2, lse2
+        for full, grad in zip((dq, dk, dv), grads):
+            h = full.shape[1] // (U * groups)
+            full.unflatten(1, (U, groups, h))[:, :, g] = gather_heads(grad, ulysses).unflatten(1, (U, h))
+    return dq, dk, dv
+
+
 def hybrid_backward(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, *,
                     ulysses: UlyssesSpec, ring: RingSpec, kernel: AttentionKernel, causal: bool, scale: float,
                     full_seg: Optional[Tensor] = None) -> Tuple[Tensor, Tensor, Tensor]:
     U = ulysses.size
+    groups = k.shape[1] // U  # kv heads per member (0 when they are replicated)
+    if U > 1 and ring.size == 1 and groups > 1:
+        return _ulysses_backward_by_head_groups(dout.to(out.dtype), q, k, v, out, lse, ulysses, kernel, causal,
+                                                scale, full_seg, groups)
     q2, k2, v2 = _to_heads(q, k, v, ulysses)
     if U > 1:
         out2, dout2 = scatter_heads(out, ulysses), scatter_heads(dout.to(out.dtype), ulysses)
