@@ -5,6 +5,7 @@ import torch
 
 from longctx.model import ModelConfig, build_model
 from longctx.model.hf import config_to_hf, to_hf_key
+from longctx.parallel.checkpointing import model_key
 
 ORIGINAL = 32  # original_max_position_embeddings of the scaled RoPE types in tests
 HEAD_DIM = 16
@@ -66,3 +67,12 @@ def hf_twin(model):
     missing, unexpected = hf.load_state_dict(state, strict=False)
     assert not unexpected and all("rotary" in k or (k == "lm_head.weight" and model.lm_head is None) for k in missing)
     return hf
+
+
+def loss_and_grads(model, ids, labels, segs=None):
+    """One forward/backward of the model's chunked loss: (mean loss, gradients by plain-model name)."""
+    s, n = model(ids, labels=labels, segment_ids=segs)
+    (s / n).backward()
+    grads = {model_key(k): p.grad.clone() for k, p in model.named_parameters()}
+    model.zero_grad()
+    return (s / n).item(), grads

@@ -3,15 +3,8 @@ import pytest
 import torch
 
 from longctx.parallel.checkpointing import apply_activation_checkpointing
-from helpers.model import tiny_model
+from helpers.model import loss_and_grads, tiny_model
 
-
-def _loss_and_grads(model, ids, labels, segs=None):
-    s, n = model(ids, labels=labels, segment_ids=segs)
-    (s / n).backward()
-    grads = {k.replace("_checkpoint_wrapped_module.", ""): p.grad.clone() for k, p in model.named_parameters()}
-    model.zero_grad()
-    return float(s / n), grads
 
 
 @pytest.mark.parametrize("policy,recompute_attention", [("full", False), ("full", True), ("selective", False)])
@@ -19,11 +12,11 @@ def test_checkpointing_is_exact(policy, recompute_attention):
     ids = torch.randint(0, 128, (2, 64))
     labels = torch.roll(ids, -1, 1)
     segs = (torch.arange(64) >= 20).long().expand(2, 64).contiguous()  # two packed documents
-    ref_loss, ref = _loss_and_grads(tiny_model("yarn", "gqa"), ids, labels, segs)
+    ref_loss, ref = loss_and_grads(tiny_model("yarn", "gqa"), ids, labels, segs)
     model = tiny_model("yarn", "gqa")
     wrapped = apply_activation_checkpointing(model, policy, every=2, recompute_attention=recompute_attention)
     assert wrapped == (2 if policy == "full" else 1)
-    loss, grads = _loss_and_grads(model, ids, labels, segs)
+    loss, grads = loss_and_grads(model, ids, labels, segs)
     assert abs(loss - ref_loss) <= 1e-6 * abs(ref_loss)
     for k, g in ref.items():
         assert torch.allclose(grads[k], g, rtol=1e-5, atol=1e-7), k

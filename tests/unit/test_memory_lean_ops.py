@@ -10,7 +10,7 @@ import longctx.model.norm as norm_module
 from longctx.model.norm import RMSNorm
 from longctx.model.swiglu import swiglu, tiled_swiglu
 from longctx.parallel.checkpointing import apply_activation_checkpointing
-from helpers.model import tiny_model
+from helpers.model import loss_and_grads, tiny_model
 
 
 def _reference_norm(x, weight, eps):  # transformers' LlamaRMSNorm, differentiated by autograd
@@ -19,8 +19,8 @@ def _reference_norm(x, weight, eps):  # transformers' LlamaRMSNorm, differentiat
     return weight * xf.to(x.dtype)
 
 
-def _saved_bytes(fn, *args) -> int:
-    """Bytes of the distinct tensors autograd keeps for the backward of fn(*args)."""
+def _saved_bytes(fn, *args) -> tuple:
+    """(fn(*args), bytes of the distinct tensors autograd keeps for its backward)."""
     kept = {}
 
     def pack(t):
@@ -123,24 +123,17 @@ def test_tiled_swiglu_without_grad_and_for_frozen_weights():
     assert torch.allclose(dx, ref, rtol=1e-6, atol=1e-7)
 
 
-def _loss_and_grads(model, ids, labels, segs):
-    s, n = model(ids, labels=labels, segment_ids=segs)
-    (s / n).backward()
-    grads = {k.replace("_checkpoint_wrapped_module.", ""): p.grad.clone() for k, p in model.named_parameters()}
-    model.zero_grad()
-    return (s / n).item(), grads
-
 
 @pytest.mark.parametrize("checkpointing,recompute_attention", [("none", False), ("full", False), ("full", True)])
 def test_model_with_tiled_mlps_matches_untiled(checkpointing, recompute_attention):
     ids = torch.randint(0, 128, (2, 64))
     labels = torch.roll(ids, -1, 1)
     segs = (torch.arange(64) >= 20).long().expand(2, 64).contiguous()  # two packed documents
-    ref_loss, ref = _loss_and_grads(tiny_model("yarn", "gqa"), ids, labels, segs)
+    ref_loss, ref = loss_and_grads(tiny_model("yarn", "gqa"), ids, labels, segs)
     model = tiny_model("yarn", "gqa")
     apply_activation_checkpointing(model, checkpointing, recompute_attention=recompute_attention)
     model.set_mlp_tiling(48)  # 128 tokens per call: tiles of 48, 48 and 32
-    loss, grads = _loss_and_grads(model, ids, labels, segs)
+    loss, grads = loss_and_grads(model, ids, labels, segs)
     assert abs(loss - ref_loss) <= 1e-6 * abs(ref_loss)
     for k, g in ref.items():
         assert torch.allclose(grads[k], g, rtol=1e-5, atol=1e-7), k
