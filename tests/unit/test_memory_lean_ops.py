@@ -77,6 +77,17 @@ def test_rmsnorm_keeps_its_input_and_one_fp32_value_per_token():
     assert reference >= 2.5 * lean  # an fp32 copy of the input and the rounded normalized value
 
 
+def _reblocked_gemm_tolerance(ref, d, f):
+    """How far swiglu's output may move when the rows are split into tiles: the BLAS may block
+    (and thread) a GEMM of another row count differently, i.e. sum in another order. A dot
+    product of length n summed in another order moves by at most n * u (u: unit roundoff of the
+    fp32 accumulator) of its magnitude; the gate/up (length d) and down (length f) reductions
+    chain, and each of the three rounded results (gate, up, output) may round one unit of the
+    output dtype the other way. Relative to the output's largest magnitude."""
+    u_acc, u_out = torch.finfo(torch.float32).eps / 2, torch.finfo(ref.dtype).eps / 2
+    return ((d + f) * u_acc + 3 * u_out) * ref.float().abs().max().item()
+
+
 def _mlp_params(d, f, dtype, bias, g):
     def p(*shape):
         return (0.2 * torch.randn(*shape, generator=g)).to(dtype).requires_grad_()
@@ -93,7 +104,7 @@ def test_tiled_swiglu_matches_the_whole_sequence(dtype, tol, bias):
     leaves = [x] + [p for p in params if p is not None]
     whole = swiglu(x, *params)
     tiled = tiled_swiglu(x, 16, *params)
-    assert torch.equal(tiled, whole)  # each token's output is the same GEMM rows
+    assert (tiled.float() - whole.float()).abs().max() <= _reblocked_gemm_tolerance(whole, 32, 48)
     for ref, got in zip(torch.autograd.grad(whole, leaves, grad), torch.autograd.grad(tiled, leaves, grad)):
         assert got.dtype == ref.dtype and got.shape == ref.shape
         assert (got.float() - ref.float()).abs().max() <= tol * ref.float().abs().max()
@@ -115,12 +126,13 @@ def test_tiled_swiglu_without_grad_and_for_frozen_weights():
     params = [p.detach() if p is not None else None for p in _mlp_params(16, 24, torch.float32, True, g)]
     x = torch.randn(70, 16, generator=g)
     with torch.no_grad():
-        assert torch.equal(tiled_swiglu(x, 32, *params), swiglu(x, *params))
+        tiled, whole = tiled_swiglu(x, 32, *params), swiglu(x, *params)
+    assert (tiled - whole).abs().max() <= _reblocked_gemm_tolerance(whole, 16, 24)
     x.requires_grad_()
     grad = torch.randn(70, 16, generator=g)
     (dx,) = torch.autograd.grad(tiled_swiglu(x, 32, *params), x, grad)
     (ref,) = torch.autograd.grad(swiglu(x, *params), x, grad)
-    assert torch.allclose(dx, ref, rtol=1e-6, atol=1e-7)
+    assert (dx - ref).abs().max() <= _reblocked_gemm_tolerance(ref, 16, 24)  # the same chain of reductions, backwards
 
 
 
