@@ -15,7 +15,8 @@
 #   PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
 #                          fewer "reserved but unallocated" OOMs when sequence lengths or
 #                          buffers change between stages.
-#   LONGCTX_PYTHON         the interpreter (default: python3 on PATH, e.g. your activated .venv).
+#   LONGCTX_PYTHON         the interpreter (default: python3 on PATH, e.g. your activated .venv);
+#                          checked first: it must find torch and longctx.
 #
 # Not set here, because they are specific to a cluster's network (set them in your site profile
 # or before sbatch; the values show up in the job log):
@@ -68,10 +69,34 @@ longctx_gpus_per_node() {
 }
 
 # longctx_check_env: one `error:` line (status 2) for a variable a user set to a value the
-# launchers cannot use, instead of quietly falling back to a default
+# launchers cannot use, instead of quietly falling back to a default, and for an interpreter
+# (LONGCTX_PYTHON, default python3) that cannot run longctx
 longctx_check_env() {
     if [[ -n ${LONGCTX_NPROC_PER_NODE:-} && ! $LONGCTX_NPROC_PER_NODE =~ ^[1-9][0-9]*$ ]]; then
         echo "error: LONGCTX_NPROC_PER_NODE: expected a positive integer (processes per node), got '$LONGCTX_NPROC_PER_NODE'" >&2
         return 2
     fi
+    longctx_check_python
+}
+
+LONGCTX_CHECKOUT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+
+# longctx_check_python: LONGCTX_PYTHON (default python3) finds torch and longctx -- what every
+# worker imports -- without importing them (a fraction of a second). The workers start in the
+# current directory too, so a checkout's source tree counts as found, as it does for them.
+longctx_check_python() {
+    local py=${LONGCTX_PYTHON:-python3} missing venv_hint=""
+    if ! command -v "$py" >/dev/null 2>&1; then
+        missing="(not found)"
+    else
+        missing=$("$py" -c 'import importlib.util as u; print(" ".join(m for m in ("torch", "longctx") if u.find_spec(m) is None))' 2>/dev/null) \
+            || missing="(does not run)"
+    fi
+    [[ -z $missing ]] && return 0
+    [[ $missing == "("* ]] || missing="(no module named ${missing// /, })"
+    if [[ -x $LONGCTX_CHECKOUT/.venv/bin/python ]]; then
+        venv_hint=", e.g. LONGCTX_PYTHON=$LONGCTX_CHECKOUT/.venv/bin/python"
+    fi
+    echo "error: LONGCTX_PYTHON=$py cannot run longctx $missing; activate the virtualenv longctx is installed in or set LONGCTX_PYTHON to its python$venv_hint" >&2
+    return 2
 }

@@ -32,7 +32,6 @@ value() {  # value OPTION [VALUE ...]: the option needs a value that is not the 
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 # shellcheck source=launch/env.sh
 source "$HERE/env.sh"
-longctx_check_env || exit 2
 
 nproc="" nnodes=1 endpoint="" rdzv_id="" log_dir="" preflight=1
 while (( $# )); do
@@ -48,6 +47,7 @@ while (( $# )); do
         *) die "launch/torchrun.sh: unknown option $1 (longctx arguments go after --)" ;;
     esac
 done
+longctx_check_env || exit 2
 (( $# )) || die "launch/torchrun.sh: no longctx command after -- (e.g. -- train --config configs/x.yaml)"
 case $1 in
     train|eval|export|plan|demo) ;;

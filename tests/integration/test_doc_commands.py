@@ -1,0 +1,170 @@
+"""Every shell command of README.md and docs/*.md works as written, or is listed here as not run
+and why. A block marked `<!-- doc-test: run -->` (tests/helpers/doc_commands.py) runs each of
+its commands in a fresh directory, the venv's bin on PATH, without a terminal: exit code 0 and
+no traceback. The commands of every other ```bash block are keys of NOT_RUN below; a command in
+neither place (a new or edited doc line), a NOT_RUN entry no doc has any more, or a command-like
+block without ```bash fails the listing test, so the docs and this list cannot drift apart."""
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from helpers.doc_commands import (ROOT, checkout_view, marks_not_on_shell_blocks, reader_env, run_command,
+                                  settle_stub_job, shell_commands, stub_jobs, unlabeled_command_blocks, workdir)
+
+VENV_BIN = Path(sys.executable).parent
+TIMEOUT = 300  # against a hang: these commands take seconds
+STUB_JOB_TIMEOUT = 120  # a submitted stub job reaches launch/torchrun.sh after its preflight
+
+TRAINS = "trains a model: minutes on this CPU"
+GPUS = "needs GPUs"
+CLUSTER = "needs a SLURM cluster (launch.md's stub submit is run instead)"
+WEIGHTS = "needs the recipe's downloaded weights and data, and GPUs"
+TRAINED = "needs a trained model or run directory"
+NETWORK = "downloads packages (network)"
+BENCH = "a benchmark: minutes to hours"
+SUITE = "runs test files: minutes"
+ELLIPSIS = "'...' stands for the options of the line above"
+
+NOT_RUN = {  # command (DocCommand.key) -> why it is not run
+    # README.md
+    "./run.sh demo": f"{NETWORK} on first use, then the demo (~15 min)",
+    "./run.sh test": f"{NETWORK} on first use, then the whole suite",
+    "python -m venv .venv && . .venv/bin/activate": "the GPU install (the test itself runs in such a venv)",
+    "pip install torch --index-url https://download.pytorch.org/whl/cu124": f"{NETWORK}: CUDA torch",
+    "pip install -e '.[gpu,test]'": f"{NETWORK}: flash-attn needs CUDA",
+    # checkpoints.md
+    "longctx export --checkpoint runs/x --out hf/x": TRAINED,
+    "longctx export --checkpoint runs/x/checkpoints/step_0000100 --out hf/x --dtype bfloat16": TRAINED,
+    "longctx export --checkpoint CKPT --out hf/x --dtype float32": TRAINED,
+    # context_parallel.md
+    ".venv/bin/python -m pytest tests/unit/test_attention_backends.py tests/integration/test_cp_attention.py "
+    "tests/integration/test_cp_model.py tests/unit/test_cp_validation.py": SUITE,
+    ".venv/bin/python benchmarks/bench_cp.py --seq-len 4096 --iters 3": BENCH,
+    # data.md
+    ".venv/bin/python benchmarks/bench_data.py --mb 8": BENCH,
+    # demo.md
+    "longctx demo": f"{TRAINS} (~15 min)",
+    "longctx demo --seed 1 --out runs/demo_seed1": f"{TRAINS} (~15 min)",
+    "longctx demo --ablation": f"{TRAINS} (~20 min)",
+    "longctx demo --fast --out /tmp/d": f"{TRAINS} (~3 min; tests/integration/test_demo.py runs it)",
+    "longctx eval --model runs/c_s0/extend/hf --tasks niah_single_1,niah_multikey_2,niah_multivalue,passkey "
+    "--lengths 1024 --samples 100 --seed 7 --style compact --dtype bf16 --out runs/c_s0/eval100": TRAINED,
+    # eval.md
+    "longctx eval --model runs/ext/ --suite ruler --lengths 4k,8k,16k --samples 50 --out runs/ext/eval": TRAINED,
+    "longctx eval --model runs/ext/ --suite niah,passkey,ppl --lengths 4k,8k,16k,32k --samples 5 --ppl-data books/":
+        TRAINED,
+    "torchrun --nproc-per-node 8 -m longctx eval --model runs/ext/ --suite ruler --lengths 128k --cp 4":
+        f"{TRAINED}; 8 processes at 128k",
+    "longctx eval --model runs/demo/hf --tasks niah_single_1,niah_multikey_2,niah_multivalue,passkey "
+    "--lengths 256,512,1024,2048 --style compact --samples 40": f"{TRAINED} (the demo's)",
+    "longctx eval --config eval.yaml samples=5 style=compact": f"{TRAINED}; eval.yaml is the reader's own file",
+    ".venv/bin/python benchmarks/bench_eval.py": BENCH,
+    "longctx eval --model runs/ext/ --suite ruler --lengths 4k --out eval_out": TRAINED,
+    "python RULER/scripts/eval/evaluate.py --data_dir eval_out/ruler/4096/pred --benchmark synthetic":
+        "needs a clone of RULER and the predictions of the line above",
+    "longctx eval --model runs/ext/hf --suite ruler --lengths 4k,8k,16k,32k,64k,128k --samples 500 "
+    "--essay $J/PaulGrahamEssays.json --squad $J/squad.json --hotpotqa $J/hotpotqa.json "
+    "--words $J/english_words.json [--chat-template llama3-chat] --out eval_out":
+        f"{TRAINED}; RULER's downloaded data",
+    # launch.md
+    "launch/torchrun.sh -- train --config configs/yarn-llama2-7b-128k.yaml": WEIGHTS,
+    "launch/torchrun.sh --nproc-per-node 8 -- train --config configs/x.yaml train.steps=100":
+        f"{GPUS}; configs/x.yaml is the reader's own",
+    "launch/torchrun.sh --nnodes 4 --nproc-per-node 8 --rdzv-endpoint node001:29500 --rdzv-id run42 "
+    "-- train --config configs/x.yaml": f"{GPUS} on 4 nodes",
+    "launch/torchrun.sh --nproc-per-node 2 -- train --config configs/cpu/yarn-llama2-7b-128k.yaml":
+        f"{TRAINS} (tests/integration/test_recipes_launch.py trains it)",
+    "sbatch --nodes=8 slurm/train.sbatch configs/yarn-llama2-7b-128k.yaml [key=value ...]": CLUSTER,
+    "sbatch --nodes=2 --gpus-per-node=4 --time=12:00:00 slurm/train.sbatch configs/x.yaml train.steps=2000": CLUSTER,
+    "sbatch slurm/eval.sbatch --model runs/yarn-llama2-7b-128k/hf --suite ruler --lengths 4k,16k,64k --cp 4 "
+    "--out eval/yarn": CLUSTER,
+    "sbatch slurm/eval_array.sbatch runs/yarn-llama2-7b-128k/hf eval/yarn --suite niah --samples 50": CLUSTER,
+    "kill -USR1 $(cat $S/1000.pid)": "preempts the stub job above once it trains; tests/integration/test_slurm.py "
+                                     "does this and waits for the requeued run (minutes)",
+    "accelerate launch --config_file launch/accelerate/zero2.yaml -m longctx train --config configs/x.yaml "
+    "parallel.zero_stage=2 parallel.deepspeed_config=launch/deepspeed/zero2.json": f"{GPUS}; configs/x.yaml",
+    "accelerate launch --config_file launch/accelerate/multinode-zero3.yaml --machine_rank $NODE_RANK "
+    "--main_process_ip node001 -m longctx train --config configs/yarn-llama2-7b-128k.yaml "
+    "parallel.deepspeed_config=launch/deepspeed/zero3.json": f"{WEIGHTS}; several nodes",
+    "deepspeed --hostfile launch/hostfile.example --master_addr node001 --master_port 29500 "
+    "--module longctx train --config configs/yarn-llama2-7b-128k.yaml": f"{WEIGHTS}; the hostfile's nodes (ssh)",
+    # performance.md
+    ".venv/bin/python benchmarks/bench_peers.py --lengths 4096,8192 --world 2 --out run.json": BENCH,
+    ".venv/bin/python benchmarks/bench_peers.py --lengths 16384 --no-check --impls hf,ours,alst,alst-tiled,ring,ulysses":
+        BENCH,
+    ".venv/bin/python benchmarks/bench_peers.py --max-len --budget-gb 1.5 --max-len-start 2048 --probe-timeout 600 "
+    "--impls ulysses,alst,alst-tiled,ring": BENCH,
+    ".venv/bin/python benchmarks/bench_peers.py ... --alst-loss-shard-tokens 1024": ELLIPSIS,
+    ".venv/bin/python benchmarks/bench_peers.py ... --recompute-attention": ELLIPSIS,
+    ".venv/bin/python benchmarks/bench_peers.py ... --mlp-tile-tokens 2048": ELLIPSIS,
+    ".venv/bin/python benchmarks/peak_tensors.py --impl ulysses --seq-len 32768": BENCH,
+    ".venv/bin/python benchmarks/bench_peers.py --render a.json b.json --out docs/bench_peers.json":
+        "needs saved benchmark runs (a.json, b.json) and rewrites docs/bench_peers.json",
+    # plan.md
+    "python benchmarks/bench_plan.py --out docs/bench_plan.json": f"{BENCH} (~15 min); rewrites docs/bench_plan.json",
+    "python benchmarks/bench_plan.py --from-json docs/bench_plan.json": "rewrites docs/bench_plan.json",
+    # training.md
+    "longctx train --config configs/cpu/yarn-llama2-7b-128k.yaml parallel.cp_size=1 out_dir=runs/one": TRAINS,
+    "torchrun --nproc_per_node 2 -m longctx train --config configs/cpu/yarn-llama2-7b-128k.yaml": TRAINS,
+    "torchrun --nproc_per_node 8 -m longctx train --config configs/my_run.yaml": f"{GPUS}; configs/my_run.yaml is "
+                                                                                 "the reader's own",
+}
+
+COMMANDS = shell_commands()
+RUN = [c for c in COMMANDS if c.marked]
+TRACEBACK = re.compile(r"^Traceback \(most recent call last\)", re.MULTILINE)
+
+
+def test_every_doc_command_is_run_or_listed(capsys):
+    problems = [f"{c.where}: not in a `<!-- doc-test: run -->` block and not in NOT_RUN: {c.key!r}"
+                for c in COMMANDS if not c.marked and c.key not in NOT_RUN]
+    problems += [f"{c.where}: in a `<!-- doc-test: run -->` block and in NOT_RUN (which one?): {c.key!r}"
+                 for c in RUN if c.key in NOT_RUN]
+    in_docs = {c.key for c in COMMANDS}
+    problems += [f"NOT_RUN lists a command no doc has: {key!r}" for key in NOT_RUN if key not in in_docs]
+    problems += [f"{b.doc}:{b.line}: a command block without ```bash (the doc test cannot see it)"
+                 for b in unlabeled_command_blocks()]
+    problems += [f"{b.doc}:{b.line}: `<!-- doc-test: run -->` before a block that is not ```bash"
+                 for b in marks_not_on_shell_blocks()]
+    assert not problems, "\n".join(problems)
+    not_run = [c for c in COMMANDS if not c.marked]
+    with capsys.disabled():
+        print(f"\ndoc commands: {len(RUN)} run (test_doc_command), {len(not_run)} listed as not run "
+              f"(NOT_RUN, {len(NOT_RUN)} distinct)")
+
+
+@pytest.mark.parametrize("cmd", RUN, ids=[c.where for c in RUN])
+def test_doc_command(cmd, tmp_path):
+    cwd = workdir(cmd, tmp_path)
+    res = run_command(cmd, cwd, reader_env(VENV_BIN, tmp_path), TIMEOUT)
+    output = f"$ {cmd.text}\n(in {cwd})\nexit {res.returncode}\n--- stdout\n{res.stdout[-4000:]}\n" \
+             f"--- stderr\n{res.stderr[-4000:]}"
+    jobs = [(job, *settle_stub_job(state, job, cwd, STUB_JOB_TIMEOUT)) for state, job in stub_jobs(tmp_path)]
+    assert res.returncode == 0, output
+    assert not TRACEBACK.search(res.stdout + res.stderr), output
+    for job, outcome, log in jobs:  # a stub job must get past its preflight and srun to the launcher
+        assert outcome == "launched", f"{output}\nstub job {job}: {outcome}\n--- its log\n{log[-4000:]}"
+
+
+def test_launcher_without_a_python_that_has_longctx_is_one_error_line(tmp_path):
+    """launch.md's laptop command in a shell whose python3 lacks torch (no venv activated)."""
+    bare = tmp_path / "bare"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(bare)], check=True, timeout=120)
+    cwd = checkout_view(tmp_path / "checkout")
+    before = sorted(os.listdir(cwd))
+    env = reader_env(VENV_BIN, tmp_path)
+    env["PATH"] = os.pathsep.join(p for p in env["PATH"].split(os.pathsep) if Path(p) != VENV_BIN)
+    env["PATH"] = f"{bare / 'bin'}{os.pathsep}{env['PATH']}"
+    env.pop("VIRTUAL_ENV")
+    res = subprocess.run(["launch/torchrun.sh", "--nproc-per-node", "2", "--", "train", "--config",
+                          "configs/cpu/yarn-llama2-7b-128k.yaml"], cwd=cwd, env=env, stdin=subprocess.DEVNULL,
+                         capture_output=True, text=True, timeout=60)
+    lines = res.stderr.splitlines()
+    assert res.returncode == 2 and len(lines) == 1, res.stderr
+    assert lines[0].startswith("error: LONGCTX_PYTHON=python3 cannot run longctx (no module named torch)"), lines[0]
+    assert f"LONGCTX_PYTHON={cwd}/.venv/bin/python" in lines[0]  # the checkout's own venv, named
+    assert not res.stdout and sorted(os.listdir(cwd)) == before  # nothing written
