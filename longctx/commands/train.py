@@ -5,7 +5,7 @@ import argparse
 import math
 import sys
 
-from longctx.config import TrainConfig, load_config, resolve_stages, to_yaml, validate_config
+from longctx.config import TrainConfig, load_config, missing_weights_note, resolve_stages, to_yaml, validate_config
 from longctx.errors import UserError
 from longctx.parallel.mesh import read_env
 from longctx.train.dry_run import dry_run
@@ -39,11 +39,15 @@ def run(args: argparse.Namespace) -> int:
         if world > 1:
             print(f"note: checked for world size {world}, the smallest its cp sizes imply "
                   "(--world-size N for another)", file=sys.stderr)
-    validate_config(cfg, world)  # every bad input, before the trainer is even imported
+    # every bad input, before the trainer is even imported; inspecting needs no weights
+    validate_config(cfg, world, weights=not inspect_only)
+    note = missing_weights_note(cfg.model) if inspect_only else None
+    if note:
+        print(f"note: {note}", file=sys.stderr)
     if args.print_config:
         print(to_yaml(cfg), end="")
         return 0
     if args.dry_run:
-        print(dry_run(cfg, world))
+        print(dry_run(cfg, world, args.config))
         return 0
     return train(cfg)

@@ -17,11 +17,15 @@ from longctx.data.tokenizer import check_local_tokenizer_vocab
 from longctx.errors import UserError
 from longctx.parallel.layout import ulysses_degree, validate_cp
 
+WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin")  # what load_pretrained reads
 
-def validate_config(cfg: TrainConfig, world_size: int) -> None:
-    """Every check, for a run on this machine with `world_size` processes."""
+
+def validate_config(cfg: TrainConfig, world_size: int, *, weights: bool = True) -> None:
+    """Every check, for a run on this machine with `world_size` processes. weights=False (a dry
+    run, --print-config) accepts a model.init_from directory that does not exist yet: the
+    architecture is then model.preset's (config.stages.missing_weights_note says so)."""
     validate_portable(cfg)
-    _validate_on_this_machine(cfg)
+    _validate_on_this_machine(cfg, weights)
     model_cfg = None
     for stage in resolve_stages(cfg):
         model_cfg = _validate_stage(stage, world_size)
@@ -40,13 +44,13 @@ def validate_portable(cfg: TrainConfig) -> None:
         stage.validate()
 
 
-def _validate_on_this_machine(cfg: TrainConfig) -> None:
-    """Files and libraries the run needs here: init_from, the attention backend, the DeepSpeed
-    JSON, a resume path, cache directories (data sources and the tokenizer: per stage)."""
+def _validate_on_this_machine(cfg: TrainConfig, weights: bool) -> None:
+    """Files and libraries the run needs here: init_from (and its weights, with `weights`), the
+    attention backend, the DeepSpeed JSON, a resume path, cache directories (data sources and
+    the tokenizer: per stage)."""
     m, par, ck = cfg.model, cfg.parallel, cfg.checkpoint
-    if m.init_from is not None and not (Path(m.init_from) / "config.json").is_file():
-        what = "does not exist" if not Path(m.init_from).exists() else "has no config.json"
-        raise UserError(f"model.init_from: {m.init_from} {what} (expected a Hugging Face Llama directory)")
+    if m.init_from is not None and (weights or Path(m.init_from).exists()):
+        _check_init_from(Path(m.init_from), weights)
     check_backend_available(par.attention_backend, "parallel.attention_backend")
     if par.deepspeed_config is not None:
         _validate_deepspeed_json(par.deepspeed_config, par.zero_stage)
@@ -55,6 +59,20 @@ def _validate_on_this_machine(cfg: TrainConfig) -> None:
     for name in ("cache_dir", "hf_cache_dir"):
         if getattr(cfg.data, name) is not None:
             check_out_dir(getattr(cfg.data, name), f"data.{name}")
+
+
+def _check_init_from(path: Path, weights: bool) -> None:
+    """model.init_from: a Hugging Face Llama directory (config.json, and the weight files when
+    training starts; their contents are verified as they load)."""
+    expected = "expected a Hugging Face Llama directory: config.json and model.safetensors(.index.json)"
+    if not path.exists():
+        raise UserError(f"model.init_from: {path} does not exist ({expected}); download the model there, or set "
+                        "model.init_from=DIR (the dry run and --print-config take the architecture from "
+                        "model.preset without it)")
+    if not (path / "config.json").is_file():
+        raise UserError(f"model.init_from: {path} has no config.json ({expected})")
+    if weights and not any((path / name).is_file() for name in WEIGHT_FILES):
+        raise UserError(f"model.init_from: {path} has no weights (none of {', '.join(WEIGHT_FILES)})")
 
 
 def _validate_stage(stage: RunStage, world_size: int):

@@ -7,7 +7,8 @@ from __future__ import annotations
 import dataclasses
 import difflib
 from dataclasses import dataclass
-from typing import Any, Dict
+from pathlib import Path
+from typing import Any, Dict, Optional
 
 from longctx.config.sections import (ModelSection, OptimSection, ParallelSection, StageSection, TrainConfig,
                                      require_at_least, require_finite)
@@ -89,11 +90,22 @@ def _resolve(cfg: TrainConfig, index: int, stage: StageSection, staged: bool) ->
         data=data, field_names=names)
 
 
+def missing_weights_note(model: ModelSection) -> Optional[str]:
+    """A note when model.init_from does not exist (yet): the architecture is model.preset's
+    until the weights are there (training itself stops on the missing directory)."""
+    if model.init_from is None or Path(model.init_from).exists():
+        return None
+    return (f"model.init_from {model.init_from} does not exist yet: architecture from model.preset={model.preset} "
+            "(training checks the weights when it starts)")
+
+
 def stage_model_config(stage: RunStage) -> ModelConfig:
-    """The model configuration of one stage: preset or init_from checkpoint, then the model
+    """The model configuration of one stage: the init_from checkpoint's config.json (the
+    preset's when that directory does not exist yet, see missing_weights_note), then the model
     section's overrides, then the stage's RoPE / max length. Reads only config.json."""
     m = stage.model
-    base = read_hf_config(m.init_from) if m.init_from else get_preset(m.preset)
+    from_checkpoint = m.init_from is not None and Path(m.init_from).exists()
+    base = read_hf_config(m.init_from) if from_checkpoint else get_preset(m.preset)
     changes: Dict[str, Any] = dict(m.overrides)
     if m.rope_parameters is not None:
         changes["rope_parameters"] = dict(m.rope_parameters)

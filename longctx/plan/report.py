@@ -12,11 +12,17 @@ def fmt_bytes(x: float) -> str:
     return f"{x / GiB:8.2f} GiB"
 
 
+def gib(x: float) -> str:
+    """A memory size in GiB for a sentence: '80', '3.9'."""
+    value = x / GiB
+    return f"{value:.0f}" if abs(value - round(value)) < 0.05 else f"{value:.1f}"
+
+
 def format_estimate(est: MemoryEstimate, device_bytes: Optional[float] = None) -> str:
     lay = est.info["layout"]
-    unit = "GPU" if est.device == "gpu" else "process (CPU RSS)"
+    what = "memory per GPU" if est.device == "gpu" else "host memory per process (CPU RSS)"
     offload = ", ".join(k for k in ("offload_optimizer", "offload_params") if lay[k]) or "no offload"
-    lines = [f"  memory per {unit}: ZeRO-{lay['zero_stage']} ({offload}), {lay['dtype']}, "
+    lines = [f"  {what}: ZeRO-{lay['zero_stage']} ({offload}), {lay['dtype']}, "
              f"checkpointing {lay['activation_checkpointing']}, cp {lay['cp_size']} ({lay['cp_impl']}), "
              f"{est.info['tokens_per_rank']:,} tokens/rank/micro-batch; peak in phase '{est.phase}'"]
     labels = {"parameters": "parameters", "gradients": "gradients", "optimizer": "optimizer states",
@@ -30,7 +36,7 @@ def format_estimate(est: MemoryEstimate, device_bytes: Optional[float] = None) -
     if device_bytes:
         usable = device_bytes * (GPU_USABLE if est.device == "gpu" else 1.0)
         verdict = "fits" if est.fits(device_bytes) else "does NOT fit"
-        lines.append(f"    {verdict} in {device_bytes / GiB:.0f} GiB ({usable / GiB:.1f} GiB usable)")
+        lines.append(f"    {verdict} in {gib(device_bytes)} GiB ({usable / GiB:.1f} GiB usable)")
     return "\n".join(lines)
 
 

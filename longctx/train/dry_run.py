@@ -1,13 +1,24 @@
 """`train --dry-run`: build the model of every stage on the meta device, report parameters and
-a per-device memory estimate, without allocating or starting processes."""
+the memory planner's estimate per process, without allocating or starting processes.
+
+The estimate is `longctx plan`'s (the same function and device semantics): per GPU for a
+config written for GPUs (its `# cluster:` line) or on a machine with one, else host memory per
+process (CPU, gloo), each checked against the memory it would have when that is known.
+"""
 from __future__ import annotations
+
+from typing import Optional
 
 from longctx.config import TrainConfig, resolve_stages, stage_model_config
 from longctx.model import build_model, count_parameters
 from longctx.plan import estimate_memory, format_estimate
+from longctx.plan.target import cluster_line, memory_per_process, planned_device, this_machine_device
 
 
-def dry_run(cfg: TrainConfig, world_size: int) -> str:
+def dry_run(cfg: TrainConfig, world_size: int, config_path: Optional[str] = None) -> str:
+    cluster = cluster_line(config_path)
+    device = planned_device(cluster, fallback=this_machine_device())
+    device_bytes, _ = memory_per_process(device, cluster, world_size)
     lines = []
     for stage in resolve_stages(cfg):
         model_cfg = stage_model_config(stage)
@@ -16,5 +27,5 @@ def dry_run(cfg: TrainConfig, world_size: int) -> str:
         cp = stage.parallel.cp_size
         lines.append(f"stage {stage.index} ({stage.name}): seq_len {stage.seq_len}, steps {stage.steps}, "
                      f"cp {cp} x dp {world_size // cp}, rope {model_cfg.rope_type}, params {n:,}")
-        lines.append(format_estimate(estimate_memory(cfg, stage, model_cfg, world_size)))
+        lines.append(format_estimate(estimate_memory(cfg, stage, model_cfg, world_size, device=device), device_bytes))
     return "\n".join(lines)

@@ -1,6 +1,6 @@
 """Published recipes as processes: each passes `--dry-run` on the meta device for its stated
-cluster shape and fits it per the planner; each CPU-sized version trains for real through
-launch/torchrun.sh, and the launcher refuses a recipe written for a bigger cluster."""
+cluster shape, without its weights, and fits it per the planner; each CPU-sized version trains
+for real through launch/torchrun.sh, and the launcher refuses a recipe written for a bigger cluster."""
 import json
 import math
 import subprocess
@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from helpers.recipes import CPU_RECIPES, PRESET_OF, RECIPES, ROOT, cluster, fake_checkpoint
+from helpers.recipes import CPU_RECIPES, RECIPES, ROOT, cluster
 from helpers.train import env
 from longctx.config import load_config, resolve_stages, stage_model_config
 from longctx.plan import estimate_memory, parse_size
@@ -19,11 +19,13 @@ def test_full_recipe_dry_run_on_its_cluster_and_fits(tmp_path, name):
     path = ROOT / "configs" / name
     shape = cluster(path)
     world = int(shape["nodes"]) * int(shape["gpus_per_node"])
-    ckpt = fake_checkpoint(tmp_path, PRESET_OF[name])
-    overrides = [f"model.init_from={ckpt}", f"data.tokenizer={ckpt}", f"out_dir={tmp_path / 'run'}"]
+    overrides = [f"out_dir={tmp_path / 'run'}"]
+    # cwd without checkpoints/: the architecture comes from the recipe's model.preset
     res = subprocess.run([sys.executable, "-m", "longctx", "train", "--config", str(path), "--dry-run",
-                          "--world-size", str(world), *overrides], capture_output=True, text=True, timeout=180, cwd=ROOT)
+                          "--world-size", str(world), *overrides], capture_output=True, text=True, timeout=180,
+                         cwd=tmp_path, env=env())
     assert res.returncode == 0, res.stderr[-2000:]
+    assert "architecture from model.preset=" in res.stderr
     cfg = load_config(str(path), overrides)
     stages = resolve_stages(cfg)
     assert res.stdout.count("memory per GPU") == len(stages)

@@ -8,7 +8,9 @@ import shlex
 from pathlib import Path
 
 import pytest
+import torch
 
+from helpers.recipes import CPU_RECIPES, RECIPES, cluster
 from longctx import cli
 from longctx.config import load_config, resolve_stages, stage_model_config
 from longctx.errors import UserError
@@ -170,7 +172,7 @@ def test_plan_cli_text_for_a_recipe_and_nothing_fits(capsys):
     out = capsys.readouterr().out
     assert rc == 0
     assert "--gpus 64 from the config's '# cluster:' line" in out
-    assert "planning with the architecture of model.preset=llama2-7b" in out
+    assert "architecture from model.preset=llama2-7b" in out
     assert out.count("memory per GPU") == 2 and "recommended: parallel.cp_size=" in out
     rc = _run_plan(["--gpus", "1", "--gpu-mem", "24GB", "--check", "model.preset=llama3-8b", "data.seq_len=131072",
                     "train.dtype=bfloat16"])
@@ -230,7 +232,7 @@ def test_every_example_in_the_docs_gives_a_plan(argv, capsys, monkeypatch):
 
 
 def test_the_recommendation_prefers_no_offload_and_the_faster_layout():
-    from longctx.commands.plan import recommend
+    from longctx.plan.advice import recommend
 
     rows = [{"cp_size": 2, "fits": True, "offload_optimizer": True, "relative_time_per_token": 1.38},
             {"cp_size": 4, "fits": True, "offload_optimizer": False, "relative_time_per_token": 1.10},
@@ -239,3 +241,65 @@ def test_the_recommendation_prefers_no_offload_and_the_faster_layout():
     assert recommend(rows)["cp_size"] == 4
     assert recommend(rows[:1])["cp_size"] == 2  # offload when nothing else fits
     assert recommend(rows[3:]) is None
+
+
+def _stage_totals(text: str) -> list[str]:
+    return [line.split()[-2] for line in text.splitlines() if line.strip().startswith("total (peak)")]
+
+
+@pytest.mark.parametrize("name", [f"cpu/{n}" for n in CPU_RECIPES] + RECIPES)
+def test_the_dry_run_and_plan_give_the_same_estimate_for_the_configs_device(name, capsys, monkeypatch):
+    """CPU recipes (device=cpu in their cluster line): host memory per process in both, the
+    same totals; the full recipes: per GPU in both (whatever this machine has)."""
+    from longctx.train.dry_run import dry_run
+
+    monkeypatch.chdir(ROOT)
+    path = str(ROOT / "configs" / name)
+    cfg = load_config(path)
+    shape = cluster(Path(path))
+    world = int(shape["nodes"]) * int(shape["gpus_per_node"])
+    assert _run_plan(["--config", path, "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["device"] == ("cpu" if name.startswith("cpu/") else "gpu")
+    assert _run_plan(["--config", path]) == 0
+    plan_text = capsys.readouterr().out
+    dry = dry_run(cfg, world, path)
+    what = "host memory per process" if name.startswith("cpu/") else "memory per GPU"
+    stages = resolve_stages(cfg)
+    def heads(text):
+        return [line for line in text.splitlines() if line.startswith("  " + what)]
+    assert len(heads(dry)) == len(heads(plan_text)) == len(stages)
+    assert _stage_totals(dry) == _stage_totals(plan_text) == [f"{s['peak_gib']:.2f}" for s in report["stages"]]
+    if name.startswith("cpu/"):  # one process of a tiny model: the runtime constant and little else
+        assert all(s["peak_gib"] < 1.0 for s in report["stages"])
+
+
+def test_a_dry_run_without_a_cluster_line_plans_this_machine(tmp_path):
+    from longctx.train.dry_run import dry_run
+
+    cfg = load_config(None, ["model.preset=debug-tiny", "data.seq_len=256"])
+    text = dry_run(cfg, 1)
+    expected = "memory per GPU" if torch.cuda.is_available() else "host memory per process"
+    assert expected in text and " fits in " in text
+
+
+def _normalized(text: str) -> str:
+    return " ".join(text.replace(" / ", "/").split()).lower()
+
+
+def test_plan_help_docs_and_output_state_one_advice_rule(capsys):
+    """The rule `advise` and `recommend` implement (tested above), in the same words in
+    `plan --help` and docs/plan.md; the output's header names it too."""
+    from longctx.commands import plan
+
+    per_cp = ("the option that fits with the lowest predicted time per token among zero 0-3 x checkpointing "
+              "none/selective/full (ties: the lower zero stage, less checkpointing), optimizer offload only when "
+              "none of them fits")
+    recommendation = ("the recommendation is the fitting row with the lowest predicted time per token (offload only "
+                      "when nothing else fits; ties: the smaller cp)")
+    docs = _normalized((ROOT / "docs" / "plan.md").read_text())
+    help_text = _normalized(plan.__doc__)
+    for rule in (per_cp, recommendation):
+        assert rule in docs and rule in help_text
+    assert _run_plan(["--gpus", "8", "model.preset=llama2-7b", "data.seq_len=32768"]) == 0
+    assert "per cp: the fitting option with the lowest predicted time per token" in capsys.readouterr().out

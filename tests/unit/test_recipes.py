@@ -1,11 +1,15 @@
-"""Published recipes in configs/: each cites its source and matches the published numbers (the
-dry runs and the CPU training runs are in tests/integration/test_recipes_launch.py)."""
+"""Published recipes in configs/: each cites its source and matches the published numbers, and
+is inspected (--print-config, --dry-run) without its weights, which training itself requires
+(the dry runs as processes and the CPU training runs are in tests/integration/test_recipes_launch.py)."""
 import math
 import re
-from pathlib import Path
 
-from helpers.recipes import CPU_RECIPES, PRESET_OF, RECIPES, ROOT, cluster, fake_checkpoint
+import pytest
+
+from helpers.recipes import CPU_RECIPES, PRESET_OF, RECIPES, ROOT, cluster
+from longctx.cli import main
 from longctx.config import load_config, resolve_stages, stage_model_config
+from longctx.model import build_model, count_parameters, get_preset
 
 
 def test_every_recipe_has_a_cpu_version_a_source_and_a_cluster_shape():
@@ -18,12 +22,12 @@ def test_every_recipe_has_a_cpu_version_a_source_and_a_cluster_shape():
         assert "Source of the full recipe" in (ROOT / "configs" / "cpu" / name).read_text()
 
 
-def _load(name: str, ckpt: Path) -> object:
-    return load_config(str(ROOT / "configs" / name), [f"model.init_from={ckpt}", f"data.tokenizer={ckpt}"])
+def _load(name: str) -> object:
+    return load_config(str(ROOT / "configs" / name))
 
 
-def test_yarn_recipe_matches_the_paper(tmp_path):
-    cfg = _load("yarn-llama2-7b-128k.yaml", fake_checkpoint(tmp_path, "llama2-7b"))
+def test_yarn_recipe_matches_the_paper():
+    cfg = _load("yarn-llama2-7b-128k.yaml")
     world = 64
     s16, s32 = resolve_stages(cfg)
     assert (s16.steps, s32.steps) == (400, 200) and s16.seq_len == s32.seq_len == 65536
@@ -36,8 +40,8 @@ def test_yarn_recipe_matches_the_paper(tmp_path):
     assert m.rope_type == "yarn" and m.max_position_embeddings == 131072
 
 
-def test_llama3_recipe_stages_and_scaling(tmp_path):
-    cfg = _load("llama3-8b-128k.yaml", fake_checkpoint(tmp_path, "llama3-8b"))
+def test_llama3_recipe_stages_and_scaling():
+    cfg = _load("llama3-8b-128k.yaml")
     stages = resolve_stages(cfg)
     assert [s.seq_len for s in stages] == [16384, 32768, 65536, 131072]
     m = stage_model_config(stages[-1])
@@ -50,8 +54,8 @@ def test_llama3_recipe_stages_and_scaling(tmp_path):
         assert (64 // s.parallel.cp_size) * cfg.train.grad_accum * s.seq_len == 4 * 2**20
 
 
-def test_prolong_recipe_mixture(tmp_path):
-    cfg = _load("prolong-llama3-8b-64k.yaml", fake_checkpoint(tmp_path, "llama3-8b"))
+def test_prolong_recipe_mixture():
+    cfg = _load("prolong-llama3-8b-64k.yaml")
     weights = {s.name: s.weight for s in cfg.data.sources}
     assert math.isclose(sum(weights.values()), 1.0)
     assert (weights["code-repos"], weights["books"], weights["textbooks"]) == (0.30, 0.30, 0.03)
@@ -60,3 +64,27 @@ def test_prolong_recipe_mixture(tmp_path):
     assert stage_model_config(resolve_stages(cfg)[0]).rope_parameters["rope_theta"] == 8e6
     assert cfg.optim.lr == 1e-5 and cfg.optim.min_lr_ratio == 0.1 and cfg.optim.schedule == "cosine"
     assert (64 // cfg.parallel.cp_size) * cfg.train.grad_accum * cfg.data.seq_len == 4 * 2**20  # 4M tokens/step
+
+
+@pytest.mark.parametrize("name", RECIPES)
+def test_a_recipe_is_inspected_without_its_weights_and_training_asks_for_them(tmp_path, monkeypatch, capsys, name):
+    """No checkpoints/ here: --print-config and --dry-run take the architecture from model.preset
+    and say so in one note; training stops with one error line naming model.init_from before
+    out_dir exists."""
+    monkeypatch.chdir(tmp_path)  # the recipes' checkpoints/<model> paths are relative
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    path, out = str(ROOT / "configs" / name), tmp_path / "run"
+    cfg = load_config(path)
+    assert cfg.model.preset == PRESET_OF[name]
+    for flag in ("--print-config", "--dry-run"):
+        assert main(["train", "--config", path, flag, "--world-size", "64", f"out_dir={out}"]) == 0
+        captured = capsys.readouterr()
+        notes = [line for line in captured.err.splitlines() if "model.init_from" in line]
+        assert notes == [f"note: model.init_from {cfg.model.init_from} does not exist yet: architecture from "
+                         f"model.preset={PRESET_OF[name]} (training checks the weights when it starts)"]
+    preset_params = count_parameters(build_model(get_preset(PRESET_OF[name]), device="meta"))
+    assert f"params {preset_params:,}" in captured.out and "memory per GPU" in captured.out
+    assert main(["train", "--config", path, f"out_dir={out}"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith(f"error: model.init_from: {cfg.model.init_from} does not exist")
+    assert not out.exists()
