@@ -1,26 +1,31 @@
-"""`longctx <command>`: train | eval | export | plan | demo.
+"""`longctx <command>`: train | eval | plan | export | demo | recipes | setup.
 
-Each command lives in its own module and registers its parser here. A UserError anywhere
-becomes one `error: ...` line and exit code 2; other exceptions are bugs and keep tracebacks.
+Each command lives in its own module (`add_parser(parser)`, `run(args) -> exit code`); only the
+module of the command given is imported, so `longctx --help` and `--version` load no torch. A
+`--config recipe:NAME` becomes the bundled recipe's path here, for every command. A UserError
+anywhere becomes one `error: ...` line and exit code 2; other exceptions are bugs and keep tracebacks.
 """
 from __future__ import annotations
 
 import argparse
 import difflib
+import importlib
 import re
 import sys
 from typing import NoReturn, Optional
 
-from longctx.commands import demo, eval as eval_command, export, plan, train
+from longctx import __version__, recipes
 from longctx.errors import UserError
 
-# command -> (module with add_parser(parser) and run(args) -> exit code, help)
+# command -> help; its module is longctx.commands.<command>
 COMMANDS = {
-    "train": (train, "train or continue pretraining (torchrun/SLURM/DeepSpeed)"),
-    "eval": (eval_command, "long-context evaluation (RULER, needle, passkey, ppl)"),
-    "plan": (plan, "per-GPU memory estimate and the smallest cp / ZeRO stage that fits"),
-    "export": (export, "export a checkpoint as a Hugging Face Llama directory"),
-    "demo": (demo, "run the built-in end-to-end default job"),
+    "train": "train or continue pretraining (torchrun/SLURM/DeepSpeed)",
+    "eval": "long-context evaluation (RULER, needle, passkey, ppl)",
+    "plan": "per-GPU memory estimate and the smallest cp / ZeRO stage that fits",
+    "export": "export a checkpoint as a Hugging Face Llama directory",
+    "demo": "run the built-in end-to-end default job",
+    "recipes": "list the bundled recipes (use one as --config recipe:NAME), or print one",
+    "setup": "prepare this environment once: build DeepSpeed's JIT op, report what is installed",
 }
 
 
@@ -68,18 +73,34 @@ class OneLineParser(argparse.ArgumentParser):
         self.exit(2)
 
 
-def build_parser() -> argparse.ArgumentParser:
+def command_module(name: str):
+    return importlib.import_module(f"longctx.commands.{name}")
+
+
+def chosen_command(argv: list[str]) -> Optional[str]:
+    """The command named on the command line: its first argument that is not an option."""
+    first = next((a for a in argv if not a.startswith("-")), None)
+    return first if first in COMMANDS else None
+
+
+def build_parser(command: Optional[str] = None) -> argparse.ArgumentParser:
+    """The parser, with the options of `command` (None: every command's)."""
     parser = OneLineParser(prog="longctx", description="Extend LLaMA-style models to long context.")
+    parser.add_argument("--version", action="version", version=f"longctx {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=OneLineParser)
     sub.required = True
-    for name, (module, help_text) in COMMANDS.items():
-        module.add_parser(sub.add_parser(name, help=help_text, description=help_text))
+    for name, help_text in COMMANDS.items():
+        command_parser = sub.add_parser(name, help=help_text, description=help_text)
+        if command in (None, name):
+            command_module(name).add_parser(command_parser)
     parser.set_defaults(_command_parsers=sub.choices)
     return parser
 
 
 def main(argv: Optional[list[str]] = None) -> int:
-    parser = build_parser()
+    argv = sys.argv[1:] if argv is None else argv
+    command = chosen_command(argv)
+    parser = build_parser(command) if command else build_parser(command="")  # no command: list them only
     try:
         args, extra = parser.parse_known_args(argv)
         if hasattr(args, "overrides"):  # key=value after a flag (`train --dry-run a.b=1`) is an override too
@@ -89,9 +110,10 @@ def main(argv: Optional[list[str]] = None) -> int:
             args._command_parsers[args.command].error(f"unrecognized arguments: {' '.join(extra)}")
     except SystemExit as e:  # --help (0) or a one-line argparse error (2)
         return e.code if isinstance(e.code, int) else 2
-    module, _help = COMMANDS[args.command]
     try:
-        return int(module.run(args) or 0)
+        if getattr(args, "config", None) is not None:
+            args.config = recipes.resolve(args.config)
+        return int(command_module(args.command).run(args) or 0)
     except UserError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

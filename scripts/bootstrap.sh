@@ -26,6 +26,7 @@ if ! .venv/bin/python -c "import torch" 2>/dev/null; then
 fi
 echo "[longctx] installing longctx[test] into .venv" >&2
 pip_install -e ".[test]"
-# DeepSpeed's JIT-built ops, now rather than at a job's start (longctx/parallel/ds_ops.py)
-.venv/bin/python -m longctx.parallel.ds_ops || echo "[longctx] warning: DeepSpeed ops not prebuilt; jobs build them on first use" >&2
+# DeepSpeed's JIT-built op (optimizer offload), once per environment rather than in a job
+# (longctx/parallel/ds_ops.py)
+.venv/bin/longctx setup >&2 || echo "[longctx] warning: DeepSpeed's op not prebuilt; an offload run builds it on first use" >&2
 echo "$want" > "$stamp"

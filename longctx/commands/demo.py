@@ -15,9 +15,6 @@ import signal
 import sys
 from pathlib import Path
 
-from longctx.demo.config import demo_config
-from longctx.demo.jobs import check_out_dir
-from longctx.demo.pipeline import MARKER, run_demo
 from longctx.errors import UserError
 
 
@@ -30,6 +27,10 @@ def add_parser(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from longctx.demo.config import demo_config  # torch and the pipeline: imported when the demo runs, not for --help
+    from longctx.demo.jobs import check_out_dir
+    from longctx.demo.pipeline import MARKER, run_demo
+
     if args.seed < 0:
         raise UserError(f"--seed: must be >= 0, got {args.seed}")
     check_out_dir(Path(args.out), MARKER)  # before anything is replaced, created or signalled

@@ -1,15 +1,14 @@
-"""`longctx train --config FILE [key=value ...] [--print-config] [--dry-run]`."""
+"""`longctx train --config FILE [key=value ...] [--print-config] [--dry-run]`.
+
+The config, the trainer and torch are imported when the command runs, so `--help` stays fast.
+"""
 from __future__ import annotations
 
 import argparse
 import math
 import sys
 
-from longctx.config import TrainConfig, load_config, missing_weights_note, resolve_stages, to_yaml, validate_config
 from longctx.errors import UserError
-from longctx.parallel.mesh import read_env
-from longctx.train.dry_run import dry_run
-from longctx.train.loop import train
 
 
 def add_parser(p: argparse.ArgumentParser) -> None:
@@ -23,12 +22,19 @@ def add_parser(p: argparse.ArgumentParser) -> None:
                         "else the smallest world the config's cp sizes imply)")
 
 
-def implied_world_size(cfg: TrainConfig) -> int:
+def implied_world_size(cfg) -> int:
     """The smallest world every stage's cp size divides (dp = 1 for the largest)."""
+    from longctx.config import resolve_stages  # see the top
+
     return math.lcm(*[stage.parallel.cp_size for stage in resolve_stages(cfg)])
 
 
 def run(args: argparse.Namespace) -> int:
+    from longctx.config import load_config, missing_weights_note, to_yaml, validate_config  # see the top
+    from longctx.parallel.mesh import read_env
+    from longctx.train.dry_run import dry_run
+    from longctx.train.loop import train
+
     cfg = load_config(args.config, args.overrides)
     if args.world_size is not None and args.world_size < 1:
         raise UserError(f"--world-size: must be >= 1, got {args.world_size}")

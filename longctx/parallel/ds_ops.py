@@ -1,34 +1,37 @@
-"""DeepSpeed's JIT-built C++ ops and the build lock in torch's extensions cache.
+"""DeepSpeed's JIT-built C++ ops: which ones a run needs, each built once per environment.
 
-DeepSpeed compiles some ops on first use into torch's extensions cache (on a CPU machine its
-shared-memory collectives, `deepspeed_shm_comm`, at engine start; `cpu_adam` with optimizer
-offload), under a lock file that torch takes even to load an op built earlier. A process
-killed while holding it (preemption, a time limit, scancel) leaves the file, and torch waits
-on it forever: every later job sharing the cache would hang at engine start.
+DeepSpeed compiles some ops on first use into torch's extensions cache:
 
-Before DeepSpeed loads an op, `guard_build_locks` looks at its lock: one released within
-LOCK_STALE_S is another process's build finishing; one older than that was left by a dead
-build, and this job builds its ops in a job-private extensions directory instead, with a
-warning naming the lock and how to clear it. `python -m longctx.parallel.ds_ops [--offload]`
-builds the ops ahead of time (scripts/bootstrap.sh runs it), so jobs only load them.
+- `deepspeed_shm_comm`: DeepSpeed's CPU accelerator builds it when its comm backend starts,
+  for `inference_all_reduce` (tensor-parallel inference) alone. Training's collectives, ours
+  and ZeRO's, go through torch.distributed (gloo, NCCL). `skip_unused_ops` marks the op
+  incompatible in DeepSpeed's own op table (`deepspeed.ops.__compatible_ops__`, the switch
+  DeepSpeed itself consults to skip the op where it cannot be built), so a run builds nothing.
+- `cpu_adam`: optimizer offload needs it. `longctx setup` (scripts/bootstrap.sh runs it) builds
+  it ahead; at run time `ensure_built` builds it under a lock judged by the liveness of its
+  holder (longctx/locks.py): one process builds, the others wait with a line naming it.
+
+torch's own lock (`<op>/lock` in the cache) names nobody, and torch waits on it forever. Under
+our lock, one that no process of this host holds open is what a killed build left behind: it
+is removed with a notice.
 """
 from __future__ import annotations
 
-import hashlib
 import logging
 import os
 import sys
-import tempfile
-import time
 from pathlib import Path
-from typing import Iterable
+from typing import Callable
 
 import torch
 from torch.utils.cpp_extension import get_default_build_root
 
+from longctx.locks import liveness_lock
+
 log = logging.getLogger("longctx.parallel")
-LOCK_STALE_S = 60.0  # longer than a real build of these ops takes on a small CPU
-_BUILDERS = {"shm_comm": "ShareMemCommBuilder", "cpu_adam": "CPUAdamBuilder"}
+BUILD_TAKES = "a first build takes 1-3 minutes on a small CPU"
+_OFFLOAD_BUILDER = "CPUAdamBuilder"
+_INFERENCE_ONLY_BUILDERS = ("ShareMemCommBuilder",)
 
 
 def extensions_root() -> Path:
@@ -46,77 +49,69 @@ def extensions_root() -> Path:
     return Path(get_default_build_root()) / f"{python}_{accelerator}"
 
 
-def job_private_root() -> Path:
-    """One directory per job attempt and node, the same for all of its local ranks."""
-    keys = ("SLURM_JOB_ID", "SLURM_RESTART_COUNT", "TORCHELASTIC_RUN_ID", "TORCHELASTIC_RESTART_COUNT",
-            "MASTER_ADDR", "MASTER_PORT")
-    job = "|".join(os.environ.get(k, "") for k in keys)
-    if not job.strip("|"):
-        job = str(os.getpid())  # a single process without a launcher
-    digest = hashlib.sha1(job.encode()).hexdigest()[:12]
-    return Path(tempfile.gettempdir()) / f"longctx-torch-extensions-{digest}"
-
-
-def _jit_builders(offload_optimizer: bool) -> list:
-    """DeepSpeed's builders of the ops it will JIT-build for this job."""
+def skip_unused_ops() -> list[str]:
+    """Keep DeepSpeed from building the ops that only its inference uses; returns their names."""
     import deepspeed.ops  # lazy: deepspeed is heavy to import (see parallel/zero.py)
     from deepspeed.accelerator import get_accelerator
+
+    skipped = []
+    for class_name in _INFERENCE_ONLY_BUILDERS:
+        builder = get_accelerator().create_op_builder(class_name)
+        if builder is not None:
+            deepspeed.ops.__compatible_ops__[builder.NAME] = False
+            skipped.append(builder.NAME)
+    return skipped
+
+
+def offload_builders(offload_optimizer: bool) -> list:
+    """DeepSpeed's builders of the ops this job will JIT-build (none are prebuilt into the wheel)."""
+    if not offload_optimizer:
+        return []
+    from deepspeed.accelerator import get_accelerator  # lazy, see skip_unused_ops
     from deepspeed.git_version_info import installed_ops
 
-    wanted = (["shm_comm"] if get_accelerator().device_name() == "cpu" else []) + (
-        ["cpu_adam"] if offload_optimizer else [])
-    builders = []
-    for key in wanted:
-        builder = get_accelerator().create_op_builder(_BUILDERS[key])
-        if builder is None or installed_ops.get(builder.NAME):  # absent here, or prebuilt into the wheel
+    builder = get_accelerator().create_op_builder(_OFFLOAD_BUILDER)
+    return [] if builder is None or installed_ops.get(builder.NAME) else [builder]
+
+
+def is_built(name: str) -> bool:
+    return any((extensions_root() / name).glob(f"{name}*.so"))
+
+
+def _open_on_this_host(path: Path) -> bool:
+    """Whether any process here holds `path` open (torch's lock is open while its build runs)."""
+    target = str(path.resolve())
+    for fd_dir in Path("/proc").glob("[0-9]*/fd"):
+        try:
+            if any(os.readlink(fd) == target for fd in fd_dir.iterdir()):
+                return True
+        except OSError:  # a process that ended, or another user's
             continue
-        if key == "shm_comm" and not deepspeed.ops.__compatible_ops__.get(builder.NAME, False):
-            continue  # DeepSpeed skips the op, so there is nothing to build
-        builders.append(builder)
-    return builders
+    return False
 
 
-def jit_ops(offload_optimizer: bool) -> list[str]:
-    """Names (build directories) of the ops DeepSpeed will JIT-build for this job."""
-    return [builder.NAME for builder in _jit_builders(offload_optimizer)]
+def clear_dead_torch_lock(name: str, notify: Callable[[str], None]) -> None:
+    lock = extensions_root() / name / "lock"
+    if lock.exists() and Path("/proc/self/fd").is_dir() and not _open_on_this_host(lock):
+        notify(f"removing {lock}: no running process holds it (a build killed mid-way leaves it)")
+        lock.unlink(missing_ok=True)
 
 
-def _lock_age(lock: Path) -> float | None:
-    try:
-        return time.time() - lock.stat().st_mtime
-    except FileNotFoundError:
-        return None
+def build_once(builder, notify: Callable[[str], None]) -> None:
+    """Build (if this environment has not) and load one op builder's op, one process at a time."""
+    name, root = builder.NAME, extensions_root()
+    root.mkdir(parents=True, exist_ok=True)
+    with liveness_lock(root / f"{name}.longctx-lock", what=f"DeepSpeed's build of {name}", notify=notify,
+                       expected=BUILD_TAKES):
+        clear_dead_torch_lock(name, notify)
+        if not is_built(name):
+            notify(f"building DeepSpeed's {name} op in {root / name} (once per environment; {BUILD_TAKES})")
+        builder.load(verbose=False)
 
 
-def guard_build_locks(ops: Iterable[str], *, stale_after: float = LOCK_STALE_S, poll_s: float = 0.5) -> None:
-    """Wait while a fresh build lock of `ops` is held; on a stale one, build in a job-private
-    directory (sets TORCH_EXTENSIONS_DIR for this process, with a warning)."""
-    root = extensions_root()
-    for name in ops:
-        lock = root / name / "lock"
-        while (age := _lock_age(lock)) is not None:
-            if age > stale_after:
-                private = job_private_root()
-                private.mkdir(parents=True, exist_ok=True)
-                os.environ["TORCH_EXTENSIONS_DIR"] = str(private)
-                log.warning("stale DeepSpeed build lock %s (%.0f s old: a build killed mid-way leaves it); "
-                            "building in %s for this job instead. If no build is running, clear it: rm %s",
-                            lock, age, private, lock)
-                return
-            time.sleep(poll_s)
-
-
-def build_ahead(offload_optimizer: bool = False) -> list[str]:
-    """Build (or load) the ops now, e.g. at setup time; returns their names."""
-    builders = _jit_builders(offload_optimizer)
-    guard_build_locks(b.NAME for b in builders)
+def ensure_built(offload_optimizer: bool, notify: Callable[[str], None] = log.warning) -> list[str]:
+    """Build (once per environment) or load the JIT ops this job needs; returns their names."""
+    builders = offload_builders(offload_optimizer)
     for builder in builders:
-        builder.load()
-    return [b.NAME for b in builders]
-
-
-if __name__ == "__main__":
-    logging.basicConfig(level=logging.WARNING, format="%(message)s")
-    built = build_ahead(offload_optimizer="--offload" in sys.argv[1:])
-    print(f"[longctx] DeepSpeed ops ready: {', '.join(built) or 'none needed'} (in {extensions_root()})",
-          file=sys.stderr)
+        build_once(builder, notify)
+    return [builder.NAME for builder in builders]

@@ -17,10 +17,11 @@ from torch import nn
 
 from longctx.errors import UserError
 from longctx.parallel.checkpointing import model_key
-from longctx.parallel.ds_ops import guard_build_locks, jit_ops
+from longctx.parallel.ds_ops import ensure_built, skip_unused_ops
 
 # deepspeed is imported inside the functions that use it: importing it takes seconds and sets
-# up its accelerator, which `longctx export` (zero_fp32_masters) and eval do not need.
+# up its accelerator, which `longctx export` and eval do not need (their ZeRO consolidation,
+# longctx/model/consolidate.py, imports it when a checkpoint has no model/).
 
 
 def deepspeed_config(*, zero_stage: int, micro_batch_size: int, grad_accum: int, world_size: int,
@@ -73,7 +74,7 @@ def build_optimizer(model: nn.Module, *, lr: float, betas: tuple[float, float], 
     if offload:
         from deepspeed.ops.adam import DeepSpeedCPUAdam  # lazy, see the top of this file
 
-        guard_build_locks(jit_ops(offload_optimizer=True))  # its constructor builds / loads cpu_adam
+        ensure_built(offload_optimizer=True)  # built once per environment; its constructor then loads it
         return DeepSpeedCPUAdam(groups, lr=lr, betas=betas, eps=eps, adamw_mode=True)
     # the fused kernel: one pass per tensor (CPU and CUDA) instead of a loop over tensors
     fused = all(p.device.type in ("cpu", "cuda") for p in model.parameters())
@@ -92,7 +93,7 @@ def initialize_engine(model: nn.Module, optimizer: torch.optim.Optimizer, ds_con
 
     quiet_deepspeed_deprecations()
     logging.getLogger("DeepSpeed").setLevel(logging.WARNING)
-    guard_build_locks(jit_ops(offload_optimizer=False))  # engine start loads its comm op
+    skip_unused_ops()  # engine start would build the inference-only shm comm op
     engine, optimizer, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, config=ds_config)
     # DeepSpeed records parameter names (a checkpoint's param_shapes, which its zero_to_fp32.py
     # writes out) from named_parameters(), i.e. with activation-checkpointing wrappers in them;
@@ -119,14 +120,3 @@ def full_state_dict(engine, model: nn.Module) -> dict[str, torch.Tensor]:
         return state
     return {model_key(k): v.detach().to("cpu") for k, v in model.state_dict().items()}
 
-
-def zero_fp32_masters(checkpoint: Path) -> Optional[dict[str, torch.Tensor]]:
-    """The fp32 master weights of a checkpoint's ZeRO optimizer (`ds/`), under the model's
-    own names; None when it holds no ZeRO optimizer partitions (ZeRO-0 fp32)."""
-    ds = Path(checkpoint) / "ds"
-    if not any(ds.glob("*zero_pp_rank_*_optim_states.pt")):
-        return None
-    from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint  # lazy, see the top
-
-    state = get_fp32_state_dict_from_zero_checkpoint(str(checkpoint), tag="ds")
-    return {model_key(k): v for k, v in state.items()}
