@@ -229,3 +229,47 @@ def stop_stub_job(state: Path, job: str) -> None:
             os.killpg(pgid, signal.SIGKILL)
         except ProcessLookupError:
             pass
+
+
+# ------------------------------------------------------------------------------ commands not run
+LONGCTX_COMMANDS = ("train", "eval", "export", "plan", "demo")
+REPO_PATH = re.compile(r"^(\./)?(configs|launch|slurm|benchmarks|tests|scripts|docs)/[^\s$*{}\[\]]+$|^\./run\.sh$")
+
+
+@dataclass(frozen=True)
+class Interface:
+    """What a command that is not run still promises: each program's --help lists the options the
+    command gives it, and the checkout files it names exist."""
+    checks: tuple[tuple[tuple[str, ...], tuple[str, ...]], ...]  # (help argv, --options given to it)
+    paths: tuple[str, ...]  # checkout paths it names (configs/..., benchmarks/..., ...)
+
+
+def words(key: str) -> list[str]:
+    """Whitespace words with the quotes and [optional] brackets a reader does not type removed."""
+    return [w.strip("[]'\"") for w in key.split()]
+
+
+def _options(ws: list[str]) -> tuple[str, ...]:
+    return tuple(dict.fromkeys(w.split("=")[0] for w in ws if w.startswith("--") and w != "--"))
+
+
+def interface(key: str, python: str, root: Path = ROOT) -> Interface:
+    """Programs whose options are checked: `longctx SUB` (also after torchrun's `-m`, accelerate's
+    `-m`, deepspeed's `--module`), `python benchmarks/X.py` and `launch/torchrun.sh` (before `--`)."""
+    ws = words(key)
+    paths = tuple(p for w in ws for p in [w, w.partition("=")[2]] if REPO_PATH.match(p))
+    checks = []
+    for i, w in enumerate(ws):
+        if w == "longctx" and i + 1 < len(ws) and ws[i + 1] in LONGCTX_COMMANDS:
+            checks.append(((str(Path(python).parent / "longctx"), ws[i + 1], "--help"), _options(ws[i + 2:])))
+            break
+        if w.startswith("benchmarks/") and w.endswith(".py") and i > 0 and "python" in ws[i - 1]:
+            checks.append(((python, str(root / w), "--help"), _options(ws[i + 1:])))
+            break
+        if w == "launch/torchrun.sh":
+            end = ws.index("--", i) if "--" in ws[i:] else len(ws)
+            checks.append(((str(root / w), "--help"), _options(ws[i + 1:end])))
+            if end + 1 < len(ws) and ws[end + 1] in LONGCTX_COMMANDS:  # -- train ...: a longctx command line
+                checks.append(((str(Path(python).parent / "longctx"), ws[end + 1], "--help"), _options(ws[end + 2:])))
+            break
+    return Interface(tuple(checks), paths)

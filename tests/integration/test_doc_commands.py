@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers.doc_commands import (ROOT, checkout_view, marks_not_on_shell_blocks, reader_env, run_command,
+from helpers.doc_commands import (ROOT, checkout_view, interface, marks_not_on_shell_blocks, reader_env, run_command,
                                   settle_stub_job, shell_commands, stub_jobs, unlabeled_command_blocks, workdir)
 
 VENV_BIN = Path(sys.executable).parent
@@ -168,3 +168,27 @@ def test_launcher_without_a_python_that_has_longctx_is_one_error_line(tmp_path):
     assert lines[0].startswith("error: LONGCTX_PYTHON=python3 cannot run longctx (no module named torch)"), lines[0]
     assert f"LONGCTX_PYTHON={cwd}/.venv/bin/python" in lines[0]  # the checkout's own venv, named
     assert not res.stdout and sorted(os.listdir(cwd)) == before  # nothing written
+
+
+PLACEHOLDERS = {"configs/x.yaml", "configs/my_run.yaml"}  # the reader's own config, named as such in the docs
+
+
+def test_commands_not_run_name_real_files_and_options():
+    """The commands that are not run still name files the checkout has and options their program
+    takes (each program's --help, run once)."""
+    interfaces = [(c, interface(c.key, sys.executable)) for c in COMMANDS if not c.marked]
+    env = reader_env(VENV_BIN, Path(os.environ.get("TMPDIR", "/tmp")))
+    helps = {}
+    for argv in dict.fromkeys(argv for _, itf in interfaces for argv, _ in itf.checks):
+        res = subprocess.run(list(argv), cwd=ROOT, env=env, stdin=subprocess.DEVNULL, capture_output=True,
+                             text=True, timeout=TIMEOUT)
+        assert res.returncode == 0, f"{' '.join(argv)}: exit {res.returncode}\n{res.stderr[-2000:]}"
+        helps[argv] = res.stdout
+    problems = []
+    for c, itf in interfaces:
+        problems += [f"{c.where}: {p} does not exist" for p in itf.paths
+                     if p not in PLACEHOLDERS and not (ROOT / p).exists()]
+        for argv, options in itf.checks:
+            problems += [f"{c.where}: {opt} is not an option of `{' '.join(Path(a).name for a in argv[:-1])}`"
+                         for opt in options if not re.search(rf"(?<![\w-]){re.escape(opt)}(?![\w-])", helps[argv])]
+    assert not problems, "\n".join(problems)
