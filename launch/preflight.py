@@ -108,12 +108,15 @@ def check_eval(world: int, argv: list[str]) -> str:
     """`longctx eval` options for `world` processes, before any starts: every option, the model
     directory and its tokenizer (the weights are not read). Returns the absolute --out ("" for
     out=null, an eval that writes nothing)."""
+    from longctx import recipes
     from longctx.cli import OneLineParser
     from longctx.commands import eval as eval_command
 
     parser = OneLineParser(prog="longctx eval")
     eval_command.add_parser(parser)
-    cfg = eval_command.config_from_args(parser.parse_args(argv))
+    args = parser.parse_args(argv)
+    args.config = recipes.resolve(args.config)
+    cfg = eval_command.config_from_args(args)
     eval_command.check(cfg, world)
     return str(Path(cfg.out).absolute()) if cfg.out else ""
 
@@ -135,6 +138,7 @@ def _train_args(rest: list[str]) -> tuple[str | None, list[str]]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from longctx import recipes
     from longctx.cli import OneLineParser
     from longctx.errors import UserError
 
@@ -159,7 +163,7 @@ def main(argv: list[str] | None = None) -> int:
             print(check_eval(args.world_size, rest))
         else:
             config, overrides = _train_args(rest)
-            print(check(args.world_size, config, overrides, args.gpu_mem))
+            print(check(args.world_size, recipes.resolve(config), overrides, args.gpu_mem))
     except UserError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
