@@ -5,8 +5,9 @@
     result = evaluate(model, tokenizer, cfg)
     result["summary"]["tasks"]["passkey"]["scores"]["512"]
 
-Samples are generated for every (task, length[, depth]) cell *before* the model runs, so a
-length below a task's minimum fails in seconds, not after an hour of decoding.
+Samples are generated for every (task, length[, depth]) cell *before* the model runs: a cell
+below its task's minimum length is skipped with one notice (in "skipped"), and when no cell is
+left the error names lengths that fit, in seconds, not after an hour of decoding.
 """
 from __future__ import annotations
 
@@ -24,7 +25,7 @@ from longctx.eval.ppl import perplexity_vs_length
 from longctx.eval.report import aggregate, render_markdown, write_results
 from longctx.eval.ruler_format import read_ruler_data, write_predictions
 from longctx.eval.runner import Engine, run_samples
-from longctx.eval.tasks import Sample, TaskOptions, build_samples, get_task
+from longctx.eval.tasks import BelowMinimum, Sample, TaskOptions, build_samples, get_task, no_fit_error, skip_notice
 
 
 def _is_main() -> bool:
@@ -32,9 +33,12 @@ def _is_main() -> bool:
 
 
 def generate_all(tasks: Sequence[str], lengths: Sequence[int], samples: int, tokenizer, *, seed: int = 0,
-                 options: TaskOptions = TaskOptions(), depths: Optional[dict] = None) -> tuple[list, list[str]]:
-    """All samples, and the skip messages for tasks whose data is missing (QA)."""
-    out, skipped = [], []
+                 options: TaskOptions = TaskOptions(), depths: Optional[dict] = None,
+                 require_samples: bool = False) -> tuple[list, list[str]]:
+    """All samples, and the skip messages: tasks whose data is missing (QA), and one line for
+    the (task, length) cells below the task's minimum with this tokenizer. With
+    `require_samples`, nothing left to run is a UserError naming lengths that would work."""
+    out, skipped, below = [], [], []
     for name in tasks:
         task = get_task(name)
         reason = task.unavailable_reason(options)
@@ -42,8 +46,17 @@ def generate_all(tasks: Sequence[str], lengths: Sequence[int], samples: int, tok
             skipped.append(reason)
             continue
         for L in lengths:
-            out += build_samples(task, tokenizer, L, samples, seed=seed, options=options,
-                                 depths=(depths or {}).get(name))
+            try:
+                out += build_samples(task, tokenizer, L, samples, seed=seed, options=options,
+                                     depths=(depths or {}).get(name))
+            except BelowMinimum as e:
+                below.append(e)
+    if require_samples and not out:
+        if below:
+            raise no_fit_error(below, skipped)
+        raise UserError("eval.tasks: nothing to run (" + "; ".join(skipped) + ")")
+    if below:
+        skipped.append(skip_notice(below))
     return out, skipped
 
 
@@ -63,7 +76,8 @@ def evaluate(model, tokenizer, cfg: EvalConfig, *, cp_group=None, meta: Optional
                                                tasks=cfg.tasks)
     else:
         all_samples, skipped = generate_all(run.tasks, run.lengths if run.tasks else [], cfg.samples, tokenizer,
-                                            seed=cfg.seed, options=run.options, depths=run.grids)
+                                            seed=cfg.seed, options=run.options, depths=run.grids,
+                                            require_samples=bool(run.tasks) and not run.ppl_lengths)
     if run.tasks and not all_samples and not run.ppl_lengths:
         raise UserError("eval.tasks: nothing to run (" + "; ".join(skipped) + ")")
     engine = Engine(model, tokenizer, cp_group=cp_group, cp_impl=cfg.cp_impl, batch_size=cfg.batch_size,

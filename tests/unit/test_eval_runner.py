@@ -124,7 +124,7 @@ def test_cli_config_file_form(model_dir, tmp_path):
 
 @pytest.mark.parametrize("argv, message", [
     (["--tasks", "niah_single_9"], "error: eval.tasks: unknown task 'niah_single_9'"),
-    (["--tasks", "niah_multivalue", "--lengths", "300"], "error: eval.lengths: 300 is below the minimum of task niah_multivalue"),
+    (["--tasks", "niah_multivalue", "--lengths", "300"], "error: eval.lengths: no selected task fits 300 tokens"),
     (["--tasks", "passkey", "--lengths", "2048", "--strict-lengths"], "error: eval.lengths: 2048 exceed the model's max_position_embeddings=1024"),
     (["--tasks", "passkey", "--cp", "2"], "error: eval.cp=2 needs 2 processes"),
     (["--tasks", "passkey", "--lengths", "4x"], "error: eval.lengths: '4x' is not a length"),

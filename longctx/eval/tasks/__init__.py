@@ -7,7 +7,6 @@ and any subset (one rank's share) can be generated alone.
 """
 from __future__ import annotations
 
-import random
 import warnings
 from typing import Optional, Sequence, Union
 
@@ -16,6 +15,8 @@ from longctx.eval.tasks.base import (STYLES, Sample, Task, TaskOptions, count_to
                                      resolve_chat_template)
 from longctx.eval.tasks.cwe import CweTask
 from longctx.eval.tasks.fwe import FweTask
+from longctx.eval.tasks.minimum import (BelowMinimum, below_minimum, cell_drafts, draft_rng, min_config,
+                                        no_fit_error, skip_notice)
 from longctx.eval.tasks.niah import NIAH_TASKS
 from longctx.eval.tasks.passkey import PasskeyTask
 from longctx.eval.tasks.qa import QaTask
@@ -39,17 +40,6 @@ def get_task(name: Union[str, Task]) -> Task:
     return TASKS[name]
 
 
-def _draft_rng(seed: int, task: str, length: int, depth: Optional[float], index: int) -> random.Random:
-    # String seeds are hashed with SHA-512 by `random`, so this is stable across processes.
-    return random.Random(f"{seed}|{task}|{length}|{depth}|{index}")
-
-
-def _min_config(draft) -> tuple[int, int]:
-    if draft.fill_max(draft.n_min) > 0:
-        return draft.n_min, 1
-    return (max(draft.n_min, 1), 0)
-
-
 def task_min_length(task: Union[str, Task], tokenizer, options: TaskOptions = TaskOptions(), *,
                     seed: int = 0, probes: int = 3, reference_length: int = 2048) -> int:
     """Smallest target length at which the task has some haystack, with this tokenizer.
@@ -64,8 +54,8 @@ def task_min_length(task: Union[str, Task], tokenizer, options: TaskOptions = Ta
     budget = task.max_new_tokens(tokenizer, options)
     worst = 0
     for i in range(probes):
-        d = task.draft(_draft_rng(seed, task.name, reference_length, None, i), reference_length, options, None, shared)
-        n, f = _min_config(d)
+        d = task.draft(draft_rng(seed, task.name, reference_length, None, i), reference_length, options, None, shared)
+        n, f = min_config(d)
         worst = max(worst, count(draft_wrap(d, tpl)(d.render(n, f)) + d.answer_prefix))
     return worst + budget
 
@@ -78,7 +68,7 @@ def build_samples(task: Union[str, Task], tokenizer, length: int, num_samples: i
     Each prompt plus the task's generation budget fits `length` tokens of `tokenizer` and is as
     long as the haystack granularity allows (a filler word). `indices` restricts generation to
     those global sample indices (a rank's share). Raises UserError when the task's data is
-    missing or `length` is below the task's minimum.
+    missing, BelowMinimum (a UserError) when `length` is below the task's minimum.
     """
     task = get_task(task)
     reason = task.unavailable_reason(options)
@@ -93,42 +83,30 @@ def build_samples(task: Union[str, Task], tokenizer, length: int, num_samples: i
     count = count_tokens_fn(tokenizer, options)
     target_prompt = length - budget
     shared = task.prepare(tokenizer, length, options, seed)
-    cells = list(depths) if depths is not None else [None]
-    wanted = None if indices is None else set(indices)
     samples: list[Sample] = []
     guess = None
-    index = -1
-    for depth in cells:
-        for i in range(num_samples):
-            index += 1
-            if wanted is not None and index not in wanted:
-                continue
-            draft = task.draft(_draft_rng(seed, task.name, length, depth, i), length, options, depth, shared)
-            wrap = draft_wrap(draft, tpl)
-            fitted = fit_draft(draft, count, wrap, target_prompt, guess) if target_prompt > 0 else None
-            if fitted is None or (fitted.n, fitted.fill) < _min_config(draft):
-                n, f = _min_config(draft)
-                need = count(wrap(draft.render(n, f)) + draft.answer_prefix) + budget
-                raise UserError(
-                    f"eval.lengths: {length} is below the minimum of task {task.name} ({need} tokens with this "
-                    f"tokenizer: prompt template + {budget}-token answer budget); use longer lengths"
-                    + ("" if options.style == "compact" else " or style=compact"))
-            guess = fitted.n
-            if draft.n_max is not None and fitted.n >= draft.n_max and fitted.prompt_tokens + budget < 0.99 * length:
-                warnings.warn(f"{task.name}: the haystack material ran out at {fitted.prompt_tokens + budget} "
-                              f"of {length} tokens (a larger corpus/data file fills it)", stacklevel=2)
-            if task.family != "qa":
-                missing = [o for o in draft.outputs if o not in fitted.text]
-                if missing:  # a bug, not a user error
-                    raise RuntimeError(f"{task.name}: answers {missing} missing from the generated context")
-            meta = dict(draft.meta, haystack_units=fitted.n, filler_words=fitted.fill)
-            samples.append(Sample(
-                task=task.name, index=index, input=fitted.text, answer_prefix=draft.answer_prefix,
-                outputs=list(draft.outputs), metric=task.metric, target_length=length, max_new_tokens=budget,
-                prompt_tokens=fitted.prompt_tokens, depth=depth, stop=task.stop(options), chat_template=tpl,
-                meta=meta, pre_template=draft.pre_template))
+    for index, depth, draft in cell_drafts(task, length, num_samples, seed, options, depths, shared, indices):
+        wrap = draft_wrap(draft, tpl)
+        fitted = fit_draft(draft, count, wrap, target_prompt, guess) if target_prompt > 0 else None
+        if fitted is None or (fitted.n, fitted.fill) < min_config(draft):
+            raise below_minimum(task, tokenizer, length, num_samples, seed=seed, options=options, depths=depths,
+                                indices=indices)
+        guess = fitted.n
+        if draft.n_max is not None and fitted.n >= draft.n_max and fitted.prompt_tokens + budget < 0.99 * length:
+            warnings.warn(f"{task.name}: the haystack material ran out at {fitted.prompt_tokens + budget} "
+                          f"of {length} tokens (a larger corpus/data file fills it)", stacklevel=2)
+        if task.family != "qa":
+            missing = [o for o in draft.outputs if o not in fitted.text]
+            if missing:  # a bug, not a user error
+                raise RuntimeError(f"{task.name}: answers {missing} missing from the generated context")
+        meta = dict(draft.meta, haystack_units=fitted.n, filler_words=fitted.fill)
+        samples.append(Sample(
+            task=task.name, index=index, input=fitted.text, answer_prefix=draft.answer_prefix,
+            outputs=list(draft.outputs), metric=task.metric, target_length=length, max_new_tokens=budget,
+            prompt_tokens=fitted.prompt_tokens, depth=depth, stop=task.stop(options), chat_template=tpl,
+            meta=meta, pre_template=draft.pre_template))
     return samples
 
 
-__all__ = ["NIAH_GRID_TASK", "RULER_TASKS", "STYLES", "Sample", "TASKS", "Task", "TaskOptions",
-           "build_samples", "get_task", "task_min_length"]
+__all__ = ["BelowMinimum", "NIAH_GRID_TASK", "RULER_TASKS", "STYLES", "Sample", "TASKS", "Task", "TaskOptions",
+           "build_samples", "get_task", "no_fit_error", "skip_notice", "task_min_length"]
