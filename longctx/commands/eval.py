@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import sys
+import time
 import typing
 import warnings
 from pathlib import Path
@@ -25,6 +26,7 @@ from longctx.eval.comparability import warning_line
 from longctx.eval.config import EvalConfig, as_eval_field, select
 from longctx.eval.model_io import (check_lengths, check_pair, load_tokenizer_for, parse_dtype, resolve_model_dir,
                                    tokenizer_spec_for)
+from longctx.eval.end_summary import end_summary
 from longctx.eval.ruler_prompts import write_prompts
 from longctx.model.hf import load_pretrained
 from longctx.parallel.mesh import build_mesh, init_distributed, read_env, shutdown_distributed
@@ -66,6 +68,7 @@ def check(cfg: EvalConfig, world_size: int) -> typing.Optional[Path]:
 
 def run(args: argparse.Namespace) -> int:
     """`longctx eval`; a UserError propagates to the CLI layer (exit 2)."""
+    start = time.monotonic()
     cfg = config_from_args(args)
     world = read_env().world_size
     cfg.validate(world)
@@ -96,10 +99,12 @@ def run(args: argparse.Namespace) -> int:
     if result["files"]:
         for s in result["skipped"]:
             print(s, file=sys.stderr)
+        for note in (result["ppl"] or {}).get("notes", []):
+            print(f"warning: {note}", file=sys.stderr)
         _print_summary(result)
-        print(f"wrote {', '.join(result['files'])}")
         if result["comparability"] and not result["comparability"]["ruler_comparable"]:
             print(warning_line(result["comparability"]), file=sys.stderr)
+        print(end_summary(result, time.monotonic() - start))
     return 0
 
 

@@ -11,8 +11,9 @@
 The key is a hash of everything that changes the rows: the source config, the files' sizes
 and modification times, the tokenizer's fingerprint, seq_len, BOS/EOS, packing policy and
 cross-document labels. The rows are built once (one epoch of the source, documents in a fixed
-seeded order, whoever takes the lock builds while the other ranks wait), with a progress bar;
-each epoch then visits the rows in a fresh seeded order, sharded across data-parallel ranks.
+seeded order, whoever takes the lock builds while the other ranks wait), showing its progress
+(longctx/progress.py); each epoch then visits the rows in a fresh seeded order, sharded across
+data-parallel ranks.
 Segment ids are derived from the position ids, so `document_masking` needs no rebuild.
 """
 from __future__ import annotations
@@ -28,7 +29,6 @@ import time
 from typing import Optional
 
 import numpy as np
-from tqdm import tqdm
 
 from longctx.data.config import DataConfig, SourceConfig, has_glob, resolve_kind, source_label
 from longctx.data.packers import make_packer
@@ -37,6 +37,7 @@ from longctx.data.documents import DocumentStream
 from longctx.data.sources import open_table
 from longctx.data.tokenizer import tokenizer_fingerprint
 from longctx.errors import UserError
+from longctx.progress import Progress
 
 CACHE_VERSION = 1
 BUILD_SEED = 0  # document order inside the cache; the training seed only orders rows
@@ -159,8 +160,7 @@ def _build(directory: str, src: SourceConfig, i: int, cfg: DataConfig, tokenizer
     ids_dtype = "uint16" if tokenizer.vocab_size <= 65536 and pad_id < 65536 else "uint32"
     pos_dtype = "uint16" if T <= 65536 else "int32"
     total = None if table.streaming else len(table)
-    bar = tqdm(total=total, desc=f"caching {src.name or source_label(i)}", unit="doc",
-               disable=not cfg.progress, dynamic_ncols=True)
+    bar = Progress(total, f"caching {src.name or source_label(i)}", "doc", enabled=cfg.progress)
     n_docs = [0]
 
     def on_doc(k):

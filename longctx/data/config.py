@@ -307,7 +307,7 @@ class DataConfig:
     hf_cache_dir: Optional[str] = None  # 🤗 datasets' own cache (null: its default)
     emit_answer_mask: bool = False  # add `answer_mask` (labels[t] is an answer token) to batches
     prefetch: int = 2  # batches prepared ahead in a background thread (0: none)
-    progress: bool = True  # tqdm bar while a cache is built
+    progress: bool = True  # progress while a cache is built (longctx/progress.py: a bar, or lines in a log)
 
     def validate(self, model_vocab_size: Optional[int] = None) -> None:
         """With `model_vocab_size` the tokenizer is loaded (fast) and its vocab checked too."""

@@ -106,7 +106,8 @@ def evaluate(model, tokenizer, cfg: EvalConfig, *, cp_group=None, meta: Optional
     if cfg.out is not None and _is_main():
         out = Path(cfg.out)
         out.mkdir(parents=True, exist_ok=True)
-        files = write_outputs(out, meta, summary, records, ppl, skipped, list(warnings_),
+        notes = list(warnings_) + (ppl or {}).get("notes", [])  # and ppl windows cut across documents
+        files = write_outputs(out, meta, summary, records, ppl, skipped, notes,
                               max_position=getattr(getattr(model, "config", None), "max_position_embeddings", None),
                               comparability=comparability, samples=all_samples)
     return {"summary": summary, "records": records, "ppl": ppl, "skipped": skipped, "files": files, "meta": meta,

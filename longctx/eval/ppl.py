@@ -10,18 +10,16 @@ from __future__ import annotations
 
 import json
 import math
-import warnings
 from pathlib import Path
 from typing import Optional, Sequence
 
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
-from tqdm import tqdm
-
 from longctx.errors import UserError
 from longctx.eval.haystack import BUILTIN_ESSAY
 from longctx.parallel import make_cp_attention, shard_sequence
+from longctx.progress import Progress
 
 IGNORE = -100
 
@@ -51,12 +49,14 @@ def load_documents(path: Optional[str]) -> tuple[list[str], str]:
     return docs, str(path)
 
 
-def make_windows(tokenizer, docs: Sequence[str], length: int, num_windows: int) -> tuple[list[list[int]], str]:
+def make_windows(tokenizer, docs: Sequence[str], length: int,
+                 num_windows: int) -> tuple[list[list[int]], str, Optional[str]]:
+    """(windows, how they were cut, a note when not every window starts a document)."""
     add_bos = getattr(tokenizer, "bos_id", None) is not None
     encoded = [tokenizer.encode(d, add_bos=add_bos) for d in docs]
     long_docs = [e[:length] for e in encoded if len(e) >= length]
     if len(long_docs) >= num_windows:
-        return long_docs[:num_windows], "document starts"
+        return long_docs[:num_windows], "document starts", None
     stream = [t for e in encoded for t in e]
     need = length * num_windows
     if len(stream) < need:
@@ -64,9 +64,9 @@ def make_windows(tokenizer, docs: Sequence[str], length: int, num_windows: int) 
         mode = "repeated text"
     else:
         mode = "spans documents"
-    warnings.warn(f"ppl at {length}: only {len(long_docs)} documents reach {length} tokens; windows are "
-                  f"cut from the concatenated stream ({mode})", stacklevel=2)
-    return [stream[i * length:(i + 1) * length] for i in range(num_windows)], mode
+    note = (f"ppl at {length}: {len(long_docs)} of {len(docs)} documents reach {length} tokens, "
+            f"{num_windows} windows wanted; windows are cut from the concatenated stream ({mode})")
+    return [stream[i * length:(i + 1) * length] for i in range(num_windows)], mode, note
 
 
 def _chunked_nll(model, hidden: torch.Tensor, labels: torch.Tensor, chunk: int) -> tuple[float, int]:
@@ -111,21 +111,23 @@ def window_nll(model, ids: torch.Tensor, *, cp_group=None, cp_impl: str = "ring"
 def perplexity_vs_length(model, tokenizer, lengths: Sequence[int], *, num_windows: int = 4,
                          data_path: Optional[str] = None, cp_group=None, cp_impl: str = "ring",
                          batch_size: int = 1, progress: bool = False) -> dict:
+    """{"source", "num_windows", "rows": one per length, "notes": lengths whose windows were cut
+    across documents (none for the built-in essay, whose source line says it repeats itself)}."""
     docs, source = load_documents(data_path)
     device = model.embed_tokens.weight.device
-    rows = []
-    bar = tqdm(total=len(lengths) * num_windows, desc="ppl", unit="window") if progress else None
+    rows, notes = [], []
+    bar = Progress(len(lengths) * num_windows, "ppl", "window", enabled=progress)
     for L in lengths:
-        windows, mode = make_windows(tokenizer, docs, L, num_windows)
+        windows, mode, note = make_windows(tokenizer, docs, L, num_windows)
+        if note and data_path is not None:
+            notes.append(note)
         total, count = 0.0, 0
         for i in range(0, len(windows), batch_size):
             ids = torch.tensor(windows[i:i + batch_size], dtype=torch.long, device=device)
             t, c = window_nll(model, ids, cp_group=cp_group, cp_impl=cp_impl)
             total, count = total + t, count + c
-            if bar is not None:
-                bar.update(ids.shape[0])
+            bar.update(ids.shape[0])
         nll = total / max(count, 1)
         rows.append({"length": L, "nll": nll, "ppl": math.exp(min(nll, 700.0)), "tokens": count, "windows": mode})
-    if bar is not None:
-        bar.close()
-    return {"source": source, "num_windows": num_windows, "rows": rows}
+    bar.close()
+    return {"source": source, "num_windows": num_windows, "rows": rows, "notes": notes}

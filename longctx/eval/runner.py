@@ -10,19 +10,17 @@ interleaved shares of the samples and rank 0 gathers the records.
 """
 from __future__ import annotations
 
-import sys
 import time
 from dataclasses import dataclass, field
 from typing import Callable, Optional, Sequence
 
 import torch
 import torch.distributed as dist
-from tqdm import tqdm
-
 from longctx.eval.scoring import score_sample
 from longctx.eval.tasks import Sample
 from longctx.model.generate import generate
 from longctx.parallel.cp_decode import cp_generate
+from longctx.progress import Progress
 
 
 def _is_dist() -> bool:
@@ -97,12 +95,6 @@ class Engine:
         return texts, out
 
 
-def _progress(total: int, enabled: bool, desc: str):
-    if not enabled:
-        return None
-    return tqdm(total=total, desc=desc, unit="sample", file=sys.stderr, dynamic_ncols=True)
-
-
 def dp_layout(cp_size: int) -> tuple[int, int]:
     """(dp_size, dp_rank) of this process (1, 0 without torch.distributed)."""
     if not _is_dist():
@@ -120,7 +112,7 @@ def run_samples(engine: Engine, samples: Sequence[Sample], *, progress: bool = T
     dp_size, dp_rank = dp_layout(engine.cp_size)
     mine = [s for i, s in enumerate(samples) if i % dp_size == dp_rank]
     is_main = not _is_dist() or dist.get_rank() == 0
-    bar = _progress(len(samples), progress and is_main, desc)
+    bar = Progress(len(samples), desc, "sample", enabled=progress and is_main)
     records = []
     groups: dict = {}
     for s in mine:
@@ -136,11 +128,10 @@ def run_samples(engine: Engine, samples: Sequence[Sample], *, progress: bool = T
                 preds, ids = engine.complete_with_ids(batch)
             for s, p, g in zip(batch, preds, ids):
                 records.append(_record(s, p, g))
-            if bar is not None:  # rank 0 counts for all dp groups (they move at the same pace)
-                bar.update(min(len(batch) * dp_size, bar.total - bar.n))
-    if bar is not None:
-        bar.update(bar.total - bar.n)
-        bar.close()
+            # rank 0 counts for all dp groups (they move at the same pace)
+            bar.update(min(len(batch) * dp_size, bar.total - bar.n))
+    bar.update(bar.total - bar.n)
+    bar.close()
     if _is_dist() and dp_size > 1:
         gathered: list = [None] * dist.get_world_size()
         dist.all_gather_object(gathered, records)

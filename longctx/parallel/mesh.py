@@ -16,31 +16,8 @@ from typing import Optional, Sequence
 import torch
 import torch.distributed as dist
 
-
-@dataclass
-class DistEnv:
-    rank: int
-    world_size: int
-    local_rank: int
-    launcher: str  # torchrun | slurm | mpi | single
-
-    @property
-    def is_main(self) -> bool:
-        return self.rank == 0
-
-
-def read_env() -> DistEnv:
-    """torchrun, `accelerate launch` and the DeepSpeed launcher set RANK/WORLD_SIZE/LOCAL_RANK;
-    `srun` without torchrun sets SLURM_*; mpirun sets OMPI_COMM_WORLD_*."""
-    env = os.environ
-    if "RANK" in env and "WORLD_SIZE" in env:
-        return DistEnv(int(env["RANK"]), int(env["WORLD_SIZE"]), int(env.get("LOCAL_RANK", 0)), "torchrun")
-    if int(env.get("SLURM_NTASKS", "1")) > 1 and "SLURM_PROCID" in env:
-        return DistEnv(int(env["SLURM_PROCID"]), int(env["SLURM_NTASKS"]), int(env.get("SLURM_LOCALID", 0)), "slurm")
-    if "OMPI_COMM_WORLD_RANK" in env:
-        return DistEnv(int(env["OMPI_COMM_WORLD_RANK"]), int(env["OMPI_COMM_WORLD_SIZE"]),
-                       int(env.get("OMPI_COMM_WORLD_LOCAL_RANK", 0)), "mpi")
-    return DistEnv(0, 1, 0, "single")
+from longctx.launch_env import DistEnv, read_env  # noqa: F401 - DistEnv: re-exported with read_env
+from longctx.third_party_logs import quiet_other_ranks
 
 
 def init_distributed(timeout_s: float = 1800.0, preload: Sequence[str] = ()) -> DistEnv:
@@ -50,6 +27,7 @@ def init_distributed(timeout_s: float = 1800.0, preload: Sequence[str] = ()) -> 
     info = read_env()
     if dist.is_initialized():
         return info
+    quiet_other_ranks(info.rank)  # before DeepSpeed (in preload) is imported and prints its notices
     import_before_process_groups(*preload)
     if not torch.cuda.is_available():
         configure_cpu_threads(info.local_rank, _local_world_size(info))

@@ -5,12 +5,12 @@ from __future__ import annotations
 import logging
 import math
 import sys
+import time
 from pathlib import Path
 from typing import Optional
 
 import torch
 import torch.distributed as dist
-from tqdm import tqdm
 
 from longctx.config import RunStage, TrainConfig, resolve_stages, stage_model_config, to_yaml, validate_config
 from longctx.data import build_loader, check_vocab, load_tokenizer
@@ -19,17 +19,19 @@ from longctx.model.hf import save_hf_weights
 from longctx.parallel.mesh import build_mesh, init_distributed, read_env, shutdown_distributed
 from longctx.parallel.parallelize import attention_for, parallelize, set_stage
 from longctx.parallel.zero import full_state_dict
+from longctx.progress import Progress
 from longctx.train.build import (build_plain_model, deepspeed_config_for, optimizer_for, resolved_header,
                                  setup_logging, train_dtype)
 from longctx.train.checkpoint import (CheckpointError, choose_resume, load_checkpoint, read_trainer_state,
                                       resume_candidates, rng_state, run_phase, save_checkpoint, set_rng_state)
 from longctx.train.continuation import continue_from, nothing_left_notice
-from longctx.train.metrics import MetricsWriter, flops_per_token, measure_cpu_limits, peak_flops_per_device
+from longctx.train.metrics import (MetricsWriter, flops_per_token, measure_cpu_limits, peak_flops_per_device,
+                                   progress_fields)
 from longctx.train.nonfinite import NONFINITE_EXIT_CODE, NONFINITE_MARKER, NonFiniteGuard, NonFiniteStop, weights_finite
 from longctx.train.schedule import lr_at
 from longctx.train.signals import PREEMPTED_EXIT_CODE, PREEMPTED_MARKER, PreemptionFlag
 from longctx.train.step import StepSetup, train_step
-from longctx.train.summary import layout_line, rope_line
+from longctx.train.summary import RunTotals, end_summary, layout_line, rope_line
 
 log = logging.getLogger("longctx.train")
 
@@ -44,6 +46,7 @@ def stage_loader(stage: RunStage, train_seed: int, tokenizer, *, dp_rank: int, d
 
 class Trainer:
     def __init__(self, cfg: TrainConfig):
+        self.start_time = time.monotonic()  # the end summary's wall time
         self.cfg = cfg
         self.env = read_env()
         validate_config(cfg, self.env.world_size)  # everything cheap, before any process group
@@ -68,6 +71,7 @@ class Trainer:
         self.resume_from: Optional[Path] = None
         self.last_checkpoint: Optional[Path] = None
         self.engine = None
+        self.progress: Optional[Progress] = None
 
     # ------------------------------------------------------------------------ the job
     def run(self) -> int:
@@ -80,33 +84,51 @@ class Trainer:
         tokenizer = self._build_engine()
         state = {"step": 0, "tokens": 0, "stage": 0, "stage_step": 0}
         loader_state = self._restore(state, continuation) if continuation is not None else None
+        totals = RunTotals(first_step=state["step"], first_tokens=state["tokens"])
         self._open_outputs(state["step"])
+        rc = 0
         try:
             while state["stage"] < len(self.stages):
-                if self._run_stage(state, tokenizer, loader_state) == PREEMPTED_EXIT_CODE:
-                    return PREEMPTED_EXIT_CODE
+                if self._run_stage(state, tokenizer, loader_state, totals) == PREEMPTED_EXIT_CODE:
+                    rc = PREEMPTED_EXIT_CODE
+                    break
                 loader_state = None
-            if cfg.checkpoint.export_hf:
+            totals.train_seconds = time.monotonic() - totals.loop_start
+            if rc == 0 and cfg.checkpoint.export_hf:
                 problem = self._write_hf(self.out / "hf")
                 if problem:
                     raise CheckpointError(f"checkpoint.export_hf: cannot write {self.out / 'hf'}: {problem}")
-            return 0
+                totals.export = self.out / "hf"
         finally:
             self._close_outputs()
+        totals.step, totals.tokens, totals.last_checkpoint = state["step"], state["tokens"], self.last_checkpoint
+        self._print_summary(totals, preempted=rc == PREEMPTED_EXIT_CODE)
+        return rc
 
     def _open_outputs(self, start_step: int) -> None:
-        """Metrics writer, peak FLOPs for the MFU, the preemption flag, the progress bar."""
+        """Metrics writer, peak FLOPs for the MFU, the preemption flag, the progress display
+        (a bar on a terminal, a plain line every 30 s or 10% of the steps elsewhere)."""
         cfg = self.cfg
         self.writer = MetricsWriter(self.out, self.rank == 0, cfg.log.tensorboard)
         self.peak, self.peak_src = peak_flops_per_device(cfg.log.peak_tflops, self.dtype)
         self.flag = PreemptionFlag().install()
-        self.bar = tqdm(total=sum(s.steps for s in self.stages), initial=start_step, desc="train", unit="step",
-                        disable=self.rank != 0 or not cfg.log.progress, dynamic_ncols=True)
+        self.progress = Progress(sum(s.steps for s in self.stages), "train", "step", initial=start_step,
+                                 enabled=self.rank == 0 and cfg.log.progress)
 
     def _close_outputs(self) -> None:
-        self.bar.close()
+        self.progress.close()
+        self.progress = None
         self.writer.close()
         self.flag.uninstall()
+
+    def _print_summary(self, totals: RunTotals, preempted: bool) -> None:
+        """The run's last lines on rank 0: steps, final loss, times, throughput, where its
+        checkpoint and export are (also in every rank's log)."""
+        totals.wall_seconds = time.monotonic() - self.start_time
+        text = end_summary(totals, self.out, stages=len(self.stages), preempted=preempted)
+        log.info("%s", text)
+        if self.rank == 0:
+            print(text, file=sys.stderr, flush=True)
 
     def _continuation(self):
         """Where a resumed run continues (None: a fresh run); prints the notice when nothing is left."""
@@ -188,10 +210,14 @@ class Trainer:
         return loader
 
     def _announce(self, line: str) -> None:
-        """A line confirming what the run does: in every rank's log, and on rank 0's console."""
+        """A line confirming what the run does: in every rank's log, and on rank 0's console
+        (above the progress bar when one is shown)."""
         log.info("%s", line)
         if self.rank == 0:
-            print(line, file=sys.stderr)
+            if self.progress is not None:
+                self.progress.write(line)
+            else:
+                print(line, file=sys.stderr)
 
     def close(self) -> None:
         """Release the DeepSpeed engine's hooks and buffers (its documented cleanup): without it
@@ -206,7 +232,7 @@ class Trainer:
         self.engine = None
 
     # ---------------------------------------------------------------------- the steps
-    def _run_stage(self, state: dict, tokenizer, loader_state: Optional[dict]) -> Optional[int]:
+    def _run_stage(self, state: dict, tokenizer, loader_state: Optional[dict], totals: RunTotals) -> Optional[int]:
         """Steps of the current stage until it ends (state moves to the next stage) or a
         preemption (returns PREEMPTED_EXIT_CODE after saving)."""
         si = state["stage"]
@@ -217,6 +243,7 @@ class Trainer:
         while state["stage_step"] < stage.steps:
             record = self._step(self.engine, batches, stage, state)
             self._account(record, state, si, stage)
+            totals.final_loss = record["loss"]
             stage_done = state["stage_step"] == stage.steps
             preempt = self.flag.agreed()
             due = self.cfg.checkpoint.every > 0 and state["step"] % self.cfg.checkpoint.every == 0
@@ -250,8 +277,7 @@ class Trainer:
             raise
         state["stage_step"] += 1
         state["tokens"] += record["tokens"]
-        self.bar.update(1)
-        self.bar.set_postfix(loss=f"{record['loss']:.4f}", stage=si)
+        self.progress.update(1, **progress_fields(record, si if len(self.stages) > 1 else None))
         if record["skipped"] or state["step"] % self.cfg.log.every == 0 or state["stage_step"] == stage.steps:
             record.update(step=state["step"], stage=si, tokens_seen=state["tokens"], peak_flops_source=self.peak_src)
             self.writer.write(record)
@@ -262,7 +288,7 @@ class Trainer:
         if self.rank == 0:
             # torchrun reports its own exit code, so launchers can also read this marker
             (self.out / PREEMPTED_MARKER).write_text(f"{step}\n")
-            self.bar.write(f"preempted: saved step {step}, exit code {PREEMPTED_EXIT_CODE}")
+            self.progress.write(f"preempted: saved step {step}, exit code {PREEMPTED_EXIT_CODE}")
 
     # --------------------------------------------------------------------- checkpoints
     def _write_hf(self, path: Path) -> Optional[str]:

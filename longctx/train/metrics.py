@@ -170,6 +170,16 @@ def peak_rss_bytes() -> int:
     return int(kb * (1 if sys.platform == "darwin" else 1024))
 
 
+def progress_fields(record: dict, stage: Optional[int] = None) -> dict[str, str]:
+    """A step's record as the progress display's fields: loss, lr, global tokens/s, peak
+    memory (CUDA max allocated; CPU: peak RSS) and, in a staged run, the stage."""
+    fields = {"loss": f"{record['loss']:.4f}", "lr": f"{record['lr']:.2e}",
+              "tok/s": f"{record['tokens_per_s']:,.0f}", "mem": f"{record['peak_memory_gb']:.2f} GiB"}
+    if stage is not None:
+        fields["stage"] = str(stage)
+    return fields
+
+
 def strict_json_record(record: dict) -> dict:
     """Non-finite floats -> null, their keys listed under "nonfinite" (strict JSON readers
     reject the bare NaN / Infinity tokens Python's json writes by default)."""
