@@ -136,14 +136,28 @@ class SyntheticConfig:
         # a task too long for length_max falls back to a shorter one (multivalue → niah →
         # passkey); it is an error only when even the fallback does not fit
         need = {t: min_document_chars(self, t, self.style) + 2 for t in SYNTHETIC_TASKS}  # + BOS/EOS
-        for task, w in tasks.items():
-            if float(w) > 0 and not any(need[t] <= length_max for t in fallback_chain(task)):
-                fixes = ("style 'short', " if self.style != "short" and task != "recall" else "") + \
-                    f"length_max >= {need[task]}, or {name}.tasks without {task!r}"
-                raise UserError(
-                    f"{name}.length_max: {length_max} tokens is too short for a {task!r} document in style "
-                    f"{self.style!r} (needs ~{need[task]}); use {fixes}"
-                )
+        weighted = [t for t, w in tasks.items() if float(w) > 0]
+
+        def failing(needs: dict) -> list:
+            return [t for t in weighted if not any(needs[f] <= length_max for f in fallback_chain(t))]
+
+        too_long = failing(need)
+        if too_long:
+            task = too_long[0]
+            short = {t: min_document_chars(self, t, "short") + 2 for t in SYNTHETIC_TASKS}
+            fixes = ["style 'short'"] if self.style != "short" and not failing(short) else []
+            fixes.append(f"length_max >= {max(need[t] for t in too_long)}")
+            kept = [t for t in weighted if t not in too_long]
+            fitting = [t for t in SYNTHETIC_TASKS if need[t] <= length_max]
+            if kept:
+                fixes.append(f"{name}.tasks without {', '.join(map(repr, too_long))}")
+            elif fitting:
+                fixes.append(f"{name}.tasks of {', '.join(map(repr, fitting))} only")
+            raise UserError(
+                f"{name}.length_max: {length_max} tokens is too short for a {task!r} document in style "
+                f"{self.style!r} (needs ~{need[task]}); use " + (" or ".join(fixes) if len(fixes) < 3 else
+                                                                 ", ".join(fixes[:-1]) + ", or " + fixes[-1])
+            )
 
 
 @dataclass
