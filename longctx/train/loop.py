@@ -267,7 +267,7 @@ class Trainer:
         return train_step(engine, self.model, batches, lr, self.setup)
 
     def _account(self, record: dict, state: dict, si: int, stage) -> None:
-        """Count the step, apply the non-finite policy, advance the bar, log the metrics."""
+        """Count the step, apply the non-finite policy, advance the progress, log the metrics."""
         state["step"] += 1
         try:
             record["skipped"] = self.guard.observe(state["step"], record["loss"], record["grad_norm"],
