@@ -16,6 +16,7 @@ from typing import NoReturn, Optional
 
 from longctx import __version__, recipes
 from longctx.errors import UserError
+from longctx.third_party_logs import quiet_other_ranks
 
 # command -> help; its module is longctx.commands.<command>
 COMMANDS = {
@@ -98,6 +99,7 @@ def build_parser(command: Optional[str] = None) -> argparse.ArgumentParser:
 
 
 def main(argv: Optional[list[str]] = None) -> int:
+    quiet_other_ranks()  # third-party warnings on rank 0 only: before a command module imports torch or DeepSpeed
     argv = sys.argv[1:] if argv is None else argv
     command = chosen_command(argv)
     parser = build_parser(command) if command else build_parser(command="")  # no command: list them only

@@ -6,6 +6,7 @@ the test environment's site-packages (a `.pth` line: its own .pth files, among t
 editable install, are not read), so the test installs nothing from the network; longctx itself
 comes from the wheel alone (checked)."""
 import json
+import shutil
 import subprocess
 import sys
 import sysconfig
@@ -25,10 +26,13 @@ def _run(cmd, cwd, timeout=600):
 
 
 def test_the_wheel_works_outside_the_clone(tmp_path):
-    dist, venv, home = tmp_path / "dist", tmp_path / "venv", tmp_path / "elsewhere"
+    src, dist, venv, home = tmp_path / "src", tmp_path / "dist", tmp_path / "venv", tmp_path / "elsewhere"
     home.mkdir()
+    # a copy of the sources, so the build leaves nothing in the checkout and nothing built earlier gets in
+    shutil.copytree(ROOT, src, symlinks=True, ignore=shutil.ignore_patterns(
+        ".git", ".venv", "build", "*.egg-info", "runs", "__pycache__", ".pytest_cache"))
     res, _ = _run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(dist),
-                   str(ROOT)], cwd=home)
+                   str(src)], cwd=home)
     assert res.returncode == 0, res.stderr[-3000:]
     (wheel,) = dist.glob("longctx-*.whl")
     names = zipfile.ZipFile(wheel).namelist()
