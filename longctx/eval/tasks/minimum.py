@@ -16,7 +16,7 @@ from typing import Callable, Iterator, Optional, Sequence
 from longctx.errors import UserError
 from longctx.eval.tasks.base import Draft, Task, TaskOptions, count_tokens_fn, draft_wrap, resolve_chat_template
 
-MAX_SEARCH_STEPS = 30  # need(length) settles in 1-3 steps; a task whose need outgrows its length doubles
+MAX_SEARCH_STEPS = 30  # need(length) settles in 1-3 steps; past these, doubling
 
 
 def draft_rng(seed: int, task: str, length: int, depth: Optional[float], index: int) -> random.Random:
@@ -76,6 +76,8 @@ def length_that_fits(task: Task, tokenizer, length: int, num_samples: int, **cel
         candidate = need
     while cell_need(task, tokenizer, candidate, num_samples, **cell) > candidate:
         candidate *= 2
+        if candidate > 1 << 30:  # a task's fixed text grows with the length: a bug, not a user error
+            raise RuntimeError(f"{task.name}: no length up to 2^30 tokens fits its own prompt")
     return candidate
 
 
