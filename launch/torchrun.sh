@@ -83,6 +83,11 @@ if [[ -n $log_dir ]]; then
     # torchrun keeps every rank's stdout/stderr under log_dir (and still prints them)
     mkdir -p "$log_dir" 2>/dev/null || die "--log-dir: cannot create $log_dir"
     args+=(--log-dir "$log_dir" --redirects 3 --tee 3)
+else
+    # torchrun otherwise leaves an empty torchelastic_* directory in $TMPDIR per run
+    log_dir=$(mktemp -d "${TMPDIR:-/tmp}/longctx-torchrun.XXXXXX")
+    trap 'rm -rf "$log_dir"' EXIT
+    args+=(--log-dir "$log_dir")
 fi
 
 echo "[torchrun.sh on $(hostname)] $nnodes node(s) x $nproc processes${endpoint:+, rendezvous $endpoint}" >&2
