@@ -50,7 +50,7 @@ def global_batch(cfg, world: int, stage) -> int:
     return (world // cp) * cfg.data.micro_batch_size * cfg.train.grad_accum
 
 
-def check(world: int, config: str | None, overrides: list[str], gpu_mem: str | None) -> str:
+def check(world: int, config: str | None, overrides: list[str], gpu_mem: str | None, weights: bool = True) -> str:
     from longctx.config import load_config, resolve_stages, validate_config
     from longctx.errors import UserError
 
@@ -76,7 +76,7 @@ def check(world: int, config: str | None, overrides: list[str], gpu_mem: str | N
             where = stage.field_names["cp_size"]
             raise UserError(f"{where}: {cp} needs at least {cp} GPUs (one sequence is split over {cp}), "
                             f"this job has {world}")
-    validate_config(cfg, world)  # also a parallel.deepspeed_config JSON against parallel.zero_stage
+    validate_config(cfg, world, weights=weights)  # also a parallel.deepspeed_config JSON against parallel.zero_stage
     _memory_warning(cfg, stages, world, gpu_mem)
     return str(Path(cfg.out_dir).absolute())
 
@@ -121,12 +121,17 @@ def check_eval(world: int, argv: list[str]) -> str:
     return str(Path(cfg.out).absolute()) if cfg.out else ""
 
 
-def _train_args(rest: list[str]) -> tuple[str | None, list[str]]:
-    """(--config, overrides) of a train command line; other train flags change nothing checked."""
-    config, overrides, i = None, [], 0
+def _train_args(rest: list[str]) -> tuple[str | None, list[str], int | None]:
+    """(--config, overrides, --world-size) of a train command line; other train flags change
+    nothing checked but whether the weights must exist (see `inspects_only`)."""
+    config, overrides, world, i = None, [], None, 0
     while i < len(rest):
-        if rest[i] == "--config" and i + 1 < len(rest):
-            config, i = rest[i + 1], i + 2
+        if rest[i] in ("--config", "--world-size") and i + 1 < len(rest):
+            if rest[i] == "--config":
+                config = rest[i + 1]
+            elif rest[i + 1].isdigit():
+                world = int(rest[i + 1])
+            i += 2
         elif rest[i].startswith("--config="):
             config, i = rest[i].split("=", 1)[1], i + 1
         elif rest[i].startswith("-"):
@@ -134,7 +139,12 @@ def _train_args(rest: list[str]) -> tuple[str | None, list[str]]:
         else:
             overrides.append(rest[i])
             i += 1
-    return config, overrides
+    return config, overrides, world
+
+
+def inspects_only(rest: list[str]) -> bool:
+    """A dry run or --print-config reads no weights (the trainer accepts a missing init_from then)."""
+    return any(a in ("--dry-run", "--print-config") for a in rest)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -162,8 +172,10 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "eval":
             print(check_eval(args.world_size, rest))
         else:
-            config, overrides = _train_args(rest)
-            print(check(args.world_size, recipes.resolve(config), overrides, args.gpu_mem))
+            config, overrides, dry_run_world = _train_args(rest)
+            inspecting = inspects_only(rest)
+            world = dry_run_world if inspecting and dry_run_world else args.world_size  # the world it validates for
+            print(check(world, recipes.resolve(config), overrides, args.gpu_mem, weights=not inspecting))
     except UserError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
