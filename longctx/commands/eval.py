@@ -24,11 +24,10 @@ from longctx.data.tokenizer import check_tokenizer_spec
 from longctx.eval.api import evaluate
 from longctx.eval.comparability import warning_line
 from longctx.eval.config import EvalConfig, as_eval_field, select
-from longctx.eval.model_io import (check_lengths, check_pair, load_tokenizer_for, parse_dtype, resolve_model_dir,
-                                   tokenizer_spec_for)
 from longctx.eval.end_summary import end_summary
+from longctx.eval.model_io import (check_lengths, check_pair, load_model, load_tokenizer_for, parse_dtype,
+                                   resolve_model_dir, tokenizer_spec_for)
 from longctx.eval.ruler_prompts import write_prompts
-from longctx.model.hf import load_pretrained
 from longctx.parallel.mesh import build_mesh, init_distributed, read_env, shutdown_distributed
 
 
@@ -80,7 +79,7 @@ def run(args: argparse.Namespace) -> int:
         return 0
     model_dir = resolve_model_dir(cfg.model)
     tokenizer = as_eval_field(load_tokenizer_for, model_dir, cfg.tokenizer)
-    model = load_pretrained(model_dir, dtype=parse_dtype(cfg.dtype)).eval()
+    model = load_model(model_dir, dtype=parse_dtype(cfg.dtype)).eval()
     check_pair(tokenizer, model.config)
     notes = _length_warnings(cfg, model.config)
     cp_group = None

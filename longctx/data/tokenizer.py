@@ -94,11 +94,15 @@ class ByteTokenizer:
 
 
 class HFTokenizer:
-    """A 🤗 `tokenizers.Tokenizer` (from tokenizer.json) with explicit BOS/EOS handling."""
+    """A 🤗 `tokenizers.Tokenizer` (from tokenizer.json) with explicit BOS/EOS handling.
+    `source`: the tokenizer.json or directory it was read from (None from the hub), whose
+    files an export copies (data/hf_tokenizer.py)."""
 
-    def __init__(self, tok, name: str, bos: Optional[str] = None, eos: Optional[str] = None, pad: Optional[str] = None):
+    def __init__(self, tok, name: str, bos: Optional[str] = None, eos: Optional[str] = None, pad: Optional[str] = None,
+                 source: Optional[str] = None):
         self._tok = tok
         self.name = name
+        self.source = source
         self.vocab_size = int(tok.get_vocab_size(with_added_tokens=True))
         vocab = tok.get_vocab(with_added_tokens=True)
 
@@ -122,6 +126,10 @@ class HFTokenizer:
         h = hashlib.sha256(tok.to_str().encode("utf-8"))
         h.update(json.dumps([self.bos_id, self.eos_id, self.pad_id]).encode())
         self.fingerprint = "hf-" + h.hexdigest()[:32]
+
+    @property
+    def backend(self) -> Tokenizer:
+        return self._tok
 
     def _ids(self, enc) -> np.ndarray:
         return np.asarray(enc.ids, dtype=np.int32)
@@ -182,12 +190,13 @@ def _read_special_tokens(directory: str) -> dict:
     return out
 
 
-def _from_file(path: str, name: str, specials: dict) -> HFTokenizer:
+def _from_file(path: str, name: str, specials: dict, source: str) -> HFTokenizer:
     try:
         tok = Tokenizer.from_file(path)
     except Exception as e:  # tokenizers raises a bare Exception on malformed files
         raise UserError(f"data.tokenizer: cannot read {path} ({str(e).splitlines()[0]})") from None
-    return HFTokenizer(tok, name, specials.get("bos_token"), specials.get("eos_token"), specials.get("pad_token"))
+    return HFTokenizer(tok, name, specials.get("bos_token"), specials.get("eos_token"), specials.get("pad_token"),
+                       source=source)
 
 
 HUB_ID = re.compile(r"^[A-Za-z0-9][\w.\-]*/[\w.\-]+$")
@@ -217,12 +226,12 @@ def load_tokenizer(spec: str):
     check_tokenizer_spec(spec)
     path = os.path.expanduser(spec)
     if os.path.isfile(path):
-        return _from_file(path, spec, _read_special_tokens(os.path.dirname(os.path.abspath(path))))
+        return _from_file(path, spec, _read_special_tokens(os.path.dirname(os.path.abspath(path))), path)
     if os.path.isdir(path):
         specials = _read_special_tokens(path)
         tj = os.path.join(path, "tokenizer.json")
         if os.path.isfile(tj):
-            return _from_file(tj, spec, specials)
+            return _from_file(tj, spec, specials, path)
         # a slow (sentencepiece) tokenizer: let transformers convert it to a fast one
         try:
             from transformers import AutoTokenizer  # optional: only to convert a slow tokenizer
@@ -237,7 +246,7 @@ def load_tokenizer(spec: str):
             raise UserError(f"data.tokenizer: cannot load {spec} ({str(e).splitlines()[0]})") from None
         if not getattr(hf, "is_fast", False):
             raise UserError(f"data.tokenizer: {spec} could not be converted to a fast tokenizer")
-        return HFTokenizer(hf.backend_tokenizer, spec, hf.bos_token, hf.eos_token, hf.pad_token)
+        return HFTokenizer(hf.backend_tokenizer, spec, hf.bos_token, hf.eos_token, hf.pad_token, source=path)
     try:  # a hub id
         tok = Tokenizer.from_pretrained(spec)
     except Exception as e:

@@ -16,6 +16,7 @@ from longctx.config import (CheckpointSection, LogSection, ModelSection, OptimSe
                             StageSection, TrainConfig, TrainSection, check_out_dir as check_writable_dir,
                             load_config, to_yaml)
 from longctx.data.config import DataConfig, SourceConfig, SyntheticConfig
+from longctx.data.hf_tokenizer import TokenizerFiles
 from longctx.demo.config import DemoConfig
 from longctx.errors import UserError
 from longctx.eval.model_io import tokenizer_spec_for
@@ -201,7 +202,7 @@ def save_scaled_only(base_hf: Path, out: Path, rope: Dict[str, Any], max_positio
     """Variant (b): the base weights unchanged, only the RoPE scaling switched on."""
     cfg = read_hf_config(base_hf).replace(rope_parameters=dict(rope), max_position_embeddings=max_position_embeddings)
     model = load_pretrained(base_hf, config=cfg)
-    save_pretrained(model, out, tokenizer=tokenizer_spec_for(base_hf, None))  # "byte", or its tokenizer files
+    save_pretrained(model, out, tokenizer=TokenizerFiles(tokenizer_spec_for(base_hf, None)))  # "byte", or its files
     return out
 
 

@@ -8,12 +8,15 @@ from typing import Optional
 
 import torch
 
+from longctx.config import load_config, resolve_stages, stage_model_config
 from longctx.data.tokenizer import load_tokenizer
 from longctx.errors import UserError
-from longctx.model.loading import resolve_model_dir  # an HF directory, a training checkpoint or a run directory
+from longctx.model.consolidate import CheckpointModel, recorded_model, trainer_state
+# resolve_model_dir: an HF directory, or a training checkpoint whose weights are only in ds/
+from longctx.model.loading import is_ds_only_checkpoint, load_model_dir, resolve_model_dir
 
-__all__ = ["DTYPES", "check_lengths", "check_pair", "load_tokenizer_for", "parse_dtype", "resolve_model_dir",
-           "tokenizer_spec_for"]
+__all__ = ["DTYPES", "check_lengths", "check_pair", "load_model", "load_tokenizer_for", "parse_dtype",
+           "resolve_model_dir", "tokenizer_spec_for", "trained_model"]
 
 DTYPES = {"fp32": torch.float32, "float32": torch.float32, "bf16": torch.bfloat16, "bfloat16": torch.bfloat16,
           "fp16": torch.float16, "float16": torch.float16}
@@ -28,14 +31,51 @@ def parse_dtype(name: Optional[str]) -> Optional[torch.dtype]:
     return DTYPES[name]
 
 
+def _stage_trained(state: dict) -> int:
+    """The index of the stage whose weights a checkpoint holds (a save at a stage's end has
+    already moved "stage" on to the next one)."""
+    if "data_stage" in state:
+        return int(state["data_stage"])
+    stage = int(state.get("stage", 0))
+    return stage - 1 if stage > 0 and int(state.get("stage_step", 0)) == 0 else stage
+
+
+def _from_run_config(ckpt: Path) -> CheckpointModel:
+    """A checkpoint that records no model (written before the trainer recorded it): the model of
+    the stage it trained, from its run's resolved_config.yaml."""
+    resolved = ckpt.parent.parent / "resolved_config.yaml"
+    if ckpt.parent.name != "checkpoints" or not resolved.is_file():
+        raise UserError(f"{ckpt}: no model/ export and no model config in trainer_state.json (written before longctx "
+                        f"recorded it), and no run directory with a resolved_config.yaml around it; put it back at "
+                        "<its run>/checkpoints/")
+    cfg = load_config(str(resolved))
+    stages = resolve_stages(cfg)
+    stage = stages[min(_stage_trained(trainer_state(ckpt)), len(stages) - 1)]
+    return CheckpointModel(stage_model_config(stage), cfg.data.tokenizer, getattr(torch, cfg.train.dtype))
+
+
+def trained_model(ckpt: Path) -> CheckpointModel:
+    """Config, tokenizer and training dtype of a checkpoint without model/: as recorded in its
+    trainer_state.json, else from its run's resolved_config.yaml."""
+    return recorded_model(ckpt) or _from_run_config(ckpt)
+
+
+def load_model(model_dir: Path, dtype: Optional[torch.dtype] = None, **kwargs):
+    """Load what resolve_model_dir returned (a checkpoint without model/: its ds/ consolidated)."""
+    recorded = trained_model(model_dir) if is_ds_only_checkpoint(model_dir) else None
+    return load_model_dir(model_dir, dtype=dtype, recorded=recorded, **kwargs)
+
+
 def tokenizer_spec_for(model_dir: Path, spec: Optional[str]) -> str:
-    """--tokenizer wins; else the model directory's own tokenizer files; else a
-    "longctx_tokenizer" entry of its config.json (how our exports record "byte")."""
+    """--tokenizer wins; else a checkpoint's recorded tokenizer (one without model/); else a
+    "longctx_tokenizer" entry of config.json (how exports record "byte", which ByteTokenizer
+    reads exactly); else the model directory's own tokenizer files."""
     if spec:
         return spec
-    for d in (model_dir, model_dir.parent):
-        if any((d / f).is_file() for f in _TOKENIZER_FILES):
-            return str(d)
+    if is_ds_only_checkpoint(model_dir):
+        recorded = trained_model(model_dir).tokenizer
+        if recorded:
+            return recorded
     cfg = model_dir / "config.json"
     if cfg.is_file():
         try:
@@ -44,6 +84,9 @@ def tokenizer_spec_for(model_dir: Path, spec: Optional[str]) -> str:
             recorded = None
         if recorded:
             return str(recorded)
+    for d in (model_dir, model_dir.parent):
+        if any((d / f).is_file() for f in _TOKENIZER_FILES):
+            return str(d)
     raise UserError(f"eval.tokenizer: {model_dir} has no tokenizer files; pass --tokenizer "
                     "(\"byte\", a tokenizer.json or a tokenizer directory)")
 

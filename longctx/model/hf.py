@@ -7,7 +7,7 @@ import re
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Optional
+from typing import Optional, Protocol
 
 import torch
 from safetensors import safe_open
@@ -169,28 +169,24 @@ def _shards(state: dict[str, torch.Tensor], max_bytes: int) -> list[dict[str, to
     return shards
 
 
+# the tokenizer files an export may hold (longctx/data/hf_tokenizer.py writes them)
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model",
                     "vocab.json", "merges.txt")
 
 
-def _copy_tokenizer(src: Path, dst: Path, max_length: int) -> None:
-    """Copy a tokenizer next to the weights; its model_max_length becomes the model's length
-    (a base model's 4k would make `truncation=True` silently cut long inputs)."""
-    files = [src] if src.is_file() else [src / n for n in _TOKENIZER_FILES if (src / n).is_file()]
-    for f in files:
-        shutil.copyfile(f, dst / f.name)  # contents only: the copy's mode follows the umask
-    tokenizer_config = dst / "tokenizer_config.json"
-    settings = json.loads(tokenizer_config.read_text()) if tokenizer_config.is_file() else {}
-    settings["model_max_length"] = max_length
-    tokenizer_config.write_text(json.dumps(settings, indent=2))
+class TokenizerWriter(Protocol):
+    """Writes a tokenizer's files into an export (longctx.data.hf_tokenizer.TokenizerFiles)."""
+
+    def write(self, directory: Path, max_length: int) -> dict:
+        """Write the files; return the config.json entries that match them (bos/eos/pad ids)."""
 
 
-def generation_config(cfg: ModelConfig) -> dict:
-    """generation_config.json as transformers derives it from a model config."""
+def generation_config(hf_config: dict) -> dict:
+    """generation_config.json as transformers derives it from a config.json."""
     out: dict = {"_from_model_config": True}
     for key in ("bos_token_id", "eos_token_id", "pad_token_id"):
-        if getattr(cfg, key) is not None:
-            out[key] = getattr(cfg, key)
+        if hf_config.get(key) is not None:
+            out[key] = hf_config[key]
     return out
 
 
@@ -230,7 +226,7 @@ def _install(tmp: Path, path: Path) -> None:
 
 
 def save_pretrained(model: Transformer, path: str | os.PathLike, *, dtype: Optional[torch.dtype] = None,
-                    max_shard_bytes: int = 5 * 2**30, tokenizer: Optional[str] = None) -> Path:
+                    max_shard_bytes: int = 5 * 2**30, tokenizer: Optional[TokenizerWriter] = None) -> Path:
     """Write an HF Llama directory: into a temporary sibling, then moved into place (see
     _install: an existing directory keeps every file that is not an export file)."""
     return save_hf_weights(model.state_dict(), model.config, path, dtype=dtype, max_shard_bytes=max_shard_bytes,
@@ -239,11 +235,11 @@ def save_pretrained(model: Transformer, path: str | os.PathLike, *, dtype: Optio
 
 def save_hf_weights(state_dict: dict[str, torch.Tensor], config: ModelConfig, path: str | os.PathLike, *,
                     dtype: Optional[torch.dtype] = None, max_shard_bytes: int = 5 * 2**30,
-                    tokenizer: Optional[str] = None) -> Path:
+                    tokenizer: Optional[TokenizerWriter] = None) -> Path:
     """Like save_pretrained, from our-named weights (e.g. gathered from ZeRO-3 shards).
 
-    `tokenizer`: "byte" is recorded in config.json (`longctx_tokenizer`); a tokenizer file or
-    directory is copied next to the weights, so evaluation finds it without flags."""
+    `tokenizer` writes its files next to the weights (so transformers and evaluation find it
+    without flags); config.json and generation_config.json take its special token ids."""
     path = Path(path)
     parent = path.parent if str(path.parent) else Path(".")
     try:
@@ -274,11 +270,9 @@ def save_hf_weights(state_dict: dict[str, torch.Tensor], config: ModelConfig, pa
             (tmp / "model.safetensors.index.json").write_text(
                 json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}, indent=2))
         hf_config = config_to_hf(config, out_dtype)
-        if tokenizer == "byte":
-            hf_config["longctx_tokenizer"] = "byte"
-        elif tokenizer:
-            _copy_tokenizer(Path(tokenizer), tmp, config.max_position_embeddings)
-        (tmp / "generation_config.json").write_text(json.dumps(generation_config(config), indent=2))
+        if tokenizer is not None:
+            hf_config.update(tokenizer.write(tmp, config.max_position_embeddings))
+        (tmp / "generation_config.json").write_text(json.dumps(generation_config(hf_config), indent=2))
         (tmp / "config.json").write_text(json.dumps(hf_config, indent=2))
         _install(tmp, path)
     except BaseException:

@@ -1,9 +1,11 @@
 """Find and load a model from any directory a user may point at.
 
-Accepted: an HF Llama directory (config.json + weights), a training checkpoint directory
-(`model/` HF folder inside), or a run directory (newest complete checkpoint, or its `hf/`).
-A training checkpoint counts only with its COMPLETE marker and when the files of `model/`
-match its manifest (sizes and SHA-256); otherwise the error names the checkpoint and file.
+Accepted: an HF Llama directory (config.json + weights), a training checkpoint directory (its
+`model/` HF folder, or without one its ZeRO shards in `ds/`, consolidated by
+model/consolidate.py), or a run directory (its newest complete checkpoint, or `hf/` when that
+export is at least as new or there is no checkpoint). A training checkpoint counts only with its
+COMPLETE marker and when the files read match its manifest (sizes and SHA-256); otherwise the
+error names the checkpoint and file.
 """
 from __future__ import annotations
 
@@ -12,27 +14,51 @@ from typing import Optional
 
 import torch
 
-from longctx.errors import UserError
-from longctx.model.hf import load_pretrained
 from longctx import manifest
+from longctx.attention import AttentionFn
+from longctx.errors import UserError
 from longctx.manifest import COMPLETE
+from longctx.model.consolidate import CheckpointModel, has_export, load_consolidated, recorded_model
+from longctx.model.hf import load_pretrained
+from longctx.model.llama import Transformer
 
 
 def is_checkpoint(path: Path) -> bool:
     return path.name.startswith("step_") and ((path / "ds").is_dir() or (path / "trainer_state.json").is_file())
 
 
-def _verified_model_dir(ckpt: Path) -> Path:
+def is_ds_only_checkpoint(path: Path) -> bool:
+    """A training checkpoint whose weights are only in ds/ (resolve_model_dir returns these)."""
+    return is_checkpoint(path) and not has_export(path)
+
+
+def _verified(ckpt: Path) -> Path:
+    """The model/ of a complete checkpoint, or the checkpoint itself when it has no model/;
+    the files read (model/, else every file) match the manifest."""
     if not (ckpt / COMPLETE).is_file():
         raise UserError(f"{ckpt}: not a complete checkpoint (no {COMPLETE} marker: its save did not finish); "
                         "use another checkpoint")
-    problem = manifest.verify(ckpt, under="model")
+    export = has_export(ckpt)
+    problem = manifest.verify(ckpt, under="model" if export else None)
     if problem:
         raise UserError(f"{ckpt}: {problem}; use another checkpoint")
-    return ckpt / "model"
+    return ckpt / "model" if export else ckpt
+
+
+def _in_run(run: Path) -> Optional[Path]:
+    """A run directory's model: its newest complete checkpoint, or hf/ when that export was
+    written after it (the end of a run) or there is no checkpoint."""
+    ckpts = run / "checkpoints"
+    complete = sorted(d for d in ckpts.iterdir() if is_checkpoint(d) and (d / COMPLETE).is_file()) \
+        if ckpts.is_dir() else []
+    hf = run / "hf" / "config.json"
+    if hf.is_file() and (not complete or hf.stat().st_mtime >= (complete[-1] / COMPLETE).stat().st_mtime):
+        return hf.parent
+    return _verified(complete[-1]) if complete else None
 
 
 def resolve_model_dir(path: str | Path) -> Path:
+    """An HF directory, or a verified checkpoint without model/ (load it with load_model_dir)."""
     path = Path(path)
     if not path.exists():
         raise UserError(f"{path}: model path does not exist")
@@ -40,19 +66,37 @@ def resolve_model_dir(path: str | Path) -> Path:
         raise UserError(f"{path}: expected a directory (HF model, checkpoint or run directory)")
     if (path / "config.json").is_file():
         if path.name == "model" and is_checkpoint(path.parent):  # model/ of a training checkpoint
-            return _verified_model_dir(path.parent)
+            return _verified(path.parent)
         return path
-    if (path / "model" / "config.json").is_file() or is_checkpoint(path):
-        return _verified_model_dir(path)
-    ckpts = path / "checkpoints"
-    if ckpts.is_dir():
-        complete = sorted(d for d in ckpts.iterdir() if (d / COMPLETE).is_file() and (d / "model" / "config.json").is_file())
-        if complete:
-            return _verified_model_dir(complete[-1])
-    if (path / "hf" / "config.json").is_file():
-        return path / "hf"
-    raise UserError(f"{path}: no config.json here, nor a checkpoint (model/config.json) or run directory (checkpoints/, hf/)")
+    if has_export(path) or is_checkpoint(path):
+        return _verified(path)
+    found = _in_run(path)
+    if found is not None:
+        return found
+    raise UserError(f"{path}: no config.json here, nor a training checkpoint (model/ or ds/) or a run directory "
+                    "(checkpoints/, hf/)")
 
 
-def load_any(path: str | Path, dtype: Optional[torch.dtype] = None, **kwargs):
-    return load_pretrained(resolve_model_dir(path), dtype=dtype, **kwargs)
+def checkpoint_model(ckpt: Path) -> CheckpointModel:
+    """The recorded model of a checkpoint without model/, or a UserError that says what reads it."""
+    recorded = recorded_model(ckpt)
+    if recorded is None:
+        raise UserError(f"{ckpt}: no model/ export and no model config in trainer_state.json (written before longctx "
+                        f"recorded it); `longctx export --checkpoint {ckpt} --out DIR` and `longctx eval` read it with "
+                        "its run's resolved_config.yaml")
+    return recorded
+
+
+def load_model_dir(model_dir: Path, dtype: Optional[torch.dtype] = None, attn_fn: Optional[AttentionFn] = None,
+                   recorded: Optional[CheckpointModel] = None, **kwargs) -> Transformer:
+    """Load what resolve_model_dir returned. A checkpoint without model/ loads in its training
+    dtype unless `dtype` is given (as its model/ export would have held it); `recorded`
+    replaces what its trainer_state.json records."""
+    if is_ds_only_checkpoint(model_dir):
+        recorded = recorded or checkpoint_model(model_dir)
+        return load_consolidated(model_dir, recorded.config, dtype=dtype or recorded.dtype, attn_fn=attn_fn, **kwargs)
+    return load_pretrained(model_dir, dtype=dtype, attn_fn=attn_fn, **kwargs)
+
+
+def load_any(path: str | Path, dtype: Optional[torch.dtype] = None, **kwargs) -> Transformer:
+    return load_model_dir(resolve_model_dir(path), dtype=dtype, **kwargs)

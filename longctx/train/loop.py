@@ -14,7 +14,9 @@ import torch.distributed as dist
 
 from longctx.config import RunStage, TrainConfig, resolve_stages, stage_model_config, to_yaml, validate_config
 from longctx.data import build_loader, check_vocab, load_tokenizer
+from longctx.data.hf_tokenizer import TokenizerFiles
 from longctx.data.loader import ModelInputs
+from longctx.model.consolidate import checkpoint_record
 from longctx.model.hf import save_hf_weights
 from longctx.parallel.mesh import build_mesh, init_distributed, read_env, shutdown_distributed
 from longctx.parallel.parallelize import attention_for, parallelize, set_stage
@@ -297,7 +299,7 @@ class Trainer:
 
         def write() -> None:
             if self.rank == 0:
-                save_hf_weights(state, self.model.config, path, tokenizer=self.cfg.data.tokenizer)
+                save_hf_weights(state, self.model.config, path, tokenizer=TokenizerFiles(self.cfg.data.tokenizer))
 
         return run_phase(write)
 
@@ -306,9 +308,11 @@ class Trainer:
             kept = f"last checkpoint: {self.last_checkpoint}" if self.last_checkpoint else "no checkpoint written yet"
             raise NonFiniteStop(f"train: non-finite weights at step {state['step']}; not checkpointed ({kept})",
                                 state["step"])
-        # stage_steps / data_stage: how a resume with a changed config continues (train/continuation.py)
+        # stage_steps / data_stage: how a resume with a changed config continues (train/continuation.py);
+        # model_config / tokenizer: the model it holds, for export and eval without model/ (model/consolidate.py)
         trainer_state = dict(state, world_size=self.world, cp_size=self.cp, dp_size=self.mesh.dp_size,
-                             stage_steps=[s.steps for s in self.stages], data_stage=data_stage)
+                             stage_steps=[s.steps for s in self.stages], data_stage=data_stage,
+                             **checkpoint_record(self.model.config, self.dtype, self.cfg.data.tokenizer))
         rank_state = {"data": loader_state, "rng": rng_state()}
         self.last_checkpoint = save_checkpoint(
             self.out, state["step"], engine=self.engine, trainer_state=trainer_state, rank_state=rank_state,

@@ -182,7 +182,8 @@ def test_export_never_deletes_what_it_did_not_write(tmp_path):
     finally:
         os.umask(old_umask)
     assert res.returncode == 0, res.stderr[-2000:]
-    assert sorted(p.name for p in target.iterdir()) == ["README.md", "config.json", "generation_config.json", "model.safetensors"]
+    assert sorted(p.name for p in target.iterdir()) == ["README.md", "config.json", "generation_config.json",
+                                                        "model.safetensors", "tokenizer.json", "tokenizer_config.json"]
     assert (target / "README.md").read_text() == "team notes"
     assert {oct(p.stat().st_mode & 0o777) for p in target.iterdir()} == {"0o644"}
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".serve.tmp-")]

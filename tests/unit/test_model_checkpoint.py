@@ -82,3 +82,33 @@ def test_presets_on_meta_have_published_counts_and_build_fast():
     bench = get_preset("bench-44m")
     assert (bench.num_hidden_layers, bench.hidden_size, bench.num_attention_heads, bench.num_key_value_heads,
             bench.intermediate_size, bench.vocab_size) == (4, 512, 8, 4, 1376, 32000)
+
+
+def _fake_checkpoint(run, step):
+    """A complete checkpoint holding no model/ (only what the manifest needs to verify)."""
+    from longctx.manifest import COMPLETE, write_manifest
+
+    ckpt = run / "checkpoints" / f"step_{step:07d}"
+    (ckpt / "ds").mkdir(parents=True)
+    (ckpt / "ds" / "mp_rank_00_model_states.pt").write_bytes(b"weights")
+    (ckpt / "trainer_state.json").write_text(json.dumps({"step": step}))
+    assert write_manifest(ckpt, step) is None
+    (ckpt / COMPLETE).write_text(f"{step}\n")
+    return ckpt
+
+
+def test_run_directory_means_its_newest_checkpoint_or_a_newer_hf_export(tmp_path):
+    import os
+
+    from longctx.model.loading import resolve_model_dir
+
+    run = tmp_path / "run"
+    _fake_checkpoint(run, 1)
+    newest = _fake_checkpoint(run, 2)
+    assert resolve_model_dir(run) == newest  # no model/, no hf/ (a preempted run): the checkpoint itself
+    save_pretrained(tiny_model("default", "gqa"), run / "hf")
+    hf_time = (run / "hf" / "config.json").stat().st_mtime
+    os.utime(newest / "COMPLETE", (hf_time - 10, hf_time - 10))
+    assert resolve_model_dir(run) == run / "hf"  # written at the end of the run, after its last checkpoint
+    os.utime(newest / "COMPLETE", (hf_time + 10, hf_time + 10))
+    assert resolve_model_dir(run) == newest  # a later checkpoint (a resumed run) is newer than hf/

@@ -1,0 +1,132 @@
+"""The model of a training checkpoint that has no `model/` export (checkpoint.save_hf=false, the
+CPU recipes' setting): its weights consolidated from the DeepSpeed files in `ds/`, its
+architecture and tokenizer from what the trainer records in `trainer_state.json`.
+
+    recorded = recorded_model(ckpt)                    # .config .tokenizer .dtype; None if not recorded
+    state = ds_state_dict(ckpt)                        # {name: tensor}, the model's own names
+    model = load_consolidated(ckpt, recorded.config)   # a Transformer
+
+Weights: with ZeRO optimizer partitions (stages 1-3) the fp32 master weights, consolidated
+in this process as DeepSpeed's own zero_to_fp32.py does; at ZeRO-0 the module's weights
+DeepSpeed saved (in the training dtype; in an fp32 run they are the optimizer's weights).
+"""
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+import torch
+
+from longctx.attention import AttentionFn, sdpa_attention
+from longctx.errors import UserError
+from longctx.model.config import ModelConfig
+from longctx.model.hf import config_from_hf, config_to_hf
+from longctx.model.llama import Transformer
+
+RECORD_CONFIG = "model_config"  # trainer_state.json: the model's config.json ("dtype": the training dtype)
+RECORD_TOKENIZER = "tokenizer"  # trainer_state.json: data.tokenizer ("byte", an absolute path or a hub id)
+ZERO0_STATES = "mp_rank_00_model_states.pt"  # ds/ at ZeRO 0-2: the full module (ZeRO-3 partitions it)
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def checkpoint_record(config: ModelConfig, dtype: torch.dtype, tokenizer: str) -> dict:
+    """What the trainer adds to each checkpoint's trainer_state.json so the checkpoint alone
+    says which model it holds (a run's resolved_config.yaml changes when a resumed run changes
+    its config, and a relative tokenizer path depends on the directory a job ran in)."""
+    spec = os.path.abspath(os.path.expanduser(tokenizer)) if os.path.exists(os.path.expanduser(tokenizer)) else tokenizer
+    return {RECORD_CONFIG: config_to_hf(config, dtype), RECORD_TOKENIZER: spec}
+
+
+def has_export(ckpt: Path) -> bool:
+    return (ckpt / "model" / "config.json").is_file()
+
+
+def trainer_state(ckpt: Path) -> dict:
+    path = ckpt / "trainer_state.json"
+    try:
+        state = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise UserError(f"{path}: unreadable ({e})") from None
+    if not isinstance(state, dict):
+        raise UserError(f"{path}: not a longctx trainer state")
+    return state
+
+
+@dataclass
+class CheckpointModel:
+    """Which model a checkpoint holds: its config, tokenizer spec and training dtype."""
+
+    config: ModelConfig
+    tokenizer: Optional[str]
+    dtype: torch.dtype
+
+
+def recorded_model(ckpt: Path) -> Optional[CheckpointModel]:
+    """The model as the trainer recorded it in trainer_state.json; None for a checkpoint
+    written before the trainer recorded it."""
+    state = trainer_state(ckpt)
+    hf = state.get(RECORD_CONFIG)
+    if not isinstance(hf, dict):
+        return None
+    config = config_from_hf(hf, where=f"{ckpt / 'trainer_state.json'} ({RECORD_CONFIG})")
+    return CheckpointModel(config, state.get(RECORD_TOKENIZER), _DTYPES.get(hf.get("dtype"), torch.float32))
+
+
+def zero_masters(ckpt: Path) -> Optional[dict[str, torch.Tensor]]:
+    """The fp32 master weights of the ZeRO optimizer partitions in `ckpt/ds/` (consolidated as
+    DeepSpeed's zero_to_fp32.py does), or None at ZeRO-0 (no partitions)."""
+    if not any((ckpt / "ds").glob("*zero_pp_rank_*_optim_states.pt")):
+        return None
+    # deepspeed: imported here, where it is used (seconds, and it sets up its accelerator)
+    from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+
+    quiet = io.StringIO()  # its progress lines and bars are this step's detail, kept off the console
+    with contextlib.redirect_stdout(quiet), contextlib.redirect_stderr(quiet):
+        return dict(get_fp32_state_dict_from_zero_checkpoint(str(ckpt), tag="ds"))
+
+
+def ds_state_dict(ckpt: Path) -> dict[str, torch.Tensor]:
+    """The model's weights in `ckpt/ds/` under the model's own names (see the module docstring)."""
+    masters = zero_masters(ckpt)
+    if masters is not None:
+        return masters
+    states = ckpt / "ds" / ZERO0_STATES
+    if not states.is_file():
+        raise UserError(f"{ckpt / 'ds'}: neither ZeRO optimizer partitions nor {ZERO0_STATES}; "
+                        "not a DeepSpeed checkpoint")
+    try:
+        module = torch.load(states, map_location="cpu", weights_only=True).get("module")
+    except (OSError, RuntimeError, EOFError, AttributeError) as e:
+        raise UserError(f"{states}: unreadable ({str(e).splitlines()[0]})") from None
+    if not isinstance(module, dict) or not module:
+        raise UserError(f"{states}: holds no module weights")
+    return dict(module)
+
+
+def load_consolidated(ckpt: Path, config: ModelConfig, *, dtype: Optional[torch.dtype] = None,
+                      attn_fn: Optional[AttentionFn] = None, device: str | torch.device = "cpu") -> Transformer:
+    """A Transformer of `config` with the weights of `ckpt/ds/`, cast to `dtype` (None: as stored)."""
+    with torch.device("meta"):
+        model = Transformer(config, attn_fn or sdpa_attention)
+    expected = model.state_dict()
+    state = {}
+    for key, tensor in ds_state_dict(ckpt).items():
+        if key == "lm_head.weight" and config.tie_word_embeddings:
+            continue
+        if key not in expected:
+            raise UserError(f"{ckpt / 'ds'}: unexpected tensor {key!r} for the recorded model config")
+        if tuple(tensor.shape) != tuple(expected[key].shape):
+            raise UserError(f"{ckpt / 'ds'}: tensor {key!r} has shape {list(tensor.shape)}, the recorded model config "
+                            f"implies {list(expected[key].shape)}")
+        state[key] = tensor.to(device=device, dtype=dtype or tensor.dtype)
+    missing = sorted(set(expected) - set(state))
+    if missing:
+        raise UserError(f"{ckpt / 'ds'}: weights are missing tensor {missing[0]!r}"
+                        + (f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""))
+    model.load_state_dict(state, strict=True, assign=True)
+    return model
