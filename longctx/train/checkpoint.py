@@ -125,6 +125,10 @@ def load_checkpoint(path: Path, *, engine, world_size: int) -> tuple[dict, dict]
                                           load_lr_scheduler_states=False)
     if load_path is None:
         raise UserError(f"checkpoint.resume: DeepSpeed could not load {path / 'ds'}")
+    # ZeRO-3's load leaves the parameters gathered: a checkpointed block's first forward would skip
+    # the all-gather its recomputation does, and torch.utils.checkpoint stops the backward
+    # ("... encountered during backward but not found in storage"). Release them (no-op below ZeRO-3).
+    engine.empty_partition_cache()
     rank_file = path / f"rank_{rank:05d}.pt"
     try:
         rank_state = torch.load(rank_file, weights_only=False)
