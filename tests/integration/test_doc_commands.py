@@ -19,7 +19,7 @@ VENV_BIN = Path(sys.executable).parent
 TIMEOUT = 300  # against a hang: these commands take seconds
 STUB_JOB_TIMEOUT = 120  # a submitted stub job reaches launch/torchrun.sh after its preflight
 
-TRAINS = "trains a model: minutes on this CPU"
+TRAINS = "trains a model"
 GPUS = "needs GPUs"
 CLUSTER = "needs a SLURM cluster (launch.md's stub submit is run instead)"
 WEIGHTS = "needs the recipe's downloaded weights and data, and GPUs"
@@ -80,7 +80,7 @@ NOT_RUN = {  # command (DocCommand.key) -> why it is not run
     "launch/torchrun.sh --nnodes 4 --nproc-per-node 8 --rdzv-endpoint node001:29500 --rdzv-id run42 "
     "-- train --config configs/x.yaml": f"{GPUS} on 4 nodes",
     "launch/torchrun.sh --nproc-per-node 2 -- train --config configs/cpu/yarn-llama2-7b-128k.yaml":
-        f"{TRAINS} (tests/integration/test_recipes_launch.py trains it)",
+        f"{TRAINS} (~40 s on 2 cores; tests/integration/test_recipes_launch.py trains it)",
     "sbatch --nodes=8 slurm/train.sbatch configs/yarn-llama2-7b-128k.yaml [key=value ...]": CLUSTER,
     "sbatch --nodes=2 --gpus-per-node=4 --time=12:00:00 slurm/train.sbatch configs/x.yaml train.steps=2000": CLUSTER,
     "sbatch slurm/eval.sbatch --model runs/yarn-llama2-7b-128k/hf --suite ruler --lengths 4k,16k,64k --cp 4 "
@@ -111,8 +111,10 @@ NOT_RUN = {  # command (DocCommand.key) -> why it is not run
     "python benchmarks/bench_plan.py --out docs/bench_plan.json": f"{BENCH} (~15 min); rewrites docs/bench_plan.json",
     "python benchmarks/bench_plan.py --from-json docs/bench_plan.json": "rewrites docs/bench_plan.json",
     # training.md
-    "longctx train --config configs/cpu/yarn-llama2-7b-128k.yaml parallel.cp_size=1 out_dir=runs/one": TRAINS,
-    "torchrun --nproc_per_node 2 -m longctx train --config configs/cpu/yarn-llama2-7b-128k.yaml": TRAINS,
+    "longctx train --config configs/cpu/yarn-llama2-7b-128k.yaml parallel.cp_size=1 out_dir=runs/one":
+        f"{TRAINS} (~40 s on 2 cores; tests/integration/test_resume_zero3.py trains its layout)",
+    "torchrun --nproc_per_node 2 -m longctx train --config configs/cpu/yarn-llama2-7b-128k.yaml":
+        f"{TRAINS} (~40 s on 2 cores, as launch.md's laptop command)",
     "torchrun --nproc_per_node 8 -m longctx train --config configs/my_run.yaml": f"{GPUS}; configs/my_run.yaml is "
                                                                                  "the reader's own",
 }
