@@ -111,13 +111,14 @@ def check_eval(world: int, argv: list[str]) -> str:
     from longctx import recipes
     from longctx.cli import OneLineParser
     from longctx.commands import eval as eval_command
+    from longctx.eval import command as eval_run
 
     parser = OneLineParser(prog="longctx eval")
     eval_command.add_parser(parser)
     args = parser.parse_args(argv)
     args.config = recipes.resolve(args.config)
-    cfg = eval_command.config_from_args(args)
-    eval_command.check(cfg, world)
+    cfg = eval_run.config_from_args(args)
+    eval_run.check(cfg, world)
     return str(Path(cfg.out).absolute()) if cfg.out else ""
 
 

@@ -4,31 +4,17 @@
     torchrun --nproc-per-node 4 -m longctx eval --model DIR --suite niah --lengths 128k --cp 4 --out eval/
     longctx eval --config eval.yaml samples=5 style=compact       # like `longctx train`
 
-The options are EvalConfig's fields (longctx/eval/config.py), read like the training config:
-defaults < --config FILE < key=value overrides < flags (every field is a flag too).
+The options are EvalConfig's fields (longctx/eval/fields.py), read like the training config:
+defaults < --config FILE < key=value overrides < flags (every field is a flag too). The parser
+needs only the fields; the evaluation (longctx/eval/command.py, torch) loads when it runs.
 """
 from __future__ import annotations
 
 import argparse
 import dataclasses
-import sys
-import time
 import typing
-import warnings
-from pathlib import Path
 
-import torch
-
-from longctx.config import load_structured
-from longctx.data.tokenizer import check_tokenizer_spec
-from longctx.eval.api import evaluate
-from longctx.eval.comparability import warning_line
-from longctx.eval.config import EvalConfig, as_eval_field, select
-from longctx.eval.end_summary import end_summary
-from longctx.eval.model_io import (check_lengths, check_pair, load_model, load_tokenizer_for, parse_dtype,
-                                   resolve_model_dir, tokenizer_spec_for)
-from longctx.eval.ruler_prompts import write_prompts
-from longctx.parallel.mesh import build_mesh, init_distributed, read_env, shutdown_distributed
+from longctx.eval.fields import EvalFields
 
 
 def add_parser(p: argparse.ArgumentParser) -> None:
@@ -36,8 +22,8 @@ def add_parser(p: argparse.ArgumentParser) -> None:
     p.description = __doc__
     p.add_argument("--config", default=None, help="YAML file of EvalConfig fields (default: the built-in defaults)")
     p.add_argument("overrides", nargs="*", metavar="key=value", help="e.g. samples=5 lengths=4k,8k")
-    hints = typing.get_type_hints(EvalConfig)
-    for f in dataclasses.fields(EvalConfig):
+    hints = typing.get_type_hints(EvalFields)
+    for f in dataclasses.fields(EvalFields):
         flag = "--" + f.name.replace("_", "-")
         default = f.default if f.default is not dataclasses.MISSING else ",".join(f.default_factory())
         help_text = f.metadata["help"] + (f" (default {default})" if default not in (None, False) else "")
@@ -48,98 +34,7 @@ def add_parser(p: argparse.ArgumentParser) -> None:
             p.add_argument(flag, type=kind[0] if kind[0] in (int, float) else str, default=None, help=help_text)
 
 
-def config_from_args(args: argparse.Namespace) -> EvalConfig:
-    """defaults < --config < key=value overrides < flags."""
-    flags = {f.name: getattr(args, f.name) for f in dataclasses.fields(EvalConfig) if getattr(args, f.name) is not None}
-    return load_structured(EvalConfig, args.config, args.overrides, flags, prefix="eval.")
-
-
-def check(cfg: EvalConfig, world_size: int) -> typing.Optional[Path]:
-    """Every check before any weight is read or process group exists; returns the model directory
-    (None for write_data without a model: validate checked its tokenizer)."""
-    cfg.validate(world_size)
-    if not cfg.model:
-        return None
-    model_dir = resolve_model_dir(cfg.model)  # UserError for a missing/invalid path, before the weights
-    as_eval_field(check_tokenizer_spec, as_eval_field(tokenizer_spec_for, model_dir, cfg.tokenizer))
-    return model_dir
-
-
 def run(args: argparse.Namespace) -> int:
-    """`longctx eval`; a UserError propagates to the CLI layer (exit 2)."""
-    start = time.monotonic()
-    cfg = config_from_args(args)
-    world = read_env().world_size
-    cfg.validate(world)
-    if cfg.write_data is not None:  # prompts only, no weights
-        files, skipped = write_prompts(cfg)
-        for s in skipped:
-            print(s, file=sys.stderr)
-        print(f"wrote {len(files)} RULER data files under {cfg.write_data}")
-        return 0
-    model_dir = resolve_model_dir(cfg.model)
-    tokenizer = as_eval_field(load_tokenizer_for, model_dir, cfg.tokenizer)
-    model = load_model(model_dir, dtype=parse_dtype(cfg.dtype)).eval()
-    check_pair(tokenizer, model.config)
-    notes = _length_warnings(cfg, model.config)
-    cp_group = None
-    if world > 1:
-        init_distributed()
-        mesh = build_mesh(cfg.cp)
-        cp_group = mesh.cp_group if cfg.cp > 1 else None
-    completed = False
-    try:
-        torch.manual_seed(0)
-        result = evaluate(model, tokenizer, cfg, cp_group=cp_group, meta=_meta(cfg, model, model_dir, tokenizer),
-                          warnings_=notes)
-        completed = True
-    finally:
-        shutdown_distributed(completed)
-    if result["files"]:
-        for s in result["skipped"]:
-            print(s, file=sys.stderr)
-        for note in (result["ppl"] or {}).get("notes", []):
-            print(f"warning: {note}", file=sys.stderr)
-        _print_summary(result)
-        if result["comparability"] and not result["comparability"]["ruler_comparable"]:
-            print(warning_line(result["comparability"]), file=sys.stderr)
-        print(end_summary(result, time.monotonic() - start))
-    return 0
+    from longctx.eval import command  # torch, the model and the tasks: loaded when the command runs
 
-
-def _length_warnings(cfg: EvalConfig, model_config) -> list[str]:
-    """Lengths beyond max_position_embeddings: printed as warnings (or an error with strict_lengths)."""
-    selection = select(cfg)
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        notes = check_lengths(sorted(set(selection.lengths) | set(selection.ppl_lengths)), model_config,
-                              cfg.strict_lengths)
-    for w in caught:
-        print(f"warning: {w.message}", file=sys.stderr)
-    return notes
-
-
-def _meta(cfg: EvalConfig, model, model_dir: Path, tokenizer) -> dict:
-    selection = select(cfg)
-    return {"model": str(model_dir), "tokenizer": getattr(tokenizer, "name", str(cfg.tokenizer)),
-            "suite": ",".join(cfg.suite) if cfg.tasks is None else "tasks", "cp": cfg.cp,
-            "dtype": str(next(model.parameters()).dtype).replace("torch.", ""),
-            "max_position_embeddings": model.config.max_position_embeddings, "lengths": selection.lengths,
-            "tasks": selection.tasks}
-
-
-def _print_summary(result: dict) -> None:
-    summary = result["summary"]
-    lengths = summary.get("lengths", [])
-    if summary.get("tasks"):
-        width = max(len(t) for t in summary["tasks"]) + 2
-        print("task".ljust(width) + "".join(f"{L:>9}" for L in lengths))
-        for name, t in summary["tasks"].items():
-            print(name.ljust(width) + "".join(f"{t['scores'].get(str(L), float('nan')):9.1f}" for L in lengths))
-        print("average".ljust(width) + "".join(f"{summary['average_by_length'][str(L)]:9.1f}" for L in lengths))
-        se = summary.get("average_stderr_by_length", {})
-        if se:  # the sampling noise of the average (one standard error over the samples)
-            print("± (std err)".ljust(width) + "".join(f"{se.get(str(L), float('nan')):9.1f}" for L in lengths))
-        print(f"effective length (> {summary['threshold']}): {summary['effective_length'] or 'none'}")
-    if result.get("ppl"):
-        print("ppl: " + ", ".join(f"{r['length']}: {r['ppl']:.3f}" for r in result["ppl"]["rows"]))
+    return command.run(args)

@@ -3,18 +3,24 @@
     from longctx.eval import EvalConfig, evaluate
     evaluate(model, tokenizer, EvalConfig(tasks=["passkey"], lengths=["4k", "8k"], samples=10, out="eval/"))
 
-CLI: `longctx eval` (longctx/commands/eval.py). See docs/eval.md.
+CLI: `longctx eval` (longctx/commands/eval.py). See docs/eval.md. The names below load on first
+use, so importing one light module of the package (eval/fields.py for `--help`) loads no torch.
 """
-from longctx.eval.api import evaluate, generate_all
-from longctx.eval.config import DEFAULT_DEPTHS, EvalConfig, EvalSelection, select
-from longctx.eval.runner import Engine, run_samples
-from longctx.eval.scoring import (DEFAULT_THRESHOLD, effective_length, string_match_all,
-                                  string_match_part)
-from longctx.eval.tasks import (NIAH_GRID_TASK, RULER_TASKS, TASKS, Sample, TaskOptions, build_samples,
-                                get_task, task_min_length)
+import importlib
 
-__all__ = [
-    "DEFAULT_DEPTHS", "DEFAULT_THRESHOLD", "Engine", "EvalConfig", "EvalSelection", "NIAH_GRID_TASK", "RULER_TASKS",
-    "Sample", "TASKS", "TaskOptions", "build_samples", "effective_length", "evaluate", "generate_all", "get_task",
-    "run_samples", "select", "string_match_all", "string_match_part", "task_min_length",
-]
+_EXPORTS = {
+    "longctx.eval.api": ("evaluate", "generate_all"),
+    "longctx.eval.config": ("DEFAULT_DEPTHS", "EvalConfig", "EvalSelection", "select"),
+    "longctx.eval.runner": ("Engine", "run_samples"),
+    "longctx.eval.scoring": ("DEFAULT_THRESHOLD", "effective_length", "string_match_all", "string_match_part"),
+    "longctx.eval.tasks": ("NIAH_GRID_TASK", "RULER_TASKS", "TASKS", "Sample", "TaskOptions", "build_samples",
+                           "get_task", "task_min_length"),
+}
+_MODULE_OF = {name: module for module, names in _EXPORTS.items() for name in names}
+__all__ = sorted(_MODULE_OF)
+
+
+def __getattr__(name: str):
+    if name not in _MODULE_OF:
+        raise AttributeError(f"module 'longctx.eval' has no attribute {name!r}")
+    return getattr(importlib.import_module(_MODULE_OF[name]), name)

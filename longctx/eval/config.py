@@ -10,15 +10,15 @@ Fields are named `eval.<field>` in messages; every field is also a command-line 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Dict, List, Optional
+from typing import Dict, List
 
 from longctx.config import check_out_dir
 from longctx.data.tokenizer import check_tokenizer_spec
 from longctx.errors import UserError
 from longctx.eval.model_io import parse_dtype
-from longctx.eval.scoring import DEFAULT_THRESHOLD
+from longctx.eval.fields import EvalFields
 from longctx.eval.tasks import NIAH_GRID_TASK, RULER_TASKS, TaskOptions, get_task
 from longctx.parallel.cp_decode import DECODE_CP_IMPLS
 
@@ -27,46 +27,9 @@ DEFAULT_DEPTHS = [i / 10 for i in range(11)]
 PATH_FIELDS = ("essay", "squad", "hotpotqa", "ppl_data", "ruler_data", "words")  # must exist
 
 
-def option(default, help_text: str):
-    """A field with its command-line help (commands/eval.py makes a flag of every field)."""
-    if isinstance(default, list):
-        return field(default_factory=lambda: list(default), metadata={"help": help_text})
-    return field(default=default, metadata={"help": help_text})
-
-
 @dataclass
-class EvalConfig:
-    model: Optional[str] = option(None, "HF directory, training checkpoint or run directory (required)")
-    tokenizer: Optional[str] = option(None, "'byte', tokenizer.json or tokenizer dir (default: the model's own)")
-    suite: List[str] = option(["ruler"], "suites: ruler, niah, passkey, ppl")
-    tasks: Optional[List[str]] = option(None, "task names (replaces the suite's tasks)")
-    lengths: List[str] = option(["4096"], "context lengths, e.g. 4096,8k,16k")
-    samples: int = option(10, "samples per task and length (per depth for grids)")
-    out: Optional[str] = option("eval_out", "output directory (null: write nothing)")
-    seed: int = option(0, "data seed")
-    dtype: str = option("auto", "auto (as stored) | fp32 | bf16 | fp16")
-    batch_size: Optional[int] = option(None, "fixed decoding batch size (default: from max_batch_tokens)")
-    max_batch_tokens: int = option(16384, "prompt tokens per batch when batch_size is unset")
-    cp: int = option(1, "context-parallel size for prefill/decoding (under torchrun)")
-    cp_impl: str = option("ring", "ring | allgather | ulysses")
-    depths: Optional[List[str]] = option(None, "needle depths in [0,1] for grids (default 11 points)")
-    style: str = option("ruler", "ruler (RULER's templates and budgets) | compact (tiny models, short lengths)")
-    max_new_tokens: Optional[int] = option(None, "override every task's generation budget")
-    num_digits: Optional[int] = option(None, "digits of numeric needle values and pass keys")
-    chat_template: Optional[str] = option(None, "llama2-chat | llama3-chat | chatml | a string with {input}")
-    essay: Optional[str] = option(None, "local text corpus (file or folder) for the essay haystack")
-    squad: Optional[str] = option(None, "local SQuAD v2 dev json for qa_1")
-    hotpotqa: Optional[str] = option(None, "local HotpotQA dev (distractor) json for qa_2")
-    ppl_data: Optional[str] = option(None, "long documents for perplexity (file or folder of .txt/.jsonl)")
-    ppl_lengths: Optional[List[str]] = option(None, "lengths for perplexity (default: lengths)")
-    ppl_windows: int = option(4, "windows per length for perplexity")
-    threshold: float = option(DEFAULT_THRESHOLD, "effective-length threshold")
-    strict_lengths: bool = option(False, "error (instead of warn) on lengths above max_position_embeddings")
-    save_inputs: bool = option(False, "keep each prompt in results.json")
-    no_progress: bool = option(False, "no progress bars")
-    ruler_data: Optional[str] = option(None, "a RULER prepared-data directory to evaluate")
-    write_data: Optional[str] = option(None, "write our prompts in RULER's data layout (no model needed)")
-    words: Optional[str] = option(None, "RULER's english_words.json (cwe)")
+class EvalConfig(EvalFields):
+    """`longctx eval`'s configuration: the fields of eval/fields.py and their checks."""
 
     def validate(self, world_size: int) -> None:
         """Every check that needs no weights or process group, for `world_size` processes."""

@@ -31,7 +31,7 @@ from longctx.model.llama import Transformer
 RECORD_CONFIG = "model_config"  # trainer_state.json: the model's config.json ("dtype": the training dtype)
 RECORD_TOKENIZER = "tokenizer"  # trainer_state.json: data.tokenizer ("byte", an absolute path or a hub id)
 ZERO0_STATES = "mp_rank_00_model_states.pt"  # ds/ at ZeRO 0-2: the full module (ZeRO-3 partitions it)
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 def checkpoint_record(config: ModelConfig, dtype: torch.dtype, tokenizer: str) -> dict:
@@ -74,7 +74,7 @@ def recorded_model(ckpt: Path) -> Optional[CheckpointModel]:
     if not isinstance(hf, dict):
         return None
     config = config_from_hf(hf, where=f"{ckpt / 'trainer_state.json'} ({RECORD_CONFIG})")
-    return CheckpointModel(config, state.get(RECORD_TOKENIZER), _DTYPES.get(hf.get("dtype"), torch.float32))
+    return CheckpointModel(config, state.get(RECORD_TOKENIZER), DTYPES.get(hf.get("dtype"), torch.float32))
 
 
 def zero_masters(ckpt: Path) -> Optional[dict[str, torch.Tensor]]:

@@ -1,0 +1,63 @@
+"""The command line's own surface: --version, recipes by name, and help that loads no torch."""
+import subprocess
+import sys
+
+import pytest
+
+from longctx import __version__, recipes
+from longctx.cli import COMMANDS, main
+from longctx.errors import UserError
+
+HELP_PROBE = """
+import contextlib, io, sys
+from longctx.cli import main
+with contextlib.redirect_stdout(io.StringIO()) as out:
+    rc = main(sys.argv[1:])
+heavy = sorted(m for m in ("torch", "deepspeed", "transformers", "numpy") if m in sys.modules)
+print(rc, len(out.getvalue()) > 0, ",".join(heavy) or "-")
+"""
+
+
+@pytest.mark.parametrize("argv", [["--help"], ["--version"]] + [[c, "--help"] for c in COMMANDS])
+def test_help_and_version_load_no_heavy_module(argv):
+    """What makes `--help` fast (a second or more per heavy import on a small machine)."""
+    res = subprocess.run([sys.executable, "-c", HELP_PROBE, *argv], capture_output=True, text=True, timeout=120)
+    assert res.stdout.split() == ["0", "True", "-"], res.stdout + res.stderr[-2000:]
+
+
+def test_version(capsys):
+    assert main(["--version"]) == 0 and capsys.readouterr().out == f"longctx {__version__}\n"
+
+
+def test_recipes_lists_every_bundled_file_and_prints_one(capsys):
+    assert main(["recipes"]) == 0
+    listing = capsys.readouterr().out
+    assert {"cpu/yarn-llama2-7b-128k", "yarn-llama2-7b-128k", "eval/ruler-128k"} <= set(recipes.names())
+    assert all(f"{name} " in listing for name in recipes.names())
+    assert main(["recipes", "cpu/yarn-llama2-7b-128k"]) == 0
+    assert capsys.readouterr().out == (recipes.RECIPES_DIR / "cpu/yarn-llama2-7b-128k.yaml").read_text()
+
+
+def test_a_recipe_name_resolves_and_a_wrong_one_is_one_line(capsys):
+    assert recipes.resolve("recipe:cpu/yarn-llama2-7b-128k") == str(recipes.RECIPES_DIR / "cpu/yarn-llama2-7b-128k.yaml")
+    assert recipes.resolve("my/own.yaml") == "my/own.yaml" and recipes.resolve(None) is None
+    with pytest.raises(UserError, match=r"^--config: no recipe 'cpu/yarn-llama2-7b-128'; did you mean "
+                                        r"'cpu/yarn-llama2-7b-128k'\? valid: "):
+        recipes.resolve("recipe:cpu/yarn-llama2-7b-128")
+    assert main(["train", "--config", "recipe:nope", "--print-config"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: --config: no recipe 'nope'") and err.count("\n") == 1
+
+
+def test_a_recipe_by_name_is_the_same_config_as_its_path(capsys):
+    assert main(["train", "--config", "recipe:cpu/llama3-8b-128k", "--print-config"]) == 0
+    by_name = capsys.readouterr().out
+    assert main(["train", "--config", str(recipes.RECIPES_DIR / "cpu/llama3-8b-128k.yaml"), "--print-config"]) == 0
+    assert capsys.readouterr().out == by_name
+
+
+def test_export_offers_the_dtypes_it_maps():
+    from longctx.commands.export import DTYPE_NAMES
+    from longctx.model.consolidate import DTYPES
+
+    assert DTYPE_NAMES == tuple(sorted(DTYPES))
