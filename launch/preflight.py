@@ -24,25 +24,10 @@ from __future__ import annotations
 
 import argparse
 import os
-import re
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-CLUSTER = re.compile(r"^#\s*cluster:\s*(.*)$", re.MULTILINE)
-
-
-def cluster_shape(config_path: str) -> dict:
-    """The `# cluster: nodes=8 gpus_per_node=8 gpu_mem=80GB` line of a recipe, as a dict."""
-    try:
-        text = Path(config_path).read_text()
-    except OSError:
-        return {}
-    match = CLUSTER.search(text)
-    if not match:
-        return {}
-    return dict(item.split("=", 1) for item in match.group(1).split() if "=" in item)
 
 
 def global_batch(cfg, world: int, stage) -> int:
@@ -53,10 +38,11 @@ def global_batch(cfg, world: int, stage) -> int:
 def check(world: int, config: str | None, overrides: list[str], gpu_mem: str | None, weights: bool = True) -> str:
     from longctx.config import load_config, resolve_stages, validate_config
     from longctx.errors import UserError
+    from longctx.plan.target import cluster_line
 
     cfg = load_config(config, overrides)
     stages = resolve_stages(cfg)
-    shape = cluster_shape(config) if config else {}
+    shape = cluster_line(config)
     if shape:
         try:
             wanted = int(shape.get("nodes", 1)) * int(shape["gpus_per_node"])
