@@ -1,4 +1,5 @@
 """The command line's own surface: --version, recipes by name, and help that loads no torch."""
+import os
 import subprocess
 import sys
 
@@ -61,3 +62,12 @@ def test_export_offers_the_dtypes_it_maps():
     from longctx.model.consolidate import DTYPES
 
     assert DTYPE_NAMES == tuple(sorted(DTYPES))
+
+
+def test_a_reader_that_stops_early_gets_no_traceback(monkeypatch):
+    """`longctx recipes | head -1`: stdout is a pipe whose reader has gone."""
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    with open(write_end, "w", buffering=1) as closed_pipe:
+        monkeypatch.setattr(sys, "stdout", closed_pipe)
+        assert main(["recipes"]) == 141  # what a shell reports for a command stopped by SIGPIPE
