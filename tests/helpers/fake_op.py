@@ -3,7 +3,6 @@ without compiling: `python fake_op.py build` builds it (appending its pid to bui
 finishes once the file `go` is in the extensions cache; `python fake_op.py hang` never finishes
 (to be killed mid-way). The extensions cache is TORCH_EXTENSIONS_DIR, as for the real ops."""
 import os
-import sys
 import time
 
 from longctx.parallel import ds_ops

@@ -1,6 +1,5 @@
 """DeepSpeed's JIT ops: a run builds none it does not need, one process builds an op while the
 others wait, and a build killed mid-way never blocks the next (longctx/parallel/ds_ops.py)."""
-import os
 import subprocess
 import sys
 from pathlib import Path
