@@ -15,6 +15,7 @@ import socket
 import time
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
+from dataclasses import fields as dataclass_fields
 from pathlib import Path
 from typing import Callable, Iterator, Optional
 
@@ -25,9 +26,14 @@ class Holder:
     pid: int
     proc_start: Optional[int]  # the pid's start time in clock ticks since boot (None off Linux)
     taken: float  # time.time() when the lock was taken
+    job: Optional[str] = None  # the SLURM job id it runs in (a requeued job is the same job)
 
     def describe(self) -> str:
-        return f"pid {self.pid} on {self.host}, since {time.strftime('%H:%M:%S', time.localtime(self.taken))}"
+        job = f" (SLURM job {self.job})" if self.job else ""
+        return f"pid {self.pid} on {self.host}{job}, since {time.strftime('%H:%M:%S', time.localtime(self.taken))}"
+
+
+_HOLDER_FIELDS = {f.name for f in dataclass_fields(Holder)}
 
 
 def process_start(pid: int) -> Optional[int]:
@@ -40,7 +46,8 @@ def process_start(pid: int) -> Optional[int]:
 
 
 def this_process() -> Holder:
-    return Holder(socket.gethostname(), os.getpid(), process_start(os.getpid()), time.time())
+    return Holder(socket.gethostname(), os.getpid(), process_start(os.getpid()), time.time(),
+                  os.environ.get("SLURM_JOB_ID") or None)
 
 
 def is_alive(holder: Holder) -> Optional[bool]:
@@ -67,8 +74,9 @@ def read_holder(path: Path) -> Optional[Holder]:
     except FileNotFoundError:
         return None
     try:
-        return Holder(**json.loads(text))
-    except (ValueError, TypeError):
+        fields = json.loads(text)
+        return Holder(**{k: v for k, v in fields.items() if k in _HOLDER_FIELDS})
+    except (ValueError, TypeError, AttributeError):
         return Holder(socket.gethostname(), -1, None, 0.0)
 
 

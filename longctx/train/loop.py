@@ -12,16 +12,20 @@ from typing import Optional
 import torch
 import torch.distributed as dist
 
+from longctx import atomic
 from longctx.config import RunStage, TrainConfig, resolve_stages, stage_model_config, to_yaml, validate_config
 from longctx.data import build_loader, check_vocab, load_tokenizer
 from longctx.data.hf_tokenizer import TokenizerFiles
 from longctx.data.loader import ModelInputs
+from longctx.errors import UserError
+from longctx.manifest import gather_objects
 from longctx.model.consolidate import checkpoint_record
 from longctx.model.hf import save_hf_weights
 from longctx.parallel.mesh import build_mesh, init_distributed, read_env, shutdown_distributed
 from longctx.parallel.parallelize import attention_for, parallelize, set_stage
 from longctx.parallel.zero import full_state_dict
 from longctx.progress import Progress
+from longctx.train import run_lock
 from longctx.train.build import (build_plain_model, deepspeed_config_for, optimizer_for, resolved_header,
                                  setup_logging, train_dtype)
 from longctx.train.checkpoint import (CheckpointError, choose_resume, load_checkpoint, read_trainer_state,
@@ -58,12 +62,7 @@ class Trainer:
         self.resume_candidates = resume_candidates(self.out, cfg.checkpoint.resume)
         init_distributed(preload=("deepspeed",))  # the engine's library, imported before any group
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
-        if self.rank == 0:
-            self.out.mkdir(parents=True, exist_ok=True)
-            (self.out / "resolved_config.yaml").write_text(resolved_header(cfg) + to_yaml(cfg))
-            (self.out / PREEMPTED_MARKER).unlink(missing_ok=True)
-            (self.out / NONFINITE_MARKER).unlink(missing_ok=True)
-        dist.barrier()
+        self.lock = self._take_run_lock()  # before anything in out_dir is written
         setup_logging(self.out, self.rank)
         self.dtype = train_dtype(cfg)
         self.device = (torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available()
@@ -75,10 +74,33 @@ class Trainer:
         self.engine = None
         self.progress: Optional[Progress] = None
 
+    def _take_run_lock(self):
+        """Collective: rank 0 takes out_dir's lock; a refusal is raised on every rank."""
+        holder, refusal = None, None
+        if self.rank == 0:
+            try:
+                holder = run_lock.acquire(self.out, notify=lambda line: print(f"note: {line}", file=sys.stderr))
+            except UserError as e:
+                refusal = str(e)
+        refusal = gather_objects(refusal)[0]
+        if refusal is not None:
+            shutdown_distributed(False)
+            raise UserError(refusal)
+        return holder
+
+    def _write_run_files(self) -> None:
+        """Rank 0, once the run is known to go ahead: the resolved config, stale markers removed."""
+        if self.rank == 0:
+            atomic.write_text(self.out / "resolved_config.yaml", resolved_header(self.cfg) + to_yaml(self.cfg))
+            (self.out / PREEMPTED_MARKER).unlink(missing_ok=True)
+            (self.out / NONFINITE_MARKER).unlink(missing_ok=True)
+        dist.barrier()
+
     # ------------------------------------------------------------------------ the job
     def run(self) -> int:
         cfg = self.cfg
         self.resume_from = self.last_checkpoint = choose_resume(self.resume_candidates, cfg.checkpoint.resume)
+        self._write_run_files()
         continuation = self._continuation()
         if continuation is not None and continuation.stage == len(self.stages):
             return 0  # nothing left to train (the notice is printed)
@@ -111,7 +133,8 @@ class Trainer:
         """Metrics writer, peak FLOPs for the MFU, the preemption flag, the progress display
         (a bar on a terminal, a plain line every 30 s or 10% of the steps elsewhere)."""
         cfg = self.cfg
-        self.writer = MetricsWriter(self.out, self.rank == 0, cfg.log.tensorboard)
+        self.writer = MetricsWriter(self.out, self.rank == 0, cfg.log.tensorboard, start_step=start_step,
+                                    notify=self._announce)
         self.peak, self.peak_src = peak_flops_per_device(cfg.log.peak_tflops, self.dtype)
         self.flag = PreemptionFlag().install()
         self.progress = Progress(sum(s.steps for s in self.stages), "train", "step", initial=start_step,
@@ -222,9 +245,12 @@ class Trainer:
                 print(line, file=sys.stderr)
 
     def close(self) -> None:
-        """Release the DeepSpeed engine's hooks and buffers (its documented cleanup): without it
-        a ZeRO >= 1 engine, its model and its process groups outlive the job in this process.
-        Never raises: teardown must not replace the job's result."""
+        """Release out_dir's lock, then the DeepSpeed engine's hooks and buffers (its documented
+        cleanup): without it a ZeRO >= 1 engine, its model and its process groups outlive the
+        job in this process. Never raises: teardown must not replace the job's result."""
+        if self.lock is not None:
+            run_lock.release_lock(self.out, self.lock)
+            self.lock = None
         if self.engine is None:
             return
         try:

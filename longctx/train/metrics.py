@@ -21,6 +21,7 @@ from typing import Optional
 
 import torch
 
+from longctx import atomic
 from longctx.model.config import ModelConfig
 
 GPU_PEAK_TFLOPS = {"H200": 989.0, "H100": 989.0, "A100": 312.0, "L40S": 362.0, "A10": 125.0, "V100": 125.0}
@@ -191,17 +192,61 @@ def strict_json_record(record: dict) -> dict:
     return out
 
 
-class MetricsWriter:
-    """metrics.jsonl + TensorBoard on rank 0; no-op elsewhere."""
+ABANDONED_METRICS = "metrics.abandoned.jsonl"
 
-    def __init__(self, out_dir: Path, enabled: bool, tensorboard: bool):
+
+def _step_of(line: str) -> Optional[int]:
+    try:
+        step = json.loads(line).get("step")
+    except (ValueError, AttributeError):
+        return None  # a torn last line of a killed run: not a step that counts
+    return step if isinstance(step, int) else None
+
+
+def trim_metrics(out_dir: Path, start_step: int) -> int:
+    """Keep the records of metrics.jsonl up to `start_step` (atomic rewrite); the others are
+    appended to metrics.abandoned.jsonl. Returns how many records moved."""
+    path = out_dir / "metrics.jsonl"
+    if not path.is_file():
+        return 0
+    lines = path.read_text().splitlines()
+    kept, dropped = [], []
+    for line in lines:
+        step = _step_of(line)
+        (kept if step is not None and step <= start_step else dropped).append(line)
+    dropped = [line for line in dropped if line.strip()]
+    if not dropped and len(kept) == len(lines):
+        return 0
+    if dropped:
+        with open(out_dir / ABANDONED_METRICS, "a") as f:
+            f.write("".join(line + "\n" for line in dropped))
+    atomic.write_text(path, "".join(line + "\n" for line in kept))
+    return len(dropped)
+
+
+class MetricsWriter:
+    """metrics.jsonl + TensorBoard on rank 0; no-op elsewhere.
+
+    A run that starts at `start_step` (a resume, perhaps from an older checkpoint than the last
+    step logged) first drops the records after that step from metrics.jsonl, so the file ends
+    with the steps that count; the dropped ones move to metrics.abandoned.jsonl, and TensorBoard
+    is told to purge them (its `purge_step`)."""
+
+    def __init__(self, out_dir: Path, enabled: bool, tensorboard: bool, *, start_step: int = 0,
+                 notify=None):
         self.enabled = enabled
-        self._file = open(out_dir / "metrics.jsonl", "a") if enabled else None
-        self._tb = None
-        if enabled and tensorboard:
+        self._file = self._tb = None
+        if not enabled:
+            return
+        dropped = trim_metrics(out_dir, start_step)
+        if dropped and notify is not None:
+            notify(f"metrics: {dropped} records after step {start_step} (a run abandoned at resume) moved from "
+                   f"metrics.jsonl to {ABANDONED_METRICS}")
+        self._file = open(out_dir / "metrics.jsonl", "a")
+        if tensorboard:
             from torch.utils.tensorboard import SummaryWriter  # lazy: optional (log.tensorboard), heavy
 
-            self._tb = SummaryWriter(str(out_dir / "tb"))
+            self._tb = SummaryWriter(str(out_dir / "tb"), purge_step=start_step + 1 if dropped else None)
 
     def write(self, record: dict) -> None:
         if not self.enabled:
