@@ -8,10 +8,12 @@
         answer.bin           (n_rows, seq_len) uint8   (synthetic sources only)
         n_real.bin           (n_rows,) int32           real (non-padding) tokens per row
 
-The key is a hash of everything that changes the rows: the source config, the files' sizes
-and modification times, the tokenizer's fingerprint, seq_len, BOS/EOS, packing policy and
+The key is a hash of everything that changes the rows: the source config, the files' paths,
+sizes and SHA-256 (fingerprint.py: an edit that keeps size and modification time is a new key),
+the tokenizer's fingerprint, seq_len, BOS/EOS, packing policy and
 cross-document labels. The rows are built once (one epoch of the source, documents in a fixed
-seeded order, whoever takes the lock builds while the other ranks wait), showing its progress
+seeded order; whoever takes the lock builds while the other processes wait, and a lock whose
+holder died is taken over at once: longctx/locks.py), showing its progress
 (longctx/progress.py); each epoch then visits the rows in a fresh seeded order, sharded across
 data-parallel ranks.
 Segment ids are derived from the position ids, so `document_masking` needs no rebuild.
@@ -19,46 +21,36 @@ Segment ids are derived from the position ids, so `document_masking` needs no re
 from __future__ import annotations
 
 import dataclasses
-import glob
 import hashlib
 import json
 import os
 import shutil
-import socket
+import sys
 import time
+from pathlib import Path
 from typing import Optional
 
 import numpy as np
 
-from longctx.data.config import DataConfig, SourceConfig, has_glob, resolve_kind, source_label
+from longctx import atomic
+from longctx.data.config import DataConfig, SourceConfig, resolve_kind, source_label
+from longctx.data.fingerprint import fingerprint_source
 from longctx.data.packers import make_packer
 from longctx.data.packing import Row, segment_ids_from_position_ids
 from longctx.data.documents import DocumentStream
 from longctx.data.sources import open_table
 from longctx.data.tokenizer import tokenizer_fingerprint
 from longctx.errors import UserError
+from longctx.locks import liveness_lock
 from longctx.progress import Progress
 
 CACHE_VERSION = 1
 BUILD_SEED = 0  # document order inside the cache; the training seed only orders rows
 
 
-def _files_fingerprint(src: SourceConfig) -> list:
-    if not src.path:
-        return []
-    path = os.path.expanduser(src.path)
-    if has_glob(path):
-        files = sorted(glob.glob(path, recursive=True))
-    elif os.path.isdir(path):
-        files = sorted(os.path.join(r, f) for r, _, names in os.walk(path) for f in names)
-    else:
-        files = [path]
-    out = []
-    for f in files:
-        if os.path.isfile(f):
-            st = os.stat(f)
-            out.append([os.path.abspath(f), st.st_size, int(st.st_mtime_ns)])
-    return out
+def _files_fingerprint(src: SourceConfig, i: int) -> list:
+    """[path, size, sha256] of every file the source reads (fingerprint.py)."""
+    return [[f["path"], f["size"], f["sha256"]] for f in fingerprint_source(src, i).get("files", ())]
 
 
 def cache_description(src: SourceConfig, i: int, cfg: DataConfig, tokenizer) -> dict:
@@ -66,7 +58,7 @@ def cache_description(src: SourceConfig, i: int, cfg: DataConfig, tokenizer) -> 
         "version": CACHE_VERSION,
         "source": dataclasses.asdict(src) | {"weight": None, "streaming": None, "name": None},
         "kind": resolve_kind(src, i),
-        "files": _files_fingerprint(src),
+        "files": _files_fingerprint(src, i),
         "tokenizer": tokenizer_fingerprint(tokenizer),
         "seq_len": cfg.seq_len,
         "add_bos": cfg.add_bos,
@@ -189,46 +181,39 @@ def _build(directory: str, src: SourceConfig, i: int, cfg: DataConfig, tokenizer
         json.dump(meta, f, indent=1, default=str)
 
 
+def _note(line: str) -> None:
+    print(f"note: {line}", file=sys.stderr, flush=True)
+
+
 def open_cache(src: SourceConfig, i: int, cfg: DataConfig, tokenizer, pad_id: int) -> PackedCache:
-    """Load the cache of source i, building it first if no process has."""
+    """Load the cache of source i, building it first if no process has (one builder at a time:
+    a live builder is waited for, a dead one's lock and temporary directory are taken over)."""
     desc = cache_description(src, i, cfg, tokenizer)
-    key = cache_key(desc)
-    root = os.path.expanduser(cfg.cache_dir)
+    final = cache_path(src, i, cfg, tokenizer)
+    root = os.path.dirname(final)
     try:
         os.makedirs(root, exist_ok=True)
     except OSError as e:
         raise UserError(f"data.cache_dir: cannot create {cfg.cache_dir} ({e.strerror})") from None
-    final = os.path.join(root, f"{_safe(src.name or f'source{i}')}-{key}")
-    lock = final + ".lock"
-    deadline = time.monotonic() + cfg.cache_wait_s
-    while not os.path.exists(os.path.join(final, "meta.json")):
-        try:
-            fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
-        except FileExistsError:
-            if time.monotonic() > deadline:
-                raise UserError(
-                    f"data.cache_dir: waited {cfg.cache_wait_s:.0f}s for {final} to be built by the "
-                    f"holder of {lock}; if no process is building it, delete the lock file"
-                ) from None
-            time.sleep(0.5)
-            continue
-        with os.fdopen(fd, "w") as f:
-            f.write(f"{socket.gethostname()} {os.getpid()}\n")
-        tmp = f"{final}.tmp-{socket.gethostname()}-{os.getpid()}"
-        try:
-            shutil.rmtree(tmp, ignore_errors=True)
-            os.makedirs(tmp)
-            _build(tmp, src, i, cfg, tokenizer, desc, pad_id)
-            if not os.path.exists(os.path.join(final, "meta.json")):
-                shutil.rmtree(final, ignore_errors=True)
-                os.rename(tmp, final)
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
-            try:
-                os.remove(lock)
-            except FileNotFoundError:
-                pass
+    done = os.path.join(final, "meta.json")
+    if not os.path.exists(done):
+        with liveness_lock(Path(final + ".lock"), what=f"the cache build of {final}", notify=_note):
+            if not os.path.exists(done):
+                atomic.remove_stale(Path(root), _note, name=os.path.basename(final))
+                tmp = atomic.make_temp_dir(final)
+                try:
+                    _build(str(tmp), src, i, cfg, tokenizer, desc, pad_id)
+                    shutil.rmtree(final, ignore_errors=True)  # an incomplete one (no meta.json)
+                    os.rename(tmp, final)
+                finally:
+                    shutil.rmtree(tmp, ignore_errors=True)
     return PackedCache(final)
+
+
+def cache_path(src: SourceConfig, i: int, cfg: DataConfig, tokenizer) -> str:
+    """The directory holding source i's cache (built or not)."""
+    key = cache_key(cache_description(src, i, cfg, tokenizer))
+    return os.path.join(os.path.expanduser(cfg.cache_dir), f"{_safe(src.name or f'source{i}')}-{key}")
 
 
 class CachedRows:

@@ -322,6 +322,9 @@ class DataConfig:
     emit_answer_mask: bool = False  # add `answer_mask` (labels[t] is an answer token) to batches
     prefetch: int = 2  # batches prepared ahead in a background thread (0: none)
     progress: bool = True  # progress while a cache is built (longctx/progress.py: a bar, or lines in a log)
+    # resume even though a source's files changed since the checkpoint (a warning; that source
+    # restarts its order from the beginning, the others continue where they were)
+    allow_changed_sources: bool = False
 
     def validate(self, model_vocab_size: Optional[int] = None) -> None:
         """With `model_vocab_size` the tokenizer is loaded (fast) and its vocab checked too."""
@@ -338,6 +341,8 @@ class DataConfig:
         wait = self.cache_wait_s
         if not (isinstance(wait, (int, float)) and math.isfinite(wait) and wait > 0):
             raise UserError(f"data.cache_wait_s: must be a finite number of seconds > 0, got {wait!r}")
+        if not isinstance(self.allow_changed_sources, bool):
+            raise UserError(f"data.allow_changed_sources: must be true or false, got {self.allow_changed_sources!r}")
         if self.packing not in PACKING_MODES:
             raise UserError(f"data.packing: {self.packing!r} is not one of {', '.join(PACKING_MODES)}")
         if self.final_partial not in FINAL_PARTIAL:

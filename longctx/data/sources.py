@@ -12,8 +12,10 @@ import contextlib
 import os
 from typing import Callable, List, Optional, Sequence, Tuple
 
-from longctx.data.config import DataConfig, SourceConfig, has_glob, resolve_kind, source_label
+from longctx.data.config import EXT_TO_KIND, DataConfig, SourceConfig, has_glob, resolve_kind, source_label
+from longctx.data.fingerprint import content_key, source_files
 from longctx.data.peek import list_files
+from longctx.data.rowscan import first_bad_row, first_non_text
 from longctx.data.synthetic import SyntheticCorpus
 from longctx.errors import UserError
 
@@ -44,10 +46,12 @@ class StreamTable:
 
     streaming = True
 
-    def __init__(self, make_dataset: Callable[[], object], text_field: str, label: str):
+    def __init__(self, make_dataset: Callable[[], object], text_field: str, label: str,
+                 explain: Optional[Callable[[Exception], UserError]] = None):
         self._make = make_dataset
         self.text_field = text_field
         self.label = label
+        self._explain = explain  # a read error -> one line naming the file and row
         self._ds = None
         self.length = None
 
@@ -63,15 +67,22 @@ class StreamTable:
                 next(it, None)
         field = self.text_field
         checked = False
-        for row in it:
-            if not checked:
-                if field not in row:
-                    raise UserError(
-                        f"{self.label}.text_field: {field!r} is not a column of {self.label}; "
-                        f"available: {', '.join(map(str, row.keys()))}"
-                    )
-                checked = True
-            yield _text_of(row[field], self.label, field), None
+        while True:
+            try:
+                row = next(it, None)
+                if row is None:
+                    return
+                if not checked:
+                    if field not in row:
+                        raise UserError(
+                            f"{self.label}.text_field: {field!r} is not a column of {self.label}; "
+                            f"available: {', '.join(map(str, row.keys()))}"
+                        )
+                    checked = True
+                text = _text_of(row[field], self.label, field)
+            except Exception as e:  # noqa: BLE001 - 🤗 / Arrow / codec errors name neither file nor row
+                raise (self._explain(e) if self._explain is not None else e) from None
+            yield text, None
 
     def position(self) -> Optional[dict]:
         if self._ds is not None and hasattr(self._ds, "state_dict"):
@@ -97,9 +108,61 @@ def _data_files(src: SourceConfig, i: int, kind: str) -> List[str]:
     return files
 
 
+def _root_cause(exc: BaseException) -> BaseException:
+    """The innermost exception of a chain (🤗's DatasetGenerationError wraps the real one)."""
+    seen = set()
+    while id(exc) not in seen:
+        seen.add(id(exc))
+        inner = exc.__cause__ or exc.__context__
+        if inner is None:
+            break
+        exc = inner
+    return exc
+
+
 def _load_error(i: int, what: str, exc: Exception) -> UserError:
+    if isinstance(exc, UserError):
+        return exc
+    exc = _root_cause(exc)
     msg = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
     return UserError(f"{source_label(i)}: cannot load {what} ({type(exc).__name__}: {msg})")
+
+
+def _scan_kind(path: str, kind: str) -> Optional[str]:
+    if kind != "dir":
+        return kind
+    lower = path.lower()
+    return next((k for ext, k in EXT_TO_KIND.items() if lower.endswith(ext)), None)
+
+
+def bad_row(src: SourceConfig, i: int) -> Optional[str]:
+    """"FILE row N: what is wrong" for the first record of source i's files that is not text."""
+    kind = resolve_kind(src, i)
+    for path, _ in source_files(src, i):
+        found = first_bad_row([path], _scan_kind(path, kind) or "", src.text_field)
+        if found:
+            return found
+    return None
+
+
+def explain_failure(src: SourceConfig, i: int, exc: Exception) -> UserError:
+    """One line for a source that failed to load or read: the file and row when a scan finds it,
+    else the innermost cause."""
+    if isinstance(exc, UserError):
+        return exc
+    found = bad_row(src, i) if src.path else None
+    if found:
+        return UserError(f"{source_label(i)}: {found}")
+    return _load_error(i, src.hub_name if resolve_kind(src, i) == "hub" else src.path, exc)
+
+
+def _content_cache_dir(src: SourceConfig, i: int, hf_cache_dir: Optional[str]) -> str:
+    """🤗's cache for a local source, one directory per content: 🤗 keys its own cache by the
+    files' paths and modification times, so an edit that keeps those would read stale rows."""
+    import datasets  # heavy, see _no_download_count
+
+    root = os.path.expanduser(hf_cache_dir) if hf_cache_dir else datasets.config.HF_DATASETS_CACHE
+    return os.path.join(str(root), "longctx-content", content_key(src, i))
 
 
 @contextlib.contextmanager
@@ -139,19 +202,44 @@ def _hf_dataset(src: SourceConfig, i: int, kind: str, streaming: bool, hf_cache_
                 raise UserError(f"{source_label(i)}.split: {src.split!r} not in {path}; available: {', '.join(ds)}")
             ds = ds[src.split]
         return ds.to_iterable_dataset(num_shards=min(64, max(1, len(ds)))) if streaming else ds
+    if not streaming:  # streaming reads the files themselves, no cache
+        kw = {"cache_dir": _content_cache_dir(src, i, hf_cache_dir)}
     if kind == "dir":
         try:
             with _no_download_count():
                 return datasets.load_dataset(path, split=src.split, streaming=streaming, **kw)
         except Exception as e:
-            raise _load_error(i, path, e) from None
+            raise explain_failure(src, i, e) from None
     files = _data_files(src, i, kind)
     extra = {"sample_by": src.sample_by} if kind == "text" else {}
     try:
         with _no_download_count():
             return datasets.load_dataset(kind, data_files=files, split="train", streaming=streaming, **extra, **kw)
     except Exception as e:
-        raise _load_error(i, src.path, e) from None
+        raise explain_failure(src, i, e) from None
+
+
+def check_text_column(ds, src: SourceConfig, i: int) -> None:
+    """UserError naming the file and row unless source i's text column holds valid UTF-8 text
+    (Arrow keeps invalid UTF-8 of a JSON file as is, and a column of numbers or mixed values
+    loads too; both would fail only when the row is drawn)."""
+    import pyarrow as pa  # loaded with datasets already
+
+    label, field = source_label(i), src.text_field
+    column = ds.data.column(field)
+    if pa.types.is_string(column.type) or pa.types.is_large_string(column.type):
+        try:
+            column.validate(full=True)  # UTF-8 of every value, at memory speed
+            return
+        except pa.ArrowInvalid as e:
+            problem = f"{field!r} is not valid UTF-8 ({str(e).splitlines()[0]})"
+    else:
+        found = first_non_text(ds.data, field)
+        problem = (f"{field!r} holds {column.type}, not text" if found is None else
+                   f"row {found[0] + 1}: {field!r} holds {found[1]}, not text")
+    found = bad_row(src, i) if src.path else None
+    where = src.path or src.hub_name
+    raise UserError(f"{label}: {found}" if found else f"{label}: {where}: {problem}")
 
 
 def open_table(src: SourceConfig, i: int, cfg: DataConfig, tokenizer):
@@ -179,7 +267,7 @@ def open_table(src: SourceConfig, i: int, cfg: DataConfig, tokenizer):
         def make():
             return made.pop() if made else _hf_dataset(src, i, kind, True, cfg.hf_cache_dir)
 
-        return StreamTable(make, src.text_field, label)
+        return StreamTable(make, src.text_field, label, explain=lambda e: explain_failure(src, i, e))
     ds = _hf_dataset(src, i, kind, False, cfg.hf_cache_dir)
     if len(ds) == 0:
         raise UserError(f"{label}: {where} has no rows (empty dataset)")
@@ -187,6 +275,7 @@ def open_table(src: SourceConfig, i: int, cfg: DataConfig, tokenizer):
         raise UserError(
             f"{label}.text_field: {src.text_field!r} is not a column of {where}; available: {', '.join(ds.column_names)}"
         )
+    check_text_column(ds, src, i)
     col = ds.select_columns([src.text_field])
     field = src.text_field
 

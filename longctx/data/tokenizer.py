@@ -202,15 +202,29 @@ def _from_file(path: str, name: str, specials: dict, source: str) -> HFTokenizer
 HUB_ID = re.compile(r"^[A-Za-z0-9][\w.\-]*/[\w.\-]+$")
 
 
+# the files any of which gives a tokenizer directory its vocabulary (fast, or converted by transformers)
+VOCABULARY_FILES = (("tokenizer.json",), ("tokenizer.model",), ("spiece.model",), ("sentencepiece.bpe.model",),
+                    ("vocab.json", "merges.txt"), ("vocab.txt",))
+
+
+def _has_vocabulary(directory: str) -> bool:
+    return any(all(os.path.isfile(os.path.join(directory, f)) for f in group) for group in VOCABULARY_FILES)
+
+
 def check_tokenizer_spec(spec: str) -> None:
     """Cheap check (no loading) that `spec` names something load_tokenizer can try."""
     if spec == "byte":
         return
     path = os.path.expanduser(spec)
     if os.path.exists(path):
-        if os.path.isdir(path) and not os.path.isfile(os.path.join(path, "tokenizer.json")):
-            if not any(os.path.isfile(os.path.join(path, f)) for f in ("tokenizer.model", "tokenizer_config.json")):
-                raise UserError(f"data.tokenizer: {spec} has no tokenizer.json (or tokenizer.model)")
+        if os.path.isdir(path) and not _has_vocabulary(path):
+            found = sorted(f for f in os.listdir(path) if not f.startswith("."))
+            shown = ", ".join(found[:6]) + (f" and {len(found) - 6} more" if len(found) > 6 else "") if found else "nothing"
+            raise UserError(
+                f"data.tokenizer: {spec} has no tokenizer.json or other vocabulary file (found: {shown}); a "
+                "tokenizer directory needs tokenizer.json (a fast tokenizer), or tokenizer.model (sentencepiece) "
+                "or vocab.json + merges.txt for transformers to convert; tokenizer_config.json only names special tokens"
+            )
         return
     if not HUB_ID.match(spec):
         raise UserError(

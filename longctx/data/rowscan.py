@@ -1,0 +1,167 @@
+"""Find the first row of a file source that cannot be training text, and say where and why.
+
+    where = first_bad_row(files, kind, text_field)   # "a.jsonl row 151: not valid JSON (...)" | None
+
+🤗 datasets and Arrow report a bad record without its file, or with a row number counted inside
+one read block; this reads the files again, record by record, in the order the loader reads
+them, and names the file and the 1-based row (and the line, where that differs). It runs only
+after a load failed or a column turned out not to be text, so its speed does not matter.
+"""
+from __future__ import annotations
+
+import csv
+import gzip
+import io
+import json
+from typing import Iterator, List, Optional, Tuple
+
+TEXT_KINDS = ("json", "text", "csv")
+
+
+def _open_bytes(path: str):
+    return gzip.open(path, "rb") if path.endswith(".gz") else open(path, "rb")
+
+
+def _lines(path: str) -> Iterator[Tuple[int, bytes]]:
+    with _open_bytes(path) as f:
+        for lineno, raw in enumerate(f, 1):
+            yield lineno, raw
+
+
+def _decode(raw: bytes) -> Tuple[Optional[str], Optional[str]]:
+    try:
+        return raw.decode("utf-8"), None
+    except UnicodeDecodeError as e:
+        return None, f"not UTF-8 (byte 0x{raw[e.start]:02x} at column {e.start + 1})"
+
+
+def _value_problem(record, text_field: str) -> Optional[str]:
+    if not isinstance(record, dict):
+        return f"a JSON {type(record).__name__}, not an object"
+    value = record.get(text_field)
+    if value is None or isinstance(value, str):
+        return None
+    return f"{text_field!r} holds {type(value).__name__}, not text"
+
+
+def _msg(e: json.JSONDecodeError) -> str:
+    return e.msg[: -len(" at")] if e.msg.endswith(" at") else e.msg  # "Invalid control character at"
+
+
+def _row(n: int, lineno: int) -> str:
+    return f"row {n}" if n == lineno else f"row {n} (line {lineno})"
+
+
+def _scan_json_lines(path: str, text_field: str) -> Optional[str]:
+    n = 0
+    for lineno, raw in _lines(path):
+        if not raw.strip():
+            continue
+        n += 1
+        text, problem = _decode(raw)
+        if problem is None:
+            try:
+                problem = _value_problem(json.loads(text), text_field)
+            except json.JSONDecodeError as e:
+                problem = f"not valid JSON ({_msg(e)} at column {e.colno})"
+        if problem:
+            return f"{path} {_row(n, lineno)}: {problem}"
+    return None
+
+
+def _scan_json_document(path: str, text_field: str) -> Optional[str]:
+    """A .json file holding one array of objects (or one object)."""
+    with _open_bytes(path) as f:
+        data = f.read()
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = data.count(b"\n", 0, e.start) + 1
+        return f"{path} line {line}: not UTF-8 (byte 0x{data[e.start]:02x})"
+    try:
+        doc = json.loads(text)
+    except json.JSONDecodeError as e:
+        return f"{path} line {e.lineno}: not valid JSON ({_msg(e)} at column {e.colno})"
+    records = doc if isinstance(doc, list) else [doc]
+    for n, record in enumerate(records, 1):
+        problem = _value_problem(record, text_field)
+        if problem:
+            return f"{path} row {n}: {problem}"
+    return None
+
+
+def _is_json_lines(path: str) -> bool:
+    """JSON lines unless the first non-blank character opens an array or the file is one object."""
+    if path.endswith((".jsonl", ".jsonl.gz")):
+        return True
+    with _open_bytes(path) as f:
+        head = f.read(1 << 16).lstrip()
+    if head[:1] == b"[":
+        return False
+    first = head.split(b"\n", 1)[0]
+    try:
+        json.loads(first)
+        return True
+    except ValueError:
+        return head[:1] != b"{"
+
+
+def _scan_json(path: str, text_field: str) -> Optional[str]:
+    if _is_json_lines(path):
+        return _scan_json_lines(path, text_field)
+    return _scan_json_document(path, text_field)
+
+
+def _scan_text(path: str, text_field: str) -> Optional[str]:
+    for lineno, raw in _lines(path):
+        _, problem = _decode(raw)
+        if problem:
+            return f"{path} line {lineno}: {problem}"
+    return None
+
+
+def _scan_csv(path: str, text_field: str) -> Optional[str]:
+    with _open_bytes(path) as f:
+        data = f.read()
+    for lineno, raw in enumerate(io.BytesIO(data), 1):
+        _, problem = _decode(raw)
+        if problem:
+            return f"{path} line {lineno}: {problem}"
+    reader = csv.reader(io.StringIO(data.decode("utf-8"), newline=""))
+    header = next(reader, [])
+    if text_field not in header:
+        return None
+    col = header.index(text_field)
+    for n, row in enumerate(reader, 1):
+        if len(row) <= col:
+            return f"{path} row {n} (line {reader.line_num}): has {len(row)} fields, the header has {len(header)}"
+    return None
+
+
+SCANNERS = {"json": _scan_json, "text": _scan_text, "csv": _scan_csv}
+
+
+def first_bad_row(files: List[str], kind: str, text_field: str) -> Optional[str]:
+    """"FILE row N: what is wrong" for the first bad record of `files`; None when every record
+    reads as text (or the kind is not one read record by record)."""
+    scan = SCANNERS.get(kind)
+    if scan is None:
+        return None
+    for path in files:
+        found = scan(path, text_field)
+        if found:
+            return found
+    return None
+
+
+def first_non_text(table, text_field: str) -> Optional[Tuple[int, str]]:
+    """(row index, type name) of the first value of an Arrow table's column that is neither text
+    nor null, for typed columns (parquet, arrow) where no file scan applies."""
+    column = table.column(text_field)
+    offset = 0
+    for chunk in column.chunks:
+        for k, value in enumerate(chunk.to_pylist()):
+            if value is not None and not isinstance(value, str):
+                return offset + k, type(value).__name__
+        offset += len(chunk)
+    return None
