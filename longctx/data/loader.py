@@ -6,6 +6,7 @@ across data-parallel ranks, resumable exactly.
         ...                       # input_ids, labels (pre-shifted), position_ids, segment_ids
         ckpt["data"] = loader.state_dict()      # this rank's state, JSON / torch.save-able
     loader.load_state_dict(ckpt["data"])        # next batches == the uninterrupted run's
+    loader.load_state_dict(ckpt["data"], restart_sources={1})   # source 1 changed: it starts over
 
 Mixing is per row: row k of rank r comes from source i with probability ∝ weight_i, drawn by
 a stateless hash of (seed, r, k), so the mixture needs no RNG state beyond k. Each source
@@ -20,7 +21,7 @@ import dataclasses
 import queue
 import threading
 from dataclasses import dataclass
-from typing import Iterator, List, Optional
+from typing import Iterable, Iterator, List, Optional
 
 from omegaconf import DictConfig, OmegaConf
 
@@ -105,6 +106,13 @@ class ModelInputs:
         return trim_unscored_tail(inputs, self.trim_multiple)
 
 
+def check_special_tokens(cfg: DataConfig, tokenizer) -> None:
+    """UserError when add_bos / add_eos ask for a token the tokenizer does not have."""
+    for flag, tid in (("add_bos", tokenizer.bos_id), ("add_eos", tokenizer.eos_id)):
+        if getattr(cfg, flag) and tid is None:
+            raise UserError(f"data.{flag}: tokenizer {tokenizer.name} has no {flag[4:].upper()} token; set data.{flag}=false")
+
+
 class DataLoader:
     def __init__(self, cfg: DataConfig, tokenizer, *, dp_rank: int = 0, dp_size: int = 1, seed: int = 0,
                  collate: Optional[ModelInputs] = None):
@@ -112,9 +120,7 @@ class DataLoader:
         validate_data_config(cfg)
         if not (0 <= dp_rank < dp_size):
             raise ValueError(f"dp_rank {dp_rank} is not in [0, {dp_size})")
-        for flag, tid in (("add_bos", tokenizer.bos_id), ("add_eos", tokenizer.eos_id)):
-            if getattr(cfg, flag) and tid is None:
-                raise UserError(f"data.{flag}: tokenizer {tokenizer.name} has no {flag[4:].upper()} token; set data.{flag}=false")
+        check_special_tokens(cfg, tokenizer)
         self.cfg, self.tokenizer = cfg, tokenizer
         self.collate = collate  # applied to every batch (None: batches as packed)
         self.rank, self.world = int(dp_rank), int(dp_size)
@@ -127,6 +133,7 @@ class DataLoader:
         self.source_tokens = [0] * len(self.sources)  # real (non-padding) tokens
         self.finished = False
         self._consumed = self._snapshot()
+        self._initial = copy.deepcopy(self._consumed["sources"])  # each source at the start of its order
         self._ahead = False  # sources advanced past what the consumer has seen
 
     def _open_source(self, src: SourceConfig, i: int):
@@ -161,7 +168,11 @@ class DataLoader:
         """Everything needed to continue exactly after the last batch handed out (this rank)."""
         return copy.deepcopy(self._consumed)
 
-    def load_state_dict(self, state: dict) -> None:
+    def load_state_dict(self, state: dict, restart_sources: Iterable[int] = ()) -> None:
+        """Continue after the batch `state` was taken at. The sources in `restart_sources` (their
+        data changed since) start again at the beginning of their seeded order, as in a fresh
+        run; the others and the mixture continue exactly."""
+        restart = set(restart_sources)
         if state.get("version") != STATE_VERSION:
             raise UserError(f"data loader state: version {state.get('version')} is not {STATE_VERSION}")
         for key, mine in (("dp_size", self.world), ("dp_rank", self.rank), ("seq_len", self.cfg.seq_len),
@@ -173,12 +184,20 @@ class DataLoader:
                 )
         if len(state["sources"]) != len(self.sources):
             raise UserError(f"data loader state: saved with {len(state['sources'])} sources, this run has {len(self.sources)}")
-        for s, st in zip(self.sources, state["sources"]):
+        bad = sorted(i for i in restart if not (isinstance(i, int) and 0 <= i < len(self.sources)))
+        if bad:
+            raise ValueError(f"restart_sources: {bad} are not source indices (0..{len(self.sources) - 1})")
+        consumed = copy.deepcopy(state)
+        for i in restart:
+            consumed["sources"][i] = copy.deepcopy(self._initial[i])
+        if restart:
+            consumed["finished"] = False
+        for s, st in zip(self.sources, consumed["sources"]):
             s.load_state_dict(copy.deepcopy(st))
-        self.rows, self.finished = int(state["rows"]), bool(state["finished"])
-        self.source_rows = list(state["source_rows"])
-        self.source_tokens = list(state["source_tokens"])
-        self._consumed = copy.deepcopy(state)
+        self.rows, self.finished = int(consumed["rows"]), bool(consumed["finished"])
+        self.source_rows = list(consumed["source_rows"])
+        self.source_tokens = list(consumed["source_tokens"])
+        self._consumed = consumed
         self._ahead = False
 
     # ------------------------------------------------------------------ rows and batches

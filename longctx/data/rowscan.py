@@ -1,6 +1,6 @@
 """Find the first row of a file source that cannot be training text, and say where and why.
 
-    where = first_bad_row(files, kind, text_field)   # "a.jsonl row 151: not valid JSON (...)" | None
+    bad = first_bad_row(files, kind, text_field)   # str(bad): "a.jsonl row 151: not valid JSON (...)" | None
 
 🤗 datasets and Arrow report a bad record without its file, or with a row number counted inside
 one read block; this reads the files again, record by record, in the order the loader reads
@@ -13,9 +13,17 @@ import csv
 import gzip
 import io
 import json
-from typing import Iterator, List, Optional, Tuple
+from typing import Iterator, List, NamedTuple, Optional, Tuple
 
-TEXT_KINDS = ("json", "text", "csv")
+
+
+class BadRow(NamedTuple):
+    where: str  # "FILE row N" (or "FILE line N")
+    problem: str  # what is wrong with it
+    about_field: bool  # the record parses but the text field holds no text
+
+    def __str__(self) -> str:
+        return f"{self.where}: {self.problem}"
 
 
 def _open_bytes(path: str):
@@ -61,11 +69,15 @@ def _scan_json_lines(path: str, text_field: str) -> Optional[str]:
         text, problem = _decode(raw)
         if problem is None:
             try:
-                problem = _value_problem(json.loads(text), text_field)
+                record = json.loads(text)
             except json.JSONDecodeError as e:
                 problem = f"not valid JSON ({_msg(e)} at column {e.colno})"
+            else:
+                field_problem = _value_problem(record, text_field)
+                if field_problem:
+                    return BadRow(f"{path} {_row(n, lineno)}", field_problem, True)
         if problem:
-            return f"{path} {_row(n, lineno)}: {problem}"
+            return BadRow(f"{path} {_row(n, lineno)}", problem, False)
     return None
 
 
@@ -77,16 +89,16 @@ def _scan_json_document(path: str, text_field: str) -> Optional[str]:
         text = data.decode("utf-8")
     except UnicodeDecodeError as e:
         line = data.count(b"\n", 0, e.start) + 1
-        return f"{path} line {line}: not UTF-8 (byte 0x{data[e.start]:02x})"
+        return BadRow(f"{path} line {line}", f"not UTF-8 (byte 0x{data[e.start]:02x})", False)
     try:
         doc = json.loads(text)
     except json.JSONDecodeError as e:
-        return f"{path} line {e.lineno}: not valid JSON ({_msg(e)} at column {e.colno})"
+        return BadRow(f"{path} line {e.lineno}", f"not valid JSON ({_msg(e)} at column {e.colno})", False)
     records = doc if isinstance(doc, list) else [doc]
     for n, record in enumerate(records, 1):
         problem = _value_problem(record, text_field)
         if problem:
-            return f"{path} row {n}: {problem}"
+            return BadRow(f"{path} row {n}", problem, True)
     return None
 
 
@@ -116,7 +128,7 @@ def _scan_text(path: str, text_field: str) -> Optional[str]:
     for lineno, raw in _lines(path):
         _, problem = _decode(raw)
         if problem:
-            return f"{path} line {lineno}: {problem}"
+            return BadRow(f"{path} line {lineno}", problem, False)
     return None
 
 
@@ -126,7 +138,7 @@ def _scan_csv(path: str, text_field: str) -> Optional[str]:
     for lineno, raw in enumerate(io.BytesIO(data), 1):
         _, problem = _decode(raw)
         if problem:
-            return f"{path} line {lineno}: {problem}"
+            return BadRow(f"{path} line {lineno}", problem, False)
     reader = csv.reader(io.StringIO(data.decode("utf-8"), newline=""))
     header = next(reader, [])
     if text_field not in header:
@@ -134,16 +146,17 @@ def _scan_csv(path: str, text_field: str) -> Optional[str]:
     col = header.index(text_field)
     for n, row in enumerate(reader, 1):
         if len(row) <= col:
-            return f"{path} row {n} (line {reader.line_num}): has {len(row)} fields, the header has {len(header)}"
+            return BadRow(f"{path} row {n} (line {reader.line_num})",
+                          f"has {len(row)} fields, the header has {len(header)}", False)
     return None
 
 
 SCANNERS = {"json": _scan_json, "text": _scan_text, "csv": _scan_csv}
 
 
-def first_bad_row(files: List[str], kind: str, text_field: str) -> Optional[str]:
-    """"FILE row N: what is wrong" for the first bad record of `files`; None when every record
-    reads as text (or the kind is not one read record by record)."""
+def first_bad_row(files: List[str], kind: str, text_field: str) -> Optional[BadRow]:
+    """The first bad record of `files` (str(): "FILE row N: what is wrong"); None when every
+    record reads as text (or the kind is not one read record by record)."""
     scan = SCANNERS.get(kind)
     if scan is None:
         return None

@@ -79,15 +79,21 @@ class StreamTable:
                             f"available: {', '.join(map(str, row.keys()))}"
                         )
                     checked = True
-                text = _text_of(row[field], self.label, field)
+                text = row[field]
+                if text is not None and not isinstance(text, str):
+                    raise NotText(f"{self.label}.text_field: {field!r} holds {type(text).__name__}, not text")
             except Exception as e:  # noqa: BLE001 - 🤗 / Arrow / codec errors name neither file nor row
                 raise (self._explain(e) if self._explain is not None else e) from None
-            yield text, None
+            yield text or "", None
 
     def position(self) -> Optional[dict]:
         if self._ds is not None and hasattr(self._ds, "state_dict"):
             return self._ds.state_dict()
         return None
+
+
+class NotText(Exception):
+    """A row's text field holds no text (explained by file and row where a scan finds it)."""
 
 
 def _text_of(value, label: str, field: str) -> str:
@@ -135,13 +141,13 @@ def _scan_kind(path: str, kind: str) -> Optional[str]:
     return next((k for ext, k in EXT_TO_KIND.items() if lower.endswith(ext)), None)
 
 
-def bad_row(src: SourceConfig, i: int) -> Optional[str]:
-    """"FILE row N: what is wrong" for the first record of source i's files that is not text."""
+def bad_row(src: SourceConfig, i: int) -> Optional[UserError]:
+    """The error naming the file and row of the first record of source i that is not text."""
     kind = resolve_kind(src, i)
     for path, _ in source_files(src, i):
         found = first_bad_row([path], _scan_kind(path, kind) or "", src.text_field)
         if found:
-            return found
+            return UserError(f"{source_label(i)}{'.text_field' if found.about_field else ''}: {found}")
     return None
 
 
@@ -152,7 +158,9 @@ def explain_failure(src: SourceConfig, i: int, exc: Exception) -> UserError:
         return exc
     found = bad_row(src, i) if src.path else None
     if found:
-        return UserError(f"{source_label(i)}: {found}")
+        return found
+    if isinstance(exc, NotText):
+        return UserError(str(exc))
     return _load_error(i, src.hub_name if resolve_kind(src, i) == "hub" else src.path, exc)
 
 
@@ -238,8 +246,7 @@ def check_text_column(ds, src: SourceConfig, i: int) -> None:
         problem = (f"{field!r} holds {column.type}, not text" if found is None else
                    f"row {found[0] + 1}: {field!r} holds {found[1]}, not text")
     found = bad_row(src, i) if src.path else None
-    where = src.path or src.hub_name
-    raise UserError(f"{label}: {found}" if found else f"{label}: {where}: {problem}")
+    raise found or UserError(f"{label}: {src.path or src.hub_name}: {problem}")
 
 
 def open_table(src: SourceConfig, i: int, cfg: DataConfig, tokenizer):

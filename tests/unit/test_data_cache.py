@@ -1,4 +1,5 @@
 """Pre-tokenized, pre-packed cache: built once, reused, keyed by config + tokenizer."""
+import dataclasses
 import json
 import os
 import threading
@@ -10,6 +11,7 @@ import pytest
 
 from helpers.data import collect, make_texts, rebuild_documents, train_bpe, write_jsonl
 from longctx.data import ByteTokenizer, DataConfig, SourceConfig, SyntheticConfig, build_loader, load_tokenizer
+from longctx import locks
 from longctx.data import cache as cache_mod
 from longctx.errors import UserError
 
@@ -132,14 +134,15 @@ def test_synthetic_cache_keeps_answer_mask(tmp_path):
     assert answers(live) == answers(cached) and sum(answers(live).values()) > 0
 
 
-def test_waits_for_another_builder(setup, monkeypatch):
-    """A second process finding the lock waits for the first one's result."""
+def test_waits_for_another_builder(setup, monkeypatch, capsys):
+    """A process finding the lock of a live builder waits for its result, saying whom it waits for."""
     path, cache_dir = setup
     cfg = cfg_for(path, cache_dir)
     desc = cache_mod.cache_description(cfg.sources[0], 0, cfg, TOK)
     final = os.path.join(cache_dir, f"docs-{cache_mod.cache_key(desc)}")
     os.makedirs(cache_dir)
-    open(final + ".lock", "w").close()  # someone else is building
+    with open(final + ".lock", "w") as f:  # a live process (this one) is building
+        json.dump(dataclasses.asdict(locks.this_process()), f)
     real_build = cache_mod._build
 
     def other_builder():
@@ -156,6 +159,7 @@ def test_waits_for_another_builder(setup, monkeypatch):
     loader = build_loader(cfg, TOK, dp_rank=0, dp_size=1, seed=0)
     t.join()
     assert calls == [] and next(iter(loader))["input_ids"].shape == (3, 48)
+    assert f"waiting for the cache build of {final} by pid {os.getpid()}" in capsys.readouterr().err
 
 
 def test_resume_refuses_a_rebuilt_cache(setup):

@@ -65,7 +65,7 @@ def test_missing_text_field(tmp_path, streaming):
 def test_non_text_field(tmp_path):
     path = write_jsonl(tmp_path / "a.jsonl", ["x", "y"])
     cfg = DataConfig(sources=[SourceConfig(path=path, text_field="id")], prefetch=0)
-    with pytest.raises(UserError, match=r"data.sources\[0\].text_field: 'id' holds int, not text"):
+    with pytest.raises(UserError, match=r"data.sources\[0\].text_field: .*a.jsonl row 1: 'id' holds int, not text"):
         load(cfg)
 
 

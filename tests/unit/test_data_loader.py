@@ -211,5 +211,5 @@ def test_errors_in_the_prefetch_thread_reach_the_consumer(tmp_path):
     cfg = DataConfig(sources=[SourceConfig(path=path, text_field="id")], streaming=True, prefetch=2)
     # streaming only sees values when reading: the error is raised in the producer thread
     loader = build_loader(cfg, TOK, dp_rank=0, dp_size=1, seed=0)
-    with pytest.raises(UserError, match=r"data.sources\[0\].text_field: 'id' holds int, not text"):
+    with pytest.raises(UserError, match=r"data.sources\[0\].text_field: .*a.jsonl row 1: 'id' holds int, not text"):
         next(iter(loader))
