@@ -9,7 +9,6 @@ from __future__ import annotations
 import csv
 import glob
 import gzip
-import io
 import json
 import os
 from typing import List, Optional
@@ -53,21 +52,24 @@ def peek_files(files: List[str], kind: str, text_field: str, label: str, where: 
     PEEKERS[kind](nonempty[0], text_field, label)
 
 
-def _open_text(path: str):
-    if path.endswith(".gz"):
-        return io.TextIOWrapper(gzip.open(path, "rb"), encoding="utf-8")
-    return open(path, encoding="utf-8")
+def _open_bytes(path: str):
+    return gzip.open(path, "rb") if path.endswith(".gz") else open(path, "rb")
 
 
 def _first_line(path: str, label: str) -> Optional[str]:
-    """The first non-blank line (None: only blank lines); a read error names the file."""
+    """The first non-blank line (None: only blank lines); a read error names the file (and the
+    line, for bytes that are not UTF-8)."""
     try:
-        with _open_text(path) as f:
-            for line in f:
-                if line.strip():
-                    return line
+        with _open_bytes(path) as f:
+            for lineno, raw in enumerate(f, 1):
+                if raw.strip():
+                    try:
+                        return raw.decode("utf-8")
+                    except UnicodeDecodeError as e:
+                        raise UserError(f"{label}: {path} line {lineno}: not UTF-8 (byte 0x{raw[e.start]:02x} "
+                                        f"at column {e.start + 1})") from None
                 # blank lines before the first record are skipped
-    except (OSError, UnicodeDecodeError, EOFError) as e:
+    except (OSError, EOFError) as e:
         raise UserError(f"{label}.path: cannot read {path} ({type(e).__name__}: {e})") from None
     return None
 

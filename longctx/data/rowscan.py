@@ -13,6 +13,7 @@ import csv
 import gzip
 import io
 import json
+import zlib
 from typing import Iterator, List, NamedTuple, Optional, Tuple
 
 
@@ -69,7 +70,7 @@ def _scan_json_lines(path: str, text_field: str) -> Optional[str]:
         text, problem = _decode(raw)
         if problem is None:
             try:
-                record = json.loads(text)
+                record = json.loads(text.strip())
             except json.JSONDecodeError as e:
                 problem = f"not valid JSON ({_msg(e)} at column {e.colno})"
             else:
@@ -161,7 +162,10 @@ def first_bad_row(files: List[str], kind: str, text_field: str) -> Optional[BadR
     if scan is None:
         return None
     for path in files:
-        found = scan(path, text_field)
+        try:
+            found = scan(path, text_field)
+        except (OSError, EOFError, zlib.error) as e:  # a truncated .gz, an unreadable file
+            return BadRow(path, f"cannot be read ({type(e).__name__}: {e})", False)
         if found:
             return found
     return None

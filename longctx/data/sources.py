@@ -235,18 +235,18 @@ def check_text_column(ds, src: SourceConfig, i: int) -> None:
 
     label, field = source_label(i), src.text_field
     column = ds.data.column(field)
+    where = src.path or src.hub_name
     if pa.types.is_string(column.type) or pa.types.is_large_string(column.type):
         try:
             column.validate(full=True)  # UTF-8 of every value, at memory speed
             return
         except pa.ArrowInvalid as e:
-            problem = f"{field!r} is not valid UTF-8 ({str(e).splitlines()[0]})"
+            fallback = UserError(f"{label}: {where}: {field!r} is not valid UTF-8 ({str(e).splitlines()[0]})")
     else:
         found = first_non_text(ds.data, field)
-        problem = (f"{field!r} holds {column.type}, not text" if found is None else
-                   f"row {found[0] + 1}: {field!r} holds {found[1]}, not text")
-    found = bad_row(src, i) if src.path else None
-    raise found or UserError(f"{label}: {src.path or src.hub_name}: {problem}")
+        fallback = UserError(f"{label}.text_field: {where}: {field!r} holds {column.type}, not text" if found is None
+                             else f"{label}.text_field: {where} row {found[0] + 1}: {field!r} holds {found[1]}, not text")
+    raise (bad_row(src, i) if src.path else None) or fallback
 
 
 def open_table(src: SourceConfig, i: int, cfg: DataConfig, tokenizer):
