@@ -41,7 +41,7 @@ from longctx.data.documents import DocumentStream
 from longctx.data.sources import open_table
 from longctx.data.tokenizer import tokenizer_fingerprint
 from longctx.errors import UserError
-from longctx.locks import liveness_lock
+from longctx.locks import is_alive, liveness_lock, read_holder
 from longctx.progress import Progress
 
 CACHE_VERSION = 1
@@ -185,6 +185,24 @@ def _note(line: str) -> None:
     print(f"note: {line}", file=sys.stderr, flush=True)
 
 
+def _wait_for_remote_builder(lock: Path, done: str, wait_s: float) -> None:
+    """Wait at most `wait_s` for a builder on another host (whose liveness cannot be checked from
+    here) to finish; a holder on this host is left to liveness_lock (waited for while it lives)."""
+    deadline, named = time.monotonic() + wait_s, False
+    while not os.path.exists(done):
+        holder = read_holder(lock)
+        if holder is None or is_alive(holder) is not None:
+            return
+        if time.monotonic() > deadline:
+            raise UserError(f"data.cache_dir: waited {wait_s:.0f}s (data.cache_wait_s) for the cache build by "
+                            f"{holder.describe()}; if that host's job is gone, remove {lock}")
+        if not named:
+            _note(f"waiting for the cache build by {holder.describe()} (at most {wait_s:.0f}s, data.cache_wait_s); "
+                  f"if {holder.host} is gone, remove {lock}")
+            named = True
+        time.sleep(0.5)
+
+
 def open_cache(src: SourceConfig, i: int, cfg: DataConfig, tokenizer, pad_id: int) -> PackedCache:
     """Load the cache of source i, building it first if no process has (one builder at a time:
     a live builder is waited for, a dead one's lock and temporary directory are taken over)."""
@@ -196,8 +214,10 @@ def open_cache(src: SourceConfig, i: int, cfg: DataConfig, tokenizer, pad_id: in
     except OSError as e:
         raise UserError(f"data.cache_dir: cannot create {cfg.cache_dir} ({e.strerror})") from None
     done = os.path.join(final, "meta.json")
+    lock = Path(final + ".lock")
+    _wait_for_remote_builder(lock, done, cfg.cache_wait_s)
     if not os.path.exists(done):
-        with liveness_lock(Path(final + ".lock"), what=f"the cache build of {final}", notify=_note):
+        with liveness_lock(lock, what=f"the cache build of {final}", notify=_note):
             if not os.path.exists(done):
                 atomic.remove_stale(Path(root), _note, name=os.path.basename(final))
                 tmp = atomic.make_temp_dir(final)

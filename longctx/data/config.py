@@ -317,7 +317,9 @@ class DataConfig:
     seed: Optional[int] = None  # null: the seed given to build_loader (the training seed)
     streaming: bool = False  # stream files instead of loading them (corpora larger than memory)
     cache_dir: Optional[str] = None  # tokenized+packed rows are written here once and reused
-    cache_wait_s: float = 7200.0  # how long other ranks wait for the rank building the cache
+    # how long a cache build by a process on another host is waited for (its liveness cannot be
+    # checked from here; a builder on this host is waited for while it lives, taken over once dead)
+    cache_wait_s: float = 7200.0
     hf_cache_dir: Optional[str] = None  # 🤗 datasets' own cache (null: its default)
     emit_answer_mask: bool = False  # add `answer_mask` (labels[t] is an answer token) to batches
     prefetch: int = 2  # batches prepared ahead in a background thread (0: none)

@@ -170,3 +170,21 @@ def test_resume_refuses_a_rebuilt_cache(setup):
     write_jsonl(path, TEXTS[:-3])  # the data changed: another cache key
     with pytest.raises(UserError, match=r"data.sources\[0\]: the checkpoint's data came from cache docs-"):
         build_loader(cfg_for(path, cache_dir), TOK, dp_rank=0, dp_size=1, seed=0).load_state_dict(state)
+
+
+def test_a_builder_on_another_host_is_waited_for_at_most_cache_wait_s(setup, capsys):
+    """Its liveness cannot be checked from here: the wait is bounded, and the line says how to clear it."""
+    path, cache_dir = setup
+    cfg = cfg_for(path, cache_dir, cache_wait_s=0.3)
+    final = cache_mod.cache_path(cfg.sources[0], 0, cfg, TOK)
+    os.makedirs(cache_dir)
+    remote = locks.Holder("another-host", 4242, None, time.time())
+    with open(final + ".lock", "w") as f:
+        json.dump(dataclasses.asdict(remote), f)
+    with pytest.raises(UserError) as e:
+        build_loader(cfg, TOK, dp_rank=0, dp_size=1, seed=0)
+    assert str(e.value) == (f"data.cache_dir: waited 0s (data.cache_wait_s) for the cache build by "
+                            f"{remote.describe()}; if that host's job is gone, remove {final}.lock")
+    assert f"note: waiting for the cache build by {remote.describe()}" in capsys.readouterr().err
+    os.remove(final + ".lock")  # cleared: the next run builds
+    assert next(iter(build_loader(cfg, TOK, dp_rank=0, dp_size=1, seed=0)))["input_ids"].shape == (3, 48)
