@@ -9,12 +9,15 @@ import time
 from pathlib import Path
 from typing import Optional
 
+import datasets
 import torch
 import torch.distributed as dist
 
 from longctx import atomic
 from longctx.config import RunStage, TrainConfig, resolve_stages, stage_model_config, to_yaml, validate_config
 from longctx.data import build_loader, check_vocab, load_tokenizer
+from longctx.data.check import check_data
+from longctx.data.fingerprint import changed_sources, compare_sources, fingerprint_sources
 from longctx.data.hf_tokenizer import TokenizerFiles
 from longctx.data.loader import ModelInputs
 from longctx.errors import UserError
@@ -60,6 +63,7 @@ class Trainer:
         self.out = Path(cfg.out_dir)
         # a bad path fails before any process group; hashes are verified (split over ranks) in run()
         self.resume_candidates = resume_candidates(self.out, cfg.checkpoint.resume)
+        check_sources(self.stages)  # every source readable, before out_dir is touched
         init_distributed(preload=("deepspeed",))  # the engine's library, imported before any group
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
         self.lock = self._take_run_lock()  # before anything in out_dir is written
@@ -70,6 +74,8 @@ class Trainer:
         self._meshes: dict[int, object] = {}
         self.guard = NonFiniteGuard(cfg.train.nonfinite, cfg.train.max_nonfinite_steps)
         self.resume_from: Optional[Path] = None
+        self.restart_sources: set = set()
+        self._source_fingerprints: dict[int, list] = {}
         self.last_checkpoint: Optional[Path] = None
         self.engine = None
         self.progress: Optional[Progress] = None
@@ -88,6 +94,21 @@ class Trainer:
             raise UserError(refusal)
         return holder
 
+    def _check_data_identity(self) -> set:
+        """The resumed stage's sources against the fingerprints its checkpoint recorded: a change
+        stops the run (UserError on every rank) unless data.allow_changed_sources; returns the
+        changed sources, whose order the loader restarts."""
+        if self.resume_from is None:
+            return set()
+        saved = read_trainer_state(self.resume_from)
+        recorded, si = saved.get("data_sources"), saved.get("data_stage", 0)
+        if recorded is None or si >= len(self.stages):
+            return set()
+        current = fingerprint_sources(self.stages[si].data)
+        for line in compare_sources(recorded, current, self.stages[si].data.allow_changed_sources):
+            log.warning("%s", line)
+        return set(changed_sources(recorded, current))
+
     def _write_run_files(self) -> None:
         """Rank 0, once the run is known to go ahead: the resolved config, stale markers removed."""
         if self.rank == 0:
@@ -100,6 +121,7 @@ class Trainer:
     def run(self) -> int:
         cfg = self.cfg
         self.resume_from = self.last_checkpoint = choose_resume(self.resume_candidates, cfg.checkpoint.resume)
+        self.restart_sources = self._check_data_identity()
         self._write_run_files()
         continuation = self._continuation()
         if continuation is not None and continuation.stage == len(self.stages):
@@ -231,7 +253,7 @@ class Trainer:
         loader = stage_loader(stage, self.cfg.train.seed, tokenizer, dp_rank=self.mesh.dp_rank,
                               dp_size=self.mesh.dp_size, collate=collate)
         if loader_state is not None:
-            loader.load_state_dict(loader_state)
+            loader.load_state_dict(loader_state, restart_sources=self.restart_sources)
         return loader
 
     def _announce(self, line: str) -> None:
@@ -329,6 +351,13 @@ class Trainer:
 
         return run_phase(write)
 
+    def _fingerprints(self, si: int) -> list:
+        """Stage si's data source fingerprints (computed once per stage; hashes are remembered
+        per file version, see data/fingerprint.py)."""
+        if si not in self._source_fingerprints:
+            self._source_fingerprints[si] = fingerprint_sources(self.stages[si].data)
+        return self._source_fingerprints[si]
+
     def _save(self, state: dict, loader_state: dict, data_stage: int) -> None:
         if not weights_finite(self.model):
             kept = f"last checkpoint: {self.last_checkpoint}" if self.last_checkpoint else "no checkpoint written yet"
@@ -336,7 +365,7 @@ class Trainer:
                                 state["step"])
         # stage_steps / data_stage: how a resume with a changed config continues (train/continuation.py);
         # model_config / tokenizer: the model it holds, for export and eval without model/ (model/consolidate.py)
-        trainer_state = dict(state, world_size=self.world, cp_size=self.cp, dp_size=self.mesh.dp_size,
+        trainer_state = dict(state, data_sources=self._fingerprints(data_stage), world_size=self.world, cp_size=self.cp, dp_size=self.mesh.dp_size,
                              stage_steps=[s.steps for s in self.stages], data_stage=data_stage,
                              **checkpoint_record(self.model.config, self.dtype, self.cfg.data.tokenizer))
         rank_state = {"data": loader_state, "rng": rng_state()}
@@ -356,6 +385,21 @@ def _report_stop(trainer: Trainer, stop: NonFiniteStop) -> int:
     return NONFINITE_EXIT_CODE
 
 
+def check_sources(stages: list[RunStage]) -> None:
+    """check_data on each distinct data section of the stages, without 🤗 datasets' progress
+    bars (a refusal is one line)."""
+    sections = []
+    for stage in stages:
+        if stage.data not in sections:
+            sections.append(stage.data)
+    datasets.disable_progress_bars()
+    try:
+        for data in sections:
+            check_data(data)
+    finally:
+        datasets.enable_progress_bars()
+
+
 def train(cfg: TrainConfig) -> int:
     trainer = Trainer(cfg)
     completed = False
@@ -364,7 +408,7 @@ def train(cfg: TrainConfig) -> int:
             rc = trainer.run()
         except NonFiniteStop as e:
             rc = _report_stop(trainer, e)
-        except CheckpointError as e:  # every rank raises it together; the CLI prints rank 0's
+        except UserError as e:  # checkpoint or data identity: every rank raises it; the CLI prints rank 0's
             completed = True
             if trainer.rank == 0:
                 raise
