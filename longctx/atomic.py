@@ -4,6 +4,7 @@ A reader (or a later command) sees the old file or the new one, never a truncate
 when the writer is SIGKILLed or the disk fills mid-write. The temporary sibling's name says
 who wrote it (`.NAME.tmp-HOST-PID-RANDOM`), so the next writer into that directory removes
 the ones whose process is gone (`remove_stale`), with a notice; a live writer's is left alone.
+A failed write becomes one line naming the file (`user_errors`; a full disk says so).
 
 A directory is replaced by a swap (`swap_directory`): on Linux one renameat2(RENAME_EXCHANGE)
 call exchanges the new and the old directory, so the path names a complete old or a complete
@@ -23,9 +24,12 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Callable, Iterator, Optional
 
+from longctx.errors import UserError
 from longctx.locks import Holder, is_alive
 
-_TEMP = re.compile(r"\.(?P<name>.+)\.(?:tmp|old)-(?P<host>[^/]+)-(?P<pid>\d+)-[a-z0-9_]+")
+_TEMP = re.compile(r"\.(?P<name>.+)\.(?P<kind>tmp|old)-(?P<host>[^/]+)-(?P<pid>\d+)-[a-z0-9_]+")
+_OS_ERROR = re.compile(r"\(os error (\d+)\)")  # how Rust libraries (safetensors) report an errno
+_FULL = (errno.ENOSPC, errno.EDQUOT)
 _RENAME_EXCHANGE = 2
 
 
@@ -49,18 +53,30 @@ def owner_of(temp: Path) -> Optional[Holder]:
 def remove_stale(directory: Path, notify: Optional[Callable[[str], None]] = None, *,
                  name: Optional[str] = None) -> list[Path]:
     """Remove the temporary siblings in `directory` (of `name` only, when given) whose writer
-    is no longer running on this host; returns what was removed."""
+    is no longer running on this host; returns what was removed.
+
+    The one exception: a directory set aside by an unfinished swap (`.NAME.old-...`, see
+    swap_directory) whose NAME is missing is the complete old directory; it is renamed back
+    instead (and not in the list)."""
     removed = []
     if not directory.is_dir():
         return removed
     for entry in sorted(directory.iterdir()):
-        holder = owner_of(entry)
-        if holder is None or (name is not None and _TEMP.fullmatch(entry.name)["name"] != name):
+        match = _TEMP.fullmatch(entry.name)
+        if match is None or (name is not None and match["name"] != name):
             continue
+        holder = owner_of(entry)
         if holder.pid == os.getpid() and holder.host == socket.gethostname():
             continue  # our own work in progress
         if is_alive(holder) is not False:
             continue  # alive, or on another host (cannot tell)
+        original = directory / match["name"]
+        if match["kind"] == "old" and not os.path.lexists(original):
+            os.rename(entry, original)
+            if notify is not None:
+                notify(f"restored {original} from {entry.name}, set aside by pid {holder.pid} on {holder.host}, "
+                       "which stopped before its swap finished")
+            continue
         if entry.is_dir() and not entry.is_symlink():
             shutil.rmtree(entry, ignore_errors=True)
         else:
@@ -69,6 +85,53 @@ def remove_stale(directory: Path, notify: Optional[Callable[[str], None]] = None
             notify(f"removed {entry}, left by pid {holder.pid} on {holder.host}, which is no longer running")
         removed.append(entry)
     return removed
+
+
+def os_error(e: BaseException) -> Optional[OSError]:
+    """`e` as an OSError: itself, or one rebuilt from a library error that names an errno
+    (safetensors: "... (os error 28)"); None for anything else."""
+    if isinstance(e, OSError):
+        return e
+    match = _OS_ERROR.search(str(e))
+    if match is None:
+        return None
+    code = int(match[1])
+    return OSError(code, os.strerror(code))
+
+
+def write_error(e: OSError, path: str | os.PathLike) -> UserError:
+    """The one line for a write of `path` that failed with `e`: it names the file and, for a
+    full disk or quota, says so with the space left."""
+    where = Path(e.filename) if isinstance(e.filename, str) and e.filename else Path(path)
+    if e.errno in _FULL:
+        return UserError(f"cannot write {where}: the disk (or quota) is full ({_free(where)} free); free some "
+                         "space or choose another directory")
+    return UserError(f"cannot write {where} ({e.strerror or e})")
+
+
+@contextmanager
+def user_errors(path: str | os.PathLike) -> Iterator[None]:
+    """Failed writes in the block (writing `path`) become one UserError line (write_error)."""
+    try:
+        yield
+    except UserError:
+        raise
+    except Exception as e:
+        err = os_error(e)
+        if err is None:
+            raise
+        raise write_error(err, path) from None
+
+
+def _free(path: Path) -> str:
+    for candidate in (path, *path.parents):
+        try:
+            st = os.statvfs(candidate)
+        except OSError:
+            continue
+        free = st.f_bavail * st.f_frsize
+        return f"{free / 2**30:.2f} GiB" if free >= 2**30 else f"{free / 2**20:.1f} MiB"
+    return "unknown"
 
 
 def _fsync_dir(directory: Path) -> None:
@@ -149,6 +212,8 @@ def _exchange(a: Path, b: Path) -> bool:
         renameat2 = libc.renameat2
     except (OSError, AttributeError):
         return False
+    renameat2.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
+    renameat2.restype = ctypes.c_int
     at_fdcwd = -100
     if renameat2(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), _RENAME_EXCHANGE) == 0:
         return True
@@ -162,7 +227,8 @@ def swap_directory(new: Path, path: Path) -> None:
     """Make the finished directory `new` (a temporary sibling) be `path`. A new `path` is a
     rename; an existing one is exchanged in one step and the old content removed. Where the
     file system cannot exchange, the old directory is renamed aside first (a crash between the
-    two renames leaves both complete directories as siblings, never a mix)."""
+    two renames leaves both complete directories as siblings, never a mix, and the next
+    remove_stale there renames the old one back)."""
     path = Path(path)
     if not path.exists():
         os.rename(new, path)
@@ -171,7 +237,7 @@ def swap_directory(new: Path, path: Path) -> None:
     if _exchange(new, path):
         shutil.rmtree(new, ignore_errors=True)  # `new` now holds the old content
     else:
-        old = path.with_name(_prefix(path, "old") + "0")
+        old = path.with_name(_prefix(path, "old") + os.urandom(4).hex())
         os.rename(path, old)
         os.rename(new, path)
         shutil.rmtree(old, ignore_errors=True)
