@@ -101,11 +101,13 @@ class Trainer:
         if self.resume_from is None:
             return set()
         saved = read_trainer_state(self.resume_from)
-        recorded, si = saved.get("data_sources"), saved.get("data_stage", 0)
-        if recorded is None or si >= len(self.stages):
-            return set()
-        current = fingerprint_sources(self.stages[si].data)
-        for line in compare_sources(recorded, current, self.stages[si].data.allow_changed_sources):
+        recorded = saved.get("data_sources")
+        continuation = continue_from(saved, self.stages)
+        if recorded is None or not continuation.loader_belongs:
+            return set()  # the resumed stage's loader starts fresh: nothing to carry over
+        data = self.stages[continuation.stage].data
+        current = fingerprint_sources(data)
+        for line in compare_sources(recorded, current, data.allow_changed_sources):
             log.warning("%s", line)
         return set(changed_sources(recorded, current))
 
@@ -250,6 +252,7 @@ class Trainer:
         enough to keep the attention kernels' blocks regular."""
         collate = ModelInputs(stage.data.document_masking, self.cfg.train.answer_loss_weight,
                               trim_multiple=math.lcm(64, 2 * self.cp))
+        self._fingerprints(stage.index)  # the files as the loader opens them (hashes remembered per version)
         loader = stage_loader(stage, self.cfg.train.seed, tokenizer, dp_rank=self.mesh.dp_rank,
                               dp_size=self.mesh.dp_size, collate=collate)
         if loader_state is not None:
@@ -352,8 +355,7 @@ class Trainer:
         return run_phase(write)
 
     def _fingerprints(self, si: int) -> list:
-        """Stage si's data source fingerprints (computed once per stage; hashes are remembered
-        per file version, see data/fingerprint.py)."""
+        """Stage si's data source fingerprints, as taken when its loader was built."""
         if si not in self._source_fingerprints:
             self._source_fingerprints[si] = fingerprint_sources(self.stages[si].data)
         return self._source_fingerprints[si]
