@@ -123,15 +123,28 @@ def user_errors(path: str | os.PathLike) -> Iterator[None]:
         raise write_error(err, path) from None
 
 
-def _free(path: Path) -> str:
+def free_bytes(path: Path) -> Optional[int]:
+    """The space a non-root writer has left on the file system holding `path` (or its
+    nearest existing parent); None when it cannot be read. Quotas do not show here."""
     for candidate in (path, *path.parents):
         try:
             st = os.statvfs(candidate)
         except OSError:
             continue
-        free = st.f_bavail * st.f_frsize
-        return f"{free / 2**30:.2f} GiB" if free >= 2**30 else f"{free / 2**20:.1f} MiB"
-    return "unknown"
+        return st.f_bavail * st.f_frsize
+    return None
+
+
+def human_size(n: int) -> str:
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if n >= scale:
+            return f"{n / scale:.1f} {unit}"
+    return f"{n} bytes"
+
+
+def _free(path: Path) -> str:
+    free = free_bytes(path)
+    return "unknown" if free is None else human_size(free)
 
 
 def _fsync_dir(directory: Path) -> None:

@@ -3,17 +3,19 @@ Hugging Face Llama directory with its tokenizer (the command line is longctx/com
 from __future__ import annotations
 
 import argparse
+import sys
+from contextlib import contextmanager, suppress
 from pathlib import Path
-from typing import Optional
+from typing import Iterator, Optional
 
 import torch
 
-from longctx import manifest
+from longctx import atomic, locks, manifest
 from longctx.data.hf_tokenizer import TokenizerFiles
 from longctx.errors import UserError
 from longctx.eval.model_io import tokenizer_spec_for, trained_model
 from longctx.model.consolidate import DTYPES, load_consolidated, zero_masters
-from longctx.model.hf import load_pretrained, read_hf_config, save_hf_weights
+from longctx.model.hf import export_target, load_pretrained, read_hf_config, save_hf_weights
 from longctx.model.loading import is_checkpoint, is_ds_only_checkpoint, resolve_model_dir
 
 
@@ -56,11 +58,90 @@ def _tokenizer_spec(model_dir: Path) -> Optional[str]:
         return None  # a model directory without a tokenizer: the export has none either
 
 
+def _note(line: str) -> None:
+    print(f"note: {line}", file=sys.stderr, flush=True)
+
+
+def lock_path(target: Path) -> Path:
+    """The lock of an export into `target`: beside it, so it is never part of the export."""
+    return target.with_name(f".{target.name}.lock")
+
+
+@contextmanager
+def export_lock(target: Path, out: Path) -> Iterator[None]:
+    """One export at a time into `target`. A live holder is refused (the second export would
+    otherwise replace the first's files without --overwrite); a dead one on this host is
+    taken over with a notice."""
+    path, me = lock_path(target), locks.this_process()
+    while not _try_take(path, me, target, out):
+        holder = locks.read_holder(path)
+        if holder is None:
+            continue  # released between our attempt and the read
+        alive = locks.is_alive(holder)
+        if alive is False:
+            _note(f"taking over {path}: its holder ({holder.describe()}) is no longer running")
+            path.unlink(missing_ok=True)
+            continue
+        gone = "" if alive else f"; if {holder.host} is gone, remove {path}"
+        raise UserError(f"--out: {out} is being written by another export ({holder.describe()}); wait for it to "
+                        f"finish or choose another directory{gone}")
+    try:
+        yield
+    finally:
+        locks.release(path, me)
+
+
+def _try_take(path: Path, me: locks.Holder, target: Path, out: Path) -> bool:
+    try:
+        return locks.try_take(path, me)
+    except OSError as e:  # --out's directory cannot be written: say so before any model is read
+        with suppress(OSError):  # try_take's aside file, left when its write failed
+            path.with_name(f".{path.name}.{me.host}.{me.pid}").unlink(missing_ok=True)
+        raise _write_failure(OSError(e.errno, e.strerror, str(out)), target, out) from None
+
+
+def check_space(weights: dict, config, dtype: Optional[torch.dtype], target: Path, out: Path) -> None:
+    """Refuse an export that cannot fit, before writing any of it (an --overwrite export needs
+    the full new size too: the old one stays until the swap)."""
+    need = sum(t.numel() * (dtype or t.dtype).itemsize for k, t in weights.items()
+               if not (k == "lm_head.weight" and config.tie_word_embeddings))
+    free = atomic.free_bytes(target.parent)
+    if free is not None and free < need:
+        raise UserError(f"--out: {out} needs ~{atomic.human_size(need)} for the weights, {atomic.human_size(free)} "
+                        "free on its disk; free some space or choose another directory")
+
+
+def _write_failure(e: OSError, target: Path, out: Path) -> UserError:
+    """One line naming the file as it will be in --out (not in the temporary sibling)."""
+    where = Path(e.filename) if e.filename else out
+    for tmp in (where, *where.parents):
+        if tmp.parent == target.parent and atomic.owner_of(tmp) is not None:
+            where = out / where.relative_to(tmp)
+            break
+    return UserError(f"--out: {atomic.write_error(OSError(e.errno, e.strerror, str(where)), out)}")
+
+
 def run(args: argparse.Namespace) -> int:
     src, out = Path(args.checkpoint), Path(args.out)
     check_out_dir(src, out, args.overwrite)
     model_dir = resolve_model_dir(src)  # a checkpoint must be COMPLETE and match its manifest
-    dtype = DTYPES[args.dtype] if args.dtype else None
+    target = export_target(out)
+    with export_lock(target, out):
+        atomic.remove_stale(target.parent, _note, name=target.name)
+        check_out_dir(src, out, args.overwrite)  # again, holding --out: an export may have finished meanwhile
+        weights, config, dtype, tokenizer = _weights(model_dir, args.dtype)
+        check_space(weights, config, dtype, target, out)
+        try:
+            save_hf_weights(weights, config, out, dtype=dtype, tokenizer=tokenizer)
+        except OSError as e:
+            raise _write_failure(e, target, out) from None
+    print(f"exported {model_dir} -> {out}")
+    return 0
+
+
+def _weights(model_dir: Path, dtype_name: Optional[str]):
+    """(weights, model config, dtype, tokenizer writer) of what is exported."""
+    dtype = DTYPES[dtype_name] if dtype_name else None
     if is_ds_only_checkpoint(model_dir):
         trained = trained_model(model_dir)
         tokenizer = TokenizerFiles(trained.tokenizer) if trained.tokenizer else None
@@ -74,9 +155,4 @@ def run(args: argparse.Namespace) -> int:
         if weights is None:
             weights = load_pretrained(model_dir).state_dict()
         config = read_hf_config(model_dir)
-    try:
-        save_hf_weights(weights, config, out, dtype=dtype, tokenizer=tokenizer)
-    except OSError as e:
-        raise UserError(f"--out: cannot write {e.filename or out} ({e.strerror})") from None
-    print(f"exported {model_dir} -> {out}")
-    return 0
+    return weights, config, dtype, tokenizer

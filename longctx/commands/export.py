@@ -5,10 +5,13 @@ consolidated in this process with the model config the checkpoint records) or a 
 The tokenizer travels with the weights (data/hf_tokenizer.py), so transformers' AutoTokenizer
 loads the export.
 
-The export is written into a temporary sibling of --out and moved into place. An existing,
-non-empty --out is refused unless --overwrite; even then only the files an export writes
-(config.json, weights, tokenizer files) are replaced and every other file is kept. The work
-is longctx/export.py (torch), loaded when the command runs.
+The export is built in a temporary sibling of --out and moved into place; with --overwrite
+the whole directory is swapped in one step (a reader sees the old export or the new one),
+the files an export writes (config.json, weights, tokenizer files) replaced and every other
+file kept. An existing, non-empty --out is refused without --overwrite. One export at a time
+writes an --out (a lock beside it, `.OUT.lock`); a second one exits 2 naming the first.
+Temporaries a killed export left beside --out are removed by the next one, with a notice.
+The work is longctx/export.py (torch), loaded when the command runs.
 """
 from __future__ import annotations
 
@@ -24,7 +27,7 @@ def add_parser(p: argparse.ArgumentParser) -> None:
                    help="cast weights (default: keep; a checkpoint without model/: its training dtype); float32 "
                         "from a ZeRO checkpoint exports its fp32 master weights")
     p.add_argument("--overwrite", action="store_true",
-                   help="write into a non-empty --out: replace only the export's own files, keep the rest")
+                   help="write into a non-empty --out: replace the export's own files, keep the rest (one atomic swap)")
 
 
 def run(args: argparse.Namespace) -> int:

@@ -5,14 +5,16 @@ import json
 import os
 import re
 import shutil
-import tempfile
+import stat
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Optional, Protocol
+from typing import Iterator, Optional, Protocol
 
 import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
+from longctx import atomic
 from longctx.attention import AttentionFn, sdpa_attention
 from longctx.errors import UserError
 from longctx.model.config import ModelConfig
@@ -190,8 +192,8 @@ def generation_config(hf_config: dict) -> dict:
     return out
 
 
-# what an export writes: with an existing target these are replaced (or removed when this
-# export does not write them, e.g. shards of an earlier export); every other file is kept
+# what an export writes: with an existing target these are replaced (or dropped when this
+# export does not write them, e.g. shards of an earlier export); every other entry is kept
 _EXPORT_FILE = re.compile(r"(config\.json|generation_config\.json|model\.safetensors(\.index\.json)?"
                           r"|model-\d{5}-of-\d{5}\.safetensors|" + "|".join(map(re.escape, _TOKENIZER_FILES)) + ")")
 
@@ -201,34 +203,85 @@ def export_files_in(path: Path) -> list[Path]:
     return sorted(f for f in path.iterdir() if f.is_file() and _EXPORT_FILE.fullmatch(f.name)) if path.is_dir() else []
 
 
+def export_target(path: str | os.PathLike) -> Path:
+    """The absolute directory an export into `path` replaces (a symlink's target: the link
+    stays); its temporary siblings live beside it."""
+    target = Path(os.path.abspath(path))
+    return target.resolve() if target.is_symlink() else target
+
+
 def _umask() -> int:
     mask = os.umask(0)
     os.umask(mask)
     return mask
 
 
+@contextmanager
+def _writing(file: Path) -> Iterator[None]:
+    """A failed write of `file` is an OSError that names it (safetensors' errors included)."""
+    try:
+        yield
+    except Exception as e:
+        err = atomic.os_error(e)
+        if err is None:
+            raise
+        if err.filename:
+            raise
+        raise OSError(err.errno, err.strerror, str(file)) from None
+
+
+def _link_tree(src: Path, dst: Path) -> None:
+    """`src` at `dst`: files hard-linked (copied where links fail), symlinks as symlinks."""
+    with _writing(dst):
+        if src.is_symlink():
+            os.symlink(os.readlink(src), dst)
+        elif src.is_dir():
+            os.mkdir(dst)
+            for child in src.iterdir():
+                _link_tree(child, dst / child.name)
+            shutil.copystat(src, dst)
+        else:
+            try:
+                os.link(src, dst)
+            except OSError:
+                shutil.copy2(src, dst)
+
+
+def _keep_others(path: Path, tmp: Path) -> None:
+    """Link into `tmp` every entry of `path` that is not an export file."""
+    for entry in path.iterdir():
+        if not _EXPORT_FILE.fullmatch(entry.name):  # export files: this export's, or stale ones of an earlier one
+            _link_tree(entry, tmp / entry.name)
+
+
 def _install(tmp: Path, path: Path) -> None:
-    """Move a finished export from `tmp` to `path`: a rename when `path` is new, else file by
-    file (each replace atomic), removing stale export files and keeping everything else."""
+    """Make the finished export in `tmp` be `path`. An existing `path` is replaced whole, by a
+    swap (atomic.swap_directory), with its other files (README, notes) linked into the new
+    directory first: a reader sees the old export or the new one, never a mix."""
     mode = 0o666 & ~_umask()
     for f in tmp.iterdir():
         f.chmod(mode)  # safetensors writes 0600; an export is for teammates and serving jobs too
-    if not path.exists():
-        tmp.rename(path)
-        return
-    written = {f.name for f in tmp.iterdir()}
-    for stale in export_files_in(path):
-        if stale.name not in written:
-            stale.unlink()
-    for name in sorted(written, key=lambda n: n == "config.json"):  # config.json last: loaders look for it
-        os.replace(tmp / name, path / name)
-    tmp.rmdir()
+    if path.is_dir():
+        _keep_others(path, tmp)
+        tmp.chmod(stat.S_IMODE(path.stat().st_mode))  # the directory keeps its mode (group, setgid)
+    atomic.swap_directory(tmp, path)
+
+
+def _save_shard(tensors: dict[str, torch.Tensor], file: Path) -> None:
+    with _writing(file):
+        save_file(tensors, str(file), metadata={"format": "pt"})
+
+
+def _write_json(file: Path, obj: dict) -> None:
+    with _writing(file):
+        file.write_text(json.dumps(obj, indent=2))
 
 
 def save_pretrained(model: Transformer, path: str | os.PathLike, *, dtype: Optional[torch.dtype] = None,
                     max_shard_bytes: int = 5 * 2**30, tokenizer: Optional[TokenizerWriter] = None) -> Path:
-    """Write an HF Llama directory: into a temporary sibling, then moved into place (see
-    _install: an existing directory keeps every file that is not an export file)."""
+    """Write an HF Llama directory: built in a temporary sibling, then swapped into place (see
+    _install: an existing directory keeps every file that is not an export file). A failed
+    write raises an OSError that names the file and leaves `path` as it was."""
     return save_hf_weights(model.state_dict(), model.config, path, dtype=dtype, max_shard_bytes=max_shard_bytes,
                            tokenizer=tokenizer)
 
@@ -240,14 +293,8 @@ def save_hf_weights(state_dict: dict[str, torch.Tensor], config: ModelConfig, pa
 
     `tokenizer` writes its files next to the weights (so transformers and evaluation find it
     without flags); config.json and generation_config.json take its special token ids."""
-    path = Path(path)
-    parent = path.parent if str(path.parent) else Path(".")
-    try:
-        parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.tmp-", dir=parent))
-        tmp.chmod(0o777 & ~_umask())  # mkdtemp makes it 0700; the export follows the umask
-    except OSError as e:
-        raise UserError(f"{path}: cannot write here ({e.strerror})") from None
+    target = export_target(path)
+    tmp = atomic.make_temp_dir(target)
     try:
         state = {}
         for key, tensor in state_dict.items():
@@ -258,24 +305,24 @@ def save_hf_weights(state_dict: dict[str, torch.Tensor], config: ModelConfig, pa
         out_dtype = next(iter(state.values())).dtype
         shards = _shards(state, max_shard_bytes)
         if len(shards) == 1:
-            save_file(shards[0], str(tmp / "model.safetensors"), metadata={"format": "pt"})
+            _save_shard(shards[0], tmp / "model.safetensors")
         else:
             weight_map, total = {}, 0
             for i, shard in enumerate(shards, 1):
                 name = f"model-{i:05d}-of-{len(shards):05d}.safetensors"
-                save_file(shard, str(tmp / name), metadata={"format": "pt"})
+                _save_shard(shard, tmp / name)
                 for key, t in shard.items():
                     weight_map[key] = name
                     total += t.numel() * t.element_size()
-            (tmp / "model.safetensors.index.json").write_text(
-                json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}, indent=2))
+            _write_json(tmp / "model.safetensors.index.json", {"metadata": {"total_size": total}, "weight_map": weight_map})
         hf_config = config_to_hf(config, out_dtype)
         if tokenizer is not None:
-            hf_config.update(tokenizer.write(tmp, config.max_position_embeddings))
-        (tmp / "generation_config.json").write_text(json.dumps(generation_config(hf_config), indent=2))
-        (tmp / "config.json").write_text(json.dumps(hf_config, indent=2))
-        _install(tmp, path)
+            with _writing(tmp):
+                hf_config.update(tokenizer.write(tmp, config.max_position_embeddings))
+        _write_json(tmp / "generation_config.json", generation_config(hf_config))
+        _write_json(tmp / "config.json", hf_config)
+        _install(tmp, target)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    return path
+    return Path(path)
