@@ -15,6 +15,7 @@ from typing import Iterable
 
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
+from longctx import atomic
 from longctx.errors import UserError
 
 SPECIAL_TOKENS = ("<s>", "</s>", "<pad>")  # ids 0, 1, 2: found by load_tokenizer's BOS/EOS/PAD candidates
@@ -34,10 +35,7 @@ def train_bpe(texts: Iterable[str], vocab_size: int, out_dir: Path) -> Path:
     trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=list(SPECIAL_TOKENS),
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
     tok.train_from_iterator(texts, trainer=trainer)
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    path = out_dir / "tokenizer.json"
-    tmp = out_dir / ".tokenizer.json.tmp"
-    tok.save(str(tmp))
-    tmp.replace(path)
+    path = Path(out_dir) / "tokenizer.json"
+    with atomic.user_errors(path), atomic.replacing(path) as tmp:
+        tok.save(str(tmp))
     return path

@@ -7,8 +7,10 @@ import math
 from pathlib import Path
 from typing import Dict, Optional
 
+from longctx import atomic
 from longctx.demo.config import EVAL_TASKS, DemoConfig
-from longctx.eval.plots import pyplot
+from longctx.eval.plots import pyplot, save_png
+from longctx.eval.report import write_markdown
 
 # variant key -> (label, what it is)
 VARIANTS = {
@@ -90,9 +92,7 @@ def plot_variants(demo: DemoConfig, tables: dict, path: Path) -> Path:
     ax.set_ylabel("retrieval accuracy (avg over tasks)")
     ax.legend(fontsize=7)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return save_png(fig, path)
 
 
 def write_report(out: Path, demo: DemoConfig, seed: int, tables: dict, timings: dict, extra: dict) -> Path:
@@ -107,7 +107,8 @@ def write_report(out: Path, demo: DemoConfig, seed: int, tables: dict, timings: 
             "label": label, "description": what,
             "scores": {task: {str(L): v for L, v in row.items()} for task, row in t.items() if task != "average_se"},
             "average_stderr": {str(L): v for L, v in t.get("average_se", {}).items()}}
-    (out / "summary.json").write_text(json.dumps(summary, indent=1))
+    with atomic.user_errors(out / "summary.json"):
+        atomic.write_text(out / "summary.json", json.dumps(summary, indent=1))
 
     rope = demo.scaled_rope()
     L, XL = demo.train_len, demo.extend_len
@@ -145,9 +146,7 @@ def write_report(out: Path, demo: DemoConfig, seed: int, tables: dict, timings: 
               f"- `{fig.name}`, `summary.json`", "",
               f"![accuracy vs length]({fig.name})", "",
               "![before](eval/a_base/heatmap_niah_single_1.png) ![after](eval/c_extended/heatmap_niah_single_1.png)", ""]
-    path = out / "report.md"
-    path.write_text("\n".join(lines))
-    return path
+    return write_markdown(out / "report.md", "\n".join(lines))
 
 
 def _mix(tasks: Dict[str, float], recall_multivalue: float, line_breaks: float = 0.0) -> str:

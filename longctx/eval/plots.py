@@ -6,6 +6,8 @@ from typing import Optional
 
 import numpy as np
 
+from longctx import atomic
+
 
 def pyplot():
     """matplotlib.pyplot on the file-only Agg backend (imported on first use: heavy, and only
@@ -16,6 +18,17 @@ def pyplot():
     import matplotlib.pyplot as plt
 
     return plt
+
+
+def save_png(fig, path: Path) -> Path:
+    """Write `fig` to `path` whole or not at all (a temporary sibling renamed; a failed write
+    is one line naming the file) and close it."""
+    try:
+        with atomic.user_errors(path), atomic.replacing(path) as tmp:
+            fig.savefig(tmp, format="png", dpi=120)  # the temporary's name has no .png to infer it from
+    finally:
+        pyplot().close(fig)
+    return Path(path)
 
 
 def needle_heatmap(grid: dict, path: Path, title: str = "") -> Path:
@@ -36,9 +49,7 @@ def needle_heatmap(grid: dict, path: Path, title: str = "") -> Path:
     fig.colorbar(im, ax=ax, label="score")
     ax.set_title(title or "needle in a haystack")
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return Path(path)
+    return save_png(fig, path)
 
 
 def score_curves(summary: dict, path: Path, max_position: Optional[int] = None) -> Path:
@@ -59,9 +70,7 @@ def score_curves(summary: dict, path: Path, max_position: Optional[int] = None) 
     ax.set_ylabel("score")
     ax.legend(fontsize=7, ncol=2)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return Path(path)
+    return save_png(fig, path)
 
 
 def ppl_curve(ppl: dict, path: Path, max_position: Optional[int] = None) -> Path:
@@ -77,6 +86,4 @@ def ppl_curve(ppl: dict, path: Path, max_position: Optional[int] = None) -> Path
     ax.set_ylabel("perplexity")
     ax.set_title("perplexity vs context length")
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return Path(path)
+    return save_png(fig, path)

@@ -1,4 +1,5 @@
-"""Aggregate per-sample records into tables; write results.json and report.md."""
+"""Aggregate per-sample records into tables; write results.json and report.md (each whole or
+not at all: a temporary sibling renamed; a failed write is one line naming the file)."""
 from __future__ import annotations
 
 import json
@@ -6,6 +7,7 @@ import math
 from pathlib import Path
 from typing import Optional, Sequence
 
+from longctx import atomic
 from longctx.eval.scoring import DEFAULT_THRESHOLD, effective_length, mean, weighted_average
 
 
@@ -90,7 +92,14 @@ def write_results(path: Path, meta: dict, summary: dict, records: Sequence[dict]
     """results.json; `comparability` ({"ruler_comparable", "departures"}) goes at the top level."""
     doc = {"meta": meta, **(comparability or {}), "summary": summary, "ppl": ppl, "skipped": list(skipped),
            "warnings": list(warnings_), "samples": list(records)}
-    Path(path).write_text(json.dumps(_clean(doc), indent=1))
+    with atomic.user_errors(path):
+        atomic.write_text(path, json.dumps(_clean(doc), indent=1))
+
+
+def write_markdown(path: Path, text: str) -> Path:
+    """report.md (or any markdown result)."""
+    with atomic.user_errors(path):
+        return atomic.write_text(path, text)
 
 
 def _fmt(x, nd: int = 1) -> str:

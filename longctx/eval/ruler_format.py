@@ -20,6 +20,7 @@ import json
 from pathlib import Path
 from typing import Optional, Sequence
 
+from longctx import atomic
 from longctx.errors import UserError
 from longctx.eval.scoring import postprocess_pred, ruler_round
 from longctx.eval.tasks import RULER_TASKS, TASKS, Sample, TaskOptions
@@ -52,12 +53,8 @@ def _by_length_and_task(samples: Sequence[Sample]) -> dict:
 
 def _write_jsonl(path: Path, lines: Sequence[dict]) -> None:
     """JSON lines as RULER writes them (json.dumps defaults: ASCII), via a temporary sibling."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w", encoding="utf-8") as f:
-        for line in lines:
-            f.write(json.dumps(line) + "\n")
-    tmp.replace(path)
+    with atomic.user_errors(path):
+        atomic.write_lines(path, lines)
 
 
 def write_ruler_data(root: str | Path, samples: Sequence[Sample]) -> list[str]:
@@ -178,10 +175,9 @@ def write_summary_csv(folder: Path, rows: dict[str, tuple[float, str]]) -> Path:
     path = folder / ("summary.csv" if len(tasks) > 1 else f"summary-{tasks[0]}.csv")
     table = [list(range(len(tasks) + 1)), ["Tasks"] + tasks, ["Score"] + [rows[t][0] for t in tasks],
              ["Nulls"] + [rows[t][1] for t in tasks]]
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w", newline="", encoding="utf-8") as f:
-        csv.writer(f, lineterminator="\n").writerows(table)
-    tmp.replace(path)
+    with atomic.user_errors(path), atomic.replacing(path) as tmp:
+        with open(tmp, "w", newline="", encoding="utf-8") as f:
+            csv.writer(f, lineterminator="\n").writerows(table)
     return path
 
 
