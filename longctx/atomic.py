@@ -4,7 +4,8 @@ A reader (or a later command) sees the old file or the new one, never a truncate
 when the writer is SIGKILLed or the disk fills mid-write. The temporary sibling's name says
 who wrote it (`.NAME.tmp-HOST-PID-RANDOM`), so the next writer into that directory removes
 the ones whose process is gone (`remove_stale`), with a notice; a live writer's is left alone.
-A failed write becomes one line naming the file (`user_errors`; a full disk says so).
+A failed write becomes one line naming the file (`user_errors`; a full disk says so);
+`result_file` / `write_result` do both for the files a user reads.
 
 A directory is replaced by a swap (`swap_directory`): on Linux one renameat2(RENAME_EXCHANGE)
 call exchanges the new and the old directory, so the path names a complete old or a complete
@@ -19,6 +20,7 @@ import os
 import re
 import shutil
 import socket
+import sys
 import tempfile
 from contextlib import contextmanager
 from pathlib import Path
@@ -181,6 +183,29 @@ def replacing(path: str | os.PathLike) -> Iterator[Path]:
         tmp.unlink(missing_ok=True)
         raise
     _fsync_dir(parent)
+
+
+def note(line: str) -> None:
+    print(f"note: {line}", file=sys.stderr, flush=True)
+
+
+@contextmanager
+def result_file(path: str | os.PathLike, notify: Optional[Callable[[str], None]] = note) -> Iterator[Path]:
+    """replacing() for a result file a user reads (results.json, a figure, a table): the
+    temporaries of `path` that a dead writer left are removed first (with a notice), and a
+    failed write is one UserError line naming `path`."""
+    path = Path(path)
+    with user_errors(path):
+        remove_stale(path.parent if str(path.parent) else Path("."), notify, name=path.name)
+        with replacing(path) as tmp:
+            yield tmp
+
+
+def write_result(path: str | os.PathLike, data: str | bytes, notify: Optional[Callable[[str], None]] = note) -> Path:
+    """A result file's whole content (text is UTF-8), written as result_file() says."""
+    with result_file(path, notify) as tmp:
+        tmp.write_bytes(data.encode("utf-8") if isinstance(data, str) else data)
+    return Path(path)
 
 
 def write_bytes(path: str | os.PathLike, data: bytes) -> Path:

@@ -36,6 +36,6 @@ def train_bpe(texts: Iterable[str], vocab_size: int, out_dir: Path) -> Path:
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
     tok.train_from_iterator(texts, trainer=trainer)
     path = Path(out_dir) / "tokenizer.json"
-    with atomic.user_errors(path), atomic.replacing(path) as tmp:
+    with atomic.result_file(path) as tmp:
         tok.save(str(tmp))
     return path

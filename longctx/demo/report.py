@@ -107,8 +107,7 @@ def write_report(out: Path, demo: DemoConfig, seed: int, tables: dict, timings: 
             "label": label, "description": what,
             "scores": {task: {str(L): v for L, v in row.items()} for task, row in t.items() if task != "average_se"},
             "average_stderr": {str(L): v for L, v in t.get("average_se", {}).items()}}
-    with atomic.user_errors(out / "summary.json"):
-        atomic.write_text(out / "summary.json", json.dumps(summary, indent=1))
+    atomic.write_result(out / "summary.json", json.dumps(summary, indent=1))
 
     rope = demo.scaled_rope()
     L, XL = demo.train_len, demo.extend_len

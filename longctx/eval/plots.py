@@ -24,7 +24,7 @@ def save_png(fig, path: Path) -> Path:
     """Write `fig` to `path` whole or not at all (a temporary sibling renamed; a failed write
     is one line naming the file) and close it."""
     try:
-        with atomic.user_errors(path), atomic.replacing(path) as tmp:
+        with atomic.result_file(path) as tmp:
             fig.savefig(tmp, format="png", dpi=120)  # the temporary's name has no .png to infer it from
     finally:
         pyplot().close(fig)

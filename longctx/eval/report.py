@@ -92,14 +92,12 @@ def write_results(path: Path, meta: dict, summary: dict, records: Sequence[dict]
     """results.json; `comparability` ({"ruler_comparable", "departures"}) goes at the top level."""
     doc = {"meta": meta, **(comparability or {}), "summary": summary, "ppl": ppl, "skipped": list(skipped),
            "warnings": list(warnings_), "samples": list(records)}
-    with atomic.user_errors(path):
-        atomic.write_text(path, json.dumps(_clean(doc), indent=1))
+    atomic.write_result(path, json.dumps(_clean(doc), indent=1))
 
 
 def write_markdown(path: Path, text: str) -> Path:
     """report.md (or any markdown result)."""
-    with atomic.user_errors(path):
-        return atomic.write_text(path, text)
+    return atomic.write_result(path, text)
 
 
 def _fmt(x, nd: int = 1) -> str:

@@ -53,8 +53,7 @@ def _by_length_and_task(samples: Sequence[Sample]) -> dict:
 
 def _write_jsonl(path: Path, lines: Sequence[dict]) -> None:
     """JSON lines as RULER writes them (json.dumps defaults: ASCII), via a temporary sibling."""
-    with atomic.user_errors(path):
-        atomic.write_lines(path, lines)
+    atomic.write_result(path, "".join(json.dumps(line) + "\n" for line in lines))
 
 
 def write_ruler_data(root: str | Path, samples: Sequence[Sample]) -> list[str]:
@@ -175,9 +174,8 @@ def write_summary_csv(folder: Path, rows: dict[str, tuple[float, str]]) -> Path:
     path = folder / ("summary.csv" if len(tasks) > 1 else f"summary-{tasks[0]}.csv")
     table = [list(range(len(tasks) + 1)), ["Tasks"] + tasks, ["Score"] + [rows[t][0] for t in tasks],
              ["Nulls"] + [rows[t][1] for t in tasks]]
-    with atomic.user_errors(path), atomic.replacing(path) as tmp:
-        with open(tmp, "w", newline="", encoding="utf-8") as f:
-            csv.writer(f, lineterminator="\n").writerows(table)
+    with atomic.result_file(path) as tmp, open(tmp, "w", newline="", encoding="utf-8") as f:
+        csv.writer(f, lineterminator="\n").writerows(table)
     return path
 
 

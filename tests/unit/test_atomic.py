@@ -213,3 +213,19 @@ def test_a_library_error_naming_an_errno_is_a_write_error(tmp_path):
     with pytest.raises(ValueError):  # not a write failure: stays what it is
         with atomic.user_errors(tmp_path / "out"):
             raise ValueError("a bug")
+
+
+def test_result_file_clears_a_dead_writers_temporary_of_that_file_with_a_note(tmp_path, capsys):
+    pid = _dead_pid()
+    stale = tmp_path / f".results.json.tmp-{HOST}-{pid}-abc"
+    other = tmp_path / f".report.md.tmp-{HOST}-{pid}-abc"
+    stale.write_text("half")
+    other.write_text("half")
+    atomic.write_result(tmp_path / "results.json", "{}\n")
+    assert capsys.readouterr().err == f"note: removed {stale}, left by pid {pid} on {HOST}, which is no longer running\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == [other.name, "results.json"]
+    with pytest.raises(UserError, match="cannot write .*results.json: the disk"):
+        with atomic.result_file(tmp_path / "results.json") as tmp:
+            tmp.write_text("{")
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+    assert (tmp_path / "results.json").read_text() == "{}\n"

@@ -6,6 +6,7 @@ import json
 import os
 import selectors
 import signal
+import socket
 import subprocess
 import sys
 import textwrap
@@ -54,7 +55,7 @@ def _wait_for(proc, line, timeout=120):
     raise AssertionError(f"the writer never reached {line!r}: {proc.stderr.read()[-3000:]}")
 
 
-def test_an_earlier_results_json_survives_a_sigkill_during_the_next_write(tmp_path):
+def test_an_earlier_results_json_survives_a_sigkill_during_the_next_write(tmp_path, capsys):
     path = tmp_path / "results.json"
     report.write_results(path, {"model": "first"}, {"average": 50.0}, [], None, [], [])
     before = path.read_bytes()
@@ -66,9 +67,10 @@ def test_an_earlier_results_json_survives_a_sigkill_during_the_next_write(tmp_pa
     proc.send_signal(signal.SIGKILL)
     proc.wait(timeout=60)
     assert path.read_bytes() == before
-    notes = []
-    assert atomic.remove_stale(tmp_path, notes.append) == [temp]  # the next writer there clears it
-    assert f"pid {proc.pid}" in notes[0]
+    report.write_results(path, {"model": "third"}, {}, [], None, [], [])  # the next writer clears the temporary
+    assert capsys.readouterr().err == (f"note: removed {temp}, left by pid {proc.pid} on {socket.gethostname()}, "
+                                       "which is no longer running\n")
+    assert _only(tmp_path) == ["results.json"] and json.loads(path.read_text())["meta"] == {"model": "third"}
 
 
 def _full_disk(*args, **kwargs):
