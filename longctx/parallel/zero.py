@@ -67,10 +67,9 @@ def build_optimizer(model: nn.Module, *, lr: float, betas: tuple[float, float], 
                     weight_decay: float, offload: bool) -> torch.optim.Optimizer:
     """AdamW; no weight decay on norms and biases. With optimizer offload DeepSpeed needs its
     CPU Adam (compiled on first use)."""
-    decay, no_decay = [], []
-    for name, p in model.named_parameters():
-        (no_decay if p.ndim < 2 else decay).append(p)
-    groups = [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    decay, no_decay = _decay_groups(model)
+    groups = [{"params": [p for _, p in decay], "weight_decay": weight_decay},
+              {"params": [p for _, p in no_decay], "weight_decay": 0.0}]
     if offload:
         from deepspeed.ops.adam import DeepSpeedCPUAdam  # lazy, see the top of this file
 
@@ -79,6 +78,21 @@ def build_optimizer(model: nn.Module, *, lr: float, betas: tuple[float, float], 
     # the fused kernel: one pass per tensor (CPU and CUDA) instead of a loop over tensors
     fused = all(p.device.type in ("cpu", "cuda") for p in model.parameters())
     return torch.optim.AdamW(groups, lr=lr, betas=betas, eps=eps, fused=fused)
+
+
+def _decay_groups(model: nn.Module) -> tuple[list, list]:
+    """(name, parameter) pairs with weight decay (matrices) and without (norms, biases)."""
+    decay, no_decay = [], []
+    for name, p in model.named_parameters():
+        (no_decay if p.ndim < 2 else decay).append((name, p))
+    return decay, no_decay
+
+
+def optimizer_param_names(model: nn.Module) -> list[str]:
+    """The model's parameter names (model_key) in the order build_optimizer hands them to the
+    optimizer: its state dict numbers them in this order."""
+    decay, no_decay = _decay_groups(model)
+    return [model_key(name) for name, _ in decay + no_decay]
 
 
 def quiet_deepspeed_deprecations() -> None:

@@ -25,6 +25,7 @@ import logging
 import os
 import random
 import shutil
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Optional
 
@@ -32,9 +33,13 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from longctx import manifest
+from longctx import atomic, manifest
 from longctx.errors import UserError
 from longctx.manifest import COMPLETE, gather_objects, rank_and_world
+from longctx.parallel.zero import optimizer_param_names
+from longctx.train.reshard import (Layout, check_global_batch, check_model_shape, engine_native, engine_record, read_rank_states,
+                                   saved_layout, temp_name)
+from longctx.train.universal import load_universal, to_universal
 
 log = logging.getLogger("longctx.train")
 _SPACE_MARGIN = 1.1  # the next checkpoint may be a little larger than the last one
@@ -113,14 +118,44 @@ def read_trainer_state(path: Path) -> dict:
         raise UserError(f"checkpoint.resume: {path / 'trainer_state.json'} is unreadable ({e})") from None
 
 
-def load_checkpoint(path: Path, *, engine, world_size: int) -> tuple[dict, dict]:
-    """Restore the engine in place; returns (trainer_state, this rank's state)."""
+@dataclass
+class Restored:
+    """What a resume read besides the engine: the trainer state, and the saved rank states --
+    this rank's own when the layout is the checkpoint's (`same_layout`), else every saved rank's
+    (train/reshard.py turns them into this rank's)."""
+
+    trainer_state: dict
+    rank_states: list[dict]
+    same_layout: bool
+    saved: Layout
+
+
+def load_checkpoint(path: Path, *, engine, model, layout: Layout, batch: Optional[tuple[int, int]]) -> Restored:
+    """Collective: restore the engine in place from `path`, written at this `layout` or another.
+    `batch`: (micro-batch size, grad_accum) of the stage whose loader continues (None: none does).
+    A model of another shape, or another global batch on another layout, is a UserError (before
+    anything is loaded)."""
     rank = dist.get_rank() if dist.is_initialized() else 0
     trainer_state = read_trainer_state(path)
-    saved_world = trainer_state.get("world_size")
-    if saved_world != world_size:
-        raise UserError(f"checkpoint.resume: {path} was written by {saved_world} ranks; this run has {world_size} "
-                        "(resume with the same number of processes)")
+    check_model_shape(path, trainer_state, model.config)
+    saved = saved_layout(trainer_state, path, current_zero=layout.zero_stage)
+    if saved.placement() == layout.placement():  # the checkpoint's layout: DeepSpeed's files, this rank's own
+        _load_native(path, engine)
+        return Restored(trainer_state, [_read_rank_file(path, rank)], True, saved)
+    states = read_rank_states(path, saved.world_size)
+    if saved.rows_per_step is None:
+        saved = saved_layout(trainer_state, path, states, current_zero=layout.zero_stage)
+    if batch is not None:
+        check_global_batch(path, saved, layout, micro_batch_size=batch[0], grad_accum=batch[1])
+    log.warning("checkpoint.resume: %s was written at %s; this run has %s", path, saved.describe(), layout.describe())
+    if engine_native(saved, layout):
+        _load_native(path, engine)
+    else:
+        _load_universal(path, engine, model)
+    return Restored(trainer_state, states, False, saved)
+
+
+def _load_native(path: Path, engine) -> None:
     load_path, _ = engine.load_checkpoint(str(path), tag="ds", load_optimizer_states=True,
                                           load_lr_scheduler_states=False)
     if load_path is None:
@@ -129,12 +164,56 @@ def load_checkpoint(path: Path, *, engine, world_size: int) -> tuple[dict, dict]
     # the all-gather its recomputation does, and torch.utils.checkpoint stops the backward
     # ("... encountered during backward but not found in storage"). Release them (no-op below ZeRO-3).
     engine.empty_partition_cache()
+
+
+def _read_rank_file(path: Path, rank: int) -> dict:
     rank_file = path / f"rank_{rank:05d}.pt"
     try:
-        rank_state = torch.load(rank_file, weights_only=False)
+        return torch.load(rank_file, weights_only=False)
     except (OSError, RuntimeError, EOFError) as e:
         raise UserError(f"checkpoint.resume: {rank_file} is unreadable ({str(e).splitlines()[0]})") from None
-    return trainer_state, rank_state
+
+
+def _universal_bytes(ds_dir: Path) -> int:
+    """Free space the conversion needs: DeepSpeed's converter keeps the extracted fragments and
+    the merged parameters at once (twice the optimizer partitions); ZeRO-0's one file once."""
+    partitions = sum(f.stat().st_size for f in ds_dir.glob("*optim_states.pt"))
+    if partitions:
+        return 2 * partitions
+    return sum(f.stat().st_size for f in ds_dir.glob("*model_states.pt"))
+
+
+def _load_universal(path: Path, engine, model) -> None:
+    """Collective: rank 0 converts the checkpoint to DeepSpeed's universal form in a temporary
+    folder beside the checkpoints, every rank loads its partitions from it, rank 0 removes it."""
+    rank, _ = rank_and_world()
+    root = path.parent
+    folder: list[Optional[Path]] = [None]
+
+    def convert() -> None:
+        if rank != 0:
+            return
+        atomic.remove_stale(root, lambda line: log.warning("%s", line), name=temp_name(path))
+        need, free = _universal_bytes(path / "ds"), shutil.disk_usage(root).free
+        if need > free:
+            raise OSError(errno.ENOSPC, f"the conversion for the new layout needs ~{atomic.human_size(need)}, "
+                                        f"{atomic.human_size(free)} free", str(root))
+        folder[0] = atomic.make_temp_dir(root / temp_name(path))
+        to_universal(path / "ds", folder[0], optimizer_param_names(model))
+
+    problem = run_phase(convert, after_failure=lambda: folder[0] and shutil.rmtree(folder[0], ignore_errors=True))
+    if problem:
+        raise CheckpointError(f"checkpoint.resume: cannot convert {path} for the new layout: {problem}")
+    where = Path(gather_objects(str(folder[0]) if folder[0] else None)[0])
+    try:
+        problem = run_phase(lambda: load_universal(engine, model, where))
+    finally:
+        _barrier()
+        if rank == 0:
+            shutil.rmtree(where, ignore_errors=True)
+    if problem:
+        raise CheckpointError(f"checkpoint.resume: cannot load {path} on the new layout: {problem}")
+    engine.empty_partition_cache()
 
 
 # -------------------------------------------------------------------------------- saving
@@ -201,6 +280,7 @@ def save_checkpoint(out_dir: str | Path, step: int, *, engine, trainer_state: di
     """Collective: every rank calls it. `hf_writer(path)` (collective too, rank 0 writes)
     writes model/. Returns the new checkpoint; raises CheckpointError on every rank."""
     rank, _ = rank_and_world()
+    trainer_state = dict(trainer_state, **engine_record(engine))  # what a resume on another layout reads
     out_dir = Path(out_dir)
     root = checkpoint_dir(out_dir)
     tmp, final = root / f".tmp-step_{step:07d}", root / f"step_{step:07d}"
@@ -249,7 +329,7 @@ def _prepare(rank: int, root: Path, tmp: Path, final: Path, engine) -> None:
         shutil.rmtree(stale, ignore_errors=True)
     need, free = _estimate_bytes(root, engine), shutil.disk_usage(root).free
     if need > free:
-        raise OSError(errno.ENOSPC, f"needs ~{need / 2**30:.2f} GiB, {free / 2**30:.2f} GiB free", str(root))
+        raise OSError(errno.ENOSPC, f"needs ~{atomic.human_size(need)}, {atomic.human_size(free)} free", str(root))
     if final.exists() and not (final / COMPLETE).is_file():  # an incomplete one left by a crash here
         shutil.rmtree(final)
     tmp.mkdir()

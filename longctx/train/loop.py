@@ -37,6 +37,7 @@ from longctx.train.continuation import continue_from, nothing_left_notice
 from longctx.train.metrics import (MetricsWriter, flops_per_token, measure_cpu_limits, peak_flops_per_device,
                                    progress_fields)
 from longctx.train.nonfinite import NONFINITE_EXIT_CODE, NONFINITE_MARKER, NonFiniteGuard, NonFiniteStop, weights_finite
+from longctx.train.reshard import Layout, engine_record, loader_state, rng_for
 from longctx.train.schedule import lr_at
 from longctx.train.signals import PREEMPTED_EXIT_CODE, PREEMPTED_MARKER, PreemptionFlag
 from longctx.train.step import StepSetup, train_step
@@ -218,15 +219,38 @@ class Trainer:
 
     def _restore(self, state: dict, continuation) -> Optional[dict]:
         """Load the resume checkpoint into the engine and `state`; returns the loader state
-        when it belongs to the stage the run continues with."""
-        saved, rank_state = load_checkpoint(self.resume_from, engine=self.engine, world_size=self.world)
+        when it belongs to the stage the run continues with. A checkpoint of another layout is
+        resharded (train/reshard.py): engine through DeepSpeed's universal checkpoint, loader
+        states to this dp size, RNG states of rank r mod the old world size."""
+        stage = self.stages[continuation.stage]
+        cp, micro, accum = stage.parallel.cp_size, stage.data.micro_batch_size, self.cfg.train.grad_accum
+        record = engine_record(self.engine)
+        layout = Layout(self.world, cp, self.world // cp, record["zero_stage"], record["offload_optimizer"],
+                        micro * accum)
+        restored = load_checkpoint(self.resume_from, engine=self.engine, model=self.model, layout=layout,
+                                   batch=(micro, accum) if continuation.loader_belongs else None)
+        saved = restored.trainer_state
         state.update(step=saved["step"], tokens=saved["tokens"], stage=continuation.stage,
                      stage_step=continuation.stage_step)
-        set_rng_state(rank_state["rng"])
         log.info("resumed from %s at step %d", self.resume_from, state["step"])
         if continuation.note:
             log.warning("checkpoint.resume: %s", continuation.note)
-        return rank_state["data"] if continuation.loader_belongs else None
+        if restored.same_layout:
+            rank_state = restored.rank_states[0]
+            set_rng_state(rank_state["rng"])
+            return rank_state["data"] if continuation.loader_belongs else None
+        set_rng_state(rng_for(restored.rank_states, self.rank))
+        if not continuation.loader_belongs:
+            return None
+        mesh = self._mesh(cp)
+        tokenizer = load_tokenizer(self.cfg.data.tokenizer)
+        data, note = loader_state(
+            restored.rank_states, dp_rank=mesh.dp_rank, dp_size=mesh.dp_size, micro_batch_size=micro,
+            fresh_loader=lambda: stage_loader(stage, self.cfg.train.seed, tokenizer, dp_rank=mesh.dp_rank,
+                                              dp_size=mesh.dp_size))
+        if note:
+            self._announce(note)
+        return data
 
     def _enter_stage(self, index: int) -> None:
         """The stage's RoPE / max length, its cp size's mesh and attention, its step setup."""

@@ -1,0 +1,166 @@
+"""DeepSpeed's universal checkpoint as the bridge between layouts: one folder of every
+parameter's full fp32 master weight and Adam moments, which an engine of any world size and
+ZeRO stage loads into its own partitions.
+
+    to_universal(ckpt / "ds", folder, names)     # rank 0; folder/ds/zero/<param>/{fp32,exp_avg,exp_avg_sq,step}.pt
+    load_universal(engine, model, folder)        # collective: each rank takes its partitions
+
+Writing: ZeRO 1-3 (and bf16 at ZeRO-1, DeepSpeed's BF16_Optimizer) partitions are converted by
+DeepSpeed's own ds_to_universal; a ZeRO-0 checkpoint holds the whole optimizer in
+mp_rank_00_model_states.pt (torch's AdamW, or DeepSpeed's FP16_UnfusedOptimizer with its fp32
+copies in a bf16 run), written into the same files here. Loading: a ZeRO 1-3 engine loads the
+folder with DeepSpeed's universal checkpoint loader; a ZeRO-0 engine (which DeepSpeed's loader
+does not cover) takes the weights and moments here.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import os
+from pathlib import Path
+from typing import Iterable
+
+import torch
+from torch import nn
+
+from longctx.errors import UserError
+from longctx.parallel.checkpointing import model_key
+
+TAG = "ds"  # the converted checkpoint's tag inside the universal folder (as in a training checkpoint)
+STATES = ("fp32", "exp_avg", "exp_avg_sq")
+ZERO0_STATES = "mp_rank_00_model_states.pt"  # ZeRO 0-2: the module (ZeRO-0: and the whole optimizer)
+ZERO3_STATES = "zero_pp_rank_0_mp_rank_00_model_states.pt"  # ZeRO-3: the first rank's model states
+
+
+def zero_stage_of(ds_dir: Path) -> int:
+    """The ZeRO stage a DeepSpeed checkpoint directory was written at, from its file names
+    (1 stands for 1 or 2: their files are alike)."""
+    if any(ds_dir.glob("zero_pp_rank_*_mp_rank_*_model_states.pt")):
+        return 3
+    if any(ds_dir.glob("*zero_pp_rank_*_optim_states.pt")):
+        return 1
+    return 0
+
+
+@contextlib.contextmanager
+def _quiet():
+    """DeepSpeed's converter prints its progress and bars; they stay off the console."""
+    sink = io.StringIO()
+    with contextlib.redirect_stdout(sink), contextlib.redirect_stderr(sink):
+        yield
+
+
+def to_universal(ds_dir: Path, folder: Path, names: list[str]) -> None:
+    """Rank 0: the universal form of the checkpoint in `ds_dir` as folder/ds. `names`: the
+    model's parameters in the optimizer's order (zero.optimizer_param_names), for ZeRO-0."""
+    out = folder / TAG
+    if zero_stage_of(ds_dir) == 0:
+        _zero0_to_universal(ds_dir, out, names)
+    else:
+        from deepspeed.checkpoint import ds_to_universal  # lazy: seconds to import
+
+        # one worker: the converter's process pool would fork this training process
+        args = argparse.Namespace(input_folder=str(ds_dir), output_folder=str(out), num_extract_workers=1,
+                                  num_merge_workers=1, keep_temp_folder=False, strict=True,
+                                  inject_missing_state=True)
+        with _quiet():
+            ds_to_universal.main(args)
+    # DeepSpeed's loader reads the model states file of its own stage's name: give it both
+    for have, want in ((ZERO0_STATES, ZERO3_STATES), (ZERO3_STATES, ZERO0_STATES)):
+        if (out / have).is_file() and not (out / want).exists():
+            os.symlink(have, out / want)
+
+
+def _save_state(out: Path, name: str, key: str, tensor: torch.Tensor) -> None:
+    torch.save({"param": tensor.detach().float().contiguous(), "cat_dim": 0}, out / "zero" / name / f"{key}.pt")
+
+
+def _zero0_to_universal(ds_dir: Path, out: Path, names: list[str]) -> None:
+    path = ds_dir / ZERO0_STATES
+    try:
+        saved = torch.load(path, map_location="cpu", weights_only=False)
+    except (OSError, RuntimeError, EOFError) as e:
+        raise UserError(f"checkpoint.resume: {path} is unreadable ({str(e).splitlines()[0]})") from None
+    opt = saved.get("optimizer")
+    if not isinstance(opt, dict):
+        raise UserError(f"checkpoint.resume: {path} holds no optimizer state")
+    if "fp32_groups" in opt:  # bf16 at ZeRO-0: DeepSpeed's FP16_UnfusedOptimizer around torch's AdamW
+        inner = opt["optimizer_state_dict"]
+        masters = [t for group in opt["fp32_groups"] for t in group]
+    else:
+        inner, masters = opt, None
+    order = [i for group in inner["param_groups"] for i in group["params"]]
+    if len(order) != len(names):
+        raise UserError(f"checkpoint.resume: {path} has optimizer state for {len(order)} parameters, "
+                        f"the model has {len(names)}")
+    step = 0.0
+    for pos, (index, name) in enumerate(zip(order, names)):
+        master = masters[pos] if masters is not None else saved["module"][name]
+        (out / "zero" / name).mkdir(parents=True, exist_ok=True)
+        _save_state(out, name, "fp32", master)
+        state = inner["state"].get(index, {})
+        for key in ("exp_avg", "exp_avg_sq"):
+            _save_state(out, name, key, state.get(key, torch.zeros_like(master, dtype=torch.float32)))
+        step = max(step, float(state.get("step", 0.0)))
+        torch.save(torch.tensor(step), out / "zero" / name / "step.pt")
+    groups = [{k: v for k, v in g.items() if k != "params"} | {"params": []} for g in inner["param_groups"]]
+    # what DeepSpeed's universal loaders read besides the parameters' files (ZeRO 1-2 and ZeRO-3)
+    torch.save({"ds_version": saved.get("ds_version"), "param_groups": groups,
+                "optimizer_state_dict": {"state": {0: {"step": torch.tensor(step)}}, "param_groups": groups}},
+               out / "zero" / "optimizer_state.pt")
+    os.symlink(path.resolve(), out / ZERO0_STATES)
+
+
+def load_universal(engine, model: nn.Module, folder: Path) -> None:
+    """Collective: every rank's engine takes its share of the universal checkpoint in folder/ds."""
+    if engine.zero_optimization_stage() == 0:
+        _load_zero0(engine, model, folder / TAG / "zero")
+        return
+    config = engine._config  # DeepSpeed reads this flag at load time only (checkpoint.load_universal)
+    config.load_universal_checkpoint = True
+    try:
+        with _quiet():
+            load_path, _ = engine.load_checkpoint(str(folder), tag=TAG, load_optimizer_states=True,
+                                                  load_lr_scheduler_states=False)
+    finally:
+        config.load_universal_checkpoint = False
+    if load_path is None:
+        raise UserError(f"checkpoint.resume: DeepSpeed could not load the universal checkpoint in {folder}")
+
+
+def _masters(engine, model: nn.Module) -> Iterable[tuple[str, nn.Parameter, torch.Tensor, torch.optim.Optimizer, dict]]:
+    """(name, model parameter, its fp32 master, the torch optimizer stepping it, its param group)
+    of every parameter at ZeRO-0."""
+    names = {id(p): model_key(n) for n, p in model.named_parameters()}
+    opt = engine.optimizer
+    if hasattr(opt, "fp32_groups"):  # bf16: fp32 copies stepped by the wrapped optimizer
+        for low_group, fp32_group, group in zip(opt.fp16_groups, opt.fp32_groups, opt.optimizer.param_groups):
+            for low, master in zip(low_group, fp32_group):
+                yield names[id(low)], low, master, opt.optimizer, group
+        return
+    for group in opt.param_groups:
+        for p in group["params"]:
+            yield names[id(p)], p, p, opt, group
+
+
+def _step_tensor(step: float, group: dict, device: torch.device) -> torch.Tensor:
+    """The step as torch's AdamW keeps it (on the parameter's device for its fused and
+    capturable kernels)."""
+    if group.get("fused") or group.get("capturable"):
+        return torch.tensor(step, dtype=torch.float32, device=device)
+    return torch.tensor(step, dtype=torch.float32)
+
+
+def _load_zero0(engine, model: nn.Module, zero: Path) -> None:
+    for name, low, master, opt, group in _masters(engine, model):
+        files = {key: torch.load(zero / name / f"{key}.pt", map_location="cpu", weights_only=False)["param"]
+                 for key in STATES}
+        step = float(torch.load(zero / name / "step.pt", weights_only=False))
+        with torch.no_grad():
+            master.copy_(files["fp32"].view_as(master))
+            if low is not master:
+                low.copy_(files["fp32"].view_as(low))
+        opt.state[master] = {"step": _step_tensor(step, group, master.device),
+                             "exp_avg": files["exp_avg"].view_as(master).to(master.device).clone(),
+                             "exp_avg_sq": files["exp_avg_sq"].view_as(master).to(master.device).clone()}
