@@ -292,8 +292,10 @@ def save_hf_weights(state_dict: dict[str, torch.Tensor], config: ModelConfig, pa
     """Like save_pretrained, from our-named weights (e.g. gathered from ZeRO-3 shards).
 
     `tokenizer` writes its files next to the weights (so transformers and evaluation find it
-    without flags); config.json and generation_config.json take its special token ids."""
+    without flags); config.json and generation_config.json take its special token ids.
+    Temporaries of `path` that a dead process left beside it are removed first, with a note."""
     target = export_target(path)
+    atomic.remove_stale(target.parent, atomic.note, name=target.name)  # what a killed export left beside it
     tmp = atomic.make_temp_dir(target)
     try:
         state = {}

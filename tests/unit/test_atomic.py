@@ -229,3 +229,16 @@ def test_result_file_clears_a_dead_writers_temporary_of_that_file_with_a_note(tm
             tmp.write_text("{")
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
     assert (tmp_path / "results.json").read_text() == "{}\n"
+
+
+def test_an_hf_save_clears_what_a_killed_save_of_that_directory_left(tmp_path, capsys):
+    from helpers.model import tiny_model
+    from longctx.model.hf import load_pretrained, save_pretrained
+
+    stale = tmp_path / f".hf.tmp-{HOST}-{_dead_pid()}-abc"
+    stale.mkdir()
+    (stale / "model.safetensors").write_bytes(b"\0" * 64)
+    save_pretrained(tiny_model(), tmp_path / "hf")
+    assert f"note: removed {stale}" in capsys.readouterr().err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["hf"]
+    load_pretrained(tmp_path / "hf")
