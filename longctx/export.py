@@ -3,6 +3,7 @@ Hugging Face Llama directory with its tokenizer (the command line is longctx/com
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 from contextlib import contextmanager, suppress
 from pathlib import Path
@@ -121,10 +122,40 @@ def _write_failure(e: OSError, target: Path, out: Path) -> UserError:
     return UserError(f"--out: {atomic.write_error(OSError(e.errno, e.strerror, str(where)), out)}")
 
 
+class _Terminated(BaseException):
+    """SIGTERM arrived: unwinds like Ctrl-C, so the temporary sibling and the lock go too."""
+
+
+@contextmanager
+def _sigterm_unwinds() -> Iterator[None]:
+    def stop(signum, frame):
+        raise _Terminated()
+    try:
+        previous = signal.signal(signal.SIGTERM, stop)
+    except ValueError:  # not the main thread: leave signals alone
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 def run(args: argparse.Namespace) -> int:
     src, out = Path(args.checkpoint), Path(args.out)
     check_out_dir(src, out, args.overwrite)
     model_dir = resolve_model_dir(src)  # a checkpoint must be COMPLETE and match its manifest
+    try:
+        with _sigterm_unwinds():
+            _locked_export(src, out, model_dir, args)
+    except _Terminated:
+        print(f"error: export stopped by SIGTERM; nothing of it is half-written in {out}", file=sys.stderr)
+        return 128 + signal.SIGTERM
+    print(f"exported {model_dir} -> {out}")
+    return 0
+
+
+def _locked_export(src: Path, out: Path, model_dir: Path, args: argparse.Namespace) -> None:
     target = export_target(out)
     with export_lock(target, out):
         atomic.remove_stale(target.parent, _note, name=target.name)
@@ -135,8 +166,6 @@ def run(args: argparse.Namespace) -> int:
             save_hf_weights(weights, config, out, dtype=dtype, tokenizer=tokenizer)
         except OSError as e:
             raise _write_failure(e, target, out) from None
-    print(f"exported {model_dir} -> {out}")
-    return 0
 
 
 def _weights(model_dir: Path, dtype_name: Optional[str]):

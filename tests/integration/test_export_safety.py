@@ -297,3 +297,16 @@ def test_a_real_full_disk_mid_export_is_one_line_and_leaves_nothing(tmp_path, mo
         assert sorted(p.name for p in disk.iterdir()) == []
     finally:
         subprocess.run(["umount", "-l", str(disk)], check=False)
+
+
+def test_sigterm_during_an_overwrite_ends_it_cleanly(tmp_path, models):
+    """A cancelled job (SIGTERM) unwinds: the temporary sibling and the lock go, the old export stays."""
+    out = _export_with_notes(tmp_path, models)
+    proc, _ = _start(tmp_path, "weights", "--checkpoint", str(models[1]), "--out", str(out), "--overwrite")
+    _wait_for(proc, "weights written")
+    proc.send_signal(signal.SIGTERM)
+    _, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 143, stderr[-2000:]
+    assert _error_lines(stderr) == [f"error: export stopped by SIGTERM; nothing of it is half-written in {out}"]
+    assert "Traceback" not in stderr
+    assert _siblings(out) == [] and _which(out, models) == "old"
