@@ -105,6 +105,8 @@ def write_error(e: OSError, path: str | os.PathLike) -> UserError:
     """The one line for a write of `path` that failed with `e`: it names the file and, for a
     full disk or quota, says so with the space left."""
     where = Path(e.filename) if isinstance(e.filename, str) and e.filename else Path(path)
+    if owner_of(where) is not None:
+        where = Path(path)  # our temporary sibling: name the file the user asked for
     if e.errno in _FULL:
         return UserError(f"cannot write {where}: the disk (or quota) is full ({_free(where)} free); free some "
                          "space or choose another directory")
@@ -138,6 +140,7 @@ def free_bytes(path: Path) -> Optional[int]:
 
 
 def human_size(n: int) -> str:
+    """A size for a sentence: GiB, MiB or KiB with one decimal, else bytes."""
     for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
         if n >= scale:
             return f"{n / scale:.1f} {unit}"

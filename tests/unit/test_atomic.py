@@ -242,3 +242,12 @@ def test_an_hf_save_clears_what_a_killed_save_of_that_directory_left(tmp_path, c
     assert f"note: removed {stale}" in capsys.readouterr().err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["hf"]
     load_pretrained(tmp_path / "hf")
+
+
+def test_a_failure_on_the_temporary_names_the_file_asked_for(tmp_path):
+    path = tmp_path / "results.json"
+    temp = tmp_path / (atomic.temp_sibling_name(path) + "abc")
+    with pytest.raises(UserError) as info:
+        with atomic.user_errors(path):
+            raise PermissionError(errno.EACCES, "Permission denied", str(temp))
+    assert str(info.value) == f"cannot write {path} (Permission denied)"
