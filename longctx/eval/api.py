@@ -22,7 +22,7 @@ from longctx.eval import plots
 from longctx.eval.comparability import assess
 from longctx.eval.config import EvalConfig, select
 from longctx.eval.ppl import perplexity_vs_length
-from longctx.eval.report import aggregate, render_markdown, write_results
+from longctx.eval.report import aggregate, render_markdown, write_markdown, write_results
 from longctx.eval.ruler_format import read_ruler_data, write_predictions
 from longctx.eval.runner import Engine, run_samples
 from longctx.eval.tasks import BelowMinimum, Sample, TaskOptions, build_samples, get_task, no_fit_error, skip_notice
@@ -126,6 +126,6 @@ def write_outputs(out: Path, meta: dict, summary: dict, records, ppl, skipped, w
     if ppl:
         figures.append(str(plots.ppl_curve(ppl, out / "ppl_vs_length.png", max_position)))
     write_results(out / "results.json", meta, summary, records, ppl, skipped, warnings_, comparability)
-    (out / "report.md").write_text(render_markdown(meta, summary, ppl, skipped, warnings_, figures, comparability))
+    write_markdown(out / "report.md", render_markdown(meta, summary, ppl, skipped, warnings_, figures, comparability))
     pred_dirs = sorted({str(Path(f).parent) + "/" for f in write_predictions(out / "ruler", samples, records)})
     return [str(out / "results.json"), str(out / "report.md")] + figures + pred_dirs
