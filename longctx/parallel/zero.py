@@ -84,7 +84,8 @@ def _decay_groups(model: nn.Module) -> tuple[list, list]:
     """(name, parameter) pairs with weight decay (matrices) and without (norms, biases)."""
     decay, no_decay = [], []
     for name, p in model.named_parameters():
-        (no_decay if p.ndim < 2 else decay).append((name, p))
+        ndim = len(p.ds_shape) if hasattr(p, "ds_shape") else p.ndim  # ZeRO-3 leaves a flat partition in p
+        (no_decay if ndim < 2 else decay).append((name, p))
     return decay, no_decay
 
 

@@ -66,10 +66,41 @@ def to_universal(ds_dir: Path, folder: Path, names: list[str]) -> None:
                                   inject_missing_state=True)
         with _quiet():
             ds_to_universal.main(args)
-    # DeepSpeed's loader reads the model states file of its own stage's name: give it both
+    _for_every_stage(out)
+
+
+def _for_every_stage(out: Path) -> None:
+    """What DeepSpeed's loaders of ZeRO 1-2 and of ZeRO-3 read differs: the model states file's
+    name, and in zero/optimizer_state.pt the version (1-2) or the step in the base optimizer's
+    state (3). The converter writes its source stage's; the other stage's is added here."""
     for have, want in ((ZERO0_STATES, ZERO3_STATES), (ZERO3_STATES, ZERO0_STATES)):
         if (out / have).is_file() and not (out / want).exists():
             os.symlink(have, out / want)
+    model_states = torch.load(out / ZERO0_STATES, map_location="cpu", weights_only=False)
+    # ZeRO-3's converter writes each parameter's files as flat tensors; ZeRO 1-2 read them shaped
+    for shapes in model_states.get("param_shapes") or ():
+        for name, shape in shapes.items():
+            for key in STATES:
+                file = out / "zero" / name / f"{key}.pt"
+                value = torch.load(file, weights_only=False)
+                if isinstance(value, torch.Tensor):
+                    torch.save({"param": value.view(shape), "cat_dim": 0}, file)
+    path = out / "zero" / "optimizer_state.pt"
+    state = torch.load(path, weights_only=False)
+    if not state.get("ds_version"):
+        state["ds_version"] = model_states["ds_version"]
+    base = state.get("optimizer_state_dict")
+    steps = sorted((out / "zero").glob("*/step.pt"))
+    if isinstance(base, dict) and base.get("state"):
+        step = base["state"][0]["step"]
+    else:
+        step = torch.load(steps[0], weights_only=False)
+        state["optimizer_state_dict"] = {"state": {0: {"step": step}}, "param_groups": state["param_groups"]}
+    torch.save(state, path)
+    if not steps:  # ZeRO-3 keeps the step in optimizer_state.pt only; ZeRO 1-2 read it per parameter
+        for folder in (out / "zero").iterdir():
+            if folder.is_dir():
+                torch.save(torch.as_tensor(step).clone(), folder / "step.pt")
 
 
 def _save_state(out: Path, name: str, key: str, tensor: torch.Tensor) -> None:
@@ -94,7 +125,6 @@ def _zero0_to_universal(ds_dir: Path, out: Path, names: list[str]) -> None:
     if len(order) != len(names):
         raise UserError(f"checkpoint.resume: {path} has optimizer state for {len(order)} parameters, "
                         f"the model has {len(names)}")
-    step = 0.0
     for pos, (index, name) in enumerate(zip(order, names)):
         master = masters[pos] if masters is not None else saved["module"][name]
         (out / "zero" / name).mkdir(parents=True, exist_ok=True)
@@ -102,13 +132,9 @@ def _zero0_to_universal(ds_dir: Path, out: Path, names: list[str]) -> None:
         state = inner["state"].get(index, {})
         for key in ("exp_avg", "exp_avg_sq"):
             _save_state(out, name, key, state.get(key, torch.zeros_like(master, dtype=torch.float32)))
-        step = max(step, float(state.get("step", 0.0)))
-        torch.save(torch.tensor(step), out / "zero" / name / "step.pt")
+        torch.save(torch.tensor(float(state.get("step", 0.0))), out / "zero" / name / "step.pt")
     groups = [{k: v for k, v in g.items() if k != "params"} | {"params": []} for g in inner["param_groups"]]
-    # what DeepSpeed's universal loaders read besides the parameters' files (ZeRO 1-2 and ZeRO-3)
-    torch.save({"ds_version": saved.get("ds_version"), "param_groups": groups,
-                "optimizer_state_dict": {"state": {0: {"step": torch.tensor(step)}}, "param_groups": groups}},
-               out / "zero" / "optimizer_state.pt")
+    torch.save({"ds_version": saved.get("ds_version"), "param_groups": groups}, out / "zero" / "optimizer_state.pt")
     os.symlink(path.resolve(), out / ZERO0_STATES)
 
 
@@ -127,6 +153,11 @@ def load_universal(engine, model: nn.Module, folder: Path) -> None:
         config.load_universal_checkpoint = False
     if load_path is None:
         raise UserError(f"checkpoint.resume: DeepSpeed could not load the universal checkpoint in {folder}")
+    # ZeRO-3's universal loader gives every sub-group the same step tensor; torch's AdamW advances
+    # it in place once per group, which would count each later step once per group
+    for state in engine.optimizer.optimizer.state.values():
+        if isinstance(state.get("step"), torch.Tensor):
+            state["step"] = state["step"].clone()
 
 
 def _masters(engine, model: nn.Module) -> Iterable[tuple[str, nn.Parameter, torch.Tensor, torch.optim.Optimizer, dict]]:
