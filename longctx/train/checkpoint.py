@@ -37,7 +37,7 @@ from longctx import atomic, manifest
 from longctx.errors import UserError
 from longctx.manifest import COMPLETE, gather_objects, rank_and_world
 from longctx.parallel.zero import optimizer_param_names
-from longctx.train.reshard import (Layout, check_global_batch, check_model_shape, engine_native, engine_record, read_rank_states,
+from longctx.train.reshard import (Layout, check_model_shape, engine_native, engine_record, read_rank_states,
                                    saved_layout, temp_name)
 from longctx.train.universal import load_universal, to_universal
 
@@ -130,11 +130,9 @@ class Restored:
     saved: Layout
 
 
-def load_checkpoint(path: Path, *, engine, model, layout: Layout, batch: Optional[tuple[int, int]]) -> Restored:
-    """Collective: restore the engine in place from `path`, written at this `layout` or another.
-    `batch`: (micro-batch size, grad_accum) of the stage whose loader continues (None: none does).
-    A model of another shape, or another global batch on another layout, is a UserError (before
-    anything is loaded)."""
+def load_checkpoint(path: Path, *, engine, model, layout: Layout) -> Restored:
+    """Collective: restore the engine in place from `path`, written at this `layout` or another
+    (reshard.check_resume has checked the global batch). A model of another shape is a UserError."""
     rank = dist.get_rank() if dist.is_initialized() else 0
     trainer_state = read_trainer_state(path)
     check_model_shape(path, trainer_state, model.config)
@@ -143,10 +141,6 @@ def load_checkpoint(path: Path, *, engine, model, layout: Layout, batch: Optiona
         _load_native(path, engine)
         return Restored(trainer_state, [_read_rank_file(path, rank)], True, saved)
     states = read_rank_states(path, saved.world_size)
-    if saved.rows_per_step is None:
-        saved = saved_layout(trainer_state, path, states, current_zero=layout.zero_stage)
-    if batch is not None:
-        check_global_batch(path, saved, layout, micro_batch_size=batch[0], grad_accum=batch[1])
     log.warning("checkpoint.resume: %s was written at %s; this run has %s", path, saved.describe(), layout.describe())
     if engine_native(saved, layout):
         _load_native(path, engine)

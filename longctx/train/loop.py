@@ -37,7 +37,7 @@ from longctx.train.continuation import continue_from, nothing_left_notice
 from longctx.train.metrics import (MetricsWriter, flops_per_token, measure_cpu_limits, peak_flops_per_device,
                                    progress_fields)
 from longctx.train.nonfinite import NONFINITE_EXIT_CODE, NONFINITE_MARKER, NonFiniteGuard, NonFiniteStop, weights_finite
-from longctx.train.reshard import Layout, engine_record, loader_state, rng_for
+from longctx.train.reshard import Layout, check_resume, engine_record, loader_state, rng_for
 from longctx.train.schedule import lr_at
 from longctx.train.signals import PREEMPTED_EXIT_CODE, PREEMPTED_MARKER, PreemptionFlag
 from longctx.train.step import StepSetup, train_step
@@ -186,8 +186,14 @@ class Trainer:
             return None
         saved = read_trainer_state(self.resume_from)
         continuation = continue_from(saved, self.stages)
-        if continuation.stage == len(self.stages) and self.rank == 0:
-            print(nothing_left_notice(self.resume_from, saved, self.stages), file=sys.stderr)
+        if continuation.stage == len(self.stages):
+            if self.rank == 0:
+                print(nothing_left_notice(self.resume_from, saved, self.stages), file=sys.stderr)
+            return continuation
+        # another model shape, or another global batch on another dp size: one line, nothing loaded
+        check_resume(self.resume_from, saved, model_config=stage_model_config(self.stages[0]), world_size=self.world,
+                     stage=self.stages[continuation.stage], grad_accum=self.cfg.train.grad_accum,
+                     loader_continues=continuation.loader_belongs)
         return continuation
 
     # ------------------------------------------------------------------ building blocks
@@ -227,8 +233,7 @@ class Trainer:
         record = engine_record(self.engine)
         layout = Layout(self.world, cp, self.world // cp, record["zero_stage"], record["offload_optimizer"],
                         micro * accum)
-        restored = load_checkpoint(self.resume_from, engine=self.engine, model=self.model, layout=layout,
-                                   batch=(micro, accum) if continuation.loader_belongs else None)
+        restored = load_checkpoint(self.resume_from, engine=self.engine, model=self.model, layout=layout)
         saved = restored.trainer_state
         state.update(step=saved["step"], tokens=saved["tokens"], stage=continuation.stage,
                      stage_step=continuation.stage_step)

@@ -1,9 +1,8 @@
 """Resuming a checkpoint on another layout: world size, cp / dp split, ZeRO stage or optimizer
 offload may differ from the run that wrote it; the model's shape and the global batch may not.
 
-    saved = saved_layout(trainer_state, ckpt)       # as the checkpoint records it
-    check_model_shape(ckpt, trainer_state, model.config)
-    check_global_batch(ckpt, saved, current)        # micro x grad_accum x dp kept
+    check_resume(ckpt, trainer_state, ...)          # before the engine: model shape, global batch kept
+    saved = saved_layout(trainer_state, ckpt, current_zero=...)   # as the checkpoint records it
     engine_native(saved, current)                   # DeepSpeed loads its own files as they are
     states = read_rank_states(ckpt, saved.world_size)
     loader_state(states, ...)                       # this rank's loader, resharded to the new dp
@@ -113,25 +112,42 @@ def check_model_shape(ckpt: Path, trainer_state: dict, config: ModelConfig) -> N
     for field in SHAPE_FIELDS:
         if field in recorded and recorded[field] != getattr(config, field):
             raise UserError(f"checkpoint.resume: {ckpt} holds a model with {field}={recorded[field]}; this run's model "
-                            f"has {field}={getattr(config, field)} (a checkpoint resumes only into a model of its shape; "
-                            "start a new run with model.init_from to change it)")
+                            f"has {field}={getattr(config, field)} (a checkpoint resumes only into a model of its "
+                            "shape: resume with that model, or start a new run in another out_dir)")
 
 
 def check_global_batch(ckpt: Path, saved: Layout, current: Layout, *, micro_batch_size: int, grad_accum: int) -> None:
     """UserError when a resume on another dp size changes the rows per optimizer step, with the
     grad_accum (or micro-batch size) that keeps them."""
-    if saved.global_batch is None or saved.global_batch == current.global_batch:
+    if saved.dp_size == current.dp_size or saved.global_batch is None or saved.global_batch == current.global_batch:
         return
     want, dp = saved.global_batch, current.dp_size
     if want % (micro_batch_size * dp) == 0:
-        fix = f"set train.grad_accum={want // (micro_batch_size * dp)}"
+        fix = f"set train.grad_accum={want // (micro_batch_size * dp)} to keep it"
     elif want % (grad_accum * dp) == 0:
-        fix = f"set data.micro_batch_size={want // (grad_accum * dp)}"
+        fix = f"set data.micro_batch_size={want // (grad_accum * dp)} to keep it"
     else:
-        fix = f"a global batch of {want} rows does not split over {dp} data-parallel ranks"
-    raise UserError(f"checkpoint.resume: {ckpt} trained {want} rows per step ({saved.dp_size} data-parallel ranks x "
-                    f"{saved.rows_per_step}); this run trains {current.global_batch} ({dp} x {micro_batch_size} "
-                    f"micro-batch x {grad_accum} grad_accum): {fix} to keep the global batch")
+        fix = f"{want} rows do not split over {dp} data-parallel ranks"
+    raise UserError(f"checkpoint.resume: {ckpt} was trained with a global batch of {want} rows per step "
+                    f"({saved.dp_size} data-parallel ranks x {saved.rows_per_step}); this run's is {current.global_batch} "
+                    f"({dp} x {micro_batch_size} micro-batch x {grad_accum} grad_accum): {fix}")
+
+
+def check_resume(ckpt: Path, trainer_state: dict, *, model_config: ModelConfig, world_size: int, stage,
+                 grad_accum: int, loader_continues: bool) -> None:
+    """Before the engine is built: the checkpoint's model shape, and, when the stage's loader
+    continues on another dp size, its global batch (UserError, one line)."""
+    check_model_shape(ckpt, trainer_state, model_config)
+    if not loader_continues:
+        return
+    cp, micro = stage.parallel.cp_size, stage.data.micro_batch_size
+    current = Layout(world_size, cp, world_size // cp, 0, False, micro * grad_accum)
+    saved = saved_layout(trainer_state, ckpt, current_zero=0)
+    if saved.dp_size == current.dp_size:
+        return
+    if saved.rows_per_step is None:
+        saved = saved_layout(trainer_state, ckpt, read_rank_states(ckpt, saved.world_size), current_zero=0)
+    check_global_batch(ckpt, saved, current, micro_batch_size=micro, grad_accum=grad_accum)
 
 
 def read_rank_states(ckpt: Path, world_size: int) -> list[dict]:

@@ -143,6 +143,10 @@ def load_universal(engine, model: nn.Module, folder: Path) -> None:
     if engine.zero_optimization_stage() == 0:
         _load_zero0(engine, model, folder / TAG / "zero")
         return
+    base = engine.optimizer.optimizer
+    # this run's hyperparameters (betas, eps, weight decay per group): DeepSpeed's loaders copy the
+    # source's (ZeRO-3's its first group's into every group)
+    hyper = [{k: v for k, v in group.items() if k != "params"} for group in base.param_groups]
     config = engine._config  # DeepSpeed reads this flag at load time only (checkpoint.load_universal)
     config.load_universal_checkpoint = True
     try:
@@ -151,13 +155,26 @@ def load_universal(engine, model: nn.Module, folder: Path) -> None:
                                                   load_lr_scheduler_states=False)
     finally:
         config.load_universal_checkpoint = False
+    for group, own in zip(base.param_groups, hyper):
+        for key in [k for k in group if k != "params" and k not in own]:
+            del group[key]
+        group.update(own)
     if load_path is None:
         raise UserError(f"checkpoint.resume: DeepSpeed could not load the universal checkpoint in {folder}")
-    # ZeRO-3's universal loader gives every sub-group the same step tensor; torch's AdamW advances
-    # it in place once per group, which would count each later step once per group
-    for state in engine.optimizer.optimizer.state.values():
-        if isinstance(state.get("step"), torch.Tensor):
-            state["step"] = state["step"].clone()
+    _own_steps(base)
+
+
+def _own_steps(optimizer: torch.optim.Optimizer) -> None:
+    """Each state's step in the form its optimizer keeps it, and its own object: the loaders give
+    whatever the source optimizer saved (DeepSpeed's CPU Adam an int, torch's AdamW a tensor), and
+    ZeRO-3's gives every sub-group the same tensor, which torch advances in place once per group."""
+    from deepspeed.ops.adam import DeepSpeedCPUAdam  # lazy: seconds to import
+
+    for p, state in optimizer.state.items():  # (ZeRO-3's loader leaves its groups' params empty until the step)
+        if "step" in state:
+            step = float(state["step"])
+            state["step"] = (int(step) if isinstance(optimizer, DeepSpeedCPUAdam)
+                             else _step_tensor(step, optimizer.defaults, p.device))
 
 
 def _masters(engine, model: nn.Module) -> Iterable[tuple[str, nn.Parameter, torch.Tensor, torch.optim.Optimizer, dict]]:
