@@ -93,6 +93,9 @@ class _Cursor:
 
     def __init__(self, n_rows: int, dp_rank: int, dp_size: int, epochs: Optional[int]):
         self.length = len(range(dp_rank, n_rows, dp_size))
+        if self.length == 0:
+            raise UserError(f"data loader state: a cache of {n_rows} rows has none for data-parallel rank {dp_rank} "
+                            f"of {dp_size}")
         self.epochs = epochs
         self.epoch = self.cursor = 0
         self.done = False
