@@ -4,6 +4,10 @@
     torchrun --nproc-per-node 4 -m longctx eval --model DIR --suite niah --lengths 128k --cp 4 --out eval/
     longctx eval --config eval.yaml samples=5 style=compact       # like `longctx train`
 
+Every finished (task, length) cell is kept in OUT/cells/; the same command rerun continues from
+them, and SIGTERM / SIGUSR1 stop after the batch in flight (exit code 85). Cells of another
+evaluation in OUT are refused unless --overwrite.
+
 The options are EvalConfig's fields (longctx/eval/fields.py), read like the training config:
 defaults < --config FILE < key=value overrides < flags (every field is a flag too). The parser
 needs only the fields; the evaluation (longctx/eval/command.py, torch) loads when it runs.
@@ -22,6 +26,9 @@ def add_parser(p: argparse.ArgumentParser) -> None:
     p.description = __doc__
     p.add_argument("--config", default=None, help="YAML file of EvalConfig fields (default: the built-in defaults)")
     p.add_argument("overrides", nargs="*", metavar="key=value", help="e.g. samples=5 lengths=4k,8k")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace the cells in --out that another evaluation wrote (default: refuse; the same "
+                        "evaluation rerun always continues from its finished cells)")
     hints = typing.get_type_hints(EvalFields)
     for f in dataclasses.fields(EvalFields):
         flag = "--" + f.name.replace("_", "-")

@@ -8,28 +8,49 @@
 Samples are generated for every (task, length[, depth]) cell *before* the model runs: a cell
 below its task's minimum length is skipped with one notice (in "skipped"), and when no cell is
 left the error names lengths that fit, in seconds, not after an hour of decoding.
+
+With `identity` (cells.run_identity of the model and tokenizer) and cfg.out, every finished
+(task, length) cell is in cfg.out/cells/ and the same evaluation rerun continues from them;
+`stop` (a PreemptionFlag) ends it after the batch in flight, with the finished cells and
+samples written. results.json, report.md, the figures and RULER's files are built from all
+cells once the last is done, the same bytes however many runs it took (timing.json has the
+seconds).
 """
 from __future__ import annotations
 
+import json
+import sys
 import time
+from contextlib import contextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Optional, Sequence
+from typing import Callable, Iterator, Optional, Sequence
 
 import torch.distributed as dist
 
+from longctx import atomic
 from longctx.errors import UserError
 from longctx.eval import plots
+from longctx.eval.cells import MARKER, PPL, CellStore, acquire, ppl_cells, release_lock, task_cells
 from longctx.eval.comparability import assess
-from longctx.eval.config import EvalConfig, select
+from longctx.eval.config import EvalConfig, EvalSelection, select
 from longctx.eval.ppl import perplexity_vs_length
 from longctx.eval.report import aggregate, render_markdown, write_markdown, write_results
 from longctx.eval.ruler_format import read_ruler_data, write_predictions
-from longctx.eval.runner import Engine, run_samples
+from longctx.eval.runner import Engine, dp_layout, run_cell
+from longctx.launch_env import read_env
+from longctx.progress import Progress
 from longctx.eval.tasks import BelowMinimum, Sample, TaskOptions, build_samples, get_task, no_fit_error, skip_notice
 
 
+TIMING = "timing.json"  # wall and generation seconds: apart from results.json, which two runs write alike
+
+
 def _is_main() -> bool:
-    return not (dist.is_available() and dist.is_initialized()) or dist.get_rank() == 0
+    """Rank 0 (from the launcher's environment before the process group exists)."""
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank() == 0
+    return read_env().rank == 0
 
 
 def generate_all(tasks: Sequence[str], lengths: Sequence[int], samples: int, tokenizer, *, seed: int = 0,
@@ -60,58 +81,235 @@ def generate_all(tasks: Sequence[str], lengths: Sequence[int], samples: int, tok
     return out, skipped
 
 
+@dataclass
+class Plan:
+    """What an evaluation runs, known before any weight is read: its samples, its cells and,
+    with a store, the finished (or partial) cells it reuses."""
+
+    run: EvalSelection
+    samples: list
+    skipped: list
+    cells: list  # cells.Cell: the task cells by length, then perplexity's
+    store: Optional[CellStore] = None
+    done: dict = field(default_factory=dict)  # {cell file: its stored content}
+
+    def signature(self) -> str:
+        """The same on every rank that sees the same cells (ranks compare it)."""
+        seen = sorted((rel, doc.get("key"), doc.get("complete"), len(doc.get("records", ()))) for rel, doc in self.done.items())
+        return json.dumps([len(self.cells), seen])
+
+    def resume_line(self) -> Optional[str]:
+        complete = [c for c in self.cells if self.done.get(c.rel, {}).get("complete")]
+        partial = [c for c in self.cells if c.rel in self.done and c not in complete]
+        if not complete and not partial:
+            return None
+        line = f"resuming: {len(complete)} of {len(self.cells)} cells already done in {self.store.out}"
+        if partial:
+            line += " (and " + ", ".join(f"{len(self.done[c.rel]['records'])} of {len(c.samples)} samples of {c.label}"
+                                         for c in partial) + ")"
+        return line
+
+
+def prepare(cfg: EvalConfig, tokenizer, *, identity: Optional[dict] = None, model_path: Optional[str] = None,
+            overwrite: bool = False, remove: bool = True, notify: Callable[[str], None] = atomic.note) -> Plan:
+    """The samples and cells of `cfg`; with `identity` (cells.run_identity) and cfg.out, the
+    cells already in cfg.out that this evaluation reuses (a conflict is one UserError line,
+    unless `overwrite`; `remove`: this process may delete the conflicting files)."""
+    run = select(cfg)
+    if cfg.ruler_data is not None:  # RULER's prepared prompts instead of ours
+        samples, skipped = read_ruler_data(cfg.ruler_data, tokenizer, run.options, lengths=run.lengths,
+                                           tasks=cfg.tasks)
+    else:
+        samples, skipped = generate_all(run.tasks, run.lengths if run.tasks else [], cfg.samples, tokenizer,
+                                        seed=cfg.seed, options=run.options, depths=run.grids,
+                                        require_samples=bool(run.tasks) and not run.ppl_lengths)
+    if run.tasks and not samples and not run.ppl_lengths:
+        raise UserError("eval.tasks: nothing to run (" + "; ".join(skipped) + ")")
+    cells = task_cells(samples, run.options.add_bos) + ppl_cells(run.ppl_lengths, cfg.ppl_windows, cfg.ppl_data)
+    plan = Plan(run, samples, skipped, cells)
+    if identity is not None and cfg.out is not None:
+        plan.store = CellStore(cfg.out, identity, model_path)
+        plan.done = plan.store.check(cells, overwrite=overwrite, remove=remove, notify=notify)
+    return plan
+
+
+@contextmanager
+def out_lock(out: Optional[str]) -> Iterator[None]:
+    """One eval writing `out` at a time (rank 0 holds the lock; None: nothing to hold)."""
+    holder = acquire(Path(out)) if out is not None and _is_main() else None
+    try:
+        yield
+    finally:
+        if holder is not None:
+            release_lock(Path(out), holder)
+
+
 def evaluate(model, tokenizer, cfg: EvalConfig, *, cp_group=None, meta: Optional[dict] = None,
-             warnings_: Sequence[str] = (), predictor: Optional[Callable[[Sample], str]] = None) -> dict:
+             warnings_: Sequence[str] = (), predictor: Optional[Callable[[Sample], str]] = None,
+             identity: Optional[dict] = None, overwrite: bool = False, stop=None, plan: Optional[Plan] = None) -> dict:
     """Run cfg's tasks (and perplexity) and, with cfg.out, write results.json, report.md and figures.
 
     cp_group: the context-parallel group of the prefill (None: one process); meta: extra
     entries of results.json's meta; predictor replaces the model (an oracle or a baseline).
-    Returns {"summary", "records", "ppl", "skipped", "files", "meta"}.
+    identity (cells.run_identity of the model and tokenizer) with cfg.out: every cell is
+    written to cfg.out/cells/ as it finishes and a rerun reuses the finished ones (conflicting
+    cells: a UserError line unless `overwrite`). stop: a PreemptionFlag (or anything with a
+    collective agreed()): when it agrees, the batch in flight finishes, the finished cells and
+    samples are written and the result has "preempted" set (no results.json). plan: from
+    prepare() (the CLI prepares it before loading the weights).
+    Returns {"summary", "records", "ppl", "skipped", "files", "meta", "comparability",
+    "preempted", "timing"}.
     """
-    t0 = time.time()
-    run = select(cfg)
+    if plan is not None:
+        return _run_plan(model, tokenizer, cfg, plan, cp_group, meta, warnings_, predictor, stop)
+    with out_lock(cfg.out if identity is not None else None):
+        plan = prepare(cfg, tokenizer, identity=identity, overwrite=overwrite)
+        return _run_plan(model, tokenizer, cfg, plan, cp_group, meta, warnings_, predictor, stop)
+
+
+def _layout(engine: Engine, model, length: int, cp_impl: str) -> dict:
+    """How a cell was computed (recorded in it, not part of its key)."""
+    param = next(model.parameters(), None) if model is not None else None
+    layout = {"batch_size": engine.batch_for(length), "cp": engine.cp_size, "dp": dp_layout(engine.cp_size)[0],
+              "device": param.device.type if param is not None else "none"}
+    if engine.cp_size > 1:
+        layout["cp_impl"] = cp_impl
+    return layout
+
+
+def _json_roundtrip(obj):
+    """As a cell file gives it back: what results.json is built from, fresh or resumed alike."""
+    return json.loads(json.dumps(obj))
+
+
+def _run_plan(model, tokenizer, cfg: EvalConfig, plan: Plan, cp_group, meta, warnings_, predictor, stop) -> dict:
+    t0 = time.monotonic()
+    run, store, main = plan.run, plan.store, _is_main()
     progress = not cfg.no_progress
-    if cfg.ruler_data is not None:  # RULER's prepared prompts instead of ours
-        all_samples, skipped = read_ruler_data(cfg.ruler_data, tokenizer, run.options, lengths=run.lengths,
-                                               tasks=cfg.tasks)
-    else:
-        all_samples, skipped = generate_all(run.tasks, run.lengths if run.tasks else [], cfg.samples, tokenizer,
-                                            seed=cfg.seed, options=run.options, depths=run.grids,
-                                            require_samples=bool(run.tasks) and not run.ppl_lengths)
-    if run.tasks and not all_samples and not run.ppl_lengths:
-        raise UserError("eval.tasks: nothing to run (" + "; ".join(skipped) + ")")
+    if main and store is not None:
+        line = plan.resume_line()
+        if line:
+            print(line, file=sys.stderr, flush=True)
+        (store.out / MARKER).unlink(missing_ok=True)
     engine = Engine(model, tokenizer, cp_group=cp_group, cp_impl=cfg.cp_impl, batch_size=cfg.batch_size,
                     max_batch_tokens=cfg.max_batch_tokens, add_bos=run.options.add_bos)
-    records = run_samples(engine, all_samples, progress=progress, predictor=predictor) if all_samples else []
+    task_list = [c for c in plan.cells if c.name != PPL]
+    done_samples = sum(len(plan.done[c.rel]["records"]) for c in task_list if c.rel in plan.done)
+    bar = Progress(len(plan.samples), "eval", "sample", enabled=progress and main and bool(plan.samples),
+                   initial=done_samples)
+    results, stats, computed, stopping = {}, [], 0, False
+    for cell in task_list:
+        prior = plan.done.get(cell.rel) or {"records": [], "stats": {}, "seconds": 0.0}
+        if prior.get("complete") or stopping:
+            results[cell.rel], cell_stats = prior["records"], prior["stats"]
+        else:
+            have = {r["index"] for r in prior["records"]}
+            ran = run_cell(engine, [s for s in cell.samples if s.index not in have], stop=stop, bar=bar,
+                           predictor=predictor)
+            records = sorted(prior["records"] + _json_roundtrip(ran.records), key=lambda r: r["index"])
+            cell_stats = _add_stats(prior["stats"], ran.stats)
+            results[cell.rel] = records
+            computed += 1
+            if main and store is not None:
+                store.write(cell, {"records": records}, complete=ran.finished, stats=cell_stats,
+                            seconds=prior["seconds"] + ran.stats["seconds"],
+                            layout=_layout(engine, model, cell.length, cfg.cp_impl), previous=prior)
+            plan.done[cell.rel] = {"records": records, "complete": ran.finished, "stats": cell_stats,
+                                   "seconds": prior["seconds"] + ran.stats["seconds"]}
+            stopping = ran.stop
+        stats.append(cell_stats)
+    bar.update(bar.total - bar.n if bar.total else 0)
+    bar.close()
+    ppl = _run_ppl(model, tokenizer, cfg, plan, cp_group, stop, stopping, progress and main) if run.ppl_lengths else None
+    unfinished = [c for c in plan.cells if not plan.done.get(c.rel, {}).get("complete")]
+    if unfinished:
+        return _preempted(plan, unfinished, main)
+    return _finish(model, tokenizer, cfg, plan, results, stats, ppl, meta, warnings_,
+                   {"wall_seconds": round(time.monotonic() - t0, 3), "cells_computed": computed,
+                    "cells_reused": len(plan.cells) - computed})
+
+
+def _add_stats(a: dict, b: dict) -> dict:
+    return {"prompt_tokens": a.get("prompt_tokens", 0) + b["prompt_tokens"],
+            "new_tokens": a.get("new_tokens", 0) + b["new_tokens"],
+            "peak_cache_bytes": max(a.get("peak_cache_bytes", 0), b["peak_cache_bytes"])}
+
+
+def _run_ppl(model, tokenizer, cfg: EvalConfig, plan: Plan, cp_group, stop, stopping: bool, progress: bool) -> dict:
+    """Perplexity, one cell per length (each written as it finishes)."""
+    rows, notes, source = [], [], None
+    for cell in (c for c in plan.cells if c.name == PPL):
+        prior = plan.done.get(cell.rel)
+        if not (prior and prior.get("complete")):
+            if stopping:
+                continue
+            t = time.monotonic()
+            out = perplexity_vs_length(model, tokenizer, [cell.length], num_windows=cfg.ppl_windows,
+                                       data_path=cfg.ppl_data, cp_group=cp_group, cp_impl=cfg.cp_impl,
+                                       progress=progress)
+            prior = _json_roundtrip({"row": out["rows"][0], "notes": out["notes"], "source": out["source"],
+                                     "complete": True, "seconds": time.monotonic() - t})
+            if _is_main() and plan.store is not None:
+                plan.store.write(cell, {k: prior[k] for k in ("row", "notes", "source")}, complete=True, stats={},
+                                 seconds=prior["seconds"], layout={"cp": dist.get_world_size(cp_group)
+                                                                   if cp_group is not None else 1})
+            plan.done[cell.rel] = prior
+            stopping = stop is not None and stop.agreed()
+        rows.append(prior["row"])
+        notes += prior["notes"]
+        source = prior["source"]
+    return {"source": source, "num_windows": cfg.ppl_windows, "rows": rows, "notes": notes}
+
+
+def _preempted(plan: Plan, unfinished: list, main: bool) -> dict:
+    """The result of a stopped evaluation: what is done, what is left (OUT/PREEMPTED says so too)."""
+    done = len(plan.cells) - len(unfinished)
+    partial = [f"{len(plan.done[c.rel]['records'])} of {len(c.samples)} samples of {c.label}"
+               for c in unfinished if plan.done.get(c.rel, {}).get("records")]
+    info = {"cells_done": done, "cells": len(plan.cells), "partial": partial,
+            "out": str(plan.store.out) if plan.store is not None else None}
+    if main and plan.store is not None:
+        atomic.write_result(plan.store.out / MARKER, f"{done} of {len(plan.cells)} cells\n")
+    return {"summary": None, "records": [], "ppl": None, "skipped": plan.skipped, "files": [], "meta": {},
+            "comparability": None, "preempted": info, "timing": None}
+
+
+def _finish(model, tokenizer, cfg: EvalConfig, plan: Plan, results: dict, stats: list, ppl: Optional[dict],
+            meta: Optional[dict], warnings_: Sequence[str], timing: dict) -> dict:
+    """results.json, report.md, figures and RULER's files from every cell; timing.json apart
+    (results.json holds nothing that differs between two runs of the same evaluation)."""
+    run = plan.run
+    records = sorted((r for c in plan.cells if c.name != PPL for r in results[c.rel]),
+                     key=lambda r: (r["task"], r["target_length"], r["index"]))
     if cfg.save_inputs:
-        by_key = {(s.task, s.target_length, s.index): s.prompt for s in all_samples}
+        by_key = {(s.task, s.target_length, s.index): s.prompt for s in plan.samples}
         for r in records:
             r["prompt"] = by_key[(r["task"], r["target_length"], r["index"])]
-    ppl = None
-    if run.ppl_lengths:
-        ppl = perplexity_vs_length(model, tokenizer, run.ppl_lengths, num_windows=cfg.ppl_windows,
-                                   data_path=cfg.ppl_data, cp_group=cp_group, cp_impl=cfg.cp_impl,
-                                   progress=progress and _is_main())
     summary = aggregate(records, cfg.threshold) if records else {
         "threshold": cfg.threshold, "lengths": [], "tasks": {}, "average_by_length": {}, "average": None,
         "effective_length": 0, "grids": {}}
-    stats = dict(engine.stats)
-    if stats["seconds"] > 0:
-        stats["tokens_per_second"] = (stats["prompt_tokens"] + stats["new_tokens"]) / stats["seconds"]
-    meta = dict(meta or {}, seed=cfg.seed, samples=cfg.samples, style=cfg.style,
-                wall_seconds=round(time.time() - t0, 1), generation=stats)
+    generation = {"prompt_tokens": sum(s.get("prompt_tokens", 0) for s in stats),
+                  "new_tokens": sum(s.get("new_tokens", 0) for s in stats),
+                  "peak_cache_bytes": max([s.get("peak_cache_bytes", 0) for s in stats] or [0])}
+    meta = dict(meta or {}, seed=cfg.seed, samples=cfg.samples, style=cfg.style, generation=generation)
+    seconds = sum(doc.get("seconds", 0.0) for doc in plan.done.values())
+    timing = dict(timing, generation_seconds=round(seconds, 3))
+    if seconds > 0:
+        timing["tokens_per_second"] = round((generation["prompt_tokens"] + generation["new_tokens"]) / seconds, 1)
     comparability = assess(records, run.options, tokenizer=tokenizer, model_dir=meta.get("model"),
                            ruler_data=cfg.ruler_data is not None) if records else None
     files: list[str] = []
     if cfg.out is not None and _is_main():
         out = Path(cfg.out)
-        out.mkdir(parents=True, exist_ok=True)
+        with atomic.user_errors(out):
+            out.mkdir(parents=True, exist_ok=True)
         notes = list(warnings_) + (ppl or {}).get("notes", [])  # and ppl windows cut across documents
-        files = write_outputs(out, meta, summary, records, ppl, skipped, notes,
+        files = write_outputs(out, meta, summary, records, ppl, plan.skipped, notes,
                               max_position=getattr(getattr(model, "config", None), "max_position_embeddings", None),
-                              comparability=comparability, samples=all_samples)
-    return {"summary": summary, "records": records, "ppl": ppl, "skipped": skipped, "files": files, "meta": meta,
-            "comparability": comparability}
+                              comparability=comparability, samples=plan.samples)
+        files.insert(2, str(atomic.write_result(out / TIMING, json.dumps(timing, indent=1) + "\n")))
+    return {"summary": summary, "records": records, "ppl": ppl, "skipped": plan.skipped, "files": files, "meta": meta,
+            "comparability": comparability, "preempted": None, "timing": timing}
 
 
 def write_outputs(out: Path, meta: dict, summary: dict, records, ppl, skipped, warnings_,

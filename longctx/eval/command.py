@@ -1,10 +1,13 @@
 """What `longctx eval` does once its options are parsed (longctx/commands/eval.py builds the
 parser from eval/fields.py alone, so `--help` loads none of this): the config from the command
-line, the checks before any weight is read, the model and tokenizer, the evaluation, the summary."""
+line, the checks before any weight is read, the model and tokenizer, what --out already holds
+(eval/cells.py: a rerun continues), the evaluation, the summary; SIGTERM / SIGUSR1 end it after
+the batch in flight with exit code 85 (PREEMPTED_EXIT_CODE, as training)."""
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import signal
 import sys
 import time
 import typing
@@ -13,16 +16,21 @@ from pathlib import Path
 
 import torch
 
+from longctx import atomic
 from longctx.config import load_structured
 from longctx.data.tokenizer import check_tokenizer_spec
-from longctx.eval.api import evaluate
+from longctx.errors import UserError
+from longctx.eval.api import evaluate, out_lock, prepare
+from longctx.eval.cells import run_identity
 from longctx.eval.comparability import warning_line
 from longctx.eval.config import EvalConfig, as_eval_field, select
 from longctx.eval.end_summary import end_summary
 from longctx.eval.model_io import (check_lengths, check_pair, load_model, load_tokenizer_for, parse_dtype,
                                    resolve_model_dir, tokenizer_spec_for)
 from longctx.eval.ruler_prompts import write_prompts
+from longctx.manifest import gather_objects
 from longctx.parallel.mesh import build_mesh, init_distributed, read_env, shutdown_distributed
+from longctx.train.signals import PREEMPTED_EXIT_CODE, PreemptionFlag
 
 
 def config_from_args(args: argparse.Namespace) -> EvalConfig:
@@ -43,7 +51,8 @@ def check(cfg: EvalConfig, world_size: int) -> typing.Optional[Path]:
 
 
 def run(args: argparse.Namespace) -> int:
-    """`longctx eval`; a UserError propagates to the CLI layer (exit 2)."""
+    """`longctx eval`; a UserError propagates to the CLI layer (exit 2). Returns 0, or
+    PREEMPTED_EXIT_CODE after a SIGTERM / SIGUSR1 (the finished cells are in --out)."""
     start = time.monotonic()
     cfg = config_from_args(args)
     world = read_env().world_size
@@ -54,24 +63,15 @@ def run(args: argparse.Namespace) -> int:
             print(s, file=sys.stderr)
         print(f"wrote {len(files)} RULER data files under {cfg.write_data}")
         return 0
-    model_dir = resolve_model_dir(cfg.model)
-    tokenizer = as_eval_field(load_tokenizer_for, model_dir, cfg.tokenizer)
-    model = load_model(model_dir, dtype=parse_dtype(cfg.dtype)).eval()
-    check_pair(tokenizer, model.config)
-    notes = _length_warnings(cfg, model.config)
-    cp_group = None
-    if world > 1:
-        init_distributed()
-        mesh = build_mesh(cfg.cp)
-        cp_group = mesh.cp_group if cfg.cp > 1 else None
-    completed = False
+    flag = PreemptionFlag().install()  # from here: a signal while the weights load stops after one batch
     try:
-        torch.manual_seed(0)
-        result = evaluate(model, tokenizer, cfg, cp_group=cp_group, meta=_meta(cfg, model, model_dir, tokenizer),
-                          warnings_=notes)
-        completed = True
+        result = _evaluate(cfg, world, flag, overwrite=bool(getattr(args, "overwrite", False)))
     finally:
-        shutdown_distributed(completed)
+        flag.uninstall()
+    if result["preempted"]:
+        if read_env().rank == 0:
+            print(_preempted_line(result["preempted"], flag.received), file=sys.stderr, flush=True)
+        return PREEMPTED_EXIT_CODE
     if result["files"]:
         for s in result["skipped"]:
             print(s, file=sys.stderr)
@@ -82,6 +82,60 @@ def run(args: argparse.Namespace) -> int:
             print(warning_line(result["comparability"]), file=sys.stderr)
         print(end_summary(result, time.monotonic() - start))
     return 0
+
+
+def _evaluate(cfg: EvalConfig, world: int, flag: PreemptionFlag, *, overwrite: bool) -> dict:
+    """Plan (samples, cells, what --out already has) before the weights load; then evaluate,
+    holding --out's lock (rank 0) from the plan to the last write."""
+    model_dir = resolve_model_dir(cfg.model)
+    spec = as_eval_field(tokenizer_spec_for, model_dir, cfg.tokenizer)
+    tokenizer = as_eval_field(load_tokenizer_for, model_dir, cfg.tokenizer)
+    identity = run_identity(model_dir, spec, cfg.dtype) if cfg.out is not None else None
+    with out_lock(cfg.out):
+        main = read_env().rank == 0
+        plan = prepare(cfg, tokenizer, identity=identity, model_path=str(model_dir), overwrite=overwrite,
+                       remove=main, notify=atomic.note if main else (lambda line: None))
+        return _load_and_evaluate(cfg, world, flag, model_dir, tokenizer, plan)
+
+
+def _load_and_evaluate(cfg: EvalConfig, world: int, flag: PreemptionFlag, model_dir: Path, tokenizer, plan) -> dict:
+    model = load_model(model_dir, dtype=parse_dtype(cfg.dtype)).eval()
+    check_pair(tokenizer, model.config)
+    notes = _length_warnings(cfg, model.config)
+    cp_group = None
+    if world > 1:
+        init_distributed()
+        mesh = build_mesh(cfg.cp)
+        cp_group = mesh.cp_group if cfg.cp > 1 else None
+    completed = False
+    try:
+        _check_ranks_agree(plan)
+        torch.manual_seed(0)
+        result = evaluate(model, tokenizer, cfg, cp_group=cp_group, meta=_meta(cfg, model, model_dir, tokenizer),
+                          warnings_=notes, plan=plan, stop=flag)
+        completed = True
+    finally:
+        shutdown_distributed(completed)
+    return result
+
+
+def _check_ranks_agree(plan) -> None:
+    """Every rank reuses the same cells (they read --out each; it must be on a shared file system)."""
+    signatures = gather_objects(plan.signature())
+    if any(s != signatures[0] for s in signatures):
+        bad = next(r for r, s in enumerate(signatures) if s != signatures[0])
+        raise UserError(f"eval.out: rank {bad} sees other cells in {plan.store.out} than rank 0; --out must be on a "
+                        "file system every rank shares")
+
+
+def _preempted_line(info: dict, signum) -> str:
+    """e.g. preempted (SIGTERM): 3 of 8 cells done in eval/x (and 4 of 8 samples of passkey at
+    512); exit code 85; run the same command again to continue."""
+    name = signal.Signals(signum).name if signum else "a signal"
+    partial = f" (and {', '.join(info['partial'])})" if info["partial"] else ""
+    where = f" in {info['out']}" if info["out"] else " (no --out: nothing kept)"
+    return (f"preempted ({name}): {info['cells_done']} of {info['cells']} cells done{where}{partial}; exit code "
+            f"{PREEMPTED_EXIT_CODE}; run the same command again to continue")
 
 
 def _length_warnings(cfg: EvalConfig, model_config) -> list[str]:

@@ -4,9 +4,14 @@ prompt prefill split across a context-parallel group, data-parallel over samples
     engine = Engine(model, tokenizer)                     # one process
     engine = Engine(model, tokenizer, cp_group=g)         # under torchrun, cp ranks in g
     records = run_samples(engine, samples)                # predictions + scores per sample
+    done = run_cell(engine, cell_samples, stop=flag)      # one (task, length) cell, stoppable
 
-Ranks are arranged dp x cp (cp innermost, as longctx.parallel.mesh does); dp groups take
-interleaved shares of the samples and rank 0 gathers the records.
+Ranks are arranged dp x cp (cp innermost, as longctx.parallel.mesh does). run_samples: dp
+groups take interleaved shares of the samples and every rank gets all records. run_cell: the
+cell's batches are fixed by the cell alone (sorted by prompt length, cut by the batch size),
+dp group g takes batches g, g + dp, ...; after each round of dp batches every rank agrees
+whether to stop, so a stopped cell's finished samples are whole batches, the same ones an
+uninterrupted run computes.
 """
 from __future__ import annotations
 
@@ -40,6 +45,7 @@ class Engine:
     add_bos: bool = True
     stats: dict = field(default_factory=lambda: {"prompt_tokens": 0, "new_tokens": 0, "seconds": 0.0,
                                                  "peak_cache_bytes": 0})
+    last_cache_bytes: int = 0  # this rank's KV cache of the last batch under cp
 
     @property
     def cp_size(self) -> int:
@@ -64,6 +70,7 @@ class Engine:
             out, st = cp_generate(self.model, prompts, max_new_tokens, group=self.cp_group, impl=self.cp_impl,
                                   eos_id=eos, pad_id=pad)
             self.stats["peak_cache_bytes"] = max(self.stats["peak_cache_bytes"], st["cache_bytes"])
+            self.last_cache_bytes = st["cache_bytes"]
         else:
             out = generate(self.model, prompts, max_new_tokens, eos_id=eos, pad_id=pad)
         self.stats["seconds"] += time.perf_counter() - t0
@@ -144,6 +151,77 @@ def run_samples(engine: Engine, samples: Sequence[Sample], *, progress: bool = T
                     records.append(r)
     records.sort(key=lambda r: (r["task"], r["target_length"], r["index"]))
     return records
+
+
+def cell_batches(samples: Sequence[Sample], batch_size: int) -> list[list[Sample]]:
+    """A cell's batches: its samples sorted by prompt length (then index), cut every batch_size."""
+    ordered = sorted(samples, key=lambda s: (s.prompt_tokens, s.index))
+    return [ordered[i:i + batch_size] for i in range(0, len(ordered), batch_size)]
+
+
+@dataclass
+class CellRun:
+    records: list  # the finished samples' records, by index (on every rank)
+    stats: dict  # prompt_tokens, new_tokens, peak_cache_bytes (deterministic) and seconds
+    finished: bool  # every sample given was run
+    stop: bool  # the ranks agreed to stop (a preemption signal)
+
+
+def run_cell(engine: Engine, samples: Sequence[Sample], *, stop=None, bar: Optional[Progress] = None,
+             predictor: Optional[Callable[[Sample], str]] = None) -> CellRun:
+    """Predict and score the samples of one (task, length) cell (or what is left of one).
+
+    `stop`: an object whose collective agreed() says whether to stop (PreemptionFlag); it is
+    asked after every round of dp batches, so all ranks stop after the same batch."""
+    dp_size, dp_rank = dp_layout(engine.cp_size)
+    batches = cell_batches(samples, engine.batch_for(samples[0].target_length)) if samples else []
+    records: list = []
+    stats = {"prompt_tokens": 0, "new_tokens": 0, "peak_cache_bytes": 0, "seconds": 0.0}
+    stopped, done = False, 0
+    for r in range(0, len(batches), dp_size):
+        round_ = batches[r:r + dp_size]
+        if dp_rank < len(round_):
+            batch = round_[dp_rank]
+            before = dict(engine.stats)
+            engine.last_cache_bytes = 0
+            if predictor:
+                preds, ids = [predictor(s) for s in batch], [None] * len(batch)
+            else:
+                preds, ids = engine.complete_with_ids(batch)
+            for key in ("prompt_tokens", "new_tokens", "seconds"):
+                stats[key] += engine.stats[key] - before[key]
+            stats["peak_cache_bytes"] = max(stats["peak_cache_bytes"], engine.last_cache_bytes)
+            records += [_record(s, p, g) for s, p, g in zip(batch, preds, ids)]
+        done = r + len(round_)
+        if bar is not None:
+            bar.update(sum(len(b) for b in round_))
+        if stop is not None and stop.agreed():
+            stopped = True
+            break
+    records, stats = _gather_cell(records, stats, engine.cp_size)
+    return CellRun(sorted(records, key=lambda x: x["index"]), stats, done == len(batches), stopped)
+
+
+def _gather_cell(records: list, stats: dict, cp_size: int) -> tuple[list, dict]:
+    """Every rank's records of the cell, once each; counts from one rank per dp group (its cp
+    ranks ran the same batches), the peak cache over all ranks, the slowest group's seconds."""
+    if not _is_dist() or dist.get_world_size() == 1:
+        return records, stats
+    parts: list = [None] * dist.get_world_size()
+    dist.all_gather_object(parts, (records, stats))
+    seen, out = set(), []
+    total = {"prompt_tokens": 0, "new_tokens": 0, "peak_cache_bytes": 0, "seconds": 0.0}
+    for rank, (recs, st) in enumerate(parts):
+        for rec in recs:
+            if rec["index"] not in seen:
+                seen.add(rec["index"])
+                out.append(rec)
+        if rank % cp_size == 0:
+            total["prompt_tokens"] += st["prompt_tokens"]
+            total["new_tokens"] += st["new_tokens"]
+        total["peak_cache_bytes"] = max(total["peak_cache_bytes"], st["peak_cache_bytes"])
+        total["seconds"] = max(total["seconds"], st["seconds"])
+    return out, total
 
 
 def _record(s: Sample, pred: str, generated_ids: Optional[list] = None) -> dict:
