@@ -220,7 +220,10 @@ def _run_plan(model, tokenizer, cfg: EvalConfig, plan: Plan, cp_group, meta, war
         stats.append(cell_stats)
     bar.update(bar.total - bar.n if bar.total else 0)
     bar.close()
-    ppl = _run_ppl(model, tokenizer, cfg, plan, cp_group, stop, stopping, progress and main) if run.ppl_lengths else None
+    ppl = None
+    if run.ppl_lengths:
+        ppl, ppl_computed = _run_ppl(model, tokenizer, cfg, plan, cp_group, stop, stopping, progress and main)
+        computed += ppl_computed
     unfinished = [c for c in plan.cells if not plan.done.get(c.rel, {}).get("complete")]
     if unfinished:
         return _preempted(plan, unfinished, main)
@@ -235,9 +238,10 @@ def _add_stats(a: dict, b: dict) -> dict:
             "peak_cache_bytes": max(a.get("peak_cache_bytes", 0), b["peak_cache_bytes"])}
 
 
-def _run_ppl(model, tokenizer, cfg: EvalConfig, plan: Plan, cp_group, stop, stopping: bool, progress: bool) -> dict:
-    """Perplexity, one cell per length (each written as it finishes)."""
-    rows, notes, source = [], [], None
+def _run_ppl(model, tokenizer, cfg: EvalConfig, plan: Plan, cp_group, stop, stopping: bool,
+             progress: bool) -> tuple[dict, int]:
+    """Perplexity, one cell per length (each written as it finishes); and how many were computed."""
+    rows, notes, source, computed = [], [], None, 0
     for cell in (c for c in plan.cells if c.name == PPL):
         prior = plan.done.get(cell.rel)
         if not (prior and prior.get("complete")):
@@ -254,11 +258,12 @@ def _run_ppl(model, tokenizer, cfg: EvalConfig, plan: Plan, cp_group, stop, stop
                                  seconds=prior["seconds"], layout={"cp": dist.get_world_size(cp_group)
                                                                    if cp_group is not None else 1})
             plan.done[cell.rel] = prior
+            computed += 1
             stopping = stop is not None and stop.agreed()
         rows.append(prior["row"])
         notes += prior["notes"]
         source = prior["source"]
-    return {"source": source, "num_windows": cfg.ppl_windows, "rows": rows, "notes": notes}
+    return {"source": source, "num_windows": cfg.ppl_windows, "rows": rows, "notes": notes}, computed
 
 
 def _preempted(plan: Plan, unfinished: list, main: bool) -> dict:

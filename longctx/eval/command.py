@@ -70,7 +70,7 @@ def run(args: argparse.Namespace) -> int:
         flag.uninstall()
     if result["preempted"]:
         if read_env().rank == 0:
-            print(_preempted_line(result["preempted"], flag.received), file=sys.stderr, flush=True)
+            print(_preempted_line(result["preempted"]), file=sys.stderr, flush=True)
         return PREEMPTED_EXIT_CODE
     if result["files"]:
         for s in result["skipped"]:
@@ -113,6 +113,8 @@ def _load_and_evaluate(cfg: EvalConfig, world: int, flag: PreemptionFlag, model_
         torch.manual_seed(0)
         result = evaluate(model, tokenizer, cfg, cp_group=cp_group, meta=_meta(cfg, model, model_dir, tokenizer),
                           warnings_=notes, plan=plan, stop=flag)
+        if result["preempted"]:  # which signal stopped it (it may have reached another rank only)
+            result["preempted"]["signal"] = next((s for s in gather_objects(flag.received) if s), None)
         completed = True
     finally:
         shutdown_distributed(completed)
@@ -128,10 +130,10 @@ def _check_ranks_agree(plan) -> None:
                         "file system every rank shares")
 
 
-def _preempted_line(info: dict, signum) -> str:
+def _preempted_line(info: dict) -> str:
     """e.g. preempted (SIGTERM): 3 of 8 cells done in eval/x (and 4 of 8 samples of passkey at
     512); exit code 85; run the same command again to continue."""
-    name = signal.Signals(signum).name if signum else "a signal"
+    name = signal.Signals(info["signal"]).name if info.get("signal") else "a signal"
     partial = f" (and {', '.join(info['partial'])})" if info["partial"] else ""
     where = f" in {info['out']}" if info["out"] else " (no --out: nothing kept)"
     return (f"preempted ({name}): {info['cells_done']} of {info['cells']} cells done{where}{partial}; exit code "
