@@ -257,7 +257,7 @@ def acquire(out: Path, notify: Callable[[str], None] = atomic.note) -> Holder:
     one is one UserError line naming it."""
     path, me = out / LOCK, this_process()
     with atomic.user_errors(path):
-        while not try_take(path, me):
+        while not _try_take(path, me):
             holder = read_holder(path)
             if holder is None:
                 continue  # released between our attempt and the read
@@ -275,6 +275,16 @@ def acquire(out: Path, notify: Callable[[str], None] = atomic.note) -> Holder:
             notify(f"taking over {path} from {holder.describe()}: {reason}")
             path.unlink(missing_ok=True)
     return me
+
+
+def _try_take(path: Path, me: Holder) -> bool:
+    """locks.try_take; a failed write (a full disk) names the lock, and its half-written
+    side file is removed."""
+    try:
+        return try_take(path, me)
+    except OSError as e:
+        path.with_name(f".{path.name}.{me.host}.{me.pid}").unlink(missing_ok=True)
+        raise atomic.write_error(OSError(e.errno, e.strerror), path) from None
 
 
 def release_lock(out: Path, me: Holder) -> None:
