@@ -3,7 +3,7 @@
     <out_dir>/checkpoints/step_0000100/
         COMPLETE                 written last; a directory without it never counts
         MANIFEST.json            every file's size and SHA-256 (longctx/manifest.py)
-        trainer_state.json       step, tokens seen, stage, layout
+        trainer_state.json       step, tokens seen, stage, layout (and the engine's: reshard.engine_record)
         ds/                      DeepSpeed engine: model, optimizer (ZeRO partitions)
         latest                   "ds": the tag DeepSpeed's own zero_to_fp32.py reads
         zero_to_fp32.py          DeepSpeed's script, copied by DeepSpeed (ZeRO >= 1)
@@ -16,6 +16,11 @@ on any rank (disk full, read-only, permissions) is agreed by all ranks after eac
 partial `.tmp-*` is removed and every rank raises one CheckpointError; the previous
 checkpoints are untouched. A checkpoint counts for resume, export and eval only with COMPLETE
 and a manifest that verifies.
+
+A resume on the checkpoint's own layout loads DeepSpeed's files and this rank's rank file; on
+another layout (world size, cp / dp, ZeRO stage, offload) the engine is loaded through
+DeepSpeed's universal checkpoint (train/universal.py) and the caller reshards every saved
+rank's state (train/reshard.py).
 """
 from __future__ import annotations
 
@@ -38,11 +43,12 @@ from longctx.errors import UserError
 from longctx.manifest import COMPLETE, gather_objects, rank_and_world
 from longctx.parallel.zero import optimizer_param_names
 from longctx.train.reshard import (Layout, check_model_shape, engine_native, engine_record, read_rank_states,
-                                   saved_layout, temp_name)
+                                   saved_layout)
 from longctx.train.universal import load_universal, to_universal
 
 log = logging.getLogger("longctx.train")
 _SPACE_MARGIN = 1.1  # the next checkpoint may be a little larger than the last one
+UNIVERSAL_TEMP = "universal"  # checkpoints/.universal.tmp-HOST-PID-*: a resume's converted checkpoint
 
 
 class CheckpointError(UserError):
@@ -127,7 +133,6 @@ class Restored:
     trainer_state: dict
     rank_states: list[dict]
     same_layout: bool
-    saved: Layout
 
 
 def load_checkpoint(path: Path, *, engine, model, layout: Layout) -> Restored:
@@ -139,14 +144,14 @@ def load_checkpoint(path: Path, *, engine, model, layout: Layout) -> Restored:
     saved = saved_layout(trainer_state, path, current_zero=layout.zero_stage)
     if saved.placement() == layout.placement():  # the checkpoint's layout: DeepSpeed's files, this rank's own
         _load_native(path, engine)
-        return Restored(trainer_state, [_read_rank_file(path, rank)], True, saved)
+        return Restored(trainer_state, [_read_rank_file(path, rank)], True)
     states = read_rank_states(path, saved.world_size)
     log.warning("checkpoint.resume: %s was written at %s; this run has %s", path, saved.describe(), layout.describe())
     if engine_native(saved, layout):
         _load_native(path, engine)
     else:
         _load_universal(path, engine, model)
-    return Restored(trainer_state, states, False, saved)
+    return Restored(trainer_state, states, False)
 
 
 def _load_native(path: Path, engine) -> None:
@@ -177,6 +182,18 @@ def _universal_bytes(ds_dir: Path) -> int:
     return sum(f.stat().st_size for f in ds_dir.glob("*model_states.pt"))
 
 
+def _as_runtime(fn: Callable[[], None]) -> None:
+    """Run DeepSpeed's converter or loader, its assertions and lookups raised as RuntimeError, so
+    that every rank agrees on the failure (run_phase) instead of one rank leaving the others
+    waiting."""
+    try:
+        fn()
+    except (OSError, RuntimeError, UserError):
+        raise
+    except Exception as e:  # noqa: BLE001 -- AssertionError, KeyError, ... from DeepSpeed's code
+        raise RuntimeError(f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}") from e
+
+
 def _load_universal(path: Path, engine, model) -> None:
     """Collective: rank 0 converts the checkpoint to DeepSpeed's universal form in a temporary
     folder beside the checkpoints, every rank loads its partitions from it, rank 0 removes it."""
@@ -187,20 +204,19 @@ def _load_universal(path: Path, engine, model) -> None:
     def convert() -> None:
         if rank != 0:
             return
-        atomic.remove_stale(root, lambda line: log.warning("%s", line), name=temp_name(path))
+        atomic.remove_stale(root, lambda line: log.warning("%s", line), name=UNIVERSAL_TEMP)
         need, free = _universal_bytes(path / "ds"), shutil.disk_usage(root).free
         if need > free:
-            raise OSError(errno.ENOSPC, f"the conversion for the new layout needs ~{atomic.human_size(need)}, "
-                                        f"{atomic.human_size(free)} free", str(root))
-        folder[0] = atomic.make_temp_dir(root / temp_name(path))
-        to_universal(path / "ds", folder[0], optimizer_param_names(model))
+            raise OSError(errno.ENOSPC, f"needs ~{atomic.human_size(need)}, {atomic.human_size(free)} free", str(root))
+        folder[0] = atomic.make_temp_dir(root / UNIVERSAL_TEMP)
+        _as_runtime(lambda: to_universal(path / "ds", folder[0], optimizer_param_names(model)))
 
     problem = run_phase(convert, after_failure=lambda: folder[0] and shutil.rmtree(folder[0], ignore_errors=True))
     if problem:
         raise CheckpointError(f"checkpoint.resume: cannot convert {path} for the new layout: {problem}")
     where = Path(gather_objects(str(folder[0]) if folder[0] else None)[0])
     try:
-        problem = run_phase(lambda: load_universal(engine, model, where))
+        problem = run_phase(lambda: _as_runtime(lambda: load_universal(engine, model, where)))
     finally:
         _barrier()
         if rank == 0:

@@ -21,7 +21,6 @@ What is kept across a layout change:
 """
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Optional
@@ -202,8 +201,3 @@ def replay(loader, rows: int, micro_batch_size: int) -> dict:
     finally:
         batches.close()
     return loader.state_dict()
-
-
-def temp_name(ckpt: Path) -> str:
-    """The name of the universal checkpoint's temporary folder beside the checkpoints."""
-    return f"universal-{os.path.basename(ckpt)}"
