@@ -218,7 +218,8 @@ def _run_plan(model, tokenizer, cfg: EvalConfig, plan: Plan, cp_group, meta, war
                                    "seconds": prior["seconds"] + ran.stats["seconds"]}
             stopping = ran.stop
         stats.append(cell_stats)
-    bar.update(bar.total - bar.n if bar.total else 0)
+    if not stopping:
+        bar.update(bar.total - bar.n)
     bar.close()
     ppl = None
     if run.ppl_lengths:
