@@ -1,7 +1,7 @@
 """`longctx eval` stopped and rerun gives the bytes of one uninterrupted run: SIGTERM mid-cell
 (exit 85, the finished batches kept), SIGKILL right after a cell file, SIGKILL mid-cell, SIGKILL
-half-way through results.json, each followed by the same command; under torchrun (dp=2) a
-signal to one rank stops both after the same batch. Faults come from tests/helpers/eval_faults.py
+half-way through results.json, each followed by the same command; under torchrun (dp=2, cp=2)
+a signal to one rank stops both after the same batch. Faults come from tests/helpers/eval_faults.py
 (a monkeypatched call that signals its own process at the N-th call)."""
 import json
 import os
@@ -38,12 +38,20 @@ def _args(model_dir, out):
             "--batch-size", "2", "--ppl-windows", "1", "--no-progress", "--out", str(out)]
 
 
-def _eval(model_dir, out, fault="none", n=0, rank=None, nproc=1):
+def _eval(model_dir, out, fault="none", n=0, rank=None, nproc=1, extra=()):
     launcher = [sys.executable] if nproc == 1 else [
         sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc), "--master-port", str(free_port())]
     cmd = [*launcher, str(DRIVER), fault, str(n), *([str(rank)] if rank is not None else []), "--",
-           *_args(model_dir, out)]
+           *_args(model_dir, out), *extra]
     return subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env(), cwd=ROOT)
+
+
+@pytest.fixture(scope="module")
+def one_process(model_dir, tmp_path_factory):
+    out = tmp_path_factory.mktemp("one") / "out"
+    res = _eval(model_dir, out)
+    assert res.returncode == 0, res.stderr[-3000:]
+    return out
 
 
 def _outputs(out: Path) -> dict:
@@ -61,13 +69,11 @@ def _lines(res) -> list:
     return [x for x in res.stderr.splitlines() if not x.startswith("[") and "WARNING" not in x]
 
 
-def test_killed_at_four_points_and_rerun_gives_the_uninterrupted_bytes(model_dir, tmp_path):
-    whole = _eval(model_dir, tmp_path / "whole")
-    assert whole.returncode == 0, whole.stderr[-3000:]
-    reference = _outputs(tmp_path / "whole")
+def test_killed_at_four_points_and_rerun_gives_the_uninterrupted_bytes(model_dir, one_process, tmp_path):
+    reference = _outputs(one_process)
     assert {"results.json", "report.md", "scores_vs_length.png", "heatmap_passkey.png", "ppl_vs_length.png",
             "ruler/512/pred/passkey.jsonl"} <= set(reference)
-    assert "wall_seconds" not in reference["results.json"].decode() and (tmp_path / "whole" / "timing.json").is_file()
+    assert "wall_seconds" not in reference["results.json"].decode() and (one_process / "timing.json").is_file()
     out = tmp_path / "resumed"
 
     # 1. SIGTERM as the 2nd batch starts: that batch finishes, the first cell keeps 4 of its 6 samples
@@ -134,18 +140,23 @@ def test_another_evaluation_into_the_same_out_is_refused_unless_overwrite(model_
     assert json.loads((out / "results.json").read_text())["meta"]["seed"] == 1
 
 
-def test_dp2_a_signal_to_one_rank_stops_both_after_the_same_batch(model_dir, tmp_path):
-    whole = _eval(model_dir, tmp_path / "whole")
-    assert whole.returncode == 0, whole.stderr[-3000:]
-    out = tmp_path / "dp2"
-    # rank 1 is signalled as its first batch (the cell's 2nd) starts: both ranks finish that round
-    res = _eval(model_dir, out, "term-batch", 1, rank=1, nproc=2)
+@pytest.mark.parametrize("cp,done", [(1, 4), (2, 2)], ids=["dp2", "cp2"])
+def test_a_signal_to_one_rank_stops_every_rank_after_the_same_batch(model_dir, one_process, tmp_path, cp, done):
+    out = tmp_path / "out"
+    # rank 1 is signalled as its first batch starts: every rank finishes that round (dp=2: the
+    # cell's batches 1 and 2; cp=2: batch 1, which both ranks run)
+    res = _eval(model_dir, out, "term-batch", 1, rank=1, nproc=2, extra=["--cp", str(cp)])
     assert res.returncode != 0 and (out / "PREEMPTED").is_file(), res.stderr[-3000:]
     assert "preempted (SIGTERM): 0 of 6 cells done" in res.stderr  # rank 0 says so, naming rank 1's signal
-    assert "(and 4 of 6 samples of niah_single_1 at 256)" in res.stderr
+    assert f"(and {done} of 6 samples of niah_single_1 at 256)" in res.stderr
     cell = _cells(out)["256/niah_single_1.json"]
-    assert len(cell["records"]) == 4 and cell["computed_with"][0]["dp"] == 2
-    res = _eval(model_dir, out, nproc=2)
+    assert len(cell["records"]) == done and cell["computed_with"][0]["dp"] == 2 // cp
+    res = _eval(model_dir, out, nproc=2, extra=["--cp", str(cp)])
     assert res.returncode == 0, res.stderr[-3000:]
-    # the batches do not depend on dp: the same bytes as one process
-    assert _outputs(out) == _outputs(tmp_path / "whole")
+    assert f"resuming: 0 of 6 cells already done in {out} (and {done} of 6 samples of niah_single_1 at 256)" in res.stderr
+    if cp == 1:  # the batches do not depend on dp: the bytes of one process
+        assert _outputs(out) == _outputs(one_process)
+    else:  # the cp prefill decodes the same tokens
+        ours = json.loads((out / "results.json").read_text())["samples"]
+        theirs = json.loads((one_process / "results.json").read_text())["samples"]
+        assert [r["generated_ids"] for r in ours] == [r["generated_ids"] for r in theirs]
