@@ -16,7 +16,7 @@ from longctx.cli import main
 from longctx.data.tokenizer import load_tokenizer
 from longctx.errors import UserError
 from longctx.eval import cells
-from longctx.eval.api import prepare
+from longctx.eval.api import evaluate, prepare
 from longctx.eval.config import EvalConfig
 from longctx.model import build_model, get_preset
 
@@ -159,6 +159,34 @@ def test_outs_lock_refuses_a_live_eval_and_takes_over_a_dead_one(tmp_path):
     assert notes == [f"taking over {out / cells.LOCK} from {live.describe()}: it is no longer running"]
     cells.release_lock(out, me)
     assert not (out / cells.LOCK).exists()
+
+
+class StopAfter:
+    """agreed() is True from its n-th call on (a PreemptionFlag that got a signal then)."""
+
+    def __init__(self, n):
+        self.n, self.calls = n, 0
+
+    def agreed(self):
+        self.calls += 1
+        return self.calls >= self.n
+
+
+def test_the_api_stops_writes_and_resumes_with_an_identity(tmp_path):
+    out = tmp_path / "o"
+    cfg = _cfg(out, batch_size=1)
+    oracle = lambda s: " " + s.outputs[0]  # noqa: E731
+    stopped = evaluate(None, BYTE, cfg, predictor=oracle, identity=IDENTITY, stop=StopAfter(3))
+    assert stopped["preempted"] == {"cells_done": 1, "cells": 4, "partial": ["1 of 2 samples of passkey at 256"],
+                                    "out": str(out)}
+    assert (out / "PREEMPTED").read_text() == "1 of 4 cells\n" and not (out / "results.json").exists()
+    asked = []
+    done = evaluate(None, BYTE, cfg, predictor=lambda s: asked.append(s.index) or oracle(s), identity=IDENTITY,
+                    stop=StopAfter(100))
+    assert len(asked) == 8 - 3 and done["preempted"] is None  # the 3 finished samples are not asked again
+    assert all(t["scores"] == {"256": 100.0, "512": 100.0} for t in done["summary"]["tasks"].values())
+    assert not (out / "PREEMPTED").exists() and (out / "results.json").is_file()
+    assert json.loads((out / "timing.json").read_text())["cells_computed"] == 3
 
 
 # ------------------------------------------------------------------ a full disk, through the CLI
