@@ -243,15 +243,18 @@ def _run_ppl(model, tokenizer, cfg: EvalConfig, plan: Plan, cp_group, stop, stop
              progress: bool) -> tuple[dict, int]:
     """Perplexity, one cell per length (each written as it finishes); and how many were computed."""
     rows, notes, source, computed = [], [], None, 0
-    for cell in (c for c in plan.cells if c.name == PPL):
+    cells = [c for c in plan.cells if c.name == PPL]
+    reused = sum(1 for c in cells if plan.done.get(c.rel, {}).get("complete"))
+    bar = Progress(len(cells) * cfg.ppl_windows, "ppl", "window", enabled=progress, initial=reused * cfg.ppl_windows)
+    for cell in cells:
         prior = plan.done.get(cell.rel)
         if not (prior and prior.get("complete")):
             if stopping:
                 continue
             t = time.monotonic()
             out = perplexity_vs_length(model, tokenizer, [cell.length], num_windows=cfg.ppl_windows,
-                                       data_path=cfg.ppl_data, cp_group=cp_group, cp_impl=cfg.cp_impl,
-                                       progress=progress)
+                                       data_path=cfg.ppl_data, cp_group=cp_group, cp_impl=cfg.cp_impl)
+            bar.update(cfg.ppl_windows)
             prior = _json_roundtrip({"row": out["rows"][0], "notes": out["notes"], "source": out["source"],
                                      "complete": True, "seconds": time.monotonic() - t})
             if _is_main() and plan.store is not None:
@@ -264,6 +267,7 @@ def _run_ppl(model, tokenizer, cfg: EvalConfig, plan: Plan, cp_group, stop, stop
         rows.append(prior["row"])
         notes += prior["notes"]
         source = prior["source"]
+    bar.close()
     return {"source": source, "num_windows": cfg.ppl_windows, "rows": rows, "notes": notes}, computed
 
 
@@ -313,7 +317,7 @@ def _finish(model, tokenizer, cfg: EvalConfig, plan: Plan, results: dict, stats:
         files = write_outputs(out, meta, summary, records, ppl, plan.skipped, notes,
                               max_position=getattr(getattr(model, "config", None), "max_position_embeddings", None),
                               comparability=comparability, samples=plan.samples)
-        files.insert(2, str(atomic.write_result(out / TIMING, json.dumps(timing, indent=1) + "\n")))
+        atomic.write_result(out / TIMING, json.dumps(timing, indent=1) + "\n")
     return {"summary": summary, "records": records, "ppl": ppl, "skipped": plan.skipped, "files": files, "meta": meta,
             "comparability": comparability, "preempted": None, "timing": timing}
 
