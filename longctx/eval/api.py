@@ -38,9 +38,9 @@ from longctx.eval.ppl import perplexity_vs_length
 from longctx.eval.report import aggregate, render_markdown, write_markdown, write_results
 from longctx.eval.ruler_format import read_ruler_data, write_predictions
 from longctx.eval.runner import Engine, dp_layout, run_cell
+from longctx.eval.tasks import BelowMinimum, Sample, TaskOptions, build_samples, get_task, no_fit_error, skip_notice
 from longctx.launch_env import read_env
 from longctx.progress import Progress
-from longctx.eval.tasks import BelowMinimum, Sample, TaskOptions, build_samples, get_task, no_fit_error, skip_notice
 
 
 TIMING = "timing.json"  # wall and generation seconds: apart from results.json, which two runs write alike

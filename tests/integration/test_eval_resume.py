@@ -4,7 +4,6 @@ half-way through results.json, each followed by the same command; under torchrun
 a signal to one rank stops both after the same batch. Faults come from tests/helpers/eval_faults.py
 (a monkeypatched call that signals its own process at the N-th call)."""
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path

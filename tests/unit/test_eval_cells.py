@@ -175,7 +175,7 @@ class StopAfter:
 def test_the_api_stops_writes_and_resumes_with_an_identity(tmp_path):
     out = tmp_path / "o"
     cfg = _cfg(out, batch_size=1)
-    oracle = lambda s: " " + s.outputs[0]  # noqa: E731
+    oracle = lambda s: " " + s.outputs[0]
     stopped = evaluate(None, BYTE, cfg, predictor=oracle, identity=IDENTITY, stop=StopAfter(3))
     assert stopped["preempted"] == {"cells_done": 1, "cells": 4, "partial": ["1 of 2 samples of passkey at 256"],
                                     "out": str(out)}
