@@ -55,7 +55,8 @@ def to_universal(ds_dir: Path, folder: Path, names: list[str]) -> None:
     """Rank 0: the universal form of the checkpoint in `ds_dir` as folder/ds. `names`: the
     model's parameters in the optimizer's order (zero.optimizer_param_names), for ZeRO-0."""
     out = folder / TAG
-    if zero_stage_of(ds_dir) == 0:
+    stage = zero_stage_of(ds_dir)
+    if stage == 0:
         _zero0_to_universal(ds_dir, out, names)
     else:
         from deepspeed.checkpoint import ds_to_universal  # lazy: seconds to import
@@ -66,25 +67,34 @@ def to_universal(ds_dir: Path, folder: Path, names: list[str]) -> None:
                                   inject_missing_state=True)
         with _quiet():
             ds_to_universal.main(args)
-    _for_every_stage(out)
+    _for_every_stage(out, stage)
 
 
-def _for_every_stage(out: Path) -> None:
+def _slim(model_states: dict) -> dict:
+    """A model states file without the weights and optimizer, which DeepSpeed's universal loader
+    does not read (every rank loads this file)."""
+    return dict(model_states, module={}, optimizer=None)
+
+
+def _for_every_stage(out: Path, source_stage: int) -> None:
     """What DeepSpeed's loaders of ZeRO 1-2 and of ZeRO-3 read differs: the model states file's
-    name, and in zero/optimizer_state.pt the version (1-2) or the step in the base optimizer's
-    state (3). The converter writes its source stage's; the other stage's is added here."""
-    for have, want in ((ZERO0_STATES, ZERO3_STATES), (ZERO3_STATES, ZERO0_STATES)):
-        if (out / have).is_file() and not (out / want).exists():
-            os.symlink(have, out / want)
-    model_states = torch.load(out / ZERO0_STATES, map_location="cpu", weights_only=False)
-    # ZeRO-3's converter writes each parameter's files as flat tensors; ZeRO 1-2 read them shaped
-    for shapes in model_states.get("param_shapes") or ():
-        for name, shape in shapes.items():
-            for key in STATES:
-                file = out / "zero" / name / f"{key}.pt"
-                value = torch.load(file, weights_only=False)
-                if isinstance(value, torch.Tensor):
-                    torch.save({"param": value.view(shape), "cat_dim": 0}, file)
+    name, the parameters' files shaped (1-2) or flat (3), and in zero/optimizer_state.pt the
+    version (1-2) or the step in the base optimizer's state (3). The converter writes its
+    source stage's; the other stage's is added here."""
+    have, want = (ZERO3_STATES, ZERO0_STATES) if source_stage == 3 else (ZERO0_STATES, ZERO3_STATES)
+    model_states = torch.load(out / have, map_location="cpu", weights_only=False)
+    if model_states.get("module") or model_states.get("optimizer"):  # ZeRO 1-2: the converter's full copy
+        model_states = _slim(model_states)
+        torch.save(model_states, out / have)
+    os.symlink(have, out / want)
+    if source_stage == 3:  # the converter writes each parameter's files flat
+        for shapes in model_states.get("param_shapes") or ():
+            for name, shape in shapes.items():
+                for key in STATES:
+                    file = out / "zero" / name / f"{key}.pt"
+                    value = torch.load(file, weights_only=False)
+                    flat = value["param"] if isinstance(value, dict) else value
+                    torch.save({"param": flat.view(shape), "cat_dim": 0}, file)
     path = out / "zero" / "optimizer_state.pt"
     state = torch.load(path, weights_only=False)
     if not state.get("ds_version"):
@@ -135,7 +145,7 @@ def _zero0_to_universal(ds_dir: Path, out: Path, names: list[str]) -> None:
         torch.save(torch.tensor(float(state.get("step", 0.0))), out / "zero" / name / "step.pt")
     groups = [{k: v for k, v in g.items() if k != "params"} | {"params": []} for g in inner["param_groups"]]
     torch.save({"ds_version": saved.get("ds_version"), "param_groups": groups}, out / "zero" / "optimizer_state.pt")
-    os.symlink(path.resolve(), out / ZERO0_STATES)
+    torch.save(_slim(saved), out / ZERO0_STATES)
 
 
 def load_universal(engine, model: nn.Module, folder: Path) -> None:

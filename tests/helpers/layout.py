@@ -18,6 +18,7 @@ LAYOUTS = {
     "2 ranks cp 2, ZeRO-1": (2, ["parallel.zero_stage=1", "parallel.cp_size=2", "train.grad_accum=2"]),
     "2 ranks, ZeRO-3": (2, ["parallel.zero_stage=3"]),
     "1 rank, ZeRO-0": (1, ["train.grad_accum=2"]),
+    "1 rank, ZeRO-3": (1, ["parallel.zero_stage=3", "train.grad_accum=2"]),
 }
 
 # the trainer with a resume that loses the Adam moments (zeroed in the converted checkpoint)

@@ -7,8 +7,9 @@ import pytest
 from helpers.layout import LAYOUTS, stopped_at, train_without_moments
 from helpers.train import TINY, losses, run_train
 
-K, N = 2, 4  # steps at L1, steps in all
-TOLERANCE = 1e-5  # fp32: layouts differ only in the order of their sums (~1e-6 here)
+K, N = 2, 5  # steps at L1, steps in all (the losses of steps 4 and 5 follow resumed updates)
+TOLERANCE = 1e-5  # fp32: layouts of other world sizes differ in the order of their sums (~3e-7 here)
+ONE_RANK_TOLERANCE = 1e-6  # one rank at both ends: the same sums (a step counted twice shows as ~6e-6)
 BASE = [*TINY, "optim.schedule=constant", f"train.steps={N}", f"checkpoint.every={K}", "checkpoint.keep_last=3"]
 CASES = [  # (L1, L2)
     ("2 ranks, ZeRO-1", "1 rank, ZeRO-1"),  # 2 -> 1 processes
@@ -16,6 +17,8 @@ CASES = [  # (L1, L2)
     ("2 ranks cp 2, ZeRO-1", "2 ranks, ZeRO-1"),  # cp 2 -> dp 2
     ("1 rank, ZeRO-1", "1 rank, ZeRO-2"),  # ZeRO 1 -> 2
     ("1 rank, ZeRO-2", "1 rank, ZeRO-1"),  # ZeRO 2 -> 1
+    ("1 rank, ZeRO-0", "1 rank, ZeRO-2"),  # ZeRO 0 -> 2: the whole optimizer in one file, into partitions
+    ("1 rank, ZeRO-1", "1 rank, ZeRO-3"),  # into ZeRO-3's per-parameter partitions
 ]
 
 
@@ -52,7 +55,8 @@ def test_a_resume_on_another_layout_continues_the_uninterrupted_losses(tmp_path,
     assert "was written at" in res.stderr  # the layout change is said
     resumed, reference = losses(out)[K:], losses(uninterrupted(new))[K:]
     assert len(resumed) == N - K
-    assert max(abs(a - b) for a, b in zip(resumed, reference)) <= TOLERANCE
+    one_rank = LAYOUTS[old][0] == LAYOUTS[new][0] == 1
+    assert max(abs(a - b) for a, b in zip(resumed, reference)) <= (ONE_RANK_TOLERANCE if one_rank else TOLERANCE)
 
 
 def test_the_comparison_fails_for_a_resume_without_the_optimizer_state(tmp_path, uninterrupted):
