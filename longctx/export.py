@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import signal
 import sys
-from contextlib import contextmanager, suppress
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator, Optional
 
@@ -81,7 +81,7 @@ def export_lock(target: Path, out: Path) -> Iterator[None]:
         alive = locks.is_alive(holder)
         if alive is False:
             _note(f"taking over {path}: its holder ({holder.describe()}) is no longer running")
-            path.unlink(missing_ok=True)
+            locks.remove_dead(path, holder)
             continue
         gone = "" if alive else f"; if {holder.host} is gone, remove {path}"
         raise UserError(f"--out: {out} is being written by another export ({holder.describe()}); wait for it to "
@@ -96,8 +96,6 @@ def _try_take(path: Path, me: locks.Holder, target: Path, out: Path) -> bool:
     try:
         return locks.try_take(path, me)
     except OSError as e:  # --out's directory cannot be written: say so before any model is read
-        with suppress(OSError):  # try_take's aside file, left when its write failed
-            path.with_name(f".{path.name}.{me.host}.{me.pid}").unlink(missing_ok=True)
         raise _write_failure(OSError(e.errno, e.strerror, str(out)), target, out) from None
 
 

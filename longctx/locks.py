@@ -13,7 +13,7 @@ import json
 import os
 import socket
 import time
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import asdict, dataclass
 from dataclasses import fields as dataclass_fields
 from pathlib import Path
@@ -85,14 +85,35 @@ def try_take(path: Path, me: Holder) -> bool:
     fails when `path` exists); False when it exists."""
     path.parent.mkdir(parents=True, exist_ok=True)
     aside = path.with_name(f".{path.name}.{me.host}.{me.pid}")
-    aside.write_text(json.dumps(asdict(me)))
     try:
+        aside.write_text(json.dumps(asdict(me)))
         os.link(aside, path)
         return True
     except FileExistsError:
         return False
     finally:
-        aside.unlink(missing_ok=True)
+        with suppress(OSError):  # a full or read-only disk: the caller sees the write's error, not this one
+            aside.unlink(missing_ok=True)
+
+
+def remove_dead(path: Path, dead: Holder) -> None:
+    """Remove `path` if it still names `dead`. Two processes taking over one dead holder at once
+    must not let the second remove the lock the first has just taken: the check and the removal
+    run under `path.break`, taken whole or not at all. A breaker that died there (it holds it for
+    microseconds) is removed; the caller tries again either way."""
+    breaker = path.with_name(f"{path.name}.break")
+    me = this_process()
+    if not try_take(breaker, me):
+        other = read_holder(breaker)
+        if other is not None and (is_alive(other) is False or time.time() - other.taken > 60):
+            breaker.unlink(missing_ok=True)
+        time.sleep(0.01)
+        return
+    try:
+        if read_holder(path) == dead:
+            path.unlink(missing_ok=True)
+    finally:
+        release(breaker, me)
 
 
 def release(path: Path, me: Holder) -> None:
@@ -115,7 +136,7 @@ def liveness_lock(path: Path, *, what: str, notify: Callable[[str], None], poll_
         alive = is_alive(holder)
         if alive is False:
             notify(f"taking over {path}: its holder ({holder.describe()}) is no longer running")
-            path.unlink(missing_ok=True)
+            remove_dead(path, holder)
             continue
         if holder != waited_for:
             where = "" if alive else f"; if {holder.host} is gone, remove {path}"

@@ -182,15 +182,8 @@ def fingerprint_sources(data_cfg: DataConfig) -> List[dict]:
 # ----------------------------------------------------------------------------- comparing
 
 
-def human_size(n: int) -> str:
-    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-        if n >= scale:
-            return f"{n / scale:.1f} {unit}"
-    return f"{n} bytes"
-
-
 def _sizes(a: int, b: int) -> str:
-    ha, hb = human_size(a), human_size(b)
+    ha, hb = atomic.human_size(a), atomic.human_size(b)
     if ha == hb:
         ha, hb = f"{a} bytes", f"{b} bytes"
     return f"size {ha} -> {hb}"

@@ -79,7 +79,7 @@ class TokenizerFiles:
         directory = Path(directory)
         tok = self.tokenizer
         if isinstance(tok, ByteTokenizer):
-            byte_tokenizer_json(tok).save(str(directory / "tokenizer.json"))
+            (directory / "tokenizer.json").write_text(byte_tokenizer_json(tok).to_str(pretty=True))  # an OSError names the file
             bos, eos, pad = BYTE_SPECIAL_TOKENS
             settings = {"tokenizer_class": "PreTrainedTokenizerFast", "bos_token": bos, "eos_token": eos,
                         "pad_token": pad, "add_bos_token": True, "add_eos_token": False,

@@ -125,21 +125,25 @@ def _scan_json(path: str, text_field: str) -> Optional[str]:
     return _scan_json_document(path, text_field)
 
 
-def _scan_text(path: str, text_field: str) -> Optional[str]:
-    for lineno, raw in _lines(path):
+def _undecodable_line(path: str, numbered_lines) -> Optional[BadRow]:
+    """The first of (line number, bytes) that is not UTF-8."""
+    for lineno, raw in numbered_lines:
         _, problem = _decode(raw)
         if problem:
             return BadRow(f"{path} line {lineno}", problem, False)
     return None
 
 
+def _scan_text(path: str, text_field: str) -> Optional[str]:
+    return _undecodable_line(path, _lines(path))
+
+
 def _scan_csv(path: str, text_field: str) -> Optional[str]:
     with _open_bytes(path) as f:
         data = f.read()
-    for lineno, raw in enumerate(io.BytesIO(data), 1):
-        _, problem = _decode(raw)
-        if problem:
-            return BadRow(f"{path} line {lineno}", problem, False)
+    bad = _undecodable_line(path, enumerate(io.BytesIO(data), 1))
+    if bad:
+        return bad
     reader = csv.reader(io.StringIO(data.decode("utf-8"), newline=""))
     header = next(reader, [])
     if text_field not in header:

@@ -100,7 +100,7 @@ class Plan:
 
     def resume_line(self) -> Optional[str]:
         complete = [c for c in self.cells if self.done.get(c.rel, {}).get("complete")]
-        partial = [c for c in self.cells if c.rel in self.done and c not in complete]
+        partial = [c for c in self.cells if c.rel in self.done and not self.done[c.rel].get("complete")]
         if not complete and not partial:
             return None
         line = f"resuming: {len(complete)} of {len(self.cells)} cells already done in {self.store.out}"

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Callable, Optional
 
 from longctx.errors import UserError
-from longctx.locks import Holder, is_alive, read_holder, release, this_process, try_take
+from longctx.locks import Holder, is_alive, read_holder, release, remove_dead, this_process, try_take
 
 LOCK_NAME = ".longctx.lock"
 
@@ -53,7 +53,7 @@ def acquire(out_dir: str | Path, notify: Callable[[str], None]) -> Holder:
         if reason is None:
             raise UserError(_refusal(path, holder, is_alive(holder)))
         notify(f"taking over {path} from {holder.describe()}: {reason}")
-        path.unlink(missing_ok=True)
+        remove_dead(path, holder)
     return me
 
 

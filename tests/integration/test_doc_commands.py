@@ -117,6 +117,12 @@ NOT_RUN = {  # command (DocCommand.key) -> why it is not run
         f"{TRAINS} (~40 s on 2 cores, as launch.md's laptop command)",
     "torchrun --nproc_per_node 8 -m longctx train --config configs/my_run.yaml": f"{GPUS}; configs/my_run.yaml is "
                                                                                  "the reader's own",
+    # checkpoints.md
+    "torchrun --nproc_per_node 8 -m longctx train --config run.yaml": f"{GPUS}; run.yaml is the reader's own "
+                                                                      "(tests/integration/test_resume_layout.py "
+                                                                      "resumes on other layouts)",
+    "torchrun --nproc_per_node 4 -m longctx train --config run.yaml checkpoint.resume=auto train.grad_accum=2":
+        f"{GPUS}; resumes the line above's run",
 }
 
 COMMANDS = shell_commands()

@@ -7,9 +7,10 @@ import shutil
 import pytest
 
 from helpers.data import make_texts, write_jsonl
+from longctx.atomic import human_size
 from longctx.data import DataConfig, SourceConfig, SyntheticConfig
 from longctx.data import fingerprint as fp
-from longctx.data.fingerprint import changed_sources, compare_sources, fingerprint_sources, human_size
+from longctx.data.fingerprint import changed_sources, compare_sources, fingerprint_sources
 from longctx.errors import UserError
 
 TEXTS = make_texts(50, seed=3)

@@ -96,3 +96,51 @@ def test_release_leaves_another_holders_lock(tmp_path):
 @pytest.mark.parametrize("pid", [0, -1])
 def test_nonpositive_pids_are_dead(pid):
     assert locks.is_alive(locks.Holder(socket.gethostname(), pid, None, 0.0)) is False
+
+
+def _dead_holder_lock(path):
+    dead = locks.Holder(socket.gethostname(), 0, None, 0.0)  # pid 0 is never a live holder
+    path.write_text(json.dumps(dead.__dict__))
+    return dead
+
+
+def test_taking_over_a_dead_holder_never_removes_the_lock_another_process_took_since(tmp_path):
+    path = tmp_path / "op.lock"
+    dead = _dead_holder_lock(path)
+    locks.remove_dead(path, dead)  # the first to take over removes it ...
+    first = locks.Holder(socket.gethostname(), os.getpid(), None, 1.0)
+    assert locks.try_take(path, first)  # ... and takes it
+    locks.remove_dead(path, dead)  # a second, which read the dead holder before, comes late
+    assert locks.read_holder(path) == first
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["op.lock"]  # no breaker left
+
+
+def test_a_breaker_a_dead_process_left_is_removed(tmp_path):
+    path = tmp_path / "op.lock"
+    dead = _dead_holder_lock(path)
+    path.with_name("op.lock.break").write_text(json.dumps(dead.__dict__))
+    notes = _take(path)
+    assert notes and not path.exists() and not path.with_name("op.lock.break").exists()
+
+
+RACE = textwrap.dedent("""
+    import os, sys, time
+    from pathlib import Path
+    from longctx import locks
+    path, inside = Path(sys.argv[1]), Path(sys.argv[2])
+    with locks.liveness_lock(path, what="w", notify=lambda line: None, poll_s=0.01):
+        fd = os.open(inside, os.O_CREAT | os.O_EXCL | os.O_WRONLY)  # fails if another holds it too
+        time.sleep(0.2)
+        os.close(fd)
+        os.unlink(inside)
+""")
+
+
+def test_processes_taking_over_one_dead_holder_at_once_hold_it_one_at_a_time(tmp_path):
+    path, inside = tmp_path / "op.lock", tmp_path / "inside"
+    _dead_holder_lock(path)
+    procs = [subprocess.Popen([sys.executable, "-c", RACE, str(path), str(inside)], stderr=subprocess.PIPE, text=True)
+             for _ in range(4)]
+    errors = [p.communicate(timeout=120)[1] for p in procs]
+    assert [p.returncode for p in procs] == [0] * 4, errors
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
