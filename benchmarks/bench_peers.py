@@ -16,9 +16,10 @@ every contender trains on the same batch. The run, in one group of `--world` glo
      the other ranks wait. Memory per rank: the contender's resident state (RSS added by building
      it and by its first step: weights, gradients, optimizer state, engine buffers) plus the
      step's peak growth (VmHWM reset at the step's start, minus RSS then); big blocks are mmapped
-     (mallopt) so freed tensors leave RSS at once. CPU MFU: the step's time at this machine's
-     measured bf16 GEMM and flash-kernel rates at the step's shapes over its measured time
-     (longctx.train.metrics.measure_cpu_limits, measured on all ranks at once in the same run).
+     (mallopt) so freed tensors leave RSS at once. CPU MFU: the time longctx's own operations of the
+     step (each linear layer, the chunked loss, the attention kernel, each at its exact shape)
+     take at their best on this machine, over the step's measured time
+     (longctx.train.metrics.measure_cpu_limits, on all ranks at once, between rounds).
 `--max-len`: for each contender, the longest T (doubling, then bisection over real one-step
 runs, each a fresh process group) whose peak RSS per rank (VmHWM of the whole process) stays
 within --budget-gb; a rank that crosses the budget is stopped at once by a watchdog.
@@ -53,7 +54,7 @@ from peer_contenders import ALL_IMPLS, ALST, CP, SINGLE, build_contender, build_
 from longctx.model import build_model, get_preset  # noqa: E402
 from longctx.model.hf import save_pretrained  # noqa: E402
 from longctx.parallel.mesh import import_before_process_groups, shutdown_distributed  # noqa: E402
-from longctx.train.metrics import cpu_limit_fraction, measure_cpu_limits, peak_rss_bytes  # noqa: E402
+from longctx.train.metrics import best_limits, cpu_limit_fraction, measure_cpu_limits, peak_rss_bytes  # noqa: E402
 
 GiB = 2**30
 OVER_BUDGET = 3  # a probe's exit code when its watchdog stopped it
@@ -152,11 +153,9 @@ def _speed(args, ckpt, rank, world, threads, T):
             if cp == 1 and (rank != 0 or not any(n in SINGLE for n in args.impls)):
                 continue
             torch.set_num_threads(threads * world // cp)
-            new = measure_cpu_limits(cfg, T, cp, seconds=args.limit_seconds)
+            new = measure_cpu_limits(cfg, T, cp, seconds=args.limit_seconds, loss_chunk_size=args.loss_chunk)
             torch.set_num_threads(threads)
-            old = limits.setdefault(key, new)
-            for k in ("gemm_flops_per_s", "attention_flops_per_s"):
-                old[k] = max(old[k], new[k])
+            limits[key] = best_limits(limits.get(key), new)
 
     measure_limits()
     batch = make_batch(cfg.vocab_size, T, seed=0)
@@ -193,11 +192,10 @@ def _speed(args, ckpt, rank, world, threads, T):
         if not res["times"]:
             continue  # a one-process contender on ranks > 0
         lim = limits["single" if name in SINGLE else "multi"]
-        cp = 1 if name in SINGLE else world
         row.update(speed_summary(res["times"], T), loss=res["loss"], warmup_s=res["warmup_s"],
                    state_gb=state[name] / GiB, step_growth_gb=max(res["growth"]) / GiB,
                    peak_rss_gb=(state[name] + max(res["growth"])) / GiB, limits=lim,
-                   **cpu_limit_fraction(cfg, T, cp, statistics.median(res["times"]), lim))
+                   **cpu_limit_fraction(lim, statistics.median(res["times"])))
         out.append(row)
     _free(built, inputs)
     return out

@@ -269,7 +269,9 @@ class Trainer:
         self.cp, self.mesh = cp, mesh
         # CPU: this machine's GEMM and attention-kernel rates at the stage's shapes, measured
         # on every rank at once, for the step's cpu_mfu (train/metrics.py)
-        cpu_limits = (measure_cpu_limits(model_cfg, stage.seq_len, cp_size=cp, dtype=self.dtype, seconds=0.25)
+        cpu_limits = (measure_cpu_limits(model_cfg, stage.seq_len, cp_size=cp, dtype=self.dtype, seconds=0.25,
+                                         micro_batch_size=stage.data.micro_batch_size,
+                                         loss_chunk_size=self.cfg.train.loss_chunk_size)
                       if self.device.type == "cpu" else None)
         self.setup = StepSetup(mesh, self.world, self.device, self.cfg.train.grad_accum, stage.data.micro_batch_size,
                                stage.seq_len, self.cfg.train.loss_chunk_size, model_cfg,

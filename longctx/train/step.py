@@ -23,7 +23,7 @@ from longctx.errors import UserError
 from longctx.model.config import ModelConfig
 from longctx.parallel.mesh import Mesh
 from longctx.parallel.sharding import shard_batch
-from longctx.train.metrics import cpu_limit_fraction, peak_memory_bytes
+from longctx.train.metrics import attention_pair_fraction, cpu_limit_fraction, peak_memory_bytes
 from longctx.train.nonfinite import backward_factor, optimizer_step_skipped
 
 
@@ -120,9 +120,10 @@ def train_step(engine, model: nn.Module, batches: Iterator[dict], lr: float, set
               **throughput(setup, elapsed, t_data, computed),
               "update_applied": not dropped and engine.was_step_applied()}
     if setup.cpu_limits is not None:  # cpu_mfu, gemm_limit_s, attention_limit_s
-        sequences = setup.micro_batch_size * setup.grad_accum * computed
-        record.update(cpu_limit_fraction(setup.model_config, setup.seq_len, setup.mesh.cp_size, elapsed,
-                                         setup.cpu_limits, sequences=sequences))
+        pairs = sum(attention_pair_fraction(inputs.get("segment_ids"), inputs["labels"].shape[1], setup.seq_len)
+                    for inputs in micro)
+        record.update(cpu_limit_fraction(setup.cpu_limits, elapsed, micro_batches=len(micro), computed=computed,
+                                         attention_fraction=pairs / len(micro)))
     return record
 
 

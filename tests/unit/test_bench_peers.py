@@ -13,7 +13,7 @@ from peer_checks import (GRAD_TOLERANCE, compare_grads, correctness_row, interle
 from peer_contenders import build_order, make_batch, shifted_labels  # noqa: E402
 
 from longctx.model import get_preset  # noqa: E402
-from longctx.train.metrics import cpu_limit_fraction, measure_cpu_limits, step_flops  # noqa: E402
+from longctx.train.metrics import best_limits, cpu_limit_fraction, measure_cpu_limits, step_flops  # noqa: E402
 
 
 def _grads(seed=0):
@@ -73,11 +73,17 @@ def test_batch_and_shifted_labels():
 
 def test_cpu_limits_and_fraction():
     cfg = get_preset("debug-tiny")
-    limits = measure_cpu_limits(cfg, 256, 2, seconds=0.01)
+    limits = measure_cpu_limits(cfg, 256, 2, seconds=0.0)
     assert limits["gemm_flops_per_s"] > 0 and limits["attention_flops_per_s"] > 0
     gemm, attn = step_flops(cfg, 256, 2)
-    frac = cpu_limit_fraction(cfg, 256, 2, 1.0, limits)
-    assert frac["cpu_mfu"] == pytest.approx(gemm / limits["gemm_flops_per_s"] + attn / limits["attention_flops_per_s"])
+    frac = cpu_limit_fraction(limits, 1.0)
+    assert frac["gemm_limit_s"] == pytest.approx(gemm / limits["gemm_flops_per_s"])
+    assert frac["attention_limit_s"] == pytest.approx(attn / limits["attention_flops_per_s"])
+    assert frac["cpu_mfu"] == pytest.approx(frac["gemm_limit_s"] + frac["attention_limit_s"])
+    faster = dict(limits, ops=[dict(o, seconds=o["seconds"] / 2) for o in limits["ops"]])
+    best = best_limits(limits, faster)  # each operation's best time across two measurements
+    assert cpu_limit_fraction(best, 1.0)["cpu_mfu"] == pytest.approx(frac["cpu_mfu"] / 2)
+    assert best["gemm_flops_per_s"] == pytest.approx(2 * limits["gemm_flops_per_s"])
     # the step FLOPs split of the documented MFU formula
     from longctx.train.metrics import flops_per_token
 
