@@ -5,8 +5,10 @@ parallelism (ring, ulysses, allgather), and one process of transformers and of l
     .venv/bin/python benchmarks/bench_peers.py --lengths 8192 --world 2 --out docs/bench_peers.json
     .venv/bin/python benchmarks/bench_peers.py --max-len --budget-gb 8 --world 2
 
-One HF checkpoint (the bench-44m shape, made once by this script) is loaded by every contender;
-every contender trains on the same batch. The run, in one group of `--world` gloo processes:
+One HF checkpoint is loaded by every contender: the bench-44m shape with random weights (made
+once by this script), or with `--init-from DIR` a Hugging Face Llama directory's shape and
+weights (`--random-weights`: its shape alone; benchmarks/bench_model.py); every contender
+trains on the same batch. The run, in one group of `--world` gloo processes:
   1. correctness (fp32, one step at --check-len): loss and per-tensor gradients of each contender
      vs one process of transformers (the multi-rank gradients are DeepSpeed's reduced ones);
   2. speed (bf16, ZeRO-1 for the multi-rank contenders, full activation checkpointing): for each
@@ -46,25 +48,18 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 from bench_cp import _reset_peak  # noqa: E402
+from bench_model import add_model_args, base_config, check_model_args, model_source, write_checkpoint  # noqa: E402
 from bench_train import _rss_bytes  # noqa: E402
 from peer_checks import (correctness_row, correctness_table, interleaved_order, ratio_table,  # noqa: E402
                          speed_summary, speed_table)
 from peer_contenders import ALL_IMPLS, ALST, CP, SINGLE, build_contender, build_order, make_batch  # noqa: E402
 
-from longctx.model import build_model, get_preset  # noqa: E402
-from longctx.model.hf import save_pretrained  # noqa: E402
+from longctx.model.hf import read_hf_config  # noqa: E402
 from longctx.parallel.mesh import import_before_process_groups, shutdown_distributed  # noqa: E402
 from longctx.train.metrics import best_limits, cpu_limit_fraction, measure_cpu_limits, peak_rss_bytes  # noqa: E402
 
 GiB = 2**30
 OVER_BUDGET = 3  # a probe's exit code when its watchdog stopped it
-
-
-def make_checkpoint(args, path: str) -> None:
-    cfg = get_preset(args.preset).replace(max_position_embeddings=max(args.max_position, 4096))
-    if args.layers:
-        cfg = cfg.replace(num_hidden_layers=args.layers)
-    save_pretrained(build_model(cfg, seed=0), path, dtype=torch.float32)
 
 
 # ------------------------------------------------------------------------------ one rank
@@ -142,9 +137,7 @@ def _correctness(args, ckpt, rank, world):
 
 
 def _speed(args, ckpt, rank, world, threads, T):
-    cfg = get_preset(args.preset)
-    if args.layers:
-        cfg = cfg.replace(num_hidden_layers=args.layers)
+    cfg = read_hf_config(ckpt)  # the shape every contender loads
     limits: dict = {}
 
     def measure_limits():  # the machine's best rates seen in the run, measured between rounds
@@ -365,8 +358,7 @@ def parse(argv=None):
     p.add_argument("--steps", type=int, default=3, help="timed steps per contender and length (>= 3)")
     p.add_argument("--check-len", type=int, default=1024, help="sequence length of the fp32 correctness step")
     p.add_argument("--no-check", action="store_true")
-    p.add_argument("--preset", default="bench-44m")
-    p.add_argument("--layers", type=int, default=0, help="override the preset's layer count (0: keep)")
+    add_model_args(p)
     p.add_argument("--loss-chunk", type=int, default=2048, help="longctx chunked-loss tokens per chunk")
     p.add_argument("--alst-loss-shard-tokens", type=int, default=0,
                    help="tokens per TiledFusedLogitsLoss shard (0: ALST's default of ~1 GiB of fp32 logits)")
@@ -395,7 +387,9 @@ def parse(argv=None):
     if args.steps < 3 and not args.max_len:
         p.error("--steps must be >= 3 (median and min of at least 3 timed steps)")
     args.max_position = max(args.lengths + [args.check_len, args.max_len_cap if args.max_len else 0])
-    args.vocab = get_preset(args.preset).vocab_size
+    if not args.render:
+        check_model_args(args)
+        args.vocab = base_config(args).vocab_size
     return args
 
 
@@ -410,10 +404,11 @@ def main(argv=None):
         return
     log = lambda msg: print(msg, file=sys.stderr, flush=True)  # noqa: E731
     report = {"world": args.world, "preset": args.preset, "layers": args.layers, "cores": os.cpu_count(),
+              "model": model_source(args),
               "command": "python benchmarks/bench_peers.py " + " ".join(sys.argv[1:] if argv is None else argv)}
     with tempfile.TemporaryDirectory() as d:
         ckpt = os.path.join(d, "hf")
-        make_checkpoint(args, ckpt)
+        report["model_config"] = write_checkpoint(args, ckpt, args.max_position).to_dict()
         if args.max_len:
             report["max_len"] = [max_len_search(args, ckpt, name, log) for name in args.impls]
         else:

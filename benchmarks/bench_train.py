@@ -17,6 +17,11 @@ after the first step's start) instead of RSS, and TF32 left at torch's defaults;
 and `--layers` pick a bigger model (e.g. llama3-8b's layer shapes, 4 layers):
 
     python benchmarks/bench_train.py --device cuda --preset llama3-8b --layers 4 --seq-lens 8192,32768
+
+`--init-from DIR` (a Hugging Face Llama directory, e.g. SmolLM2-135M-Instruct's): both sides load
+one checkpoint with its shape and weights (`--random-weights`: its shape, random weights):
+
+    python benchmarks/bench_train.py --init-from /work/models/smollm2-135m-instruct --seq-lens 4096,8192,16384
 """
 from __future__ import annotations
 
@@ -26,7 +31,13 @@ import os
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+
+from bench_model import add_model_args, check_model_args, model_source, write_checkpoint  # noqa: E402
 
 
 def _rss_bytes() -> int:
@@ -35,21 +46,30 @@ def _rss_bytes() -> int:
 
 
 def worker(impl: str, seq_len: int, steps: int, warmup: int, device: str = "cpu", preset: str = "bench-44m",
-           layers: int = 0) -> dict:
+           layers: int = 0, ckpt: str | None = None) -> dict:
+    """One (impl, T) measurement; `ckpt`: the HF checkpoint both sides load (else a preset's
+    random weights, built by each side)."""
     import torch
 
     from longctx.model import build_model, get_preset
+    from longctx.model.hf import load_pretrained, read_hf_config
     from longctx.train.metrics import peak_rss_bytes
 
     torch.manual_seed(0)
-    cfg = get_preset(preset).replace(max_position_embeddings=max(seq_len, 4096))
-    if layers:
-        cfg = cfg.replace(num_hidden_layers=layers)
+    if ckpt:
+        cfg = read_hf_config(ckpt)
+    else:
+        cfg = get_preset(preset).replace(max_position_embeddings=max(seq_len, 4096))
+        if layers:
+            cfg = cfg.replace(num_hidden_layers=layers)
     cuda = device == "cuda"
     if impl in ("ours", "ours-recompute-all"):
         from longctx.parallel.checkpointing import apply_activation_checkpointing
 
-        model = build_model(cfg, seed=0, device=device).to(torch.bfloat16)
+        if ckpt:
+            model = load_pretrained(ckpt, dtype=torch.bfloat16, device=device)
+        else:
+            model = build_model(cfg, seed=0, device=device).to(torch.bfloat16)
         # "ours" keeps attention kernel outputs in checkpointed blocks (the default);
         # "ours-recompute-all" recomputes everything, exactly like HF's checkpointing.
         apply_activation_checkpointing(model, "full", recompute_attention=impl != "ours")
@@ -62,10 +82,13 @@ def worker(impl: str, seq_len: int, steps: int, warmup: int, device: str = "cpu"
 
         from longctx.model.hf import config_to_hf
 
-        hf_cfg = config_to_hf(cfg, torch.bfloat16)
-        for key in ("architectures", "model_type", "torch_dtype", "rope_scaling", "rope_theta"):
-            hf_cfg.pop(key)
-        model = LlamaForCausalLM(LlamaConfig(**hf_cfg, attn_implementation="sdpa")).to(device, torch.bfloat16)
+        if ckpt:
+            model = LlamaForCausalLM.from_pretrained(ckpt, dtype=torch.bfloat16, attn_implementation="sdpa").to(device)
+        else:
+            hf_cfg = config_to_hf(cfg, torch.bfloat16)
+            for key in ("architectures", "model_type", "torch_dtype", "rope_scaling", "rope_theta"):
+                hf_cfg.pop(key)
+            model = LlamaForCausalLM(LlamaConfig(**hf_cfg, attn_implementation="sdpa")).to(device, torch.bfloat16)
         model.gradient_checkpointing_enable()
         model.config.use_cache = False
 
@@ -86,7 +109,7 @@ def worker(impl: str, seq_len: int, steps: int, warmup: int, device: str = "cpu"
         loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
-        losses.append(float(loss))  # a host sync: the step's kernels have finished
+        losses.append(float(loss.detach()))  # a host sync: the step's kernels have finished
         if i >= warmup:
             times.append(time.perf_counter() - start)
     t = statistics.median(times)
@@ -96,15 +119,16 @@ def worker(impl: str, seq_len: int, steps: int, warmup: int, device: str = "cpu"
         from longctx.train.metrics import flops_per_token, peak_flops_per_device
 
         mfu = flops_per_token(cfg, seq_len) * seq_len / t / peak_flops_per_device(None, torch.bfloat16)[0]
-    return {"impl": impl, "seq_len": seq_len, "device": device, "preset": preset, "layers": cfg.num_hidden_layers,
+    return {"impl": impl, "seq_len": seq_len, "device": device, "preset": None if ckpt else preset,
+            "layers": cfg.num_hidden_layers,
             "step_s": t, "tokens_per_s": seq_len / t,
             "peak_rss_gb": peak / 2**30, "peak_growth_gb": (peak - base) / 2**30,
             "loss": losses[0], "threads": torch.get_num_threads(), "mfu": mfu,
             "gpu": torch.cuda.get_device_name() if cuda else None}
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser()
+def parse(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--seq-lens", default="16384,32768,65536")
     ap.add_argument("--impls", default="ours,hf")
     ap.add_argument("--steps", type=int, default=2)
@@ -112,29 +136,52 @@ def main() -> None:
     ap.add_argument("--hf-max-len", type=int, default=32768, help="skip HF above this (64k does not fit in 24 GiB)")
     ap.add_argument("--out", default=None)
     ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
-    ap.add_argument("--preset", default="bench-44m", help="model preset (longctx.model.PRESETS)")
-    ap.add_argument("--layers", type=int, default=0, help="override the preset's layer count (0: keep)")
+    add_model_args(ap)
     ap.add_argument("--worker", nargs=2, metavar=("IMPL", "SEQ_LEN"))
-    args = ap.parse_args()
+    ap.add_argument("--ckpt", help=argparse.SUPPRESS)  # a worker's checkpoint (written by the parent)
+    args = ap.parse_args(argv)
+    args.lengths = [int(x) for x in args.seq_lens.split(",")]
+    if not args.worker:
+        check_model_args(args)
+    return args
+
+
+def main(argv=None) -> None:
+    args = parse(argv)
     if args.worker:
         print(json.dumps(worker(args.worker[0], int(args.worker[1]), args.steps, args.warmup, args.device,
-                                args.preset, args.layers)))
+                                args.preset, args.layers, args.ckpt)))
         return
+    with tempfile.TemporaryDirectory() as d:
+        ckpt = None
+        if args.init_from:  # one checkpoint both sides load: the directory's shape (and weights)
+            ckpt = os.path.join(d, "hf")
+            write_checkpoint(args, ckpt, max(args.lengths))
+        rows = run(args, ckpt)
+    report(args, rows)
+
+
+def run(args, ckpt) -> list[dict]:
     rows = []
-    for T in [int(x) for x in args.seq_lens.split(",")]:
+    for T in args.lengths:
         for impl in args.impls.split(","):
             if impl == "hf" and T > args.hf_max_len:
                 rows.append({"impl": impl, "seq_len": T, "skipped": f"> --hf-max-len {args.hf_max_len}"})
                 continue
             cmd = [sys.executable, __file__, "--worker", impl, str(T), "--steps", str(args.steps),
                    "--warmup", str(args.warmup), "--device", args.device, "--preset", args.preset,
-                   "--layers", str(args.layers)]
+                   "--layers", str(args.layers)] + (["--ckpt", ckpt] if ckpt else [])
             res = subprocess.run(cmd, capture_output=True, text=True)
             if res.returncode != 0:
                 rows.append({"impl": impl, "seq_len": T, "failed": res.stderr.strip().splitlines()[-1:]})
             else:
                 rows.append(json.loads(res.stdout.strip().splitlines()[-1]))
+            rows[-1]["model"] = model_source(args)
             print(json.dumps(rows[-1]), flush=True)
+    return rows
+
+
+def report(args, rows: list[dict]) -> None:
     by = {(r["impl"], r["seq_len"]): r for r in rows if "step_s" in r}
     gpu = args.device == "cuda"
     extra = " ours MFU | HF MFU |" if gpu else ""

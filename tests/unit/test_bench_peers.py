@@ -107,3 +107,83 @@ def test_max_len_search_doubles_to_the_cap_then_bisects(limit, cap, expected_pro
     found = bench_peers.max_len_search(args, "ckpt", "ulysses", lambda msg: None)
     assert [p["seq_len"] for p in found["probes"]] == expected_probes
     assert found["max_len"] == max([T for T in expected_probes if T <= limit], default=0)
+
+
+# ------------------------------------------------------------------ --init-from DIR
+def _hf_dir(tmp_path, layers=2):
+    from longctx.model import build_model
+    from longctx.model.config import ModelConfig
+    from longctx.model.hf import save_pretrained
+
+    cfg = ModelConfig(vocab_size=97, hidden_size=48, intermediate_size=80, num_hidden_layers=layers,
+                      num_attention_heads=6, num_key_value_heads=2, head_dim=16, max_position_embeddings=512,
+                      rope_parameters={"rope_type": "default", "rope_theta": 1e5}, tie_word_embeddings=True)
+    path = tmp_path / "src"
+    save_pretrained(build_model(cfg, seed=3), path, dtype=torch.float32)
+    return str(path), cfg
+
+
+def test_init_from_takes_the_directorys_shape_and_weights(tmp_path):
+    import bench_model
+    import bench_peers
+
+    from longctx.model.hf import load_pretrained, read_hf_config
+
+    src, cfg = _hf_dir(tmp_path)
+    args = bench_peers.parse(["--init-from", src, "--lengths", "2048", "--layers", "1"])
+    assert args.vocab == 97
+    out = str(tmp_path / "ckpt")
+    written = bench_model.write_checkpoint(args, out, args.max_position)
+    stored = read_hf_config(out)
+    assert stored == written and stored.num_hidden_layers == 1 and stored.max_position_embeddings == 4096
+    assert (stored.num_attention_heads, stored.num_key_value_heads, stored.rope_parameters["rope_theta"]) == (6, 2, 1e5)
+    a, b = load_pretrained(src).state_dict(), load_pretrained(out).state_dict()
+    assert set(b) == {k for k in a if not k.startswith("layers.1.")}
+    assert all(torch.equal(a[k], b[k]) for k in b)
+    args = bench_peers.parse(["--init-from", src, "--random-weights"])
+    bench_model.write_checkpoint(args, str(tmp_path / "shape"), args.max_position)
+    c = load_pretrained(tmp_path / "shape").state_dict()
+    assert {k: v.shape for k, v in c.items()} == {k: v.shape for k, v in a.items()}
+    assert not torch.equal(c["embed_tokens.weight"], a["embed_tokens.weight"])
+    assert bench_model.model_source(args) == f"shape:{src}"
+
+
+@pytest.mark.parametrize("argv,msg", [
+    (["--init-from", "/nonexistent/dir"], "error: --init-from: /nonexistent/dir: model directory does not exist"),
+    (["--layers", "9"], "error: --layers: 9 is not in 0..4"),
+    (["--random-weights"], "error: --random-weights: only with --init-from DIR"),
+])
+def test_bad_init_from_is_one_error_line(argv, msg, capsys):
+    import bench_peers
+
+    with pytest.raises(SystemExit) as e:
+        bench_peers.parse(argv)
+    assert e.value.code == 2 and capsys.readouterr().err.strip().startswith(msg)
+
+
+def test_init_from_without_weights_names_the_option(tmp_path, capsys):
+    import bench_train
+
+    (tmp_path / "cfg").mkdir()
+    src, _ = _hf_dir(tmp_path)
+    (tmp_path / "cfg" / "config.json").write_text((Path(src) / "config.json").read_text())
+    with pytest.raises(SystemExit) as e:
+        bench_train.parse(["--init-from", str(tmp_path / "cfg")])
+    err = capsys.readouterr().err.strip()
+    assert e.value.code == 2 and err.startswith("error: --init-from:") and "--random-weights" in err
+    assert bench_train.parse(["--init-from", str(tmp_path / "cfg"), "--random-weights"]).random_weights
+
+
+def test_bench_train_sides_load_the_same_weights(tmp_path):
+    """ours and transformers from one --init-from checkpoint: the same first loss."""
+    import bench_model
+    import bench_train
+
+    src, _ = _hf_dir(tmp_path)
+    args = bench_train.parse(["--init-from", src, "--seq-lens", "64"])
+    ckpt = str(tmp_path / "ckpt")
+    bench_model.write_checkpoint(args, ckpt, 64)
+    ours = bench_train.worker("ours", 64, 1, 0, ckpt=ckpt)
+    hf = bench_train.worker("hf", 64, 1, 0, ckpt=ckpt)
+    assert ours["layers"] == hf["layers"] == 2
+    assert ours["loss"] == pytest.approx(hf["loss"], rel=2e-2)  # bf16
