@@ -9,6 +9,7 @@ resumable position. documents.py walks a table per rank and epoch.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 from typing import Callable, List, Optional, Sequence, Tuple
 
@@ -188,6 +189,19 @@ def _no_download_count():
         datasets.config.HF_UPDATE_DOWNLOAD_COUNTS = old
 
 
+@contextlib.contextmanager
+def _builder_errors_unlogged():
+    """🤗's JSON builder logs `Failed to load JSON from file ...` before it raises; the raise
+    becomes our one line naming the row, so that log line would be a second, vaguer one."""
+    logger = logging.getLogger("datasets.packaged_modules.json.json")
+    old = logger.disabled
+    logger.disabled = True
+    try:
+        yield
+    finally:
+        logger.disabled = old
+
+
 def _hf_dataset(src: SourceConfig, i: int, kind: str, streaming: bool, hf_cache_dir: Optional[str]):
     """The 🤗 Dataset / IterableDataset behind a non-synthetic source."""
     import datasets  # heavy, see _no_download_count
@@ -221,7 +235,7 @@ def _hf_dataset(src: SourceConfig, i: int, kind: str, streaming: bool, hf_cache_
     files = _data_files(src, i, kind)
     extra = {"sample_by": src.sample_by} if kind == "text" else {}
     try:
-        with _no_download_count():
+        with _no_download_count(), _builder_errors_unlogged():
             return datasets.load_dataset(kind, data_files=files, split="train", streaming=streaming, **extra, **kw)
     except Exception as e:
         raise explain_failure(src, i, e) from None

@@ -10,6 +10,7 @@ to end; those start together and are awaited together.
 """
 from __future__ import annotations
 
+import gzip
 import importlib.util
 import json
 import os
@@ -88,6 +89,16 @@ TRAIN = [
     ("unknown file format", ["train", RUN, "data.sources=[{path: '{w}/data/table.xyz'}]"], "cannot infer the format"),
     ("second source bad", ["train", RUN, "data.sources=[{kind: synthetic}, {path: '{w}/data/empty.jsonl'}]"], "data.sources[1].path"),
     ("missing tokenizer", ["train", RUN, "data.tokenizer={w}/nope-tokenizer.json"], "data.tokenizer"),
+    ("a non-UTF-8 row after the first", ["train", RUN, "data.sources=[{path: '{w}/data/nonutf8.jsonl'}]"],
+     "data.sources[0]: {w}/data/nonutf8.jsonl row 151: not UTF-8 (byte 0xe9"),
+    ("the text field holding an int after the first row", ["train", RUN, "data.sources=[{path: '{w}/data/int.jsonl'}]"],
+     "data.sources[0].text_field: {w}/data/int.jsonl row 151: 'text' holds int, not text"),
+    ("broken JSON after the first row", ["train", RUN, "data.sources=[{path: '{w}/data/broken.jsonl'}]"],
+     "data.sources[0]: {w}/data/broken.jsonl row 151: not valid JSON"),
+    ("a truncated .jsonl.gz", ["train", RUN, "data.sources=[{path: '{w}/data/trunc.jsonl.gz'}]"],
+     "data.sources[0]: {w}/data/trunc.jsonl.gz: cannot be read"),
+    ("a tokenizer directory with only its config", ["train", RUN, "data.tokenizer={w}/tokenizer-config-only"],
+     "data.tokenizer: {w}/tokenizer-config-only has no tokenizer.json or other vocabulary file"),
     ("corrupt tokenizer", ["train", RUN, "data.tokenizer={w}/bad.yaml"], "data.tokenizer: cannot read"),
     ("seq_len 1", ["train", RUN, "data.seq_len=1"], "data.seq_len"),
     ("micro batch 0", ["train", RUN, "data.micro_batch_size=0"], "data.micro_batch_size"),
@@ -289,6 +300,13 @@ def make_workdir(w: Path) -> Path:
     (data / "corrupt.parquet").write_bytes(b"not parquet at all")
     (data / "table.csv").write_text("title,body\na,b\n")
     (data / "table.xyz").write_text("text\n")
+    good = "".join(json.dumps({"text": f"row {i} of good text"}) + "\n" for i in range(150))
+    (data / "nonutf8.jsonl").write_bytes(good.encode() + b'{"text": "caf\xe9"}\n')
+    (data / "int.jsonl").write_text(good + '{"text": 7}\n')
+    (data / "broken.jsonl").write_text(good + '{"text": "unterminated}\n')
+    (data / "trunc.jsonl.gz").write_bytes(gzip.compress((good * 20).encode())[:-40])
+    (w / "tokenizer-config-only").mkdir()
+    (w / "tokenizer-config-only" / "tokenizer_config.json").write_text(json.dumps({"model_max_length": 4096}))
     (w / "model").mkdir()
     (w / "model" / "config.json").write_text(json.dumps({"model_type": "llama"}))
     (w / "full").mkdir()
