@@ -63,7 +63,7 @@ class ModelSection:
 class ParallelSection:
     cp_size: int = 1
     cp_impl: str = "ring"  # ring | allgather | ulysses | hybrid
-    ulysses_size: int = 1  # hybrid: Ulysses degree inside each cp group (ring degree = cp_size / this)
+    ulysses_size: int = 1  # hybrid: Ulysses degree inside each cp group (ring degree = cp_size / this); 0: auto
     attention_backend: str = "auto"  # auto | flash | sdpa | eager
     zero_stage: int = 0  # DeepSpeed ZeRO stage 0..3, sharded over all dp x cp ranks
     offload_optimizer: bool = False
@@ -77,7 +77,10 @@ class ParallelSection:
 
     def validate(self) -> None:
         require_one_of("parallel.cp_impl", self.cp_impl, CP_IMPLS)
-        require_at_least("parallel.ulysses_size", self.ulysses_size, 1)
+        require_at_least("parallel.ulysses_size", self.ulysses_size, 0)
+        if self.ulysses_size == 0 and self.cp_impl != "hybrid":
+            raise UserError(f"parallel.ulysses_size: 0 (the degree chosen from the head counts) applies only to "
+                            f"cp_impl hybrid (cp_impl is {self.cp_impl}); set it to 1 or leave it unset")
         require_one_of("parallel.attention_backend", self.attention_backend, BACKENDS, hint=True)
         if self.zero_stage not in (0, 1, 2, 3):
             raise UserError(f"parallel.zero_stage: must be 0, 1, 2 or 3, got {self.zero_stage}")

@@ -105,3 +105,32 @@ def all_to_all(send: Tensor, peers: Sequence[int], index: int, group: Optional[d
     for w in dist.batch_isend_irecv(ops):
         w.wait()
     return recv
+
+
+def all_to_all_v(send: Tensor, send_splits: Sequence[int], recv_splits: Sequence[int], peers: Sequence[int],
+                 index: int, group: Optional[dist.ProcessGroup] = None, tag: int = 3) -> Tensor:
+    """Variable-size all_to_all along dim 0: send[sum(send_splits[:i]) : +send_splits[i]] goes
+    to peers[i]; returns recv (sum(recv_splits), ...) with the piece from peers[i] at its
+    offset. Empty pieces are neither sent nor received. Native all_to_all_single (with splits)
+    when the peers are the group, point-to-point ops for a subset (as all_to_all)."""
+    send = send.contiguous()
+    recv = send.new_empty((sum(recv_splits), *send.shape[1:]))
+    if list(peers) == group_ranks(group):
+        dist.all_to_all_single(recv, send, output_split_sizes=list(recv_splits),
+                               input_split_sizes=list(send_splits), group=group)
+        return recv
+    s_off = [sum(send_splits[:i]) for i in range(len(peers))]
+    r_off = [sum(recv_splits[:i]) for i in range(len(peers))]
+    recv.narrow(0, r_off[index], recv_splits[index]).copy_(send.narrow(0, s_off[index], send_splits[index]))
+    ops = []
+    for i, peer in enumerate(peers):
+        if i == index:
+            continue
+        if send_splits[i]:
+            ops.append(dist.P2POp(dist.isend, send.narrow(0, s_off[i], send_splits[i]), peer, group, tag))
+        if recv_splits[i]:
+            ops.append(dist.P2POp(dist.irecv, recv.narrow(0, r_off[i], recv_splits[i]), peer, group, tag))
+    if ops:
+        for w in dist.batch_isend_irecv(ops):
+            w.wait()
+    return recv

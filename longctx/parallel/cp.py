@@ -27,7 +27,7 @@ from longctx.errors import require
 from longctx.parallel.allgather import AllGatherSpec, allgather_backward, allgather_forward
 from longctx.parallel.comm import RingComm, all_gather_stack, group_ranks
 from longctx.parallel.hybrid import hybrid_backward, hybrid_forward
-from longctx.parallel.layout import CPLayout, validate_heads, validate_layout
+from longctx.parallel.layout import CPLayout, resolve_layout, validate_heads, validate_layout
 from longctx.parallel.ring import RingSpec
 from longctx.parallel.sharding import unshard_sequence
 from longctx.parallel.ulysses import UlyssesSpec
@@ -44,16 +44,21 @@ class ContextParallelAttention:
         self.group, self.layout, self.kernel, self.overlap = group, layout, kernel, overlap
         self.ranks = group_ranks(group)
         self.rank = dist.get_rank(group)
-        P, U = layout.cp_size, layout.ulysses_size
-        j, u = divmod(self.rank, U)  # ring index (outer), Ulysses index (inner)
-        self.ring_index, self.ulysses_index = j, u
-        self.ulysses = UlyssesSpec([self.ranks[j * U + i] for i in range(U)], u, group)
-        ring_ranks = [self.ranks[i * U + u] for i in range(layout.ring_size)]
-        self.ring = RingSpec(RingComm(ring_ranks, j, group), kernel, overlap)
-        self.allgather = AllGatherSpec(group, self.rank, P, kernel)
+        self.allgather = AllGatherSpec(group, self.rank, layout.cp_size, kernel)
+        if layout.ulysses_size:  # else (automatic hybrid degree) at the first call, from its head counts
+            self._set_layout(layout)
         self._seg_cache = None  # (local segment tensor, its version, gathered natural-order ids)
         self.handle = next(_next_handle)
         _INSTANCES[self.handle] = self
+
+    def _set_layout(self, layout: CPLayout) -> None:
+        self.layout = layout
+        U = layout.ulysses_size
+        j, u = divmod(self.rank, U)  # ring index (outer), Ulysses index (inner)
+        self.ring_index, self.ulysses_index = j, u
+        self.ulysses = UlyssesSpec([self.ranks[j * U + i] for i in range(U)], u, self.group)
+        ring_ranks = [self.ranks[i * U + u] for i in range(layout.ring_size)]
+        self.ring = RingSpec(RingComm(ring_ranks, j, self.group), self.kernel, self.overlap)
 
     def __repr__(self) -> str:
         L = self.layout
@@ -81,6 +86,10 @@ class ContextParallelAttention:
         T = q.shape[2]
         require(T % 2 == 0, f"data.seq_len={T * self.layout.cp_size} must be divisible by "
                             f"2*parallel.cp_size={2 * self.layout.cp_size} (zigzag layout)")
+        if not self.layout.ulysses_size:  # the same degree on every rank: it depends on the shapes only
+            self._set_layout(resolve_layout(self.layout, q.shape[1], k.shape[1]))
+            log.info("context parallel attention: hybrid degree chosen for %d/%d heads: %s", q.shape[1], k.shape[1],
+                     self)
         validate_heads(self.layout, q.shape[1], k.shape[1])
 
     # -- explicit forward / backward (local layout in, local layout out) --------------------------

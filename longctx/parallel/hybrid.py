@@ -10,6 +10,12 @@ alive, runs the ring / local kernel backward, and sends the gradients back. Pure
 that backward one group of heads at a time (one kv head per member and its query heads), so
 the whole sequence's head-sharded tensors exist for one group at once. Gradients of
 replicated kv heads (U > Hkv) are summed over their replicas.
+
+Head counts U does not split evenly (heads.HeadShards.even is False) take the range path:
+member u attends its contiguous query heads in runs of one kv head or of whole kv groups (one
+uniform GQA kernel or ring call each), and the backward goes round by round, each member one
+kv head and its query heads per round (as the grouped backward above), the gradients of a kv
+head two members share summed in fp32.
 """
 from __future__ import annotations
 
@@ -19,8 +25,10 @@ import torch
 
 from longctx.attention.kernel import AttentionKernel
 from longctx.parallel.ring import RingSpec, ring_backward, ring_forward
+from longctx.parallel.heads import HeadShards
 from longctx.parallel.sharding import shard_sequence
-from longctx.parallel.ulysses import UlyssesSpec, gather_heads, replicate_kv_heads, scatter_heads
+from longctx.parallel.ulysses import (UlyssesSpec, gather_heads, gather_ranges, replicate_kv_heads, scatter_heads,
+                                      scatter_ranges)
 
 Tensor = torch.Tensor
 
@@ -48,6 +56,8 @@ def hybrid_forward(q: Tensor, k: Tensor, v: Tensor, *, ulysses: UlyssesSpec, rin
     """q (B, H, T, D), k/v (B, Hkv, T, D) local zigzag shards; full_seg (B, U*R*T) natural-order ids.
     -> out (B, H, T, D), lse (B, H, T) fp32, both in the local layout."""
     U = ulysses.size
+    if U > 1 and not HeadShards(q.shape[1], k.shape[1], U).even:
+        return _uneven_forward(q, k, v, ulysses, ring, kernel, causal, scale, full_seg)
     q2, k2, v2 = _to_heads(q, k, v, ulysses)
     if ring.size == 1:  # pure Ulysses: the whole sequence in natural order, H/U heads
         out2, lse2 = kernel.forward(q2, k2, v2, causal=causal, scale=scale, segment_ids=full_seg)
@@ -90,6 +100,8 @@ def hybrid_backward(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, 
                     ulysses: UlyssesSpec, ring: RingSpec, kernel: AttentionKernel, causal: bool, scale: float,
                     full_seg: Optional[Tensor] = None) -> Tuple[Tensor, Tensor, Tensor]:
     U = ulysses.size
+    if U > 1 and not HeadShards(q.shape[1], k.shape[1], U).even:
+        return _uneven_backward(dout.to(out.dtype), q, k, v, out, lse, ulysses, ring, kernel, causal, scale, full_seg)
     groups = k.shape[1] // U  # kv heads per member (0 when they are replicated)
     if U > 1 and ring.size == 1 and groups > 1:
         return _ulysses_backward_by_head_groups(dout.to(out.dtype), q, k, v, out, lse, ulysses, kernel, causal,
@@ -118,3 +130,71 @@ def hybrid_backward(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, 
         dk = dk.view(B, Hkv, -1, T, D).sum(2)
         dv = dv.view(B, Hkv, -1, T, D).sum(2)
     return dq, dk, dv
+
+
+# ---------------------------------------------------------------- uneven head shards
+def _attend(q2, k2, v2, ring: RingSpec, kernel: AttentionKernel, causal: bool, scale: float, full_seg):
+    """Forward of head-sharded q2 (B, h, L, D), k2/v2 (B, hkv, L, D) over the ring (or locally)."""
+    if ring.size == 1:
+        return kernel.forward(q2, k2, v2, causal=causal, scale=scale, segment_ids=full_seg)
+    q_seg, kv_segs = _ring_segments(full_seg, ring)
+    return ring_forward(q2, k2, v2, ring, causal, scale, q_seg, kv_segs)
+
+
+def _attend_backward(dout2, q2, k2, v2, out2, lse2, ring: RingSpec, kernel: AttentionKernel, causal: bool,
+                     scale: float, full_seg):
+    if ring.size == 1:
+        return kernel.backward(dout2, q2, k2, v2, out2, lse2, causal=causal, scale=scale, segment_ids=full_seg)
+    q_seg, kv_segs = _ring_segments(full_seg, ring)
+    return ring_backward(dout2, q2, k2, v2, out2, lse2, ring, causal, scale, q_seg, kv_segs)
+
+
+def _uneven_forward(q, k, v, ulysses: UlyssesSpec, ring: RingSpec, kernel: AttentionKernel, causal: bool,
+                    scale: float, full_seg):
+    """hybrid_forward for a head split HeadShards calls uneven."""
+    B, H, T, D = q.shape
+    shards, u = HeadShards(H, k.shape[1], ulysses.size), ulysses.index
+    q_ranges, kv_ranges = shards.q_ranges(), shards.kv_ranges()
+    q2 = scatter_ranges(q, q_ranges, ulysses)  # (B, h_u, L, D), L = U*T
+    k2, v2 = scatter_ranges(k, kv_ranges, ulysses), scatter_ranges(v, kv_ranges, ulysses)  # (B, kv_u, L, D)
+    out2 = torch.empty_like(q2)
+    lse2 = q2.new_empty(q2.shape[:3], dtype=torch.float32)
+    q0, k0 = q_ranges[u][0], kv_ranges[u][0]
+    for qa, qb, ka, kb in shards.calls(u):  # one uniform GQA call per run
+        qs, ks = slice(qa - q0, qb - q0), slice(ka - k0, kb - k0)
+        o, lse_run = _attend(q2[:, qs].contiguous(), k2[:, ks].contiguous(), v2[:, ks].contiguous(), ring, kernel,
+                             causal, scale, full_seg)
+        out2[:, qs], lse2[:, qs] = o, lse_run
+    del q2, k2, v2
+    out = gather_ranges(out2, q_ranges, ulysses, q.new_empty(B, H, T, D))
+    lse = gather_ranges(lse2.unsqueeze(-1), q_ranges, ulysses, lse2.new_empty(B, H, T, 1)).squeeze(-1)
+    return out, lse
+
+
+def _uneven_backward(dout, q, k, v, out, lse, ulysses: UlyssesSpec, ring: RingSpec, kernel: AttentionKernel,
+                     causal: bool, scale: float, full_seg):
+    """hybrid_backward for an uneven head split, round by round: in round r every member takes
+    its r-th run (one kv head and its query heads; none once its runs are done), so the whole
+    sequence's head-sharded tensors exist for one kv head per member at a time."""
+    B, H, T, D = q.shape
+    Hkv = k.shape[1]
+    shards, U = HeadShards(H, Hkv, ulysses.size), ulysses.size
+    dq = torch.empty_like(q)  # every query head is one member's in exactly one round
+    dk = torch.zeros(B, Hkv, T, D, dtype=torch.float32, device=k.device)  # shared kv heads: summed
+    dv = torch.zeros_like(dk)
+    runs = [shards.runs(u) for u in range(U)]
+    for r in range(shards.rounds()):
+        now = [rs[r] if r < len(rs) else (0, 0, 0, 0) for rs in runs]
+        q_ranges, kv_ranges = [(a, b) for a, b, _, _ in now], [(c, d) for _, _, c, d in now]
+        q2, out2, dout2 = (scatter_ranges(x, q_ranges, ulysses) for x in (q, out, dout))  # (B, h, L, D)
+        lse2 = scatter_ranges(lse.unsqueeze(-1), q_ranges, ulysses).squeeze(-1)
+        k2, v2 = scatter_ranges(k, kv_ranges, ulysses), scatter_ranges(v, kv_ranges, ulysses)  # (B, 0|1, L, D)
+        if q2.shape[1]:
+            gq, gk, gv = _attend_backward(dout2, q2, k2, v2, out2, lse2, ring, kernel, causal, scale, full_seg)
+        else:  # this member is done: it only relays the others' heads
+            gq, gk, gv = q2, k2, v2
+        del q2, k2, v2, out2, dout2, lse2
+        gather_ranges(gq, q_ranges, ulysses, dq)
+        gather_ranges(gk, kv_ranges, ulysses, dk, accumulate=True)
+        gather_ranges(gv, kv_ranges, ulysses, dv, accumulate=True)
+    return dq, dk.to(k.dtype), dv.to(v.dtype)

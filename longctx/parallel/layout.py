@@ -3,7 +3,11 @@
 impl:  ring       K/V around a ring (point to point), zigzag balanced      cp_size ranks
        allgather  all-gather K/V, attend with local queries (Llama 3)
        ulysses    all-to-all sequence <-> heads; ulysses_size = cp_size
-       hybrid     ulysses_size (inner, a2a) x cp_size/ulysses_size (outer ring)
+       hybrid     ulysses_size (inner, a2a) x cp_size/ulysses_size (outer ring); ulysses_size 0:
+                  chosen from the head counts (heads.auto_ulysses_size, resolve_layout)
+
+Any head count splits over a Ulysses degree up to the number of query heads: uneven head
+shards where the degree does not divide them (heads.py).
 
 Pure checks of user input (no process group, no tensors): they run before any collective, so
 a bad configuration is a one-line UserError on every rank, never a hang.
@@ -14,6 +18,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 from longctx.errors import require
+from longctx.parallel.heads import auto_ulysses_size
 from longctx.parallel.sharding import check_seq_len
 
 CP_IMPLS = ("ring", "allgather", "ulysses", "hybrid")
@@ -31,8 +36,8 @@ def ulysses_degree(cp_impl: str, cp_size: int, ulysses_size: Optional[int]) -> O
 class CPLayout:
     cp_size: int
     impl: str
-    ulysses_size: int  # a2a degree (1 for ring / allgather)
-    ring_size: int  # ring degree (1 for ulysses / allgather)
+    ulysses_size: int  # a2a degree (1 for ring / allgather; 0: hybrid, chosen from the heads)
+    ring_size: int  # ring degree (1 for ulysses / allgather; 0 while ulysses_size is)
 
 
 def _divisors(n: int):
@@ -57,29 +62,42 @@ def validate_layout(cp_size: int, impl: str, ulysses_size: Optional[int] = None,
         require(u in (None, cp_size), f"parallel.ulysses_size={ulysses_size} must equal parallel.cp_size={cp_size} "
                                       "for cp_impl ulysses (use cp_impl hybrid to combine with a ring)")
         return CPLayout(cp_size, impl, cp_size, 1)
+    if ulysses_size == 0:
+        return CPLayout(cp_size, impl, 0, 0)  # resolve_layout picks the degree once the heads are known
     require(u is not None and cp_size % u == 0,
             f"parallel.ulysses_size={ulysses_size} must divide parallel.cp_size={cp_size} for cp_impl hybrid; "
-            f"valid: {', '.join(map(str, _divisors(cp_size)))}")
+            f"valid: {', '.join(map(str, _divisors(cp_size)))}, or 0 (chosen from the head counts)")
     return CPLayout(cp_size, impl, u, cp_size // u)
 
 
+def resolve_layout(layout: CPLayout, num_heads: int, num_kv_heads: int) -> CPLayout:
+    """The layout with an automatic hybrid degree (ulysses_size 0) chosen for these heads."""
+    if layout.ulysses_size:
+        return layout
+    U = auto_ulysses_size(layout.cp_size, num_heads, num_kv_heads)
+    return CPLayout(layout.cp_size, layout.impl, U, layout.cp_size // U)
+
+
 def validate_heads(layout: CPLayout, num_heads: int, num_kv_heads: int) -> None:
+    """Any head count splits over a Ulysses degree up to the query heads (uneven shards where U
+    does not divide them, heads.py); a member without a query head is refused."""
     U = layout.ulysses_size
-    if U == 1:
+    if U <= num_heads:
         return
-    valid = [d for d in _divisors(num_heads) if num_kv_heads % d == 0 or d % num_kv_heads == 0]
-    require(num_heads % U == 0,
-            f"parallel.ulysses_size={U} must divide the number of attention heads ({num_heads}); "
-            f"valid: {', '.join(map(str, valid))}")
-    require(num_kv_heads % U == 0 or U % num_kv_heads == 0,
-            f"parallel.ulysses_size={U} must divide, or be a multiple of, the number of kv heads ({num_kv_heads}); "
-            f"valid: {', '.join(map(str, valid))}")
+    if layout.impl == "ulysses":
+        require(False, f"parallel.ulysses_size={U} (cp_impl ulysses: parallel.cp_size) exceeds the number of "
+                       f"attention heads ({num_heads}): every Ulysses member needs a query head; valid: "
+                       f"parallel.cp_size <= {num_heads}, or cp_impl ring, or cp_impl hybrid with "
+                       f"parallel.ulysses_size <= {num_heads}")
+    valid = [d for d in _divisors(layout.cp_size) if d <= num_heads]
+    require(False, f"parallel.ulysses_size={U} exceeds the number of attention heads ({num_heads}): every "
+                   f"Ulysses member needs a query head; valid: {', '.join(map(str, valid))}")
 
 
 def validate_cp(world_size: int, cp_size: int, impl: str, ulysses_size: Optional[int], num_heads: int,
                 num_kv_heads: int, seq_len: int) -> CPLayout:
     """Every user-facing CP check; raises longctx.errors.UserError naming the config field."""
-    layout = validate_layout(cp_size, impl, ulysses_size, world_size)
+    layout = resolve_layout(validate_layout(cp_size, impl, ulysses_size, world_size), num_heads, num_kv_heads)
     validate_heads(layout, num_heads, num_kv_heads)
     check_seq_len(seq_len, cp_size)
     return layout

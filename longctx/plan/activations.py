@@ -1,7 +1,7 @@
 """Activation, attention-workspace, context-parallel and loss buffers of one training stage."""
 from __future__ import annotations
 
-from longctx.plan.layout import Layout
+from longctx.plan.layout import Layout, head_shards, uneven_factors
 
 
 def activation_bytes(m, lay: Layout, device: str, document_masking: bool = True) -> dict:
@@ -52,6 +52,10 @@ def _attention(m, lay: Layout, device: str, document_masking: bool, b: int, t: i
     cp = lay.cp_size
     q, kv = m.num_attention_heads * m.head_dim, m.num_key_value_heads * m.head_dim
     Hq = m.num_attention_heads
+    shards = head_shards(m, lay)
+    fq, fkv = uneven_factors(m, lay)
+    if fq != 1.0:  # uneven Ulysses shards: the busiest member's head-sharded q and its kv heads
+        q, kv = int(q * fq), int(kv * fkv)
     if cp == 1:
         attn_fwd = t * q * b
         attn_bwd = t * (q + 2 * kv) * b + (t * q * 4 if device == "gpu" else 0)  # dq/dk/dv (+ flash dq accumulator)
@@ -71,14 +75,14 @@ def _attention(m, lay: Layout, device: str, document_masking: bool, b: int, t: i
     rows = t // B  # queries of one kernel call
     if lay.cp_impl == "allgather" and cp > 1:
         keys = lay.seq_len
-    elif lay.cp_impl in ("ulysses", "hybrid") and cp > 1:
-        rows = keys = lay.seq_len // (lay.ulysses_size if lay.cp_impl == "hybrid" else 1)
+    elif shards is not None:  # a Ulysses member attends the sequence of its ring shard
+        rows = keys = lay.seq_len * shards.degree // cp
     else:
         keys = rows
     if masked:
         boundaries = 2
         mask = B * (boundaries * 2 * max(rows, keys) * min(tile, keys) + tile * tile * b)
-        attn_fwd += B * rows * Hq * m.head_dim * 4 // (1 if lay.cp_impl != "ulysses" or cp == 1 else cp)
+        attn_fwd += B * rows * (Hq if shards is None else shards.max_heads) * m.head_dim * 4
         attn_bwd += t * (q + 2 * kv) * 4
     else:
         mask = 0
@@ -91,6 +95,7 @@ def _cp_buffers(m, lay: Layout, b: int, t: int) -> dict:
     """Context-parallel communication buffers (per layer, transient)."""
     cp = lay.cp_size
     q, kv = m.num_attention_heads * m.head_dim, m.num_key_value_heads * m.head_dim
+    fq, fkv = uneven_factors(m, lay)
     comm_fwd = comm_bwd = 0
     if cp > 1:
         kvb = 2 * t * kv * b  # local K and V
@@ -101,6 +106,8 @@ def _cp_buffers(m, lay: Layout, b: int, t: int) -> dict:
             comm_fwd = cp * kvb  # the whole sequence's K/V
             comm_bwd = cp * kvb + cp * 2 * t * kv * 4  # gathered again + fp32 dK/dV before reduce-scatter
         else:  # ulysses / hybrid: all-to-all of q, k, v and the output; hybrid adds a ring of K/V
+            if fq != 1.0:  # uneven shards: the busiest member's heads, shared kv heads sent twice
+                q, kv = int(q * fq), int(kv * fkv)
             comm_fwd = 2 * t * (2 * q + 2 * kv) * b
             comm_bwd = comm_fwd + 2 * t * (q + 2 * kv) * 4
             if lay.cp_impl == "hybrid" and cp // max(1, lay.ulysses_size) > 1:

@@ -8,6 +8,8 @@ from pathlib import Path
 from typing import Optional
 
 from longctx.config import RunStage, TrainConfig
+from longctx.parallel.heads import HeadShards, auto_ulysses_size
+from longctx.parallel.layout import ulysses_degree
 
 BUCKET = int(5e8)  # DeepSpeed reduce_bucket_size / allreduce bucket (elements), our config leaves the default
 PREFETCH = int(5e7)  # stage3_prefetch_bucket_size (elements)
@@ -66,6 +68,27 @@ def layout_of(cfg: TrainConfig, stage: RunStage, world_size: int) -> Layout:
                   attention_backend=par.attention_backend, mlp_tile_tokens=par.mlp_tile_tokens)
 
 
+def head_shards(m, lay: Layout) -> Optional[HeadShards]:
+    """The head split of the layout's Ulysses groups (None without an all-to-all); an automatic
+    hybrid degree (ulysses_size 0) is resolved as the trainer resolves it."""
+    if lay.cp_size == 1:
+        return None
+    U = ulysses_degree(lay.cp_impl, lay.cp_size, lay.ulysses_size)
+    if U == 0:
+        U = auto_ulysses_size(lay.cp_size, m.num_attention_heads, m.num_key_value_heads)
+    return HeadShards(m.num_attention_heads, m.num_key_value_heads, U) if U and U > 1 else None
+
+
+def uneven_factors(m, lay: Layout) -> tuple[float, float]:
+    """(query, kv) size of a Ulysses member's head-sharded tensors over an even split's: the
+    busiest member's ceil(Hq/U) query heads and the kv heads they use (shared kv heads sent to
+    two members). (1.0, 1.0) for even splits and layouts without an all-to-all."""
+    s = head_shards(m, lay)
+    if s is None or s.even:
+        return 1.0, 1.0
+    return s.waste, s.degree * s.max_kv_heads / s.num_kv_heads
+
+
 # ------------------------------------------------------------------------ step time
 ZERO3_GATHER_COST = 1.05  # parameter all-gathers in forward and backward, mostly overlapped
 OFFLOAD_COST = 1.25  # the optimizer step on the host (CPU Adam) and its PCIe copies
@@ -77,16 +100,24 @@ def relative_time_per_token(m, lay: Layout) -> float:
     predict seconds. Compute per token is the same for every cp size; activation
     checkpointing re-runs the forward of checkpointed blocks (without the attention kernel
     unless recompute_attention), a tiled MLP (mlp_tile_tokens) runs its forward once more in
-    the backward, ZeRO-3 and optimizer offload pay the constants above."""
+    the backward, ZeRO-3 and optimizer offload pay the constants above. Uneven Ulysses head
+    shards pay their busiest member's attention (U * ceil(Hq/U) / Hq of an even split's)."""
     c = parameter_counts(m)
     n = m.num_hidden_layers * (c["attn"] + c["mlp"]) + c["head"]  # parameters in matmuls
     attention = m.num_hidden_layers * m.num_attention_heads * m.head_dim * lay.seq_len  # causal: 6 x this
-    step = 6 * n + 6 * attention
-    recomputed = 2 * n + (2 * attention if lay.recompute_attention else 0)
     share = {"none": 0.0, "full": 1.0, "selective": 1.0 / max(1, lay.checkpoint_every)}[lay.activation_checkpointing]
     tiled = 0 < lay.mlp_tile_tokens < lay.micro_batch_size * lay.seq_len // lay.cp_size
     retiled = 2 * m.num_hidden_layers * c["mlp"] if tiled else 0
-    factor = 1.0 + (share * recomputed + retiled) / step
+
+    def factor_of(attn):  # step time over a step without recomputation at `attn`
+        step = 6 * n + 6 * attn
+        recomputed = 2 * n + (2 * attn if lay.recompute_attention else 0)
+        return 1.0 + (share * recomputed + retiled) / step
+
+    factor = factor_of(attention)
+    waste = uneven_factors(m, lay)[0]
+    if waste != 1.0:  # the slowest member sets the pace: relative to the even split's step
+        factor = factor_of(attention * waste) * (6 * n + 6 * attention * waste) / (6 * n + 6 * attention)
     if lay.zero_stage == 3:
         factor *= ZERO3_GATHER_COST
     if lay.offload_optimizer:

@@ -26,8 +26,9 @@ def _errors_worker(rank, world):
     expect(lambda: make_cp_attention(None, impl="bogus"), "parallel.cp_impl")
     expect(lambda: make_cp_attention(None, impl="hybrid", ulysses_size=3), "parallel.ulysses_size=3")
     uly = make_cp_attention(None, impl="ulysses")
-    q, k = torch.randn(1, 3, 4, 8), torch.randn(1, 1, 4, 8)
-    expect(lambda: uly(q, k, k), "parallel.ulysses_size=2 must divide the number of attention heads (3)")
+    q, k = torch.randn(1, 1, 4, 8), torch.randn(1, 1, 4, 8)
+    expect(lambda: uly(q, k, k), "parallel.ulysses_size=2 (cp_impl ulysses: parallel.cp_size) exceeds the number "
+                                 "of attention heads (1)")
     ring = make_cp_attention(None, impl="ring")
     q, k = torch.randn(1, 2, 5, 8), torch.randn(1, 2, 5, 8)
     expect(lambda: ring(q, k, k), "data.seq_len=10 must be divisible by 2*parallel.cp_size=4")

@@ -16,13 +16,22 @@ def test_valid_layouts():
     assert (lay.ulysses_size, lay.ring_size) == (2, 4)
     assert validate_cp(4, 4, "ulysses", 4, 8, 1, 64).ulysses_size == 4  # MQA: kv head replicated
     assert validate_cp(1, 1, "ring", None, 4, 4, 7).cp_size == 1  # cp=1: any length
+    # head counts the Ulysses degree does not split evenly: uneven head shards
+    for cp, impl, u in ((2, "ulysses", None), (4, "ulysses", None), (4, "hybrid", 2), (4, "hybrid", 4)):
+        assert validate_cp(4, cp, impl, u, 9, 3, 4096).ulysses_size == (u or cp)
+    assert validate_cp(4, 4, "ulysses", None, 12, 6, 64).ulysses_size == 4
+    assert validate_cp(4, 4, "ulysses", None, 6, 2, 64).ulysses_size == 4
+    # hybrid with ulysses_size 0: the degree chosen from the heads (parallel/heads.py)
+    auto = lambda cp, h, kv: validate_cp(8, cp, "hybrid", 0, h, kv, 4096)  # noqa: E731
+    assert [(lay.ulysses_size, lay.ring_size) for lay in (auto(4, 9, 3), auto(2, 9, 3), auto(8, 32, 8))] == \
+        [(2, 2), (2, 1), (8, 1)]
 
 
 @pytest.mark.parametrize("args, field, hint", [
     ((4, 2, "ring", None, 8, 2, 102), "data.seq_len=102", "valid nearby: 100, 104"),
     ((4, 4, "allgather", None, 8, 2, 36), "data.seq_len=36", "2*parallel.cp_size=8"),
-    ((4, 4, "ulysses", None, 6, 2, 64), "parallel.ulysses_size=4", "attention heads (6)"),
-    ((4, 4, "ulysses", None, 12, 6, 64), "parallel.ulysses_size=4", "kv heads (6)"),
+    ((4, 4, "ulysses", None, 2, 2, 64), "parallel.ulysses_size=4", "attention heads (2)"),
+    ((4, 4, "hybrid", 4, 3, 1, 64), "parallel.ulysses_size=4", "valid: 1, 2"),
     ((4, 3, "ring", None, 8, 2, 60), "parallel.cp_size=3", "valid: 1, 2, 4"),
     ((4, 2, "zigzag", None, 8, 2, 64), "parallel.cp_impl='zigzag'", "valid: ring, allgather, ulysses, hybrid"),
     ((4, 4, "hybrid", 3, 8, 2, 64), "parallel.ulysses_size=3", "valid: 1, 2, 4"),
