@@ -9,7 +9,7 @@ from typing import Optional
 from longctx.config import RunStage, TrainConfig
 from longctx.model.config import ModelConfig
 from longctx.plan.activations import activation_bytes
-from longctx.plan.layout import Layout, layout_of, parameter_counts
+from longctx.plan.layout import Layout, head_shards, layout_of, parameter_counts
 
 GiB = 2**30
 # Fixed per-process runtime memory (Python, torch, DeepSpeed, data loader; CUDA context and
@@ -115,6 +115,15 @@ def _model_states(n: dict, lay: Layout, device: str) -> dict:
     return out
 
 
+def ulysses_split(m, lay: Layout) -> Optional[str]:
+    """'U x R' of a layout with an all-to-all, with the uneven query heads per member: '2 x 2, heads 5/4'."""
+    s = head_shards(m, lay)
+    if s is None:
+        return None
+    text = f"{s.degree} x {lay.cp_size // s.degree}"
+    return text if s.even else text + ", heads " + "/".join(str(hi - lo) for lo, hi in s.q_ranges())
+
+
 def estimate_layout(m, lay: Layout, *, device: str = "gpu", runtime_overhead_gb: Optional[float] = None,
                     document_masking: bool = True) -> MemoryEstimate:
     if device not in ("gpu", "cpu"):
@@ -170,7 +179,8 @@ def estimate_layout(m, lay: Layout, *, device: str = "gpu", runtime_overhead_gb:
     totals = {k: sum(v.values()) for k, v in phases.items()}
     peak_phase = max(totals, key=totals.get)
     comp = {k: float(phases[peak_phase].get(k, 0.0)) for k in COMPONENTS}
-    info = {"parameters_total": n["total"], "tokens_per_rank": act["tokens"], "layout": dataclasses.asdict(lay)}
+    info = {"parameters_total": n["total"], "tokens_per_rank": act["tokens"], "layout": dataclasses.asdict(lay),
+            "ulysses": ulysses_split(m, lay)}
     return MemoryEstimate(**comp, phase=peak_phase, host=float(ms["host"]), phases=totals, info=info, device=device)
 
 

@@ -22,8 +22,9 @@ def format_estimate(est: MemoryEstimate, device_bytes: Optional[float] = None) -
     lay = est.info["layout"]
     what = "memory per GPU" if est.device == "gpu" else "host memory per process (CPU RSS)"
     offload = ", ".join(k for k in ("offload_optimizer", "offload_params") if lay[k]) or "no offload"
+    split = f" {est.info['ulysses']}" if est.info.get("ulysses") else ""
     lines = [f"  {what}: ZeRO-{lay['zero_stage']} ({offload}), {lay['dtype']}, "
-             f"checkpointing {lay['activation_checkpointing']}, cp {lay['cp_size']} ({lay['cp_impl']}), "
+             f"checkpointing {lay['activation_checkpointing']}, cp {lay['cp_size']} ({lay['cp_impl']}{split}), "
              f"{est.info['tokens_per_rank']:,} tokens/rank/micro-batch; peak in phase '{est.phase}'"]
     labels = {"parameters": "parameters", "gradients": "gradients", "optimizer": "optimizer states",
               "activations": "activations", "attention": "attention workspace", "loss": "loss workspace",
