@@ -3,13 +3,15 @@
     longctx eval --model RUN_OR_HF_DIR --suite ruler --lengths 4k,8k,16k --samples 50 --out eval/
     torchrun --nproc-per-node 4 -m longctx eval --model DIR --suite niah --lengths 128k --cp 4 --out eval/
     longctx eval --config eval.yaml samples=5 style=compact       # like `longctx train`
+    longctx eval --model DIR --lengths 32k 'model_overrides.rope_parameters={rope_type: yarn, factor: 4.0}'
 
 Every finished (task, length) cell is kept in OUT/cells/; the same command rerun continues from
 them, and SIGTERM / SIGUSR1 stop after the batch in flight (exit code 85). Cells of another
 evaluation in OUT are refused unless --overwrite.
 
 The options are EvalConfig's fields (longctx/eval/fields.py), read like the training config:
-defaults < --config FILE < key=value overrides < flags (every field is a flag too). The parser
+defaults < --config FILE < key=value overrides < flags (every field but the model_overrides
+mapping is a flag too, e.g. model_overrides.max_position_embeddings=32768). The parser
 needs only the fields; the evaluation (longctx/eval/command.py, torch) loads when it runs.
 """
 from __future__ import annotations
@@ -31,6 +33,8 @@ def add_parser(p: argparse.ArgumentParser) -> None:
                         "evaluation rerun always continues from its finished cells)")
     hints = typing.get_type_hints(EvalFields)
     for f in dataclasses.fields(EvalFields):
+        if typing.get_origin(hints[f.name]) is dict:
+            continue  # a mapping is set as key=value (model_overrides.rope_parameters={...}), not a flag
         flag = "--" + f.name.replace("_", "-")
         default = f.default if f.default is not dataclasses.MISSING else ",".join(f.default_factory())
         help_text = f.metadata["help"] + (f" (default {default})" if default not in (None, False) else "")

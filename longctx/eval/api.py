@@ -31,6 +31,7 @@ import torch.distributed as dist
 from longctx import atomic
 from longctx.errors import UserError
 from longctx.eval import plots
+from longctx.eval.chat import ChatChoice, stop_ids, tokenizer_dir, with_chat_template
 from longctx.eval.cells import MARKER, PPL, CellStore, acquire, ppl_cells, release_lock, task_cells
 from longctx.eval.comparability import assess
 from longctx.eval.config import EvalConfig, EvalSelection, select
@@ -92,6 +93,8 @@ class Plan:
     cells: list  # cells.Cell: the task cells by length, then perplexity's
     store: Optional[CellStore] = None
     done: dict = field(default_factory=dict)  # {cell file: its stored content}
+    chat: ChatChoice = field(default_factory=lambda: ChatChoice(None))  # the chat template chosen
+    stop_ids: list = field(default_factory=list)  # every token id that ends a generation
 
     def signature(self) -> str:
         """The same on every rank that sees the same cells (ranks compare it)."""
@@ -114,7 +117,12 @@ def prepare(cfg: EvalConfig, tokenizer, *, identity: Optional[dict] = None, mode
             overwrite: bool = False, remove: bool = True, notify: Callable[[str], None] = atomic.note) -> Plan:
     """The samples and cells of `cfg`; with `identity` (cells.run_identity) and cfg.out, the
     cells already in cfg.out that this evaluation reuses (a conflict is one UserError line,
-    unless `overwrite`; `remove`: this process may delete the conflicting files)."""
+    unless `overwrite`; `remove`: this process may delete the conflicting files). The chat
+    template (eval/chat.py: unset or "auto" is the tokenizer's own) and the stop ids (the
+    tokenizer's, and model_path's config.json and generation_config.json) are settled here."""
+    chat, cfg = with_chat_template(cfg, tokenizer)
+    stops = stop_ids(Path(model_path) if model_path else None, tokenizer_dir(getattr(tokenizer, "source", None)),
+                     tokenizer)
     run = select(cfg)
     if cfg.ruler_data is not None:  # RULER's prepared prompts instead of ours
         samples, skipped = read_ruler_data(cfg.ruler_data, tokenizer, run.options, lengths=run.lengths,
@@ -125,8 +133,8 @@ def prepare(cfg: EvalConfig, tokenizer, *, identity: Optional[dict] = None, mode
                                         require_samples=bool(run.tasks) and not run.ppl_lengths)
     if run.tasks and not samples and not run.ppl_lengths:
         raise UserError("eval.tasks: nothing to run (" + "; ".join(skipped) + ")")
-    cells = task_cells(samples, run.options.add_bos) + ppl_cells(run.ppl_lengths, cfg.ppl_windows, cfg.ppl_data)
-    plan = Plan(run, samples, skipped, cells)
+    cells = task_cells(samples, run.options.add_bos, stops) + ppl_cells(run.ppl_lengths, cfg.ppl_windows, cfg.ppl_data)
+    plan = Plan(run, samples, skipped, cells, chat=chat, stop_ids=stops)
     if identity is not None and cfg.out is not None:
         plan.store = CellStore(cfg.out, identity, model_path)
         plan.done = plan.store.check(cells, overwrite=overwrite, remove=remove, notify=notify)
@@ -192,7 +200,7 @@ def _run_plan(model, tokenizer, cfg: EvalConfig, plan: Plan, cp_group, meta, war
             print(line, file=sys.stderr, flush=True)
         (store.out / MARKER).unlink(missing_ok=True)
     engine = Engine(model, tokenizer, cp_group=cp_group, cp_impl=cfg.cp_impl, batch_size=cfg.batch_size,
-                    max_batch_tokens=cfg.max_batch_tokens, add_bos=run.options.add_bos)
+                    max_batch_tokens=cfg.max_batch_tokens, add_bos=run.options.add_bos, stop_ids=plan.stop_ids)
     task_list = [c for c in plan.cells if c.name != PPL]
     done_samples = sum(len(plan.done[c.rel]["records"]) for c in task_list if c.rel in plan.done)
     bar = Progress(len(plan.samples), "eval", "sample", enabled=progress and main and bool(plan.samples),
@@ -301,7 +309,8 @@ def _finish(model, tokenizer, cfg: EvalConfig, plan: Plan, results: dict, stats:
     generation = {"prompt_tokens": sum(s.get("prompt_tokens", 0) for s in stats),
                   "new_tokens": sum(s.get("new_tokens", 0) for s in stats),
                   "peak_cache_bytes": max([s.get("peak_cache_bytes", 0) for s in stats] or [0])}
-    meta = dict(meta or {}, seed=cfg.seed, samples=cfg.samples, style=cfg.style, generation=generation)
+    meta = dict(meta or {}, seed=cfg.seed, samples=cfg.samples, style=cfg.style, generation=generation,
+                chat_template=plan.chat.record, stop_ids=plan.stop_ids)
     seconds = sum(doc.get("seconds", 0.0) for doc in plan.done.values())
     timing = dict(timing, generation_seconds=round(seconds, 3))
     if seconds > 0:

@@ -77,10 +77,19 @@ def tokenizer_files(spec: str) -> dict:
     return {"spec": spec}
 
 
-def run_identity(model_dir: Path, tokenizer_spec: str, dtype: str) -> dict:
-    """What every cell of an evaluation shares and its result depends on."""
-    return {"model": model_files(Path(model_dir)), "tokenizer": tokenizer_files(tokenizer_spec), "dtype": dtype,
-            "longctx": __version__}
+def run_identity(model_dir: Path, tokenizer_spec: str, dtype: str, *, model_overrides: Optional[dict] = None) -> dict:
+    """What every cell of an evaluation shares and its result depends on (model_overrides: the
+    overridden config fields as the model runs with them; absent when there are none)."""
+    identity = {"model": model_files(Path(model_dir)), "tokenizer": tokenizer_files(tokenizer_spec), "dtype": dtype,
+                "longctx": __version__}
+    if model_overrides:
+        identity["model_overrides"] = _json_safe(model_overrides)
+    return identity
+
+
+def _json_safe(obj):
+    """As it reads back from a cell file (tuples as lists), so a stored identity compares equal."""
+    return json.loads(json.dumps(obj, sort_keys=True))
 
 
 def ppl_data_files(path: Optional[str]) -> object:
@@ -90,6 +99,9 @@ def ppl_data_files(path: Optional[str]) -> object:
     p = Path(path)
     files = sorted(f for f in p.rglob("*") if f.suffix in _PPL_SUFFIXES) if p.is_dir() else [p]
     return _digests(files, p if p.is_dir() else p.parent)
+
+
+IDENTITY_EXTRAS = ("model_overrides",)  # identity entries present only when set
 
 
 # ------------------------------------------------------------------------------- cells
@@ -119,8 +131,9 @@ class Cell:
         return _sha({"identity": identity, "cell": self.fields})
 
 
-def task_cells(samples: Sequence[Sample], add_bos: bool) -> list[Cell]:
-    """The cells of `samples`, by length, then in the order their tasks first appear."""
+def task_cells(samples: Sequence[Sample], add_bos: bool, stop_ids: Sequence[int] = ()) -> list[Cell]:
+    """The cells of `samples`, by length, then in the order their tasks first appear
+    (stop_ids: the token ids that end a generation)."""
     groups: dict = {}
     for s in samples:
         groups.setdefault((s.target_length, s.task), []).append(s)
@@ -128,7 +141,8 @@ def task_cells(samples: Sequence[Sample], add_bos: bool) -> list[Cell]:
     cells = []
     for (length, task), group in sorted(groups.items(), key=lambda kv: (kv[0][0], order[kv[0][1]])):
         group = sorted(group, key=lambda s: s.index)
-        fields = {"kind": "task", "task": task, "length": length, "add_bos": add_bos, "count": len(group),
+        fields = {"kind": "task", "task": task, "length": length, "add_bos": add_bos, "stop_ids": list(stop_ids),
+                  "count": len(group),
                   "samples": _sha([dataclasses.asdict(s) for s in group])}
         cells.append(Cell(task, length, fields, tuple(group)))
     return cells
@@ -157,9 +171,10 @@ def differences(stored: dict, identity: dict, cell: Optional[Cell]) -> list[str]
         where = f" (it was computed from {stored['model_path']})" if stored.get("model_path") else ""
         out.append("the model's " + ", ".join(changed[:3]) + (f" and {len(changed) - 3} more" if len(changed) > 3 else "")
                    + f" differ{'s' if len(changed) == 1 else ''}{where}")
-    for name, what in (("tokenizer", "the tokenizer"), ("dtype", "dtype"), ("longctx", "longctx version")):
-        if old.get(name) != identity[name]:
-            out.append(f"{what} {_short(old.get(name))} vs {_short(identity[name])}")
+    for name, what in (("tokenizer", "the tokenizer"), ("dtype", "dtype"), ("longctx", "longctx version"),
+                       ("model_overrides", "model_overrides")):
+        if old.get(name) != identity.get(name):
+            out.append(f"{what} {_short(old.get(name))} vs {_short(identity.get(name))}")
     if cell is not None:
         old_cell = stored.get("cell") or {}
         for name in sorted(set(old_cell) | set(cell.fields)):
@@ -213,8 +228,8 @@ class CellStore:
         for rel, doc in self.read(notify).items():
             cell = planned.get(rel)
             if cell is None:  # not asked for now: kept, unless it belongs to another evaluation
-                probe = {k: doc.get("identity", {}).get(k) for k in self.identity}
-                if probe != self.identity:
+                stored = doc.get("identity", {})
+                if any(stored.get(k) != self.identity.get(k) for k in set(self.identity) | set(IDENTITY_EXTRAS)):
                     conflicts.append((rel, doc, None))
             elif doc.get("key") == cell.key(self.identity):
                 reuse[rel] = doc

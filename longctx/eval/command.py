@@ -25,6 +25,7 @@ from longctx.eval.cells import run_identity
 from longctx.eval.comparability import warning_line
 from longctx.eval.config import EvalConfig, as_eval_field, select
 from longctx.eval.end_summary import end_summary
+from longctx.eval.model_overrides import apply_overrides, base_model_config
 from longctx.eval.model_io import (check_lengths, check_pair, load_model, load_tokenizer_for, parse_dtype,
                                    resolve_model_dir, tokenizer_spec_for)
 from longctx.eval.ruler_prompts import write_prompts
@@ -35,7 +36,8 @@ from longctx.train.signals import PREEMPTED_EXIT_CODE, PreemptionFlag
 
 def config_from_args(args: argparse.Namespace) -> EvalConfig:
     """defaults < --config < key=value overrides < flags."""
-    flags = {f.name: getattr(args, f.name) for f in dataclasses.fields(EvalConfig) if getattr(args, f.name) is not None}
+    flags = {f.name: getattr(args, f.name) for f in dataclasses.fields(EvalConfig)
+             if getattr(args, f.name, None) is not None}
     return load_structured(EvalConfig, args.config, args.overrides, flags, prefix="eval.")
 
 
@@ -46,6 +48,7 @@ def check(cfg: EvalConfig, world_size: int) -> typing.Optional[Path]:
     if not cfg.model:
         return None
     model_dir = resolve_model_dir(cfg.model)  # UserError for a missing/invalid path, before the weights
+    apply_overrides(base_model_config(model_dir), cfg.model_overrides)
     as_eval_field(check_tokenizer_spec, as_eval_field(tokenizer_spec_for, model_dir, cfg.tokenizer))
     return model_dir
 
@@ -88,18 +91,22 @@ def _evaluate(cfg: EvalConfig, world: int, flag: PreemptionFlag, *, overwrite: b
     """Plan (samples, cells, what --out already has) before the weights load; then evaluate,
     holding --out's lock (rank 0) from the plan to the last write."""
     model_dir = resolve_model_dir(cfg.model)
+    model_config, overrides = apply_overrides(base_model_config(model_dir), cfg.model_overrides)  # config.json only
     spec = as_eval_field(tokenizer_spec_for, model_dir, cfg.tokenizer)
     tokenizer = as_eval_field(load_tokenizer_for, model_dir, cfg.tokenizer)
-    identity = run_identity(model_dir, spec, cfg.dtype) if cfg.out is not None else None
+    identity = run_identity(model_dir, spec, cfg.dtype, model_overrides=overrides) if cfg.out is not None else None
     with out_lock(cfg.out):
         main = read_env().rank == 0
         plan = prepare(cfg, tokenizer, identity=identity, model_path=str(model_dir), overwrite=overwrite,
                        remove=main, notify=atomic.note if main else (lambda line: None))
-        return _load_and_evaluate(cfg, world, flag, model_dir, tokenizer, plan)
+        return _load_and_evaluate(cfg, world, flag, model_dir, tokenizer, plan,
+                                  (model_config if overrides else None, overrides))
 
 
-def _load_and_evaluate(cfg: EvalConfig, world: int, flag: PreemptionFlag, model_dir: Path, tokenizer, plan) -> dict:
-    model = load_model(model_dir, dtype=parse_dtype(cfg.dtype)).eval()
+def _load_and_evaluate(cfg: EvalConfig, world: int, flag: PreemptionFlag, model_dir: Path, tokenizer, plan,
+                       override: tuple) -> dict:
+    """override: (the overridden ModelConfig or None, the overridden fields as the model runs with them)."""
+    model = load_model(model_dir, dtype=parse_dtype(cfg.dtype), config=override[0]).eval()
     check_pair(tokenizer, model.config)
     notes = _length_warnings(cfg, model.config)
     cp_group = None
@@ -111,7 +118,8 @@ def _load_and_evaluate(cfg: EvalConfig, world: int, flag: PreemptionFlag, model_
     try:
         _check_ranks_agree(plan)
         torch.manual_seed(0)
-        result = evaluate(model, tokenizer, cfg, cp_group=cp_group, meta=_meta(cfg, model, model_dir, tokenizer),
+        meta = dict(_meta(cfg, model, model_dir, tokenizer), model_overrides=override[1])
+        result = evaluate(model, tokenizer, cfg, cp_group=cp_group, meta=meta,
                           warnings_=notes, plan=plan, stop=flag)
         if result["preempted"]:  # which signal stopped it (it may have reached another rank only)
             result["preempted"]["signal"] = next((s for s in gather_objects(flag.received) if s), None)
@@ -157,7 +165,8 @@ def _meta(cfg: EvalConfig, model, model_dir: Path, tokenizer) -> dict:
     return {"model": str(model_dir), "tokenizer": getattr(tokenizer, "name", str(cfg.tokenizer)),
             "suite": ",".join(cfg.suite) if cfg.tasks is None else "tasks", "cp": cfg.cp,
             "dtype": str(next(model.parameters()).dtype).replace("torch.", ""),
-            "max_position_embeddings": model.config.max_position_embeddings, "lengths": selection.lengths,
+            "max_position_embeddings": model.config.max_position_embeddings,
+            "rope_parameters": model.config.rope_parameters, "lengths": selection.lengths,
             "tasks": selection.tasks}
 
 

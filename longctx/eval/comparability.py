@@ -17,6 +17,7 @@ from typing import Optional, Sequence
 from longctx.data.tokenizer import ByteTokenizer
 from longctx.eval.haystack import SINGLE_WORDS
 from longctx.eval.tasks import RULER_TASKS, TASKS, TaskOptions
+from longctx.eval.tasks.base import resolve_chat_template
 
 RULER_SAMPLES = 500
 ESSAY_TASKS = [t for t in RULER_TASKS if getattr(TASKS[t], "haystack", None) == "essay"]
@@ -78,9 +79,9 @@ def _run_departures(tasks: set, options: TaskOptions, records: Sequence[dict], t
         out.append(f"num_digits={options.num_digits} (RULER's needle values have 7 digits)")
     if any(r.get("depth") is not None for r in records):
         out.append("needles at controlled depths (a grid); RULER places them at random depths")
-    if generated and chat_model and options.chat_template is None:
+    if generated and chat_model and resolve_chat_template(options.chat_template) == "{input}":
         out.append("no chat template for a chat model (RULER wraps every prompt in the model's template: "
-                   "pass chat_template)")
+                   "leave chat_template unset, or chat_template=auto)")
     if isinstance(tokenizer, ByteTokenizer):
         out.append("byte tokenizer: lengths count bytes, so a prompt holds ~4x less text than RULER's at "
                    "the same length")

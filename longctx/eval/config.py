@@ -19,6 +19,7 @@ from longctx.data.tokenizer import check_tokenizer_spec
 from longctx.errors import UserError
 from longctx.eval.model_io import parse_dtype
 from longctx.eval.fields import EvalFields
+from longctx.eval.model_overrides import check_keys
 from longctx.eval.tasks import NIAH_GRID_TASK, RULER_TASKS, TaskOptions, get_task
 from longctx.parallel.cp_decode import DECODE_CP_IMPLS
 
@@ -57,10 +58,12 @@ class EvalConfig(EvalFields):
                 check_out_dir(getattr(self, name), f"eval.{name}")
         if self.tokenizer is not None:
             as_eval_field(check_tokenizer_spec, self.tokenizer)
+        check_keys(self.model_overrides)
 
     def task_options(self) -> TaskOptions:
         return TaskOptions(style=self.style, max_new_tokens=self.max_new_tokens, essay_path=self.essay,
-                           squad_path=self.squad, hotpotqa_path=self.hotpotqa, chat_template=self.chat_template,
+                           squad_path=self.squad, hotpotqa_path=self.hotpotqa,
+                           chat_template=None if self.chat_template == "auto" else self.chat_template,
                            num_digits=self.num_digits, words_path=self.words)
 
 

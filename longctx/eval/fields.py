@@ -7,7 +7,7 @@ this module alone.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import List, Optional
+from typing import Any, Dict, List, Optional
 
 from longctx.eval.scoring import DEFAULT_THRESHOLD
 
@@ -16,6 +16,8 @@ def option(default, help_text: str):
     """A field with its command-line help (commands/eval.py makes a flag of every field)."""
     if isinstance(default, list):
         return field(default_factory=lambda: list(default), metadata={"help": help_text})
+    if isinstance(default, dict):
+        return field(default_factory=lambda: dict(default), metadata={"help": help_text})
     return field(default=default, metadata={"help": help_text})
 
 
@@ -40,7 +42,8 @@ class EvalFields:
     style: str = option("ruler", "ruler (RULER's templates and budgets) | compact (tiny models, short lengths)")
     max_new_tokens: Optional[int] = option(None, "override every task's generation budget")
     num_digits: Optional[int] = option(None, "digits of numeric needle values and pass keys")
-    chat_template: Optional[str] = option(None, "llama2-chat | llama3-chat | chatml | a string with {input}")
+    chat_template: Optional[str] = option(None, "auto (the tokenizer's own; the default when it has one) | none | "
+                                                "llama2-chat | llama3-chat | chatml | a string with {input}")
     essay: Optional[str] = option(None, "local text corpus (file or folder) for the essay haystack")
     squad: Optional[str] = option(None, "local SQuAD v2 dev json for qa_1")
     hotpotqa: Optional[str] = option(None, "local HotpotQA dev (distractor) json for qa_2")
@@ -54,3 +57,5 @@ class EvalFields:
     ruler_data: Optional[str] = option(None, "a RULER prepared-data directory to evaluate")
     write_data: Optional[str] = option(None, "write our prompts in RULER's data layout (no model needed)")
     words: Optional[str] = option(None, "RULER's english_words.json (cwe)")
+    # a mapping: set as key=value only (model_overrides.max_position_embeddings=32768), no flag
+    model_overrides: Dict[str, Any] = option({}, "ModelConfig fields replaced at eval time (zero-shot RoPE)")

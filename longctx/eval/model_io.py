@@ -1,6 +1,7 @@
 """Finding the model and tokenizer to evaluate, and checking they belong together."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import warnings
 from pathlib import Path
@@ -11,12 +12,14 @@ import torch
 from longctx.config import load_config, resolve_stages, stage_model_config
 from longctx.data.tokenizer import load_tokenizer
 from longctx.errors import UserError
+from longctx.eval import sequence_rope
+from longctx.model.config import ModelConfig
 from longctx.model.consolidate import CheckpointModel, recorded_model, trainer_state
 # resolve_model_dir: an HF directory, or a training checkpoint whose weights are only in ds/
 from longctx.model.loading import is_ds_only_checkpoint, load_model_dir, resolve_model_dir
 
 __all__ = ["DTYPES", "check_lengths", "check_pair", "load_model", "load_tokenizer_for", "parse_dtype",
-           "resolve_model_dir", "tokenizer_spec_for", "trained_model"]
+           "resolve_model_dir", "tokenizer_spec_for", "trained_model", "is_ds_only_checkpoint"]
 
 DTYPES = {"fp32": torch.float32, "float32": torch.float32, "bf16": torch.bfloat16, "bfloat16": torch.bfloat16,
           "fp16": torch.float16, "float16": torch.float16}
@@ -60,10 +63,18 @@ def trained_model(ckpt: Path) -> CheckpointModel:
     return recorded_model(ckpt) or _from_run_config(ckpt)
 
 
-def load_model(model_dir: Path, dtype: Optional[torch.dtype] = None, **kwargs):
-    """Load what resolve_model_dir returned (a checkpoint without model/: its ds/ consolidated)."""
+def load_model(model_dir: Path, dtype: Optional[torch.dtype] = None, config: Optional[ModelConfig] = None, **kwargs):
+    """Load what resolve_model_dir returned (a checkpoint without model/: its ds/ consolidated);
+    `config` replaces the stored configuration (model_overrides.apply_overrides: same shapes).
+    RoPE that depends on the length is computed per sequence (eval/sequence_rope.py)."""
     recorded = trained_model(model_dir) if is_ds_only_checkpoint(model_dir) else None
-    return load_model_dir(model_dir, dtype=dtype, recorded=recorded, **kwargs)
+    if recorded is not None and config is not None:
+        recorded = dataclasses.replace(recorded, config=config)
+    elif config is not None:
+        kwargs["config"] = config
+    model = load_model_dir(model_dir, dtype=dtype, recorded=recorded, **kwargs)
+    sequence_rope.install(model)
+    return model
 
 
 def tokenizer_spec_for(model_dir: Path, spec: Optional[str]) -> str:

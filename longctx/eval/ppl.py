@@ -18,6 +18,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from longctx.errors import UserError
 from longctx.eval.haystack import BUILTIN_ESSAY
+from longctx.eval.sequence_rope import row_lengths
 from longctx.parallel import make_cp_attention, shard_sequence
 from longctx.progress import Progress
 
@@ -98,7 +99,8 @@ def window_nll(model, ids: torch.Tensor, *, cp_group=None, cp_impl: str = "ring"
     restore = [layer.self_attn.attn_fn for layer in model.layers]
     try:
         model.set_attention(make_cp_attention(cp_group, impl=cp_impl))
-        hidden = model.forward_hidden(local[0], local[1])
+        with row_lengths(model, [L] * ids.shape[0]):  # a shard's positions are part of the window
+            hidden = model.forward_hidden(local[0], local[1])
     finally:
         for layer, fn in zip(model.layers, restore):
             layer.self_attn.attn_fn = fn

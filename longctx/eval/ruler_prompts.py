@@ -12,6 +12,7 @@ from pathlib import Path
 from longctx.data.tokenizer import load_tokenizer
 from longctx.errors import UserError
 from longctx.eval.api import generate_all
+from longctx.eval.chat import with_chat_template
 from longctx.eval.config import EvalConfig, as_eval_field, select
 from longctx.eval.model_io import load_tokenizer_for, resolve_model_dir
 from longctx.eval.ruler_format import DATA_FILE, write_ruler_data
@@ -25,8 +26,9 @@ def _tokenizer(cfg: EvalConfig):
 
 def write_prompts(cfg: EvalConfig) -> tuple[list[str], list[str]]:
     """(files written, skip messages for tasks whose data is missing); never overwrites a file."""
-    run = select(cfg)
     tokenizer = _tokenizer(cfg)
+    _, cfg = with_chat_template(cfg, tokenizer)  # unset or "auto": the tokenizer's own template
+    run = select(cfg)
     root = Path(cfg.write_data)
     taken = [root / str(L) / "data" / t / DATA_FILE for L in run.lengths for t in run.tasks]
     existing = [p for p in taken if p.exists()]

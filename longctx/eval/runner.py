@@ -22,6 +22,7 @@ from typing import Callable, Optional, Sequence
 import torch
 import torch.distributed as dist
 from longctx.eval.scoring import score_sample
+from longctx.eval.sequence_rope import row_lengths
 from longctx.eval.tasks import Sample
 from longctx.model.generate import generate
 from longctx.parallel.cp_decode import cp_generate
@@ -43,6 +44,7 @@ class Engine:
     max_batch_tokens: int = 16384  # batch size = max(1, max_batch_tokens // prompt length)
     batch_size: Optional[int] = None  # fixed batch size (overrides max_batch_tokens)
     add_bos: bool = True
+    stop_ids: Optional[Sequence[int]] = None  # every id that ends a row (None: the tokenizer's EOS)
     stats: dict = field(default_factory=lambda: {"prompt_tokens": 0, "new_tokens": 0, "seconds": 0.0,
                                                  "peak_cache_bytes": 0})
     last_cache_bytes: int = 0  # this rank's KV cache of the last batch under cp
@@ -62,17 +64,18 @@ class Engine:
 
     @torch.no_grad()
     def generate_ids(self, prompts: Sequence[Sequence[int]], max_new_tokens: int) -> list[list[int]]:
-        eos = getattr(self.tokenizer, "eos_id", None)
+        eos = frozenset(self.stop_ids) if self.stop_ids is not None else getattr(self.tokenizer, "eos_id", None)
         pad = getattr(self.tokenizer, "pad_id", None)
         pad = 0 if pad is None else pad
         t0 = time.perf_counter()
-        if self.cp_size > 1:
-            out, st = cp_generate(self.model, prompts, max_new_tokens, group=self.cp_group, impl=self.cp_impl,
-                                  eos_id=eos, pad_id=pad)
-            self.stats["peak_cache_bytes"] = max(self.stats["peak_cache_bytes"], st["cache_bytes"])
-            self.last_cache_bytes = st["cache_bytes"]
-        else:
-            out = generate(self.model, prompts, max_new_tokens, eos_id=eos, pad_id=pad)
+        with row_lengths(self.model, [len(p) for p in prompts]):  # per-sequence dynamic / longrope RoPE
+            if self.cp_size > 1:
+                out, st = cp_generate(self.model, prompts, max_new_tokens, group=self.cp_group, impl=self.cp_impl,
+                                      eos_id=eos, pad_id=pad)
+                self.stats["peak_cache_bytes"] = max(self.stats["peak_cache_bytes"], st["cache_bytes"])
+                self.last_cache_bytes = st["cache_bytes"]
+            else:
+                out = generate(self.model, prompts, max_new_tokens, eos_id=eos, pad_id=pad)
         self.stats["seconds"] += time.perf_counter() - t0
         self.stats["prompt_tokens"] += sum(len(p) for p in prompts)
         self.stats["new_tokens"] += sum(len(o) for o in out)

@@ -1,19 +1,31 @@
 """Batched greedy decoding with a KV cache (left padding, per-row positions)."""
 from __future__ import annotations
 
-from typing import Callable, Optional, Sequence
+from typing import Callable, Collection, Sequence, Union
 
 import torch
 import torch.nn.functional as F
 
 from longctx.model.cache import KVCache
 
+StopIds = Union[int, Collection[int], None]  # one end-of-sequence id, or every id that ends a row
+
+
+def stop_set(eos_id: StopIds) -> frozenset[int]:
+    """The ids that end a row (an int, a collection of them, or None: none)."""
+    if eos_id is None:
+        return frozenset()
+    if isinstance(eos_id, int):
+        return frozenset({eos_id})
+    return frozenset(int(i) for i in eos_id)
+
 
 @torch.no_grad()
 def generate(model, prompts: Sequence[Sequence[int]], max_new_tokens: int, *,
-             eos_id: Optional[int] = None, pad_id: int = 0) -> list[list[int]]:
+             eos_id: StopIds = None, pad_id: int = 0) -> list[list[int]]:
     """Greedy continuation of each prompt; returns only the new tokens of each row, cut
-    before the first `eos_id` (which is not included).
+    before the first stop id (not included). `eos_id`: one id or a set of them (a chat
+    model's end-of-turn and end-of-sequence tokens).
 
     Rows are left-padded to the longest prompt. Padding gets its own document id so real
     tokens never attend to it, and positions count from each row's first real token, so a
@@ -52,13 +64,16 @@ def generate(model, prompts: Sequence[Sequence[int]], max_new_tokens: int, *,
 
 
 def greedy_decode(first: torch.Tensor, step: Callable[[int, torch.Tensor], torch.Tensor], max_new_tokens: int,
-                  *, eos_id: Optional[int], pad_id: int) -> list[list[int]]:
+                  *, eos_id: StopIds, pad_id: int) -> list[list[int]]:
     """The decode loop shared by local and context-parallel generation.
 
     first (B,): the token predicted by the prefill; step(i, tok) feeds tok as new token i and
-    returns the next prediction (B,). Rows that produced eos_id are fed pad_id afterwards; the
-    loop stops when every row has finished. Returns each row cut before its first eos_id.
+    returns the next prediction (B,). Rows that produced a stop id (eos_id: one id or a set)
+    are fed pad_id afterwards; the loop stops when every row has finished. Returns each row
+    cut before its first stop id.
     """
+    stops = stop_set(eos_id)
+    stop_tensor = torch.tensor(sorted(stops), dtype=torch.long, device=first.device)  # (S,)
     B = first.shape[0]
     out = torch.empty((B, max_new_tokens), dtype=torch.long, device=first.device)
     finished = torch.zeros(B, dtype=torch.bool, device=first.device)
@@ -67,15 +82,16 @@ def greedy_decode(first: torch.Tensor, step: Callable[[int, torch.Tensor], torch
         tok = torch.where(finished, torch.full_like(next_tok, pad_id), next_tok)  # (B,)
         out[:, i] = tok
         steps = i + 1
-        if eos_id is not None:
-            finished |= tok == eos_id
+        if stops:
+            finished |= torch.isin(tok, stop_tensor)
         if i == max_new_tokens - 1 or bool(finished.all()):
             break
         next_tok = step(i, tok)
     results = []
     for b in range(B):
         row = out[b, :steps].tolist()
-        if eos_id is not None and eos_id in row:
-            row = row[:row.index(eos_id)]
+        end = next((j for j, t in enumerate(row) if t in stops), None)
+        if end is not None:
+            row = row[:end]
         results.append(row)
     return results

@@ -66,12 +66,21 @@ NOT_RUN = {  # command (DocCommand.key) -> why it is not run
     "--lengths 256,512,1024,2048 --style compact --samples 40": f"{TRAINED} (the demo's)",
     "longctx eval --config eval.yaml samples=5 style=compact": f"{TRAINED}; eval.yaml is the reader's own file",
     ".venv/bin/python benchmarks/bench_eval.py": BENCH,
+    # eval.md: zero-shot RoPE (tests/unit/test_eval_model_overrides.py runs the same overrides on a tiny model)
+    "longctx eval --model hf/smollm2 --suite ruler,ppl --lengths 8k,16k,32k 'model_overrides.rope_parameters="
+    "{rope_type: yarn, factor: 4.0, original_max_position_embeddings: 8192}' "
+    "model_overrides.max_position_embeddings=32768": f"{TRAINED} (scripts/smollm2.py writes hf/smollm2)",
+    "longctx eval --model hf/smollm2 --suite ppl --lengths 16k,32k 'model_overrides.rope_parameters="
+    "{rope_type: linear, factor: 4.0}' model_overrides.max_position_embeddings=32768":
+        f"{TRAINED} (scripts/smollm2.py writes hf/smollm2)",
+    "longctx eval --model hf/smollm2 --suite ppl --lengths 16k,32k 'model_overrides.rope_parameters="
+    "{rope_type: dynamic, factor: 4.0}'": f"{TRAINED} (scripts/smollm2.py writes hf/smollm2)",
     "longctx eval --model runs/ext/ --suite ruler --lengths 4k --out eval_out": TRAINED,
     "python RULER/scripts/eval/evaluate.py --data_dir eval_out/ruler/4096/pred --benchmark synthetic":
         "needs a clone of RULER and the predictions of the line above",
     "longctx eval --model runs/ext/hf --suite ruler --lengths 4k,8k,16k,32k,64k,128k --samples 500 "
     "--essay $J/PaulGrahamEssays.json --squad $J/squad.json --hotpotqa $J/hotpotqa.json "
-    "--words $J/english_words.json [--chat-template llama3-chat] --out eval_out":
+    "--words $J/english_words.json --out eval_out":
         f"{TRAINED}; RULER's downloaded data",
     # launch.md
     "launch/torchrun.sh -- train --config configs/yarn-llama2-7b-128k.yaml": WEIGHTS,
