@@ -27,7 +27,8 @@ def add_model_args(p: argparse.ArgumentParser, preset: str = "bench-44m") -> Non
     p.add_argument("--preset", default=preset, help="model preset (longctx.model.PRESETS); ignored with --init-from")
     p.add_argument("--layers", type=int, default=0, help="keep this many layers (0: all)")
     p.add_argument("--init-from", metavar="DIR",
-                   help="a Hugging Face Llama directory: its shape and weights (e.g. /work/models/smollm2-135m-instruct)")
+                   help="a Hugging Face Llama directory: its shape and weights "
+                        "(e.g. /work/models/smollm2-135m-instruct)")
     p.add_argument("--random-weights", action="store_true",
                    help="with --init-from: the directory's shape, random weights (seed 0)")
 

@@ -14,8 +14,10 @@ trains on the same batch. The run, in one group of `--world` gloo processes:
   2. speed (bf16, ZeRO-1 for the multi-rank contenders, full activation checkpointing): for each
      length every contender is built, warmed up once, then timed in interleaved rounds (A/B/.../B/A,
      the order reversed every round) so drifts in machine load hit all alike; tokens/s at the
-     median and the slowest step. One-process contenders run on rank 0 with all the cores while
-     the other ranks wait. Memory per rank: the contender's resident state (RSS added by building
+     median and the slowest step. Thread policy (`--threads-per-rank N`, default 1, recorded as
+     the report's `thread_policy` and each row's `threads`): every process of every contender
+     runs N intra-op threads, one-process contenders (on rank 0, the other ranks waiting) too.
+     Memory per rank: the contender's resident state (RSS added by building
      it and by its first step: weights, gradients, optimizer state, engine buffers) plus the
      step's peak growth (VmHWM reset at the step's start, minus RSS then); big blocks are mmapped
      (mallopt) so freed tensors leave RSS at once. CPU MFU: the time longctx's own operations of the
@@ -89,13 +91,13 @@ def contender_options(args) -> dict:
             "recompute_attention": args.recompute_attention, "mlp_tile_tokens": args.mlp_tile_tokens}
 
 
-def _run_step(c, inputs, rank: int, threads: int, world: int):
-    """One training step of `c` on this rank (rank 0 alone, with every thread, for one-process
-    contenders). Returns (seconds, loss, peak RSS growth bytes), or Nones where it did not run."""
+def _run_step(c, inputs, rank: int):
+    """One training step of `c` on this rank (rank 0 alone for one-process contenders), under the
+    run's thread policy. Returns (seconds, loss, peak RSS growth bytes, intra-op threads seen at
+    its start and end), or Nones where it did not run."""
     if c.single and rank != 0:
-        return None, None, None
-    if c.single:
-        torch.set_num_threads(threads * world)
+        return None, None, None, None
+    threads = {torch.get_num_threads()}
     base = _rss_bytes()
     _reset_peak()
     t0 = time.perf_counter()
@@ -103,8 +105,8 @@ def _run_step(c, inputs, rank: int, threads: int, world: int):
     c.optimizer_step()
     dt = time.perf_counter() - t0
     growth = peak_rss_bytes() - base
-    torch.set_num_threads(threads)
-    return dt, loss, growth
+    threads.add(torch.get_num_threads())  # a library that changed it inside the step shows here
+    return dt, loss, growth, sorted(threads)
 
 
 def _correctness(args, ckpt, rank, world):
@@ -145,9 +147,8 @@ def _speed(args, ckpt, rank, world, threads, T):
             dist.barrier()
             if cp == 1 and (rank != 0 or not any(n in SINGLE for n in args.impls)):
                 continue
-            torch.set_num_threads(threads * world // cp)
+            torch.set_num_threads(threads)  # the same policy as the steps
             new = measure_cpu_limits(cfg, T, cp, seconds=args.limit_seconds, loss_chunk_size=args.loss_chunk)
-            torch.set_num_threads(threads)
             limits[key] = best_limits(limits.get(key), new)
 
     measure_limits()
@@ -159,8 +160,8 @@ def _speed(args, ckpt, rank, world, threads, T):
         try:
             built[name] = build_contender(name, ckpt, torch.bfloat16, world, **contender_options(args))
             inputs[name] = built[name].prepare(batch)
-            dt, loss, growth = _run_step(built[name], inputs[name], rank, threads, world)
-            results[name] = {"times": [], "growth": [], "loss": loss, "warmup_s": dt}
+            dt, loss, growth, seen = _run_step(built[name], inputs[name], rank)
+            results[name] = {"times": [], "growth": [], "loss": loss, "warmup_s": dt, "threads": set(seen or ())}
         except Exception as e:  # noqa: BLE001 - a peer that fails is a row, not the end of the run
             results[name] = {"error": f"{type(e).__name__}: {str(e).splitlines()[0][:160]}"}
             built.pop(name, None)
@@ -171,10 +172,12 @@ def _speed(args, ckpt, rank, world, threads, T):
         measure_limits()
         for name in interleaved_order(names, r):
             dist.barrier()
-            dt, _, growth = _run_step(built[name], inputs[name], rank, threads, world)
+            torch.set_num_threads(threads)
+            dt, _, growth, seen = _run_step(built[name], inputs[name], rank)
             if dt is not None:
                 results[name]["times"].append(dt)
                 results[name]["growth"].append(growth)
+                results[name]["threads"].update(seen)
     out = []
     for name in args.impls:
         res = results[name]
@@ -188,6 +191,7 @@ def _speed(args, ckpt, rank, world, threads, T):
         row.update(speed_summary(res["times"], T), loss=res["loss"], warmup_s=res["warmup_s"],
                    state_gb=state[name] / GiB, step_growth_gb=max(res["growth"]) / GiB,
                    peak_rss_gb=(state[name] + max(res["growth"])) / GiB, limits=lim,
+                   threads=sorted(res["threads"]), interop_threads=torch.get_num_interop_threads(),
                    **cpu_limit_fraction(lim, statistics.median(res["times"])))
         out.append(row)
     _free(built, inputs)
@@ -207,7 +211,7 @@ def _probe(args, ckpt, rank, world, threads, name, T):
 
     threading.Thread(target=watch, daemon=True).start()
     c = build_contender(name, ckpt, torch.bfloat16, world, **contender_options(args))
-    dt, loss, _ = _run_step(c, c.prepare(make_batch(args.vocab, T)), rank, threads, world)
+    dt, loss, _, _ = _run_step(c, c.prepare(make_batch(args.vocab, T)), rank)
     return [{"impl": name, "seq_len": T, "rank": rank, "peak_rss_gb": peak_rss_bytes() / GiB, "step_s": dt,
              "loss": loss}]
 
@@ -231,7 +235,9 @@ def run_group(args, ckpt, world, job, timeout=None):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    threads = max(1, (args.threads or os.cpu_count()) // world)
+    threads = args.threads_per_rank
+    # the children start with the policy's threads (torch, OpenMP and MKL read these at start-up)
+    os.environ.update(OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
     with tempfile.TemporaryDirectory() as d:
         out = os.path.join(d, "rows")
         ctx = mp.start_processes(_worker, args=(world, port, threads, args, ckpt, out, job), nprocs=world,
@@ -264,11 +270,23 @@ def merge_speed(ranks: list[list[dict]]) -> list[dict]:
         row.pop("rank", None)
         if ok:
             step_s = [max(ts) for ts in zip(*(r["step_s"] for r in ok))]
-            row.update(speed_summary(step_s, T), peak_rss_gb_per_rank=[r["peak_rss_gb"] for r in ok])
+            row.update(speed_summary(step_s, T), peak_rss_gb_per_rank=[r["peak_rss_gb"] for r in ok],
+                       threads=sorted({t for r in ok for t in r.get("threads", ())}))
             limit_s = row["gemm_limit_s"] + row["attention_limit_s"]
             row["cpu_mfu"], row["cpu_mfu_fastest"] = limit_s / statistics.median(step_s), limit_s / min(step_s)
         out.append(row)
     return out
+
+
+def thread_policy(args) -> dict:
+    """The thread policy every contender ran under (the report's `thread_policy`)."""
+    n = f"{args.threads_per_rank} thread{'s' if args.threads_per_rank > 1 else ''}"
+    return {"threads_per_rank": args.threads_per_rank, "processes": args.world,
+            "cores": os.cpu_count(), "oversubscribed": args.threads_per_rank * args.world > (os.cpu_count() or 1),
+            "one_process_contenders": f"rank 0 with {n} while the other ranks wait",
+            "machine_limits": f"measured with {n} on every rank at once",
+            "env": {"OMP_NUM_THREADS": str(args.threads_per_rank), "MKL_NUM_THREADS": str(args.threads_per_rank)},
+            "cpu_affinity": "none (the OS schedules)"}
 
 
 def max_len_search(args, ckpt, name, log) -> dict:
@@ -368,7 +386,8 @@ def parse(argv=None):
     p.add_argument("--mlp-tile-tokens", type=int, default=0,
                    help="longctx: run each MLP in sequence tiles of this many tokens "
                         "(parallel.mlp_tile_tokens: the backward holds one tile's MLP activations)")
-    p.add_argument("--threads", type=int, default=0, help="total threads, split across ranks (0: all cores)")
+    p.add_argument("--threads-per-rank", type=int, default=1,
+                   help="intra-op threads of every process of every contender (one-process contenders too)")
     p.add_argument("--limit-seconds", type=float, default=0.5, help="measuring time of each machine-limit rate")
     p.add_argument("--max-len", action="store_true", help="find each contender's longest T within --budget-gb")
     p.add_argument("--budget-gb", type=float, default=8.0, help="per-rank peak RSS budget of --max-len (GiB)")
@@ -384,6 +403,8 @@ def parse(argv=None):
     bad = [n for n in args.impls if n not in ALL_IMPLS]
     if bad:
         p.error(f"--impls: unknown {', '.join(bad)}; valid: {', '.join(ALL_IMPLS)}")
+    if args.threads_per_rank < 1:
+        p.error(f"--threads-per-rank: {args.threads_per_rank}; valid: an integer >= 1")
     if args.steps < 3 and not args.max_len:
         p.error("--steps must be >= 3 (median and min of at least 3 timed steps)")
     args.max_position = max(args.lengths + [args.check_len, args.max_len_cap if args.max_len else 0])
@@ -404,7 +425,7 @@ def main(argv=None):
         return
     log = lambda msg: print(msg, file=sys.stderr, flush=True)  # noqa: E731
     report = {"world": args.world, "preset": args.preset, "layers": args.layers, "cores": os.cpu_count(),
-              "model": model_source(args),
+              "model": model_source(args), "thread_policy": thread_policy(args),
               "command": "python benchmarks/bench_peers.py " + " ".join(sys.argv[1:] if argv is None else argv)}
     with tempfile.TemporaryDirectory() as d:
         ckpt = os.path.join(d, "hf")

@@ -187,3 +187,17 @@ def test_bench_train_sides_load_the_same_weights(tmp_path):
     hf = bench_train.worker("hf", 64, 1, 0, ckpt=ckpt)
     assert ours["layers"] == hf["layers"] == 2
     assert ours["loss"] == pytest.approx(hf["loss"], rel=2e-2)  # bf16
+
+
+def test_thread_policy_is_one_stated_setting(capsys):
+    import bench_peers
+
+    args = bench_peers.parse(["--threads-per-rank", "2", "--world", "3"])
+    policy = bench_peers.thread_policy(args)
+    assert policy["threads_per_rank"] == 2 and policy["processes"] == 3
+    assert policy["env"] == {"OMP_NUM_THREADS": "2", "MKL_NUM_THREADS": "2"}
+    assert "2 threads" in policy["one_process_contenders"] and "2 threads" in policy["machine_limits"]
+    assert bench_peers.parse([]).threads_per_rank == 1
+    with pytest.raises(SystemExit) as e:
+        bench_peers.parse(["--threads-per-rank", "0"])
+    assert e.value.code == 2 and "--threads-per-rank: 0; valid: an integer >= 1" in capsys.readouterr().err
