@@ -104,11 +104,16 @@ def _fix_tokenizer(tok, meta: dict, max_length: int):
     return tok
 
 
-def _portable_tokenizer_config(path: Path) -> None:
+def _portable_tokenizer_config(path: Path, meta: dict) -> None:
     """Name the tokenizer class every transformers version reads (5.x writes its own alias,
-    TokenizersBackend, which 4.x does not know) and drop the keys only the writer's session meant."""
+    TokenizersBackend, which 4.x does not know), state the GGUF's add_bos/add_eos flags (a
+    reader that is not told may add a BOS the model never saw), and drop the keys only the
+    writer's session meant."""
     cfg = json.loads(path.read_text())
     cfg["tokenizer_class"] = "PreTrainedTokenizerFast"
+    for key in ("add_bos_token", "add_eos_token"):
+        if f"tokenizer.ggml.{key}" in meta:
+            cfg[key] = bool(meta[f"tokenizer.ggml.{key}"])
     for key in ("is_local", "local_files_only"):
         cfg.pop(key, None)
     path.write_text(json.dumps(cfg, indent=2) + "\n")
@@ -178,7 +183,7 @@ def convert(gguf_path: Path, out: Path, *, overwrite: bool = False, source: Opti
         with atomic.user_errors(out):
             plain.save_pretrained(tmp, safe_serialization=True)
             tok.save_pretrained(tmp)
-            _portable_tokenizer_config(tmp / "tokenizer_config.json")
+            _portable_tokenizer_config(tmp / "tokenizer_config.json", meta)
         log("comparing longctx's logits with transformers' GGUF-loaded model")
         check = compare(tmp, gguf_model, tok)
         check["source"] = {"gguf": gguf_path.name, "gguf_sha256": sha256(gguf_path), **(source or {})}

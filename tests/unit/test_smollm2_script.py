@@ -63,6 +63,7 @@ def write_tiny_gguf(path: Path) -> dict:
     w.add_unk_token_id(0)
     w.add_pad_token_id(2)
     w.add_chat_template(TEMPLATE)
+    w.add_add_bos_token(False)
     rng = np.random.default_rng(0)
     expected = {}
 
@@ -129,6 +130,8 @@ def test_directory_is_plain_hf_with_dequantized_weights(converted):
     tok = transformers.AutoTokenizer.from_pretrained(str(out))
     assert "<|im_start|>" in tok.apply_chat_template([{"role": "user", "content": "hi"}], tokenize=False)
     assert tok.eos_token == "<|im_end|>"
+    assert json.loads((out / "tokenizer_config.json").read_text())["add_bos_token"] is False
+    assert tok("hi the").input_ids[0] != tok.bos_token_id  # the GGUF says: no BOS
 
 
 def test_longctx_logits_match_transformers_gguf_model(converted):
