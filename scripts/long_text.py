@@ -11,9 +11,13 @@ form one more document, `(modules)`. A package's prose (.rst, .md, .txt, license
 its own document of kind "prose". Roots default to the stdlib (sysconfig's stdlib path) and
 this environment's site-packages. Documents shorter than --min-chars are dropped.
 
+Short documents (the short share a long-context mixture keeps, as ProLong's) are single
+files: every code section of the train documents with --short-chars MIN MAX characters
+(default 2000 40000) is a row of short.jsonl, from train packages only.
+
 Packages are split by name: a fraction of them, chosen by a hash of the name, is held out, and
 every document of a held-out package (in any root) is in heldout.jsonl only. OUT_DIR holds
-train.jsonl, heldout.jsonl (rows {"text", "package", "kind", "source", "files", "chars",
+train.jsonl, short.jsonl, heldout.jsonl (rows {"text", "package", "kind", "source", "files", "chars",
 "tokens"}) and manifest.json (per-document chars and tokens, totals per split). Token counts use
 --tokenizer (a tokenizer directory or tokenizer.json; no special tokens), summed over file
 sections (each ends in one newline, a boundary byte-level pre-tokenizers split at anyway).
@@ -160,6 +164,12 @@ def _row(doc: Doc) -> dict:
             "files": len(doc.sections), "chars": len(doc.text), "tokens": doc.tokens}
 
 
+def short_docs(docs: list[Doc], lo: int, hi: int) -> list[Doc]:
+    """Each code file of `docs` with lo..hi characters, as a document of its own."""
+    return [Doc(d.package, "file", d.source, [sec]) for d in docs if d.kind == "code" for sec in d.sections
+            if lo <= len(sec) <= hi]
+
+
 def _totals(docs: list[Doc]) -> dict:
     tokens = [d.tokens for d in docs]
     return {"documents": len(docs), "packages": len({d.package for d in docs}), "chars": sum(len(d.text) for d in docs),
@@ -167,7 +177,7 @@ def _totals(docs: list[Doc]) -> dict:
 
 
 def build(out: Path, roots: list[tuple[str, Path]], *, min_chars: int, fraction: float,
-          tokenizer: Optional[str], overwrite: bool, log=print) -> dict:
+          tokenizer: Optional[str], overwrite: bool, short_chars: tuple[int, int] = (2000, 40000), log=print) -> dict:
     target = Path(os.path.abspath(out))
     if target.exists() and not overwrite:
         raise UserError(f"{out}: already exists; pass --overwrite to replace it, or choose another OUT_DIR")
@@ -180,13 +190,16 @@ def build(out: Path, roots: list[tuple[str, Path]], *, min_chars: int, fraction:
         raise UserError(f"no document of at least --min-chars {min_chars} characters under "
                         f"{', '.join(str(r) for _, r in roots)}; lower --min-chars or add --roots")
     held = heldout_packages(sorted({d.package for d in docs}), fraction)
+    train = [d for d in docs if d.package not in held]
+    heldout = [d for d in docs if d.package in held]
+    splits = {"train": train, "short": short_docs(train, *short_chars), "heldout": heldout}
     if count is not None:
-        log(f"counting tokens of {len(docs)} documents")
-        for d in docs:
+        log(f"counting tokens of {sum(map(len, splits.values()))} documents")
+        for d in (d for split in splits.values() for d in split):
             d.tokens = count(d.sections)
-    splits = {"train": [d for d in docs if d.package not in held], "heldout": [d for d in docs if d.package in held]}
     manifest = {
         "roots": [{"source": s, "path": str(r)} for s, r in roots], "min_chars": min_chars,
+        "short_chars": list(short_chars),
         "heldout_fraction": fraction, "tokenizer": tokenizer, "heldout_packages": sorted(held),
         "totals": {name: _totals(split) for name, split in splits.items()},
         "documents": {name: [{k: v for k, v in _row(d).items() if k != "text"} for d in split]
@@ -216,16 +229,21 @@ def main(argv: Optional[list[str]] = None) -> int:
     p.add_argument("--tokenizer", default=None, help="tokenizer directory or tokenizer.json for the token counts")
     p.add_argument("--roots", type=Path, nargs="+", default=None, help="directories whose packages are read "
                    "(default: the stdlib and this environment's site-packages)")
+    p.add_argument("--short-chars", type=int, nargs=2, default=(2000, 40000), metavar=("MIN", "MAX"),
+                   help="characters of a file that is a short document (default 2000 40000)")
     p.add_argument("--overwrite", action="store_true", help="replace an existing OUT_DIR")
     args = p.parse_args(argv)
     try:
         if args.min_chars < 1:
             raise UserError(f"--min-chars {args.min_chars}: must be a positive number of characters")
+        if not 0 < args.short_chars[0] <= args.short_chars[1]:
+            raise UserError(f"--short-chars {args.short_chars[0]} {args.short_chars[1]}: must be 0 < MIN <= MAX")
         if not 0 <= args.heldout_fraction < 1:
             raise UserError(f"--heldout-fraction {args.heldout_fraction}: must be in [0, 1)")
         roots = [(str(r), r) for r in args.roots] if args.roots else default_roots()
         m = build(args.out, roots, min_chars=args.min_chars, fraction=args.heldout_fraction, tokenizer=args.tokenizer,
-                  overwrite=args.overwrite, log=lambda line: print(line, file=sys.stderr))
+                  overwrite=args.overwrite, short_chars=tuple(args.short_chars),
+                  log=lambda line: print(line, file=sys.stderr))
     except UserError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -95,7 +95,7 @@ def test_manifest_counts_match_rows_and_tokenizer(tree, written):
     out, _ = written
     manifest = json.loads((out / "manifest.json").read_text())
     tok = Tokenizer.from_file(str(tree / "tokenizer.json"))
-    for split in ("train", "heldout"):
+    for split in ("train", "short", "heldout"):
         rows = _rows(out / f"{split}.jsonl")
         entries = manifest["documents"][split]
         assert [(e["package"], e["kind"], e["chars"]) for e in entries] == [(r["package"], r["kind"], len(r["text"]))
@@ -113,7 +113,7 @@ def test_same_inputs_same_bytes_and_existing_out_refused(tree, written):
     again = tree / "again"
     assert run(again, "--roots", tree / "lib", tree / "site", "--min-chars", 1000, "--heldout-fraction", 0.3,
                "--tokenizer", tree / "tokenizer.json").returncode == 0
-    for name in ("train.jsonl", "heldout.jsonl"):
+    for name in ("train.jsonl", "short.jsonl", "heldout.jsonl"):
         assert (again / name).read_bytes() == (out / name).read_bytes()
     first, second = (json.loads((d / "manifest.json").read_text()) for d in (out, again))
     assert first == second
@@ -125,9 +125,22 @@ def test_same_inputs_same_bytes_and_existing_out_refused(tree, written):
     assert json.loads((again / "manifest.json").read_text())["totals"]["train"]["tokens"] is None  # no tokenizer
 
 
+def test_short_documents_are_single_train_files_within_the_bounds(tree, written):
+    out, _ = written
+    train, short = _rows(out / "train.jsonl"), _rows(out / "short.jsonl")
+    lo, hi = json.loads((out / "manifest.json").read_text())["short_chars"]
+    sections = {(r["package"], sec) for r in train if r["kind"] == "code"
+                for sec in ("# file: " + part for part in r["text"].split("# file: ")[1:])}
+    assert short and all(r["kind"] == "file" and r["files"] == 1 and lo <= len(r["text"]) <= hi for r in short)
+    assert {(r["package"], r["text"]) for r in short} <= sections  # from train packages only
+    expected = {(p, sec) for p, sec in sections if lo <= len(sec) <= hi}
+    assert {(r["package"], r["text"]) for r in short} == expected
+
+
 @pytest.mark.parametrize("args, message", [
     (["--heldout-fraction", "1.5"], "error: --heldout-fraction 1.5: must be in [0, 1)"),
     (["--min-chars", "0"], "error: --min-chars 0: must be a positive number of characters"),
+    (["--short-chars", "500", "100"], "error: --short-chars 500 100: must be 0 < MIN <= MAX"),
     (["--tokenizer", "/nonexistent"], "error: --tokenizer /nonexistent: no tokenizer.json there; pass a tokenizer "
                                       "directory or tokenizer.json"),
 ])
