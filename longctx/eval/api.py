@@ -18,6 +18,7 @@ seconds).
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 import time
@@ -124,9 +125,10 @@ def prepare(cfg: EvalConfig, tokenizer, *, identity: Optional[dict] = None, mode
     stops = stop_ids(Path(model_path) if model_path else None, tokenizer_dir(getattr(tokenizer, "source", None)),
                      tokenizer)
     run = select(cfg)
-    if cfg.ruler_data is not None:  # RULER's prepared prompts instead of ours
-        samples, skipped = read_ruler_data(cfg.ruler_data, tokenizer, run.options, lengths=run.lengths,
-                                           tasks=cfg.tasks)
+    if cfg.ruler_data is not None:  # RULER's prepared prompts instead of ours, at the data's lengths
+        samples, skipped = read_ruler_data(cfg.ruler_data, tokenizer, run.options,
+                                           lengths=run.lengths if cfg.lengths is not None else None, tasks=cfg.tasks)
+        run = dataclasses.replace(run, lengths=sorted({s.target_length for s in samples}) or run.lengths)
     else:
         samples, skipped = generate_all(run.tasks, run.lengths if run.tasks else [], cfg.samples, tokenizer,
                                         seed=cfg.seed, options=run.options, depths=run.grids,
@@ -241,6 +243,23 @@ def _run_plan(model, tokenizer, cfg: EvalConfig, plan: Plan, cp_group, meta, war
                     "cells_reused": len(plan.cells) - computed})
 
 
+def _what_ran(plan: Plan, records: Sequence[dict], ppl: Optional[dict]) -> dict:
+    """results.json's tasks, lengths and samples as they ran (with ruler_data: the data's, not
+    the suite's or eval.samples): samples is the count per task and length (the fewest when
+    cells differ), samples_per_cell each cell's."""
+    if not records:
+        return {"lengths": [r["length"] for r in (ppl or {}).get("rows", [])]} if ppl else {}
+    per_cell: dict = {}
+    for r in records:
+        cell = per_cell.setdefault(r["task"], {})
+        cell[str(r["target_length"])] = cell.get(str(r["target_length"]), 0) + 1
+    counts = [n for cells in per_cell.values() for n in cells.values()]
+    lengths = {r["target_length"] for r in records} | {r["length"] for r in (ppl or {}).get("rows", [])}
+    order = list(dict.fromkeys(c.name for c in plan.cells if c.name != PPL))
+    return {"tasks": [t for t in order if t in per_cell], "lengths": sorted(lengths), "samples": min(counts),
+            "samples_per_cell": per_cell}
+
+
 def _add_stats(a: dict, b: dict) -> dict:
     return {"prompt_tokens": a.get("prompt_tokens", 0) + b["prompt_tokens"],
             "new_tokens": a.get("new_tokens", 0) + b["new_tokens"],
@@ -311,6 +330,7 @@ def _finish(model, tokenizer, cfg: EvalConfig, plan: Plan, results: dict, stats:
                   "peak_cache_bytes": max([s.get("peak_cache_bytes", 0) for s in stats] or [0])}
     meta = dict(meta or {}, seed=cfg.seed, samples=cfg.samples, style=cfg.style, generation=generation,
                 chat_template=plan.chat.record, stop_ids=plan.stop_ids)
+    meta.update(_what_ran(plan, records, ppl))
     seconds = sum(doc.get("seconds", 0.0) for doc in plan.done.values())
     timing = dict(timing, generation_seconds=round(seconds, 3))
     if seconds > 0:
@@ -325,7 +345,8 @@ def _finish(model, tokenizer, cfg: EvalConfig, plan: Plan, results: dict, stats:
         notes = list(warnings_) + (ppl or {}).get("notes", [])  # and ppl windows cut across documents
         files = write_outputs(out, meta, summary, records, ppl, plan.skipped, notes,
                               max_position=getattr(getattr(model, "config", None), "max_position_embeddings", None),
-                              comparability=comparability, samples=plan.samples)
+                              comparability=comparability, samples=plan.samples,
+                              bos_tokens=int(run.options.add_bos and getattr(tokenizer, "bos_id", None) is not None))
         atomic.write_result(out / TIMING, json.dumps(timing, indent=1) + "\n")
     return {"summary": summary, "records": records, "ppl": ppl, "skipped": plan.skipped, "files": files, "meta": meta,
             "comparability": comparability, "preempted": None, "timing": timing}
@@ -333,7 +354,7 @@ def _finish(model, tokenizer, cfg: EvalConfig, plan: Plan, results: dict, stats:
 
 def write_outputs(out: Path, meta: dict, summary: dict, records, ppl, skipped, warnings_,
                   max_position: Optional[int] = None, comparability: Optional[dict] = None,
-                  samples: Sequence[Sample] = ()) -> list[str]:
+                  samples: Sequence[Sample] = (), bos_tokens: int = 0) -> list[str]:
     """results.json, report.md, figures and, given the samples, RULER's pred files (out/ruler/)."""
     figures = []
     for name, grid in summary.get("grids", {}).items():
@@ -344,5 +365,6 @@ def write_outputs(out: Path, meta: dict, summary: dict, records, ppl, skipped, w
         figures.append(str(plots.ppl_curve(ppl, out / "ppl_vs_length.png", max_position)))
     write_results(out / "results.json", meta, summary, records, ppl, skipped, warnings_, comparability)
     write_markdown(out / "report.md", render_markdown(meta, summary, ppl, skipped, warnings_, figures, comparability))
-    pred_dirs = sorted({str(Path(f).parent) + "/" for f in write_predictions(out / "ruler", samples, records)})
+    pred_dirs = sorted({str(Path(f).parent) + "/" for f in write_predictions(out / "ruler", samples, records,
+                                                                            bos_tokens)})
     return [str(out / "results.json"), str(out / "report.md")] + figures + pred_dirs

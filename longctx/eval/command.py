@@ -23,7 +23,7 @@ from longctx.errors import UserError
 from longctx.eval.api import evaluate, out_lock, prepare
 from longctx.eval.cells import run_identity
 from longctx.eval.comparability import warning_line
-from longctx.eval.config import EvalConfig, as_eval_field, select
+from longctx.eval.config import EvalConfig, as_eval_field
 from longctx.eval.end_summary import end_summary
 from longctx.eval.model_overrides import apply_overrides, base_model_config
 from longctx.eval.model_io import (check_lengths, check_pair, load_model, load_tokenizer_for, parse_dtype,
@@ -108,7 +108,7 @@ def _load_and_evaluate(cfg: EvalConfig, world: int, flag: PreemptionFlag, model_
     """override: (the overridden ModelConfig or None, the overridden fields as the model runs with them)."""
     model = load_model(model_dir, dtype=parse_dtype(cfg.dtype), config=override[0]).eval()
     check_pair(tokenizer, model.config)
-    notes = _length_warnings(cfg, model.config)
+    notes = _length_warnings(cfg, model.config, plan.run)
     cp_group = None
     if world > 1:
         init_distributed()
@@ -118,7 +118,7 @@ def _load_and_evaluate(cfg: EvalConfig, world: int, flag: PreemptionFlag, model_
     try:
         _check_ranks_agree(plan)
         torch.manual_seed(0)
-        meta = dict(_meta(cfg, model, model_dir, tokenizer), model_overrides=override[1])
+        meta = dict(_meta(cfg, model, model_dir, tokenizer, plan.run), model_overrides=override[1])
         result = evaluate(model, tokenizer, cfg, cp_group=cp_group, meta=meta,
                           warnings_=notes, plan=plan, stop=flag)
         if result["preempted"]:  # which signal stopped it (it may have reached another rank only)
@@ -148,9 +148,8 @@ def _preempted_line(info: dict) -> str:
             f"{PREEMPTED_EXIT_CODE}; run the same command again to continue")
 
 
-def _length_warnings(cfg: EvalConfig, model_config) -> list[str]:
+def _length_warnings(cfg: EvalConfig, model_config, selection) -> list[str]:
     """Lengths beyond max_position_embeddings: printed as warnings (or an error with strict_lengths)."""
-    selection = select(cfg)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         notes = check_lengths(sorted(set(selection.lengths) | set(selection.ppl_lengths)), model_config,
@@ -160,10 +159,11 @@ def _length_warnings(cfg: EvalConfig, model_config) -> list[str]:
     return notes
 
 
-def _meta(cfg: EvalConfig, model, model_dir: Path, tokenizer) -> dict:
-    selection = select(cfg)
-    return {"model": str(model_dir), "tokenizer": getattr(tokenizer, "name", str(cfg.tokenizer)),
-            "suite": ",".join(cfg.suite) if cfg.tasks is None else "tasks", "cp": cfg.cp,
+def _meta(cfg: EvalConfig, model, model_dir: Path, tokenizer, selection) -> dict:
+    """selection: the plan's (with ruler_data, its lengths are the data's)."""
+    suite = "ruler_data" if cfg.ruler_data is not None else ",".join(cfg.suite) if cfg.tasks is None else "tasks"
+    return {"model": str(model_dir), "tokenizer": getattr(tokenizer, "name", str(cfg.tokenizer)), "suite": suite,
+            "cp": cfg.cp,
             "dtype": str(next(model.parameters()).dtype).replace("torch.", ""),
             "max_position_embeddings": model.config.max_position_embeddings,
             "rope_parameters": model.config.rope_parameters, "lengths": selection.lengths,

@@ -3,10 +3,11 @@
     verdict = assess(records, options, tokenizer=tok, model_dir=path, skipped=skipped)
     verdict == {"ruler_comparable": False, "departures": ["built-in essay haystack ...", ...]}
 
-A score is comparable when it is RULER's 13 tasks with RULER's data (Paul Graham essays, SQuAD
-and HotpotQA, real words for cwe), templates and budgets, at least RULER's 500 samples per task
-and length, random needle placement, a subword tokenizer, and the model's chat template when it
-has one. Each departure is one short sentence naming the option that closes it.
+A score is comparable only for RULER's own prepared prompts (`ruler_data`: prepare.py's files,
+so RULER's essays, QA, words and model template) of all 13 tasks with RULER's 500 samples per
+task and length, RULER's budgets and a subword tokenizer. Our generator's prompts (and files
+--write-data wrote) are always a departure, with the others they have (data, style, grids,
+chat template). Each departure is one short sentence naming what closes it in its mode.
 """
 from __future__ import annotations
 
@@ -54,31 +55,41 @@ def _data_departures(tasks: set, options: TaskOptions, records: Sequence[dict]) 
     return out
 
 
+GENERATOR = ("prompts from longctx's generator, not RULER's prepare.py (RULER's own: run its prepare.py and pass "
+             "ruler_data=DIR)")
+WRITTEN = ("prompts written by longctx eval --write-data, not RULER's prepare.py (RULER's own: run its prepare.py "
+           "and pass ruler_data=DIR)")
+
+
 def _run_departures(tasks: set, options: TaskOptions, records: Sequence[dict], tokenizer,
                     chat_model: bool, generated: bool) -> list[str]:
+    """The run's own choices; each hint names what closes it in this mode (generated: our
+    prompts, else RULER's prepared data, whose tasks, samples and template prepare.py sets)."""
     out = []
     missing = [t for t in RULER_TASKS if t not in tasks]
     qa_missing = [t for t in ("qa_1", "qa_2") if t in missing]
-    if qa_missing:
+    if qa_missing and generated:
         out.append(f"{' and '.join(qa_missing)} not evaluated (pass squad=FILE / hotpotqa=FILE)")
     if missing:
-        out.append(f"{13 - len(missing)} of RULER's 13 tasks evaluated (missing: {', '.join(missing)})")
+        how = "" if generated else "; prepare them with RULER's prepare.py into ruler_data"
+        out.append(f"{13 - len(missing)} of RULER's 13 tasks evaluated (missing: {', '.join(missing)}{how})")
     extra = sorted(tasks - set(RULER_TASKS))
     if extra:
-        out.append(f"the averages include tasks outside RULER's 13 ({', '.join(extra)})")
+        out.append(f"the averages include tasks outside RULER's 13 ({', '.join(extra)}; leave them out of tasks)")
     counts: dict = {}
     for r in records:
         counts[(r["task"], r["target_length"])] = counts.get((r["task"], r["target_length"]), 0) + 1
     if counts and min(counts.values()) < RULER_SAMPLES:
-        out.append(f"{min(counts.values())} samples per task and length (RULER uses {RULER_SAMPLES})")
-    if options.style != "ruler":
-        out.append(f"style={options.style} (shorter templates and budgets than RULER's)")
+        how = f"samples={RULER_SAMPLES}" if generated else f"prepare.py --num_samples {RULER_SAMPLES}"
+        out.append(f"{min(counts.values())} samples per task and length (RULER uses {RULER_SAMPLES}: {how})")
+    if generated and options.style != "ruler":
+        out.append(f"style={options.style} (shorter templates and budgets than RULER's; style=ruler)")
     if options.max_new_tokens is not None:
-        out.append(f"max_new_tokens={options.max_new_tokens} overrides RULER's per-task budgets")
+        out.append(f"max_new_tokens={options.max_new_tokens} overrides RULER's per-task budgets (leave it unset)")
     if generated and options.num_digits not in (None, 7):
-        out.append(f"num_digits={options.num_digits} (RULER's needle values have 7 digits)")
-    if any(r.get("depth") is not None for r in records):
-        out.append("needles at controlled depths (a grid); RULER places them at random depths")
+        out.append(f"num_digits={options.num_digits} (RULER's needle values have 7 digits; leave it unset)")
+    if generated and any(r.get("depth") is not None for r in records):
+        out.append("needles at controlled depths (a grid); RULER places them at random depths (suite ruler, no depths)")
     if generated and chat_model and resolve_chat_template(options.chat_template) == "{input}":
         out.append("no chat template for a chat model (RULER wraps every prompt in the model's template: "
                    "leave chat_template unset, or chat_template=auto)")
@@ -92,10 +103,14 @@ def assess(records: Sequence[dict], options: TaskOptions = TaskOptions(), *, tok
            model_dir: Optional[str | Path] = None, ruler_data: bool = False) -> dict:
     """{"ruler_comparable": bool, "departures": [str, ...]} for an eval's per-sample records.
 
-    ruler_data: the prompts came from RULER's own prepared files (their essays, QA, words and
-    model template are RULER's, so only the run's own choices can depart)."""
+    ruler_data: the prompts came from prepared files (their essays, QA, words and model
+    template are the files', so only the run's own choices can depart); files that
+    --write-data wrote are our generator's prompts still. Our generator is always a departure."""
     tasks = {r["task"] for r in records}
-    departures = [] if ruler_data else _data_departures(tasks, options, records)
+    written = ruler_data and any(r.get("meta", {}).get("generator") == "longctx" for r in records)
+    departures = [] if ruler_data else [GENERATOR] + _data_departures(tasks, options, records)
+    if written:
+        departures.append(WRITTEN)
     departures += _run_departures(tasks, options, records, tokenizer, model_has_chat_template(model_dir),
                                   generated=not ruler_data)
     return {"ruler_comparable": not departures, "departures": departures}

@@ -25,6 +25,7 @@ from longctx.parallel.cp_decode import DECODE_CP_IMPLS
 
 SUITES = ("ruler", "niah", "passkey", "ppl")
 DEFAULT_DEPTHS = [i / 10 for i in range(11)]
+DEFAULT_LENGTHS = ["4096"]  # eval.lengths unset (with ruler_data: the data's lengths instead)
 PATH_FIELDS = ("essay", "squad", "hotpotqa", "ppl_data", "ruler_data", "words")  # must exist
 
 
@@ -102,7 +103,7 @@ def select(cfg: EvalConfig) -> EvalSelection:
                 name = NIAH_GRID_TASK if s == "niah" else "passkey"
                 tasks.append(name)
                 grids[name] = depths
-    lengths = parse_lengths(cfg.lengths)
+    lengths = parse_lengths(cfg.lengths if cfg.lengths is not None else DEFAULT_LENGTHS)
     want_ppl = "ppl" in cfg.suite
     ppl_lengths = (parse_lengths(cfg.ppl_lengths, "eval.ppl_lengths") if cfg.ppl_lengths else lengths) if want_ppl else []
     return EvalSelection(lengths, list(dict.fromkeys(tasks)), grids, ppl_lengths, cfg.task_options())

@@ -29,7 +29,8 @@ class EvalFields:
     tokenizer: Optional[str] = option(None, "'byte', tokenizer.json or tokenizer dir (default: the model's own)")
     suite: List[str] = option(["ruler"], "suites: ruler, niah, passkey, ppl")
     tasks: Optional[List[str]] = option(None, "task names (replaces the suite's tasks)")
-    lengths: List[str] = option(["4096"], "context lengths, e.g. 4096,8k,16k")
+    lengths: Optional[List[str]] = option(None, "context lengths, e.g. 4096,8k,16k (default 4096; with ruler_data: "
+                                                "the data's)")
     samples: int = option(10, "samples per task and length (per depth for grids)")
     out: Optional[str] = option("eval_out", "output directory (null: write nothing)")
     seed: int = option(0, "data seed")

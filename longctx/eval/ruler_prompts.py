@@ -38,4 +38,4 @@ def write_prompts(cfg: EvalConfig) -> tuple[list[str], list[str]]:
                                     options=run.options, depths=run.grids)
     if not samples:
         raise UserError("eval.tasks: nothing to write (" + "; ".join(skipped) + ")")
-    return write_ruler_data(root, samples), skipped
+    return write_ruler_data(root, samples, tokenizer), skipped  # lengths as RULER counts them

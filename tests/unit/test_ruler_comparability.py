@@ -2,7 +2,7 @@
 import json
 
 from longctx.data.tokenizer import load_tokenizer
-from longctx.eval.comparability import assess, model_has_chat_template, warning_line
+from longctx.eval.comparability import GENERATOR, WRITTEN, assess, model_has_chat_template, warning_line
 from longctx.eval.report import render_markdown, write_results
 from longctx.eval.tasks import RULER_TASKS, TaskOptions
 
@@ -17,12 +17,15 @@ def _records(tasks=RULER_TASKS, samples=500, lengths=(4096,), depth=None, meta=N
              "meta": dict(meta or {})} for t in tasks for L in lengths for i in range(samples)]
 
 
-def test_rulers_setup_is_comparable():
-    verdict = assess(_records(), FULL, tokenizer=SUBWORD)
-    assert verdict == {"ruler_comparable": True, "departures": []}
+def test_only_rulers_own_prepared_data_is_comparable():
+    verdict = assess(_records(), TaskOptions(), tokenizer=SUBWORD, ruler_data=True)
+    assert verdict == {"ruler_comparable": True, "departures": []}  # essays, QA, words and template are RULER's
     assert warning_line(verdict) is None
-    # RULER's own prepared data: essays, QA and words are RULER's
-    assert assess(_records(), TaskOptions(), tokenizer=SUBWORD, ruler_data=True)["ruler_comparable"]
+    # our generator, even with RULER's data files, lists itself
+    assert assess(_records(), FULL, tokenizer=SUBWORD) == {"ruler_comparable": False, "departures": [GENERATOR]}
+    # and so do our prompts written with --write-data and read back
+    written = assess(_records(meta={"generator": "longctx"}), TaskOptions(), tokenizer=SUBWORD, ruler_data=True)
+    assert written == {"ruler_comparable": False, "departures": [WRITTEN]}
 
 
 def test_builtin_essay_without_qa_is_not_comparable_and_says_why():
@@ -30,7 +33,7 @@ def test_builtin_essay_without_qa_is_not_comparable_and_says_why():
     assert verdict["ruler_comparable"] is False
     text = " | ".join(verdict["departures"])
     for reason in ("built-in essay haystack", "qa_1 and qa_2 not evaluated", "11 of RULER's 13 tasks",
-                   "10 samples per task and length (RULER uses 500)", "byte tokenizer"):
+                   "10 samples per task and length (RULER uses 500: samples=500)", "byte tokenizer"):
         assert reason in text, reason
     line = warning_line(verdict)
     assert line.startswith("warning: not comparable with published RULER numbers: ") and "\n" not in line
@@ -46,17 +49,32 @@ def test_each_departure_alone_flips_the_flag(tmp_path):
         "style=compact": dict(options=TaskOptions(**{**FULL.__dict__, "style": "compact"})),
         "max_new_tokens=8": dict(options=TaskOptions(**{**FULL.__dict__, "max_new_tokens": 8})),
         "controlled depths": dict(records=_records(depth=0.5)),
-        "outside RULER's 13 (passkey)": dict(records=_records(tasks=RULER_TASKS + ["passkey"])),
+        "outside RULER's 13 (passkey; leave them out": dict(records=_records(tasks=RULER_TASKS + ["passkey"])),
         "made-up words": dict(options=TaskOptions(**{**FULL.__dict__, "words_path": None}),
                               records=_records(meta={"haystack_units": 5000, "filler_words": 3})),
     }
     for reason, kw in cases.items():
         verdict = assess(kw.get("records", _records()), kw.get("options", FULL), tokenizer=SUBWORD,
                          model_dir=kw.get("model_dir"))
-        assert verdict["ruler_comparable"] is False and len(verdict["departures"]) == 1, (reason, verdict)
-        assert reason in verdict["departures"][0], (reason, verdict)
+        assert verdict["departures"][0] == GENERATOR and len(verdict["departures"]) == 2, (reason, verdict)
+        assert reason in verdict["departures"][1], (reason, verdict)
     with_template = TaskOptions(**{**FULL.__dict__, "chat_template": "llama3-chat"})
-    assert assess(_records(), with_template, tokenizer=SUBWORD, model_dir=chat_model)["ruler_comparable"]
+    assert assess(_records(), with_template, tokenizer=SUBWORD, model_dir=chat_model)["departures"] == [GENERATOR]
+    none = TaskOptions(**{**FULL.__dict__, "chat_template": "none"})
+    assert "no chat template for a chat model" in assess(_records(), none, tokenizer=SUBWORD,
+                                                         model_dir=chat_model)["departures"][1]
+
+
+def test_each_hint_names_what_closes_it_in_its_mode():
+    """RULER's data: tasks and samples come from prepare.py; the generator's options do not apply."""
+    few = _records(tasks=RULER_TASKS[:11], samples=10)
+    data = assess(few, TaskOptions(style="compact"), tokenizer=SUBWORD, ruler_data=True)["departures"]
+    assert data == ["11 of RULER's 13 tasks evaluated (missing: qa_1, qa_2; prepare them with RULER's prepare.py "
+                    "into ruler_data)",
+                    "10 samples per task and length (RULER uses 500: prepare.py --num_samples 500)"]
+    ours = assess(few, FULL, tokenizer=SUBWORD)["departures"]
+    assert "qa_1 and qa_2 not evaluated (pass squad=FILE / hotpotqa=FILE)" in ours
+    assert "10 samples per task and length (RULER uses 500: samples=500)" in ours
 
 
 def test_results_json_and_report_carry_the_verdict(tmp_path):

@@ -21,7 +21,7 @@ BYTE = load_tokenizer("byte")
 LENGTH = 2048
 SYNTHETIC_TASKS = [t for t in RULER_TASKS if not t.startswith("qa")]  # no QA data in this test
 PRED_FIELDS = {"index", "pred", "input", "outputs", "others", "truncation", "length"}
-DATA_FIELDS = {"index", "input", "outputs", "length", "length_w_model_temp", "answer_prefix"}
+DATA_FIELDS = {"index", "input", "outputs", "length", "length_w_model_temp", "answer_prefix", "generator"}
 
 
 # --- RULER's evaluate.py, re-implemented from its source (the test's independent scorer) ---
