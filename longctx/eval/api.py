@@ -135,7 +135,9 @@ def prepare(cfg: EvalConfig, tokenizer, *, identity: Optional[dict] = None, mode
                                         require_samples=bool(run.tasks) and not run.ppl_lengths)
     if run.tasks and not samples and not run.ppl_lengths:
         raise UserError("eval.tasks: nothing to run (" + "; ".join(skipped) + ")")
-    cells = task_cells(samples, run.options.add_bos, stops) + ppl_cells(run.ppl_lengths, cfg.ppl_windows, cfg.ppl_data)
+    eos_only = stops == ([tokenizer.eos_id] if getattr(tokenizer, "eos_id", None) is not None else [])
+    cells = (task_cells(samples, run.options.add_bos, () if eos_only else stops)
+             + ppl_cells(run.ppl_lengths, cfg.ppl_windows, cfg.ppl_data))
     plan = Plan(run, samples, skipped, cells, chat=chat, stop_ids=stops)
     if identity is not None and cfg.out is not None:
         plan.store = CellStore(cfg.out, identity, model_path)

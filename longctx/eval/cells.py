@@ -133,7 +133,7 @@ class Cell:
 
 def task_cells(samples: Sequence[Sample], add_bos: bool, stop_ids: Sequence[int] = ()) -> list[Cell]:
     """The cells of `samples`, by length, then in the order their tasks first appear
-    (stop_ids: the token ids that end a generation)."""
+    (stop_ids: the token ids that end a generation, when more than the tokenizer's EOS)."""
     groups: dict = {}
     for s in samples:
         groups.setdefault((s.target_length, s.task), []).append(s)
@@ -141,9 +141,10 @@ def task_cells(samples: Sequence[Sample], add_bos: bool, stop_ids: Sequence[int]
     cells = []
     for (length, task), group in sorted(groups.items(), key=lambda kv: (kv[0][0], order[kv[0][1]])):
         group = sorted(group, key=lambda s: s.index)
-        fields = {"kind": "task", "task": task, "length": length, "add_bos": add_bos, "stop_ids": list(stop_ids),
-                  "count": len(group),
+        fields = {"kind": "task", "task": task, "length": length, "add_bos": add_bos, "count": len(group),
                   "samples": _sha([dataclasses.asdict(s) for s in group])}
+        if stop_ids:  # absent when they are only the tokenizer's EOS (the keys cells had before)
+            fields["stop_ids"] = list(stop_ids)
         cells.append(Cell(task, length, fields, tuple(group)))
     return cells
 

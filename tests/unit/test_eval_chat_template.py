@@ -136,3 +136,13 @@ def test_cli_uses_the_tokenizers_template_and_records_it(model_dir, tmp_path, ca
     assert main(["eval", *common, "--tokenizer", "byte", "--chat-template", "auto", "--out", str(tmp_path / "b")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("error: eval.chat_template: auto needs the tokenizer's own template")
+
+
+def test_stop_ids_beyond_the_eos_are_in_the_cells_key(model_dir):
+    from longctx.eval.api import prepare
+    from longctx.eval.config import EvalConfig
+
+    cfg = EvalConfig(tasks=["passkey"], lengths=["512"], samples=1, style="compact", out=None)
+    cells = prepare(cfg, load_tokenizer(str(model_dir)), model_path=str(model_dir)).cells
+    assert cells[0].fields["stop_ids"] == [256, 258]
+    assert "stop_ids" not in prepare(cfg, load_tokenizer("byte")).cells[0].fields  # the EOS alone: keys as before
