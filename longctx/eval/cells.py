@@ -1,7 +1,7 @@
 """The per-cell store of `longctx eval --out OUT`: what makes an evaluation resumable.
 
-    identity = run_identity(model_dir, tokenizer_spec, cfg.dtype)   # the model's files by content, ...
-    cells = task_cells(samples, add_bos) + ppl_cells(lengths, windows, ppl_data)
+    identity = run_identity(model_dir, tokenizer_spec, cfg.dtype, model_overrides=overrides)  # files by content, ...
+    cells = task_cells(samples, add_bos, stop_ids) + ppl_cells(lengths, windows, ppl_data)
     store = CellStore(OUT, identity)
     done = store.check(cells, overwrite=False)   # {cell file: stored cell}; one UserError line on a conflict
     store.write(cell, result, complete=True, ...)   # OUT/cells/<length>/<task>.json, whole or absent
@@ -10,9 +10,10 @@ Each (task, length) cell (perplexity: one cell per length, `ppl.json`) is writte
 finishes, through a temporary sibling renamed over it, with the key (SHA-256) of everything
 that determines its result: the run's identity -- the model's files by content (a checkpoint's
 MANIFEST.json, else the SHA-256 of each weight, config and tokenizer file), the tokenizer's
-files, the dtype, longctx's version -- and the cell's own fields: its samples (every prompt,
-reference, stop string, generation budget and metric; so the seed, --samples, --style, the
-chat template and the haystack data are in it), the BOS setting, for perplexity the windows
+files, the dtype, longctx's version, the model_overrides -- and the cell's own fields: its
+samples (every prompt, reference, stop string, generation budget and metric; so the seed,
+--samples, --style, the chat template and the haystack data are in it), the BOS setting, the
+stop ids (when more than the tokenizer's EOS), for perplexity the windows
 and the documents' content. Not in it: where the model or the outputs are (a moved model
 resumes), progress, the threshold and --save-inputs (applied when results.json is built), and
 the layout (batch size, cp, dp: a cell computed under another layout is the same
