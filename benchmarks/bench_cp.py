@@ -37,18 +37,21 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 from longctx.model import ModelConfig, build_model  # noqa: E402
 from longctx.parallel import make_cp_attention, shard_batch, validate_layout  # noqa: E402
+from longctx.parallel.heads import HeadShards  # noqa: E402
+from longctx.parallel.layout import resolve_layout  # noqa: E402
 from longctx.parallel.comm import COMM_STATS, reset_comm_stats  # noqa: E402
 from longctx.parallel.mesh import import_before_process_groups, shutdown_distributed  # noqa: E402
 
 VARIANTS = {"ring": ("ring", None, True), "ring-no-overlap": ("ring", None, False),
             "allgather": ("allgather", None, True), "ulysses": ("ulysses", None, True),
-            "hybrid": ("hybrid", 2, True)}
+            "hybrid": ("hybrid", 2, True), "hybrid-auto": ("hybrid", 0, True)}
 
 
 def bench_model_config(args) -> ModelConfig:
     return ModelConfig(
         vocab_size=args.vocab, hidden_size=args.hidden, intermediate_size=args.hidden * 8 // 3 // 64 * 64,
         num_hidden_layers=args.layers, num_attention_heads=args.heads, num_key_value_heads=args.kv_heads,
+        head_dim=args.head_dim,
         max_position_embeddings=args.seq_len, rms_norm_eps=1e-5,
         rope_parameters={"rope_type": "default", "rope_theta": 10000.0})
 
@@ -133,9 +136,12 @@ def run_group(args, cp, variants):
         ranks = [json.load(open(f"{out}.{r}")) for r in range(cp)]
     rows = []
     for i, (impl, u, overlap) in enumerate(variants):
-        lay = validate_layout(cp, impl, u) if cp > 1 else None
+        lay = resolve_layout(validate_layout(cp, impl, u), args.heads, args.kv_heads) if cp > 1 else None
+        uneven = lay is not None and lay.ulysses_size > 1 and not HeadShards(args.heads, args.kv_heads,
+                                                                              lay.ulysses_size).even
         rows.append({"cp": cp, "impl": impl if cp > 1 else "none", "overlap": overlap,
-                     "layout": f"{lay.ulysses_size} x {lay.ring_size}" if lay else "-",
+                     "layout": (f"{lay.ulysses_size} x {lay.ring_size}" + (" (uneven heads)" if uneven else "")
+                                if lay else "-"),
                      "time_s": max(r[i]["time"] for r in ranks), "ring_wait_s": max(r[i]["wait"] for r in ranks),
                      "peak_mib": max(r[i]["peak_mib"] for r in ranks)})
     return rows
@@ -149,6 +155,7 @@ def main(argv=None):
     p.add_argument("--layers", type=int, default=4)
     p.add_argument("--heads", type=int, default=8)
     p.add_argument("--kv-heads", type=int, default=4)
+    p.add_argument("--head-dim", type=int, default=None, help="default: hidden / heads")
     p.add_argument("--vocab", type=int, default=4096)
     p.add_argument("--iters", type=int, default=2)
     p.add_argument("--threads", type=int, default=0, help="total intra-op threads, split across ranks (0: all cores)")
@@ -169,7 +176,8 @@ def main(argv=None):
                   f"{row['peak_mib']:.0f} MiB", file=sys.stderr, flush=True)
     base = next((r for r in rows if r["cp"] == 1), None)
     print(f"\nseq_len={args.seq_len} batch={args.batch} hidden={args.hidden} layers={args.layers} "
-          f"heads={args.heads}/{args.kv_heads} vocab={args.vocab} cores={os.cpu_count()}\n")
+          f"heads={args.heads}/{args.kv_heads} head_dim={bench_model_config(args).head_dim} vocab={args.vocab} "
+          f"cores={os.cpu_count()}\n")
     print("| cp | impl | ulysses x ring | overlap | step time (s) | ring wait (s) | peak mem / rank (MiB) | mem vs cp=1 |")
     print("|---:|---|---|---|---:|---:|---:|---:|")
     for r in rows:

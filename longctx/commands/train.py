@@ -30,7 +30,8 @@ def implied_world_size(cfg) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
-    from longctx.config import load_config, missing_weights_note, to_yaml, validate_config  # see the top
+    from longctx.config import (load_config, missing_data_note, missing_weights_note,  # see the top
+                                resolve_stages, to_yaml, validate_config)
     from longctx.parallel.mesh import read_env
     from longctx.train.dry_run import dry_run
     from longctx.train.loop import train
@@ -47,8 +48,8 @@ def run(args: argparse.Namespace) -> int:
                   "(--world-size N for another)", file=sys.stderr)
     # every bad input, before the trainer is even imported; inspecting needs no weights
     validate_config(cfg, world, weights=not inspect_only)
-    note = missing_weights_note(cfg.model) if inspect_only else None
-    if note:
+    notes = [missing_weights_note(cfg.model), missing_data_note(resolve_stages(cfg))] if inspect_only else []
+    for note in filter(None, notes):
         print(f"note: {note}", file=sys.stderr)
     if args.print_config:
         print(to_yaml(cfg), end="")

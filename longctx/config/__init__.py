@@ -15,7 +15,8 @@ from longctx.config.checks import check_out_dir, validate_config, validate_porta
 from longctx.config.loader import load_structured, to_yaml
 from longctx.config.sections import (CheckpointSection, LogSection, ModelSection, OptimSection, ParallelSection,
                                      StageSection, TrainConfig, TrainSection)
-from longctx.config.stages import LENGTH_FREE_ROPE, RunStage, missing_weights_note, resolve_stages, stage_model_config
+from longctx.config.stages import (LENGTH_FREE_ROPE, RunStage, missing_data_note, missing_weights_note, resolve_stages,
+                                   stage_model_config)
 from longctx.data.config import DataConfig, SourceConfig
 
 
@@ -28,6 +29,6 @@ def load_config(path: Optional[str] = None, overrides: Optional[list[str]] = Non
 __all__ = [
     "CheckpointSection", "DataConfig", "LENGTH_FREE_ROPE", "LogSection", "ModelSection", "OptimSection",
     "ParallelSection", "RunStage", "SourceConfig", "StageSection", "TrainConfig", "TrainSection", "check_out_dir",
-    "load_config", "load_structured", "missing_weights_note", "resolve_stages", "stage_model_config", "to_yaml",
+    "load_config", "load_structured", "missing_data_note", "missing_weights_note", "resolve_stages", "stage_model_config", "to_yaml",
     "validate_config", "validate_portable",
 ]

@@ -23,12 +23,13 @@ WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_mo
 def validate_config(cfg: TrainConfig, world_size: int, *, weights: bool = True) -> None:
     """Every check, for a run on this machine with `world_size` processes. weights=False (a dry
     run, --print-config) accepts a model.init_from directory that does not exist yet: the
-    architecture is then model.preset's (config.stages.missing_weights_note says so)."""
+    architecture is then model.preset's (config.stages.missing_weights_note says so), and data
+    source paths that do not exist yet (config.stages.missing_data_note)."""
     validate_portable(cfg)
     _validate_on_this_machine(cfg, weights)
     model_cfg = None
     for stage in resolve_stages(cfg):
-        model_cfg = _validate_stage(stage, world_size)
+        model_cfg = _validate_stage(stage, world_size, files=weights)
     check_local_tokenizer_vocab(cfg.data.tokenizer, model_cfg.vocab_size)
     check_out_dir(cfg.out_dir)
 
@@ -75,13 +76,13 @@ def _check_init_from(path: Path, weights: bool) -> None:
         raise UserError(f"model.init_from: {path} has no weights (none of {', '.join(WEIGHT_FILES)})")
 
 
-def _validate_stage(stage: RunStage, world_size: int):
+def _validate_stage(stage: RunStage, world_size: int, files: bool = True):
     """One stage's cp layout for this world size, its data and its model; returns the model config."""
     names, cp = stage.field_names, stage.parallel.cp_size
     if world_size % cp != 0:
         raise UserError(f"{names['cp_size']}: {cp} must divide the world size {world_size} (world = dp x cp)")
     try:
-        validate_data_config(stage.data)
+        validate_data_config(stage.data, files=files)
     except UserError as e:
         msg = str(e)
         if msg.startswith("data.sources"):  # name the stage's own field

@@ -99,6 +99,17 @@ def missing_weights_note(model: ModelSection) -> Optional[str]:
             "(training checks the weights when it starts)")
 
 
+def missing_data_note(stages: list[RunStage]) -> Optional[str]:
+    """A note naming the data source paths that do not exist (yet): a dry run plans without
+    them (training itself stops on a missing path)."""
+    missing = {f"{st.field_names['sources']}[{i}].path {src.path}": None for st in stages
+               for i, src in enumerate(st.data.sources) if not src.path_exists()}
+    if not missing:
+        return None
+    verb = "does" if len(missing) == 1 else "do"
+    return f"{', '.join(missing)}: {verb} not exist yet (training checks the data when it starts)"
+
+
 def stage_model_config(stage: RunStage) -> ModelConfig:
     """The model configuration of one stage: the init_from checkpoint's config.json (the
     preset's when that directory does not exist yet, see missing_weights_note), then the model

@@ -209,8 +209,9 @@ class SourceConfig:
     packing: Optional[str] = None  # null: DataConfig.packing
     synthetic: SyntheticConfig = field(default_factory=SyntheticConfig)
 
-    def validate(self, i: int, seq_len: int) -> None:
-        """Source `i` of the data config (its label in errors); file sources are peeked at."""
+    def validate(self, i: int, seq_len: int, files: bool = True) -> None:
+        """Source `i` of the data config (its label in errors); file sources are peeked at
+        (files=False, a dry run: a path that does not exist yet is left to training)."""
         name = source_label(i)
         if self.kind not in SOURCE_KINDS:
             raise UserError(f"{name}.kind: {self.kind!r} is not one of {', '.join(SOURCE_KINDS)}")
@@ -228,7 +229,7 @@ class SourceConfig:
                 raise UserError(f"{name}.hub_name: required for kind 'hub' (e.g. 'emozilla/pg19')")
         elif kind == "synthetic":
             self.synthetic.validate(f"{name}.synthetic", seq_len)
-        else:
+        elif files or self.path_exists():
             self._validate_files(i)
         if not self.text_field:
             raise UserError(f"{name}.text_field: must name the column holding the text")
@@ -242,6 +243,13 @@ class SourceConfig:
             raise UserError(f"{name}.packing: {self.packing!r} is not one of null, {', '.join(PACKING_MODES)}")
         for j, bucket in enumerate(self.upsample):
             bucket.validate(f"{name}.upsample[{j}]")
+
+    def path_exists(self) -> bool:
+        """The path (or a match of the glob) exists; True for sources without a path."""
+        if not self.path:
+            return True
+        path = os.path.expanduser(self.path)
+        return bool(glob.glob(path, recursive=True)) if has_glob(path) else os.path.exists(path)
 
     def _validate_files(self, i: int) -> None:
         """The path exists (or the glob matches), its format is known, its first record parses."""
@@ -328,8 +336,9 @@ class DataConfig:
     # restarts its order from the beginning, the others continue where they were)
     allow_changed_sources: bool = False
 
-    def validate(self, model_vocab_size: Optional[int] = None) -> None:
-        """With `model_vocab_size` the tokenizer is loaded (fast) and its vocab checked too."""
+    def validate(self, model_vocab_size: Optional[int] = None, files: bool = True) -> None:
+        """With `model_vocab_size` the tokenizer is loaded (fast) and its vocab checked too;
+        files=False (a dry run) leaves source paths that do not exist yet to training."""
         _pos_int(self.seq_len, "data.seq_len", 2)
         _pos_int(self.micro_batch_size, "data.micro_batch_size", 1)
         _pos_int(self.shuffle_window, "data.shuffle_window", 1)
@@ -352,7 +361,7 @@ class DataConfig:
         if not self.sources:
             raise UserError("data.sources: empty; give at least one source (or omit it for the synthetic default)")
         for i, src in enumerate(self.sources):
-            src.validate(i, self.seq_len)
+            src.validate(i, self.seq_len, files)
         weights = [float(src.weight) for src in self.sources]
         if not sum(weights) > 0:
             raise UserError(f"data.sources[*].weight: mixture weights must sum to a positive number, got {weights}")
@@ -361,6 +370,6 @@ class DataConfig:
             check_vocab(load_tokenizer(self.tokenizer), model_vocab_size)
 
 
-def validate_data_config(cfg: DataConfig, model_vocab_size: Optional[int] = None) -> None:
-    """`cfg.validate(model_vocab_size)`: the entry point of the trainer's config check and the loader."""
-    cfg.validate(model_vocab_size)
+def validate_data_config(cfg: DataConfig, model_vocab_size: Optional[int] = None, files: bool = True) -> None:
+    """`cfg.validate(model_vocab_size, files)`: the entry point of the trainer's config check and the loader."""
+    cfg.validate(model_vocab_size, files)

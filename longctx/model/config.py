@@ -97,6 +97,17 @@ def _llama31_8b() -> ModelConfig:
     )
 
 
+def _smollm2_135m() -> ModelConfig:
+    """HuggingFaceTB/SmolLM2-135M(-Instruct): 30 narrow layers, 9 query / 3 kv heads, tied
+    embeddings, an 8k context with rope_theta 1e5."""
+    return ModelConfig(
+        vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
+        num_attention_heads=9, num_key_value_heads=3, head_dim=64, max_position_embeddings=8192,
+        rms_norm_eps=1e-5, rope_parameters={"rope_type": "default", "rope_theta": 100000.0},
+        tie_word_embeddings=True, bos_token_id=1, eos_token_id=2, pad_token_id=2,
+    )
+
+
 PRESETS = {
     # Tests: tiny, GQA 2:1, vocab large enough for the byte tokenizer.
     "debug-tiny": lambda: ModelConfig(
@@ -114,6 +125,7 @@ PRESETS = {
     "llama2-7b": _llama2_7b,
     "llama3-8b": _llama3_8b,
     "llama3.1-8b": _llama31_8b,
+    "smollm2-135m": _smollm2_135m,
 }
 
 

@@ -162,6 +162,8 @@ EVAL = [
     ("no model", ["eval", "--tasks", "passkey"], "eval.model: required"),
     ("missing model path", ["eval", "--model", "{w}/no-model", "--tasks", "passkey"], "{w}/no-model: model path does not exist"),
     ("model dir without config.json", ["eval", "--model", "{w}/data", "--tasks", "passkey"], "{w}/data: no config.json"),
+    ("model config.json without vocab_size", ["eval", "--model", "{w}/config-without-fields", "--tasks", "passkey"],
+     "{w}/config-without-fields/config.json: missing required field 'vocab_size'"),
     ("model without a tokenizer", ["eval", "--model", "{w}/model", "--tasks", "passkey"], "eval.tokenizer: {w}/model has no tokenizer files"),
     ("missing tokenizer", ["eval", "--model", "{w}/model", "--tokenizer", "{w}/nope.json"], "eval.tokenizer"),
     ("unknown task", ["eval", "--model", "{w}/model", "--tasks", "niah_single_9"], "eval.tasks: unknown task 'niah_single_9'"),
@@ -252,6 +254,9 @@ PREFLIGHT = [  # launch/preflight.py, in-process (argv without the script)
     ("eval cp vs world", ["--world-size", "3", "--command", "eval", "--", "--model", "{w}/model", "--cp", "2"], "eval.cp=2 must divide"),
 ]
 
+TINY_HF_CONFIG = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": 256, "hidden_size": 64,
+                  "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+                  "max_position_embeddings": 4096}
 SLURM_ENV = {"SLURM_JOB_ID": "77", "SLURM_JOB_NAME": "t", "SLURM_JOB_NODELIST": "localhost",
              "SLURM_JOB_NUM_NODES": "1", "SLURM_GPUS_ON_NODE": "2"}
 PY = [sys.executable, "-m", "longctx"]
@@ -307,8 +312,10 @@ def make_workdir(w: Path) -> Path:
     (data / "trunc.jsonl.gz").write_bytes(gzip.compress((good * 20).encode())[:-40])
     (w / "tokenizer-config-only").mkdir()
     (w / "tokenizer-config-only" / "tokenizer_config.json").write_text(json.dumps({"model_max_length": 4096}))
-    (w / "model").mkdir()
-    (w / "model" / "config.json").write_text(json.dumps({"model_type": "llama"}))
+    (w / "model").mkdir()  # a valid tiny config without weights or tokenizer
+    (w / "model" / "config.json").write_text(json.dumps(TINY_HF_CONFIG))
+    (w / "config-without-fields").mkdir()
+    (w / "config-without-fields" / "config.json").write_text(json.dumps({"model_type": "llama"}))
     (w / "full").mkdir()
     (w / "full" / "README.md").write_text("someone's notes")
     for run, step, complete in (("incomplete", 2, False), ("unlisted", 3, True)):  # checkpoint layouts

@@ -66,6 +66,33 @@ def test_prolong_recipe_mixture():
     assert (64 // cfg.parallel.cp_size) * cfg.train.grad_accum * cfg.data.seq_len == 4 * 2**20  # 4M tokens/step
 
 
+def test_smollm2_recipe_is_yarn_s4_over_8k_on_a_long_short_mixture():
+    cfg = _load("smollm2-135m-32k.yaml")
+    model = stage_model_config(resolve_stages(cfg)[0])
+    assert (model.num_attention_heads, model.num_key_value_heads, model.tie_word_embeddings) == (9, 3, True)
+    rope = model.rope_parameters
+    assert (rope["rope_type"], rope["factor"], rope["original_max_position_embeddings"]) == ("yarn", 4.0, 8192)
+    assert rope["rope_theta"] == 1e5 and model.max_position_embeddings == cfg.data.seq_len == 32768
+    assert [(s.name, s.weight) for s in cfg.data.sources] == [("code-repos", 0.63), ("short-files", 0.37)]
+    assert cfg.data.document_masking and not cfg.data.add_bos
+    assert (cfg.optim.lr, cfg.optim.warmup_steps, cfg.optim.schedule) == (2e-5, 20, "constant")
+    assert 8 * cfg.train.grad_accum * cfg.data.seq_len == 2**20  # dp 8: 1M tokens per step
+
+
+def test_a_dry_run_names_data_that_does_not_exist_yet_and_training_stops_on_it(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    argv = ["train", "--config", str(ROOT / "configs" / "smollm2-135m-32k.yaml"), f"out_dir={tmp_path / 'run'}"]
+    assert main([*argv, "--dry-run", "--world-size", "8"]) == 0
+    notes = [line for line in capsys.readouterr().err.splitlines() if "data.sources" in line]
+    assert notes == ["note: data.sources[0].path data/longtext/train.jsonl, data.sources[1].path "
+                     "data/longtext/short.jsonl: do not exist yet (training checks the data when it starts)"]
+    assert main([*argv, "model.init_from=null"]) == 2  # no weights to check: the data is the first missing input
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        "error: data.sources[0].path: data/longtext/train.jsonl does not exist")
+    assert not (tmp_path / "run").exists()
+
+
 @pytest.mark.parametrize("name", RECIPES)
 def test_a_recipe_is_inspected_without_its_weights_and_training_asks_for_them(tmp_path, monkeypatch, capsys, name):
     """No checkpoints/ here: --print-config and --dry-run take the architecture from model.preset
