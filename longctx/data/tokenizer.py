@@ -6,7 +6,8 @@
     arrs = tok.encode_batch(texts)                    # list[np.ndarray(int32)], the fast path
     text = tok.decode(ids)
 
-Every tokenizer has `name`, `vocab_size`, `bos_id`, `eos_id`, `pad_id` (int or None) and a
+Every tokenizer has `name`, `vocab_size`, `bos_id`, `eos_id`, `pad_id` (int or None), `adds_bos`
+(whether the tokenizer's own config prepends BOS: tokenizer_config.json's `add_bos_token`) and a
 `fingerprint` (a hash of everything that changes token ids; part of the cache key).
 Special tokens are never inserted by the underlying tokenizer's post-processor; BOS/EOS are
 added here, explicitly, so the packer controls document edges.
@@ -61,6 +62,7 @@ class ByteTokenizer:
     bos_id = 256
     eos_id = 257
     pad_id = 258
+    adds_bos = True
     fingerprint = "byte-v1"
 
     def encode_np(self, text: str, add_bos: bool = False, add_eos: bool = False) -> np.ndarray:
@@ -99,7 +101,7 @@ class HFTokenizer:
     files an export copies (data/hf_tokenizer.py)."""
 
     def __init__(self, tok, name: str, bos: Optional[str] = None, eos: Optional[str] = None, pad: Optional[str] = None,
-                 source: Optional[str] = None):
+                 source: Optional[str] = None, add_bos_token: Optional[bool] = None):
         self._tok = tok
         self.name = name
         self.source = source
@@ -119,6 +121,8 @@ class HFTokenizer:
         self.bos_id = pick(bos, BOS_CANDIDATES)
         self.eos_id = pick(eos, EOS_CANDIDATES)
         self.pad_id = pick(pad, PAD_CANDIDATES)
+        # a BOS-like token may exist without being prepended (SmolLM2: <|im_start|>, add_bos_token false)
+        self.adds_bos = self.bos_id is not None and (add_bos_token is None or bool(add_bos_token))
         # the largest id may exceed get_vocab_size() in some files (holes); the embedding
         # must cover it
         if vocab:
@@ -187,6 +191,8 @@ def _read_special_tokens(directory: str) -> dict:
                 tok = _token_content(data.get(key))
                 if tok is not None:
                     out[key] = tok
+            if isinstance(data.get("add_bos_token"), bool):
+                out["add_bos_token"] = data["add_bos_token"]
     return out
 
 
@@ -196,7 +202,7 @@ def _from_file(path: str, name: str, specials: dict, source: str) -> HFTokenizer
     except Exception as e:  # tokenizers raises a bare Exception on malformed files
         raise UserError(f"data.tokenizer: cannot read {path} ({str(e).splitlines()[0]})") from None
     return HFTokenizer(tok, name, specials.get("bos_token"), specials.get("eos_token"), specials.get("pad_token"),
-                       source=source)
+                       source=source, add_bos_token=specials.get("add_bos_token"))
 
 
 HUB_ID = re.compile(r"^[A-Za-z0-9][\w.\-]*/[\w.\-]+$")
@@ -260,7 +266,8 @@ def load_tokenizer(spec: str):
             raise UserError(f"data.tokenizer: cannot load {spec} ({str(e).splitlines()[0]})") from None
         if not getattr(hf, "is_fast", False):
             raise UserError(f"data.tokenizer: {spec} could not be converted to a fast tokenizer")
-        return HFTokenizer(hf.backend_tokenizer, spec, hf.bos_token, hf.eos_token, hf.pad_token, source=path)
+        return HFTokenizer(hf.backend_tokenizer, spec, hf.bos_token, hf.eos_token, hf.pad_token, source=path,
+                           add_bos_token=specials.get("add_bos_token"))
     try:  # a hub id
         tok = Tokenizer.from_pretrained(spec)
     except Exception as e:
@@ -290,6 +297,12 @@ def check_local_tokenizer_vocab(spec: str, model_vocab_size: int) -> None:
     fast = spec == "byte" or os.path.isfile(path) or os.path.isfile(os.path.join(path, "tokenizer.json"))
     if fast:
         check_vocab(load_tokenizer(spec), model_vocab_size)
+
+
+def prepends_bos(tokenizer) -> bool:
+    """Whether text for this model starts with the tokenizer's BOS id: it has one and its own
+    config does not turn it off."""
+    return getattr(tokenizer, "bos_id", None) is not None and getattr(tokenizer, "adds_bos", True)
 
 
 def tokenizer_fingerprint(tokenizer) -> str:

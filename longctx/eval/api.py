@@ -30,6 +30,7 @@ from typing import Callable, Iterator, Optional, Sequence
 import torch.distributed as dist
 
 from longctx import atomic
+from longctx.data.tokenizer import prepends_bos
 from longctx.errors import UserError
 from longctx.eval import plots
 from longctx.eval.chat import ChatChoice, stop_ids, tokenizer_dir, with_chat_template
@@ -125,6 +126,9 @@ def prepare(cfg: EvalConfig, tokenizer, *, identity: Optional[dict] = None, mode
     stops = stop_ids(Path(model_path) if model_path else None, tokenizer_dir(getattr(tokenizer, "source", None)),
                      tokenizer)
     run = select(cfg)
+    # a tokenizer whose own config adds no BOS (SmolLM2) gets none here either
+    run = dataclasses.replace(run, options=dataclasses.replace(run.options,
+                                                               add_bos=run.options.add_bos and prepends_bos(tokenizer)))
     if cfg.ruler_data is not None:  # RULER's prepared prompts instead of ours, at the data's lengths
         samples, skipped = read_ruler_data(cfg.ruler_data, tokenizer, run.options,
                                            lengths=run.lengths if cfg.lengths is not None else None, tasks=cfg.tasks)
@@ -348,7 +352,7 @@ def _finish(model, tokenizer, cfg: EvalConfig, plan: Plan, results: dict, stats:
         files = write_outputs(out, meta, summary, records, ppl, plan.skipped, notes,
                               max_position=getattr(getattr(model, "config", None), "max_position_embeddings", None),
                               comparability=comparability, samples=plan.samples,
-                              bos_tokens=int(run.options.add_bos and getattr(tokenizer, "bos_id", None) is not None))
+                              bos_tokens=int(run.options.add_bos and prepends_bos(tokenizer)))
         atomic.write_result(out / TIMING, json.dumps(timing, indent=1) + "\n")
     return {"summary": summary, "records": records, "ppl": ppl, "skipped": plan.skipped, "files": files, "meta": meta,
             "comparability": comparability, "preempted": None, "timing": timing}

@@ -10,7 +10,8 @@ tokenizer_config.json's "chat_template" (its "default" entry when it is a list),
 transformers' apply_chat_template renders it (a sandboxed jinja2 environment with trim_blocks
 and lstrip_blocks, the special tokens as variables, one user message, add_generation_prompt).
 The user message is a placeholder, so the rendering becomes a "{input}" template; a leading BOS
-text is dropped because the runner adds the BOS id itself. Unset with no template of its own:
+text is dropped when the runner adds the BOS id itself (the tokenizer's config does not set
+add_bos_token false; SmolLM2's does, and its template's leading <|im_start|> stays). Unset with no template of its own:
 no template. "none", a preset or a "{input}" string: as given.
 """
 from __future__ import annotations
@@ -21,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
+from longctx.data.tokenizer import prepends_bos
 from longctx.errors import UserError
 from longctx.eval.tasks.base import CHAT_TEMPLATES
 
@@ -103,7 +105,7 @@ def special_tokens(directory: Optional[Path]) -> dict:
     return out
 
 
-def render(source: str, specials: dict, where: str) -> str:
+def render(source: str, specials: dict, where: str, runner_adds_bos: bool = True) -> str:
     """The template rendered for one user turn and the assistant's reply, with "{input}" for the turn."""
     from jinja2 import TemplateError
     from jinja2.ext import loopcontrols
@@ -128,13 +130,13 @@ def render(source: str, specials: dict, where: str) -> str:
         raise UserError(f"eval.chat_template: the tokenizer's template in {where} does not place the user message "
                         "once; pass a preset or a string with {input}")
     bos = specials.get("bos_token")
-    if bos and text.startswith(bos):
+    if runner_adds_bos and bos and text.startswith(bos):
         text = text[len(bos):]  # the runner adds the BOS id
     return text.replace(PLACEHOLDER, "{input}")
 
 
 def resolve_chat_template_choice(value: Optional[str], directory: Optional[Path], *,
-                                 ruler_data: bool = False) -> ChatChoice:
+                                 ruler_data: bool = False, adds_bos: bool = True) -> ChatChoice:
     """What eval.chat_template means for this tokenizer (see the module docstring)."""
     if value is None and ruler_data:
         return ChatChoice(None, {"choice": "ruler_data", "source": "RULER's prepared prompts"})
@@ -149,14 +151,14 @@ def resolve_chat_template_choice(value: Optional[str], directory: Optional[Path]
                             f"tokenizer_config.json's \"chat_template\"); none{looked}; pass none, a preset "
                             f"({', '.join(t for t in CHAT_TEMPLATES if t != 'none')}) or a string with {{input}}")
         return ChatChoice(None, {"choice": "none", "template": "{input}"})
-    template = render(source, special_tokens(directory), where)
+    template = render(source, special_tokens(directory), where, runner_adds_bos=adds_bos)
     return ChatChoice(template, {"choice": AUTO, "source": where, "template": template})
 
 
 def with_chat_template(cfg, tokenizer):
     """(the ChatChoice of an EvalConfig for this tokenizer, the config with chat_template resolved)."""
     choice = resolve_chat_template_choice(cfg.chat_template, tokenizer_dir(getattr(tokenizer, "source", None)),
-                                          ruler_data=cfg.ruler_data is not None)
+                                          ruler_data=cfg.ruler_data is not None, adds_bos=prepends_bos(tokenizer))
     return choice, dataclasses.replace(cfg, chat_template=choice.spec)
 
 

@@ -16,6 +16,7 @@ from typing import Optional, Sequence
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
+from longctx.data.tokenizer import prepends_bos
 from longctx.errors import UserError
 from longctx.eval.haystack import BUILTIN_ESSAY
 from longctx.eval.sequence_rope import row_lengths
@@ -53,7 +54,7 @@ def load_documents(path: Optional[str]) -> tuple[list[str], str]:
 def make_windows(tokenizer, docs: Sequence[str], length: int,
                  num_windows: int) -> tuple[list[list[int]], str, Optional[str]]:
     """(windows, how they were cut, a note when not every window starts a document)."""
-    add_bos = getattr(tokenizer, "bos_id", None) is not None
+    add_bos = prepends_bos(tokenizer)
     encoded = [tokenizer.encode(d, add_bos=add_bos) for d in docs]
     long_docs = [e[:length] for e in encoded if len(e) >= length]
     if len(long_docs) >= num_windows:

@@ -21,6 +21,7 @@ from typing import Callable, Optional, Sequence
 
 import torch
 import torch.distributed as dist
+from longctx.data.tokenizer import prepends_bos
 from longctx.eval.scoring import score_sample
 from longctx.eval.sequence_rope import row_lengths
 from longctx.eval.tasks import Sample
@@ -54,7 +55,7 @@ class Engine:
         return dist.get_world_size(self.cp_group) if self.cp_group is not None else 1
 
     def encode(self, text: str) -> list[int]:
-        add_bos = self.add_bos and getattr(self.tokenizer, "bos_id", None) is not None
+        add_bos = self.add_bos and prepends_bos(self.tokenizer)
         return self.tokenizer.encode(text, add_bos=add_bos)
 
     def batch_for(self, length: int) -> int:

@@ -24,7 +24,7 @@ TEMPLATE = ("{% for message in messages %}{% if loop.first and messages[0]['role
 SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 
 
-def _write_tokenizer(d, *, template=TEMPLATE, jinja_file=False):
+def _write_tokenizer(d, *, template=TEMPLATE, jinja_file=False, add_bos_token=None):
     alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
     tok = Tokenizer(models.BPE(vocab={c: i for i, c in enumerate(alphabet)}, merges=[]))
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
@@ -34,6 +34,8 @@ def _write_tokenizer(d, *, template=TEMPLATE, jinja_file=False):
     tok.save(str(d / "tokenizer.json"))
     config = {"bos_token": "<|im_start|>", "eos_token": "<|im_end|>", "pad_token": "<|endoftext|>",
               "tokenizer_class": "PreTrainedTokenizerFast"}
+    if add_bos_token is not None:
+        config["add_bos_token"] = add_bos_token
     if jinja_file:
         (d / "chat_template.jinja").write_text(template)
     elif template is not None:
@@ -146,3 +148,29 @@ def test_stop_ids_beyond_the_eos_are_in_the_cells_key(model_dir):
     cells = prepare(cfg, load_tokenizer(str(model_dir)), model_path=str(model_dir)).cells
     assert cells[0].fields["stop_ids"] == [256, 258]
     assert "stop_ids" not in prepare(cfg, load_tokenizer("byte")).cells[0].fields  # the EOS alone: keys as before
+
+
+@pytest.mark.parametrize("add_bos_token", [None, True, False])
+def test_a_tokenizer_that_adds_no_bos_gets_none_in_prompts_and_perplexity_windows(tmp_path, add_bos_token):
+    """SmolLM2's tokenizer_config.json says add_bos_token false although <|im_start|> looks like a
+    BOS: its template's own leading <|im_start|> is the only one, and raw documents start bare."""
+    from longctx.eval.api import prepare
+    from longctx.eval.config import EvalConfig
+    from longctx.eval.ppl import make_windows
+    from longctx.eval.runner import Engine
+
+    ids = _write_tokenizer(tmp_path / "tok", add_bos_token=add_bos_token)
+    tok = load_tokenizer(str(tmp_path / "tok"))
+    adds = add_bos_token is not False
+    assert tok.bos_id == ids["<|im_start|>"] and tok.adds_bos is adds
+    plan = prepare(EvalConfig(tasks=["passkey"], lengths=["512"], samples=1, style="compact", out=None), tok)
+    assert plan.run.options.add_bos is adds and plan.cells[0].fields["add_bos"] is adds
+    engine = Engine(model=None, tokenizer=tok, add_bos=plan.run.options.add_bos)
+    prompt_ids = engine.encode(plan.samples[0].prompt)
+    # either way the model sees <|im_start|>system... exactly as the template renders it
+    assert prompt_ids[0] == ids["<|im_start|>"] and prompt_ids[1] != ids["<|im_start|>"]
+    prompt = plan.samples[0].prompt
+    assert prompt.startswith("system\n") if adds else prompt.startswith("<|im_start|>system\n")
+    assert prompt_ids == tok.encode(prompt if not adds else "<|im_start|>" + prompt)
+    windows, _, _ = make_windows(tok, ["some long document text " * 40], 64, 1)
+    assert (windows[0][0] == tok.bos_id) is adds

@@ -15,6 +15,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Callable, Optional, Sequence
 
 from longctx.errors import UserError
+from longctx.data.tokenizer import prepends_bos
 
 STYLES = ("ruler", "compact")
 
@@ -234,7 +235,7 @@ class Fitted:
 
 
 def count_tokens_fn(tokenizer, options: TaskOptions) -> Callable[[str], int]:
-    add_bos = options.add_bos and getattr(tokenizer, "bos_id", None) is not None
+    add_bos = options.add_bos and prepends_bos(tokenizer)
     return lambda text: len(tokenizer.encode(text, add_bos=add_bos))
 
 
