@@ -43,6 +43,9 @@ NOT_RUN = {  # command (DocCommand.key) -> why it is not run
     ".venv/bin/python benchmarks/bench_peers.py --init-from models/smollm2-135m-instruct --world 3 --lengths 8192":
         f"{BENCH}; needs scripts/smollm2.py's download (network)",
     # checkpoints.md
+    "python scripts/resume_layout_table.py --out layout.md": f"{TRAINS}: 16 runs on 1-2 processes (minutes; "
+        "tests/integration/test_resume_layout.py runs its cases)",
+    "python scripts/resume_layout_table.py --bf16 --out layout.md": f"{TRAINS}: the same 16 runs in bfloat16",
     "longctx export --checkpoint runs/x --out hf/x": TRAINED,
     "longctx export --checkpoint runs/x/checkpoints/step_0000100 --out hf/x --dtype bfloat16": TRAINED,
     "longctx export --checkpoint CKPT --out hf/x --dtype float32": TRAINED,

@@ -1,0 +1,221 @@
+"""Zero-shot RoPE scalings of one model, measured: perplexity on held-out long documents and
+RULER tasks at each length, for the model as shipped and with each scaling applied at eval time
+(`longctx eval model_overrides.*`, no training).
+
+    python scripts/zero_shot_table.py --model models/smollm2-135m-instruct \\
+        --ppl-data data/longtext/heldout.jsonl --out eval/smollm2-zero-shot
+    python scripts/zero_shot_table.py ... --phases ppl --ppl-lengths 2k,4k,8k,16k   # one part
+    python scripts/zero_shot_table.py ... --report-only                             # tables from what exists
+
+Each (variant, phase) is one `longctx eval` into OUT/VARIANT/PHASE; its finished cells are kept,
+so an interrupted run continues where it stopped when the same command is rerun. OUT/table.md
+and OUT/zero_shot.png are rewritten (atomically) from every results.json present after each
+evaluation, so a partial run still has a table of what finished.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+from longctx import atomic  # noqa: E402
+
+# name -> (label, rope_parameters override or None); every variant runs with max_position_embeddings raised
+VARIANTS = {  # in the order they run
+    "shipped": ("as shipped (plain RoPE past the pretraining length)", None),
+    "yarn4": ("YaRN x4", {"rope_type": "yarn", "factor": 4.0}),
+    "yarn2": ("YaRN x2", {"rope_type": "yarn", "factor": 2.0}),
+    "linear4": ("linear PI x4", {"rope_type": "linear", "factor": 4.0}),
+    "dynamic4": ("dynamic NTK (factor 4)", {"rope_type": "dynamic", "factor": 4.0}),
+}
+RULER_TASKS = "niah_single_1,niah_single_2,niah_multikey_1,vt,fwe"
+
+
+def flow(mapping: dict) -> str:
+    return "{" + ", ".join(f"{k}: {v}" for k, v in mapping.items()) + "}"
+
+
+def eval_command(args, variant: str, phase: str) -> list[str]:
+    _, rope = VARIANTS[variant]
+    cmd = [sys.executable, "-m", "longctx", "eval", "--model", args.model, "--out", str(args.out / variant / phase),
+           "--dtype", args.dtype, "--seed", str(args.seed), "--max-batch-tokens", str(args.max_batch_tokens),
+           f"model_overrides.max_position_embeddings={args.max_positions}"]
+    if rope is not None:
+        cmd.append(f"model_overrides.rope_parameters={flow(rope)}")
+    if args.quiet:
+        cmd.append("--no-progress")
+    if phase == "ppl":
+        cmd += ["--suite", "ppl", "--ppl-data", args.ppl_data, "--lengths", args.ppl_lengths,
+                "--ppl-windows", str(args.ppl_windows)]
+    else:
+        cmd += ["--tasks", args.tasks, "--lengths", args.ruler_lengths, "--samples", str(args.samples)]
+    return cmd
+
+
+def load(out: Path, variant: str, phase: str):
+    path = out / variant / phase / "results.json"
+    return json.loads(path.read_text()) if path.is_file() else None
+
+
+def ppl_rows(res) -> dict:
+    """{length: perplexity} from a results.json."""
+    return {int(r["length"]): float(r["ppl"]) for r in ((res or {}).get("ppl") or {}).get("rows", [])}
+
+
+def ruler_rows(res) -> dict:
+    """{length: (mean score over tasks, its standard error, samples)} from the records."""
+    by_len: dict = {}
+    for rec in (res or {}).get("samples", []):
+        by_len.setdefault(int(rec["length"]), []).append(float(rec["score"]))
+    out = {}
+    for length, scores in by_len.items():
+        n = len(scores)
+        mean = sum(scores) / n
+        var = sum((s - mean) ** 2 for s in scores) / (n - 1) if n > 1 else 0.0
+        out[length] = (mean, math.sqrt(var / n), n)
+    return out
+
+
+def per_task(res) -> dict:
+    """{(task, length): mean score}."""
+    cells: dict = {}
+    for rec in (res or {}).get("samples", []):
+        cells.setdefault((rec["task"], int(rec["length"])), []).append(float(rec["score"]))
+    return {k: sum(v) / len(v) for k, v in cells.items()}
+
+
+def kfmt(n: int) -> str:
+    return f"{n // 1024}k" if n % 1024 == 0 else str(n)
+
+
+def render(args) -> str:
+    ppl = {v: ppl_rows(load(args.out, v, "ppl")) for v in VARIANTS}
+    ruler = {v: ruler_rows(load(args.out, v, "ruler")) for v in VARIANTS}
+    tasks = {v: per_task(load(args.out, v, "ruler")) for v in VARIANTS}
+    lines = [f"Model: `{args.model}`; perplexity on `{args.ppl_data}` ({args.ppl_windows} windows per length, "
+             "each the first L tokens of a held-out document); RULER: mean score (0-100) over the tasks "
+             f"{args.tasks.replace(',', ', ')} with {args.samples} samples each, ± its standard error over samples.",
+             ""]
+    plens = sorted({n for r in ppl.values() for n in r})
+    if plens:
+        lines += ["| perplexity | " + " | ".join(kfmt(n) for n in plens) + " |",
+                  "|---|" + "---:|" * len(plens)]
+        for v, (label, _) in VARIANTS.items():
+            lines.append(f"| {label} | " + " | ".join(f"{ppl[v][n]:.2f}" if n in ppl[v] else "-" for n in plens) + " |")
+        lines.append("")
+    rlens = sorted({n for r in ruler.values() for n in r})
+    if rlens:
+        lines += ["| RULER (mean ± s.e.) | " + " | ".join(kfmt(n) for n in rlens) + " |",
+                  "|---|" + "---:|" * len(rlens)]
+        for v, (label, _) in VARIANTS.items():
+            cells = [f"{ruler[v][n][0]:.1f} ± {ruler[v][n][1]:.1f}" if n in ruler[v] else "-" for n in rlens]
+            lines.append(f"| {label} | " + " | ".join(cells) + " |")
+        lines.append("")
+        names = sorted({t for r in tasks.values() for t, _ in r})
+        lines += ["| per task | " + " | ".join(f"{t} {kfmt(n)}" for n in rlens for t in names) + " |",
+                  "|---|" + "---:|" * (len(rlens) * len(names))]
+        for v, (label, _) in VARIANTS.items():
+            cells = [f"{tasks[v][(t, n)]:.0f}" if (t, n) in tasks[v] else "-" for n in rlens for t in names]
+            lines.append(f"| {label} | " + " | ".join(cells) + " |")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def plot(args, path: Path) -> None:
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    for v, (label, _) in VARIANTS.items():
+        p = ppl_rows(load(args.out, v, "ppl"))
+        if p:
+            xs = sorted(p)
+            axes[0].plot(xs, [p[x] for x in xs], marker="o", label=label)
+        r = ruler_rows(load(args.out, v, "ruler"))
+        if r:
+            xs = sorted(r)
+            axes[1].errorbar(xs, [r[x][0] for x in xs], yerr=[r[x][1] for x in xs], marker="o", capsize=3, label=label)
+    for ax, title in zip(axes, ("perplexity on held-out documents", "RULER mean score")):
+        ax.set_xscale("log", base=2)
+        ax.axvline(args.pretrained_length, color="grey", linestyle=":", linewidth=1)
+        ax.set_xlabel("context length (tokens)")
+        ax.set_title(title)
+    axes[0].set_yscale("log")
+    axes[1].set_ylim(-5, 105)
+    axes[0].legend(fontsize=7)
+    fig.tight_layout()
+    tmp = path.with_name(f".{path.name}.tmp")
+    fig.savefig(tmp, format="png", dpi=110)
+    plt.close(fig)
+    os.replace(tmp, path)
+
+
+def report(args) -> None:
+    args.out.mkdir(parents=True, exist_ok=True)
+    text = render(args)
+    atomic.write_text(args.out / "table.md", text)
+    plot(args, args.out / "zero_shot.png")
+    print(text, flush=True)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", required=True)
+    p.add_argument("--ppl-data", required=True, help="held-out long documents (.jsonl/.txt)")
+    p.add_argument("--out", type=Path, default=Path("eval/zero-shot"))
+    p.add_argument("--variants", default=",".join(VARIANTS), help=f"subset of {', '.join(VARIANTS)}")
+    p.add_argument("--phases", default="ppl,ruler", help="ppl, ruler or both, in this order")
+    p.add_argument("--ppl-lengths", default="2k,4k,8k,16k,32k")
+    p.add_argument("--ppl-windows", type=int, default=2)
+    p.add_argument("--ruler-lengths", default="4k,8k,16k")
+    p.add_argument("--tasks", default=RULER_TASKS)
+    p.add_argument("--samples", type=int, default=4)
+    p.add_argument("--max-positions", type=int, default=32768, help="max_position_embeddings every variant runs with")
+    p.add_argument("--pretrained-length", type=int, default=8192, help="drawn as a line in the plot")
+    p.add_argument("--dtype", default="fp32")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--max-batch-tokens", type=int, default=16384)
+    p.add_argument("--quiet", action="store_true", help="no progress bars")
+    p.add_argument("--report-only", action="store_true", help="write the table and plot from the results present")
+    args = p.parse_args(argv)
+    variants = [v.strip() for v in args.variants.split(",") if v.strip()]
+    bad = [v for v in variants if v not in VARIANTS]
+    if bad:
+        print(f"error: --variants: unknown {', '.join(bad)}; valid: {', '.join(VARIANTS)}", file=sys.stderr)
+        return 2
+    phases = [x.strip() for x in args.phases.split(",") if x.strip()]
+    if any(x not in ("ppl", "ruler") for x in phases):
+        print(f"error: --phases: {args.phases!r}; valid: ppl, ruler", file=sys.stderr)
+        return 2
+    if not Path(args.model).is_dir():
+        print(f"error: --model: {args.model} is not a directory (scripts/smollm2.py makes one)", file=sys.stderr)
+        return 2
+    if not Path(args.ppl_data).exists():
+        print(f"error: --ppl-data: {args.ppl_data} does not exist (scripts/long_text.py makes one)", file=sys.stderr)
+        return 2
+    if not args.report_only:
+        for phase in phases:
+            for v in variants:
+                cmd = eval_command(args, v, phase)
+                print(f"[{v} {phase}] " + " ".join(cmd[1:]), flush=True)
+                rc = subprocess.call(cmd)
+                if rc != 0:
+                    report(args)
+                    print(f"error: {v} {phase}: longctx eval exited {rc}", file=sys.stderr)
+                    return rc
+                report(args)
+    report(args)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
