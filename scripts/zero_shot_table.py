@@ -6,6 +6,7 @@ RULER tasks at each length, for the model as shipped and with each scaling appli
         --ppl-data data/longtext/heldout.jsonl --out eval/smollm2-zero-shot
     python scripts/zero_shot_table.py ... --phases ppl --ppl-lengths 2k,4k,8k,16k   # one part
     python scripts/zero_shot_table.py ... --report-only                             # tables from what exists
+    python scripts/zero_shot_table.py ... -- --tokenizer byte --style compact      # more eval options
 
 Each (variant, phase) is one `longctx eval` into OUT/VARIANT/PHASE; its finished cells are kept,
 so an interrupted run continues where it stopped when the same command is rerun. OUT/table.md
@@ -31,7 +32,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from longctx import atomic  # noqa: E402
 
-# name -> (label, rope_parameters override or None); every variant runs with max_position_embeddings raised
+# name -> (label, rope_parameters override or None); all but dynamic NTK run with max_position_embeddings raised
 VARIANTS = {  # in the order they run
     "shipped": ("as shipped (plain RoPE past the pretraining length)", None),
     "yarn4": ("YaRN x4", {"rope_type": "yarn", "factor": 4.0}),
@@ -49,12 +50,14 @@ def flow(mapping: dict) -> str:
 def eval_command(args, variant: str, phase: str) -> list[str]:
     _, rope = VARIANTS[variant]
     cmd = [sys.executable, "-m", "longctx", "eval", "--model", args.model, "--out", str(args.out / variant / phase),
-           "--dtype", args.dtype, "--seed", str(args.seed), "--max-batch-tokens", str(args.max_batch_tokens),
-           f"model_overrides.max_position_embeddings={args.max_positions}"]
+           "--dtype", args.dtype, "--seed", str(args.seed), "--max-batch-tokens", str(args.max_batch_tokens)]
+    if rope is None or rope["rope_type"] != "dynamic":  # dynamic NTK scales past the stored length itself
+        cmd.append(f"model_overrides.max_position_embeddings={args.max_positions}")
     if rope is not None:
         cmd.append(f"model_overrides.rope_parameters={flow(rope)}")
     if args.quiet:
         cmd.append("--no-progress")
+    cmd += args.eval_args
     if phase == "ppl":
         cmd += ["--suite", "ppl", "--ppl-data", args.ppl_data, "--lengths", args.ppl_lengths,
                 "--ppl-windows", str(args.ppl_windows)]
@@ -77,7 +80,7 @@ def ruler_rows(res) -> dict:
     """{length: (mean score over tasks, its standard error, samples)} from the records."""
     by_len: dict = {}
     for rec in (res or {}).get("samples", []):
-        by_len.setdefault(int(rec["length"]), []).append(float(rec["score"]))
+        by_len.setdefault(int(rec["target_length"]), []).append(float(rec["score"]))
     out = {}
     for length, scores in by_len.items():
         n = len(scores)
@@ -91,8 +94,12 @@ def per_task(res) -> dict:
     """{(task, length): mean score}."""
     cells: dict = {}
     for rec in (res or {}).get("samples", []):
-        cells.setdefault((rec["task"], int(rec["length"])), []).append(float(rec["score"]))
+        cells.setdefault((rec["task"], int(rec["target_length"])), []).append(float(rec["score"]))
     return {k: sum(v) / len(v) for k, v in cells.items()}
+
+
+def _mean_se(mean: float, se: float, n: int) -> str:
+    return f"{mean:.1f} ± {se:.1f}" if n > 1 else f"{mean:.1f} (1 sample)"
 
 
 def kfmt(n: int) -> str:
@@ -103,31 +110,35 @@ def render(args) -> str:
     ppl = {v: ppl_rows(load(args.out, v, "ppl")) for v in VARIANTS}
     ruler = {v: ruler_rows(load(args.out, v, "ruler")) for v in VARIANTS}
     tasks = {v: per_task(load(args.out, v, "ruler")) for v in VARIANTS}
-    lines = [f"Model: `{args.model}`; perplexity on `{args.ppl_data}` ({args.ppl_windows} windows per length, "
+    lines = [f"Model: `{args.model}`; perplexity on `{args.ppl_data}` (windows per length: {args.ppl_windows}, "
              "each the first L tokens of a held-out document); RULER: mean score (0-100) over the tasks "
-             f"{args.tasks.replace(',', ', ')} with {args.samples} samples each, ± its standard error over samples.",
-             ""]
+             f"{args.tasks.replace(',', ', ')} (samples per task: {args.samples}), ± its standard error over "
+             "samples.", ""]
     plens = sorted({n for r in ppl.values() for n in r})
     if plens:
         lines += ["| perplexity | " + " | ".join(kfmt(n) for n in plens) + " |",
                   "|---|" + "---:|" * len(plens)]
         for v, (label, _) in VARIANTS.items():
-            lines.append(f"| {label} | " + " | ".join(f"{ppl[v][n]:.2f}" if n in ppl[v] else "-" for n in plens) + " |")
+            if ppl[v]:
+                lines.append(f"| {label} | " + " | ".join(f"{ppl[v][n]:.2f}" if n in ppl[v] else "-" for n in plens)
+                             + " |")
         lines.append("")
     rlens = sorted({n for r in ruler.values() for n in r})
     if rlens:
         lines += ["| RULER (mean ± s.e.) | " + " | ".join(kfmt(n) for n in rlens) + " |",
                   "|---|" + "---:|" * len(rlens)]
         for v, (label, _) in VARIANTS.items():
-            cells = [f"{ruler[v][n][0]:.1f} ± {ruler[v][n][1]:.1f}" if n in ruler[v] else "-" for n in rlens]
-            lines.append(f"| {label} | " + " | ".join(cells) + " |")
+            if ruler[v]:
+                cells = [_mean_se(*ruler[v][n]) if n in ruler[v] else "-" for n in rlens]
+                lines.append(f"| {label} | " + " | ".join(cells) + " |")
         lines.append("")
         names = sorted({t for r in tasks.values() for t, _ in r})
         lines += ["| per task | " + " | ".join(f"{t} {kfmt(n)}" for n in rlens for t in names) + " |",
                   "|---|" + "---:|" * (len(rlens) * len(names))]
         for v, (label, _) in VARIANTS.items():
-            cells = [f"{tasks[v][(t, n)]:.0f}" if (t, n) in tasks[v] else "-" for n in rlens for t in names]
-            lines.append(f"| {label} | " + " | ".join(cells) + " |")
+            if tasks[v]:
+                cells = [f"{tasks[v][(t, n)]:.0f}" if (t, n) in tasks[v] else "-" for n in rlens for t in names]
+                lines.append(f"| {label} | " + " | ".join(cells) + " |")
         lines.append("")
     return "\n".join(lines)
 
@@ -186,6 +197,7 @@ def main(argv=None) -> int:
     p.add_argument("--max-batch-tokens", type=int, default=16384)
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     p.add_argument("--report-only", action="store_true", help="write the table and plot from the results present")
+    p.add_argument("eval_args", nargs="*", help="after --: options passed to every longctx eval")
     args = p.parse_args(argv)
     variants = [v.strip() for v in args.variants.split(",") if v.strip()]
     bad = [v for v in variants if v not in VARIANTS]

@@ -1,0 +1,73 @@
+"""scripts/zero_shot_table.py on a tiny model: every (variant, phase) is a real `longctx eval`
+with the variant's overrides recorded, the table and PNG come from the results, and a rerun
+reuses every finished cell."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import longctx
+from longctx.model import build_model, get_preset
+
+ROOT = Path(__file__).resolve().parents[2]
+SCRIPT = ROOT / "scripts" / "zero_shot_table.py"
+
+
+@pytest.fixture(scope="module")
+def inputs(tmp_path_factory):
+    d = tmp_path_factory.mktemp("zero_shot")
+    longctx.save_pretrained(build_model(get_preset("debug-tiny", max_position_embeddings=512), seed=0).eval(),
+                            d / "model")
+    (d / "heldout.jsonl").write_text("".join(json.dumps({"text": f"document {i}: " + "word salad " * 120}) + "\n"
+                                             for i in range(3)))
+    return d
+
+
+def run(inputs: Path, out: Path, *extra: str) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, str(SCRIPT), "--model", str(inputs / "model"), "--ppl-data", str(inputs / "heldout.jsonl"),
+           "--out", str(out), "--variants", "shipped,yarn2", "--ppl-lengths", "128,256", "--ppl-windows", "1",
+           "--ruler-lengths", "256", "--tasks", "passkey", "--samples", "1", "--max-positions", "1024",
+           "--pretrained-length", "512", "--quiet", *extra, "--", "--tokenizer", "byte", "--style", "compact",
+           "--max-new-tokens", "4"]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+
+
+def test_each_variant_is_an_eval_with_its_overrides_and_a_rerun_reuses_the_cells(inputs, tmp_path):
+    out = tmp_path / "zs"
+    res = run(inputs, out)
+    assert res.returncode == 0, res.stderr[-3000:]
+    yarn = json.loads((out / "yarn2" / "ppl" / "results.json").read_text())
+    assert yarn["meta"]["model_overrides"]["rope_parameters"]["rope_type"] == "yarn"
+    assert yarn["meta"]["model_overrides"]["rope_parameters"]["factor"] == 2.0
+    assert yarn["meta"]["max_position_embeddings"] == 1024
+    shipped = json.loads((out / "shipped" / "ppl" / "results.json").read_text())
+    assert "rope_parameters" not in shipped["meta"]["model_overrides"]
+    ppl = {v: {r["length"]: r["ppl"] for r in json.loads((out / v / "ppl" / "results.json").read_text())["ppl"]["rows"]}
+           for v in ("shipped", "yarn2")}
+    assert set(ppl["shipped"]) == set(ppl["yarn2"]) == {128, 256} and ppl["shipped"] != ppl["yarn2"]
+    table = (out / "table.md").read_text()
+    row = next(line for line in table.splitlines() if line.startswith("| YaRN x2 |") and "." in line)
+    assert f"{ppl['yarn2'][128]:.2f}" in row and f"{ppl['yarn2'][256]:.2f}" in row
+    assert any(line.startswith("| RULER") for line in table.splitlines())
+    assert (out / "zero_shot.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    first = (out / "yarn2" / "ppl" / "results.json").read_bytes()
+
+    again = run(inputs, out)
+    assert again.returncode == 0, again.stderr[-3000:]
+    for v in ("shipped", "yarn2"):
+        for phase in ("ppl", "ruler"):
+            timing = json.loads((out / v / phase / "timing.json").read_text())
+            assert timing["cells_computed"] == 0 and timing["cells_reused"] >= 1, (v, phase, timing)
+    assert (out / "yarn2" / "ppl" / "results.json").read_bytes() == first
+
+
+def test_bad_arguments_are_one_line_before_any_eval(inputs, tmp_path):
+    for extra, needle in ((["--variants", "yarn9"], "error: --variants: unknown yarn9"),
+                          (["--phases", "ppl,train"], "error: --phases")):
+        res = run(inputs, tmp_path / "bad", *extra)
+        assert res.returncode == 2 and res.stderr.strip().startswith(needle), res.stderr
+        assert not (tmp_path / "bad").exists()
