@@ -37,9 +37,9 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 from longctx.model import ModelConfig, build_model  # noqa: E402
 from longctx.parallel import make_cp_attention, shard_batch, validate_layout  # noqa: E402
+from longctx.parallel.comm import COMM_STATS, reset_comm_stats  # noqa: E402
 from longctx.parallel.heads import HeadShards  # noqa: E402
 from longctx.parallel.layout import resolve_layout  # noqa: E402
-from longctx.parallel.comm import COMM_STATS, reset_comm_stats  # noqa: E402
 from longctx.parallel.mesh import import_before_process_groups, shutdown_distributed  # noqa: E402
 
 VARIANTS = {"ring": ("ring", None, True), "ring-no-overlap": ("ring", None, False),
@@ -178,7 +178,8 @@ def main(argv=None):
     print(f"\nseq_len={args.seq_len} batch={args.batch} hidden={args.hidden} layers={args.layers} "
           f"heads={args.heads}/{args.kv_heads} head_dim={bench_model_config(args).head_dim} vocab={args.vocab} "
           f"cores={os.cpu_count()}\n")
-    print("| cp | impl | ulysses x ring | overlap | step time (s) | ring wait (s) | peak mem / rank (MiB) | mem vs cp=1 |")
+    print("| cp | impl | ulysses x ring | overlap | step time (s) | ring wait (s) | "
+          "peak mem / rank (MiB) | mem vs cp=1 |")
     print("|---:|---|---|---|---:|---:|---:|---:|")
     for r in rows:
         ratio = f"{r['peak_mib'] / base['peak_mib']:.2f}x" if base else "-"

@@ -90,7 +90,8 @@ def main() -> None:
     mb = sum(len(t.encode()) for t in texts) / 1e6
     t_bpe = train_bpe(texts, args.vocab, os.path.join(work, "bpe"))
     got_vocab = load_tokenizer(os.path.join(work, "bpe")).vocab_size
-    print(f"corpus: {len(texts)} documents, {mb:.1f} MB; BPE (vocab {got_vocab} of {args.vocab} asked) trained in {t_bpe:.1f}s; "
+    print(f"corpus: {len(texts)} documents, {mb:.1f} MB; "
+          f"BPE (vocab {got_vocab} of {args.vocab} asked) trained in {t_bpe:.1f}s; "
           f"seq_len {args.seq_len}; {os.cpu_count()} CPUs", flush=True)
     base = dict(seq_len=args.seq_len, micro_batch_size=4, epochs=1, prefetch=0, progress=False,
                 hf_cache_dir=os.path.join(work, "hf"))
@@ -103,11 +104,13 @@ def main() -> None:
         t_tok = time.perf_counter() - t0
         drain(DataConfig(sources=[SourceConfig(path=path)], tokenizer=spec, **base), tok)  # warm 🤗's arrow cache
         t_all, t_open, ntok, nrows = drain(DataConfig(sources=[SourceConfig(path=path)], tokenizer=spec, **base), tok)
-        t_str, _, ntok_s, _ = drain(DataConfig(sources=[SourceConfig(path=path)], tokenizer=spec, streaming=True, **base), tok)
+        t_str, _, ntok_s, _ = drain(DataConfig(sources=[SourceConfig(path=path)], tokenizer=spec, streaming=True,
+                                               **base), tok)
         assert ntok_s == ntok
         rows.append((name, mb / t_tok, mb / t_all, (mb / t_all) / (mb / t_tok), mb / t_str, ntok / t_all / 1e6, nrows))
     print()
-    print("| tokenizer | bare encode_batch MB/s | loader (tokenize+pack) MB/s | ratio | streaming MB/s | Mtokens/s | rows |")
+    print("| tokenizer | bare encode_batch MB/s | loader (tokenize+pack) MB/s | ratio | "
+          "streaming MB/s | Mtokens/s | rows |")
     print("|---|---|---|---|---|---|---|")
     for r in rows:
         print(f"| {r[0]} | {r[1]:.1f} | {r[2]:.1f} | {r[3]:.2f} | {r[4]:.1f} | {r[5]:.2f} | {r[6]} |")

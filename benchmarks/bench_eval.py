@@ -78,8 +78,12 @@ def throughput(model_dir: str, length: int, batch: int, new_tokens: int, repeats
     run_ours(), run_hf()  # warm-up
     t_ours, t_hf = [], []
     for _ in range(repeats):  # interleaved, best of n (the machine is shared)
-        t = time.perf_counter(); out = run_ours(); t_ours.append(time.perf_counter() - t)
-        t = time.perf_counter(); ref = run_hf(); t_hf.append(time.perf_counter() - t)
+        t = time.perf_counter()
+        out = run_ours()
+        t_ours.append(time.perf_counter() - t)
+        t = time.perf_counter()
+        ref = run_hf()
+        t_hf.append(time.perf_counter() - t)
     same = [o for o in out] == [r[L:].tolist() for r in ref]
     return {"prompt_len": L, "batch": batch, "new_tokens": new_tokens, "tokens": total_tokens,
             "ours_tok_s": total_tokens / min(t_ours), "hf_tok_s": total_tokens / min(t_hf),
@@ -130,9 +134,11 @@ def memory(model_dir: str, length: int, new_tokens: int) -> dict:
                                ("cp=2", [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
                                          "--master-port", "29877"])]:
             out = os.path.join(tmp, name.replace(" ", "_").replace("=", ""))
-            cmd = launcher + [os.path.abspath(__file__), "--memory-worker", model_dir, str(length), str(new_tokens), out]
+            cmd = launcher + [os.path.abspath(__file__), "--memory-worker", model_dir, str(length), str(new_tokens),
+                              out]
             subprocess.run(cmd, check=True, env=env, capture_output=True)
-            ranks = [json.load(open(os.path.join(tmp, f))) for f in os.listdir(tmp) if f.startswith(os.path.basename(out) + ".")]
+            ranks = [json.load(open(os.path.join(tmp, f))) for f in os.listdir(tmp)
+                     if f.startswith(os.path.basename(out) + ".")]
             res[name] = {"max_rank_peak_growth_mb": max(r["peak_growth"] for r in ranks) / 2**20,
                          "seconds": max(r["seconds"] for r in ranks)}
     res["ratio"] = res["cp=2"]["max_rank_peak_growth_mb"] / res["one process"]["max_rank_peak_growth_mb"]
@@ -155,7 +161,7 @@ def main() -> None:
         bench_model_dir(tmp, long_len)
         thr = throughput(tmp, length, batch, new, repeats=2 if args.quick else 3)
         mem = memory(tmp, long_len, new)
-    print(f"| runner | prompt x batch | new tokens | tokens/s |\n|---|---|---:|---:|")
+    print("| runner | prompt x batch | new tokens | tokens/s |\n|---|---|---:|---:|")
     print(f"| longctx Engine | {thr['prompt_len']} x {batch} | {new} | {thr['ours_tok_s']:.0f} |")
     print(f"| transformers generate | {thr['prompt_len']} x {batch} | {new} | {thr['hf_tok_s']:.0f} |")
     print(f"\nspeed ratio (ours / transformers): {thr['ratio']:.2f}x; identical greedy tokens: {thr['same_tokens']}\n")

@@ -74,7 +74,8 @@ def main() -> None:
     print(json.dumps(plain))
     print(json.dumps(chunked))
     print(f"peak memory ratio chunked/plain: {chunked['peak_growth_gb'] / plain['peak_growth_gb']:.3f}; "
-          f"time ratio: {chunked['seconds'] / plain['seconds']:.2f}; loss diff {abs(chunked['loss'] - plain['loss']):.2e}")
+          f"time ratio: {chunked['seconds'] / plain['seconds']:.2f}; "
+          f"loss diff {abs(chunked['loss'] - plain['loss']):.2e}")
 
 
 if __name__ == "__main__":

@@ -52,8 +52,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 from bench_cp import _reset_peak  # noqa: E402
 from bench_model import add_model_args, base_config, check_model_args, model_source, write_checkpoint  # noqa: E402
 from bench_train import _rss_bytes  # noqa: E402
-from peer_checks import (correctness_row, correctness_table, interleaved_order, ratio_table,  # noqa: E402
-                         speed_summary, speed_table)
+from peer_checks import correctness_row, correctness_table, interleaved_order, ratio_table, speed_summary, speed_table  # noqa: E402
 from peer_contenders import ALL_IMPLS, ALST, CP, SINGLE, build_contender, build_order, make_batch  # noqa: E402
 
 from longctx.model.hf import read_hf_config  # noqa: E402
@@ -396,7 +395,8 @@ def parse(argv=None):
     p.add_argument("--max-len-resolution", type=float, default=0.125, help="stop bisecting within this fraction")
     p.add_argument("--probe-timeout", type=float, default=900.0, help="seconds per --max-len probe")
     p.add_argument("--out", help="write the rows (JSON) here")
-    p.add_argument("--render", nargs="+", metavar="JSON", help="print (and with --out merge) saved reports; runs nothing")
+    p.add_argument("--render", nargs="+", metavar="JSON",
+                   help="print (and with --out merge) saved reports; runs nothing")
     args = p.parse_args(argv)
     args.lengths = [int(x) for x in args.lengths.split(",")]
     args.impls = args.impls.split(",")

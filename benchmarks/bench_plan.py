@@ -1,13 +1,13 @@
 """Planner accuracy: `longctx plan`'s predicted peak memory vs the measured peak of real runs (CPU).
 
-Each configuration trains a 20M-parameter model (4 layers, d512, GQA 8:4, vocab 8192) for
-2 steps (the second runs with Adam states allocated) with the real trainer (torchrun for 2 ranks) and reads the measured peak of rank 0
-from metrics.jsonl (`peak_memory_gb`: peak RSS on CPU), with glibc's mmap threshold
-fixed at 64 KiB (MALLOC_MMAP_THRESHOLD_, see MMAP_THRESHOLD below) so that RSS tracks live memory. The prediction is
-`estimate_memory(...)` for the same config with the CPU calibration: one fixed per-process
-runtime overhead, measured once per run of this script as the peak RSS of the same trainer
-with the `debug-tiny` model (0.1M parameters, 256 tokens), where model states and
-activations are negligible. Nothing else is fitted.
+Each configuration trains a 20M-parameter model (4 layers, d512, GQA 8:4, vocab 8192) for 2
+steps (the second runs with Adam states allocated) with the real trainer (torchrun for 2 ranks)
+and reads the measured peak of rank 0 from metrics.jsonl (`peak_memory_gb`: peak RSS on CPU),
+with glibc's mmap threshold fixed at 64 KiB (MALLOC_MMAP_THRESHOLD_, see MMAP_THRESHOLD below)
+so that RSS tracks live memory. The prediction is `estimate_memory(...)` for the same config
+with the CPU calibration: one fixed per-process runtime overhead, measured once per run of this
+script as the peak RSS of the same trainer with the `debug-tiny` model (0.1M parameters, 256
+tokens), where model states and activations are negligible. Nothing else is fitted.
 
     python benchmarks/bench_plan.py --out docs/bench_plan.json            # measure + predict
     python benchmarks/bench_plan.py --from-json docs/bench_plan.json      # re-predict, no training
@@ -47,7 +47,8 @@ CONFIGS: dict[str, tuple[int, list[str]]] = {
     "T16k cp2 z3 full": (2, ["data.seq_len=16384", "parallel.cp_size=2", "parallel.zero_stage=3",
                              "parallel.activation_checkpointing=full"]),
     "T8k cp2 z3 selective allgather": (2, ["data.seq_len=8192", "parallel.cp_size=2", "parallel.zero_stage=3",
-                                           "parallel.cp_impl=allgather", "parallel.activation_checkpointing=selective"]),
+                                           "parallel.cp_impl=allgather",
+                                           "parallel.activation_checkpointing=selective"]),
 }
 # glibc serves allocations below its (adaptive, up to 32 MiB) mmap threshold from a heap that
 # it rarely returns to the OS, so with the default the RSS of a CPU run creeps up step after
@@ -72,7 +73,8 @@ def measure(nproc: int, overrides: list[str], workdir: Path) -> dict:
     cmd = [sys.executable, *args] if nproc == 1 else [
         sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc),
         "--master_port", str(_free_port()), *args]
-    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")}
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")}
     env["OMP_NUM_THREADS"] = "1"
     env["MALLOC_MMAP_THRESHOLD_"] = str(MMAP_THRESHOLD)
     start = time.perf_counter()
@@ -80,7 +82,8 @@ def measure(nproc: int, overrides: list[str], workdir: Path) -> dict:
     if res.returncode != 0:
         raise SystemExit(f"training failed for {overrides}:\n{res.stderr[-3000:]}")
     recs = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-    commit = subprocess.run(["git", "describe", "--always", "--dirty"], capture_output=True, text=True, cwd=ROOT).stdout.strip()
+    commit = subprocess.run(["git", "describe", "--always", "--dirty"], capture_output=True, text=True,
+                            cwd=ROOT).stdout.strip()
     return {"measured_gb": max(r["peak_memory_gb"] for r in recs), "wall_s": time.perf_counter() - start,
             "commit": commit}
 
@@ -98,7 +101,8 @@ def predict(nproc: int, overrides: list[str], overhead_gb: float) -> dict:
 
 def table(rows: list[dict], overhead_gb: float) -> str:
     lines = [f"Fixed per-process runtime overhead (measured, debug-tiny trainer): {overhead_gb:.3f} GiB", "",
-             "| configuration | ranks | measured peak (GiB) | predicted (GiB) | error | error without the runtime constant |",
+             "| configuration | ranks | measured peak (GiB) | predicted (GiB) | error | "
+             "error without the runtime constant |",
              "|---|---|---|---|---|---|"]
     for r in rows:
         err = (r["predicted_gb"] - r["measured_gb"]) / r["measured_gb"]

@@ -185,7 +185,8 @@ def report(args, rows: list[dict]) -> None:
     by = {(r["impl"], r["seq_len"]): r for r in rows if "step_s" in r}
     gpu = args.device == "cuda"
     extra = " ours MFU | HF MFU |" if gpu else ""
-    print(f"\n| T | ours tok/s | HF tok/s | speed ratio | ours peak growth GB | HF peak growth GB | memory ratio |{extra}")
+    print("\n| T | ours tok/s | HF tok/s | speed ratio | ours peak growth GB | "
+          f"HF peak growth GB | memory ratio |{extra}")
     print("|---|---|---|---|---|---|---|" + ("---|---|" if gpu else ""))
     for T in sorted({r["seq_len"] for r in rows}):
         o, h = by.get(("ours", T)), by.get(("hf", T))
@@ -196,7 +197,8 @@ def report(args, rows: list[dict]) -> None:
         print(f"| {T} | {fmt(o, 'tokens_per_s', '%.0f')} | {fmt(h, 'tokens_per_s', '%.0f')} | {ratio} | "
               f"{fmt(o, 'peak_growth_gb', '%.2f')} | {fmt(h, 'peak_growth_gb', '%.2f')} | {mem} |{mfu}")
     if ("ours", 32768) in by and ("ours", 65536) in by:
-        print(f"\nours 64k / 32k peak growth: {by[('ours', 65536)]['peak_growth_gb'] / by[('ours', 32768)]['peak_growth_gb']:.2f}")
+        print("\nours 64k / 32k peak growth: "
+              f"{by[('ours', 65536)]['peak_growth_gb'] / by[('ours', 32768)]['peak_growth_gb']:.2f}")
     if args.out:
         with open(args.out, "w") as f:
             json.dump(rows, f, indent=2)

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import statistics
 
-import torch
-
 # fp32, one step: a correct parallel step differs from one process by reduction order only
 # (~1e-6 relative); a wrong aggregation or a missing reduction shows as >= 1e-2.
 GRAD_TOLERANCE = 1e-4
@@ -59,15 +57,18 @@ def interleaved_order(names: list[str], round_index: int) -> list[str]:
 
 
 def correctness_table(rows: list[dict]) -> str:
-    lines = ["| impl | loss | loss - ref | grad norm / ref | max grad rel. err (tensor) | max grad-norm rel. err (tensor) "
+    lines = ["| impl | loss | loss - ref | grad norm / ref | max grad rel. err (tensor) | "
+             "max grad-norm rel. err (tensor) "
              "| correct |", "|---|---:|---:|---:|---|---|---|"]
     for r in rows:
         if "error" in r:
             lines.append(f"| {r['impl']} | failed: {r['error']} | | | | | |")
             continue
-        lines.append(f"| {r['impl']} | {r['loss']:.6f} | {r['loss_diff']:+.1e} | {r['norm_ratio']:.4f} | {r['max_grad_rel_err']:.1e} "
+        lines.append(f"| {r['impl']} | {r['loss']:.6f} | {r['loss_diff']:+.1e} | {r['norm_ratio']:.4f} | "
+                     f"{r['max_grad_rel_err']:.1e} "
                      f"({r['worst_grad']}) | {r['max_norm_rel_err']:.1e} ({r['worst_norm']}) | "
-                     f"{'yes' if r['correct'] else 'NO'}{' (missing ' + ', '.join(r['missing']) + ')' if r['missing'] else ''} |")
+                     f"{'yes' if r['correct'] else 'NO'}"
+                     f"{' (missing ' + ', '.join(r['missing']) + ')' if r['missing'] else ''} |")
     return "\n".join(lines)
 
 

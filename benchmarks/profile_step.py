@@ -55,7 +55,8 @@ def _worker(rank, world, port, args, ckpt):
             print(f"{e.self_cpu_time_total / 1e3:10.1f} ms  {e.count:5d}x  {e.key:24s} {str(e.input_shapes)[:110]}")
         print("\n# every op by input shapes\n")
         for e in sorted(prof.key_averages(group_by_input_shape=True), key=lambda e: -e.self_cpu_time_total)[:args.rows]:
-            print(f"{e.self_cpu_time_total / 1e3:10.1f} ms  {e.count:5d}x  {e.key[:40]:40s} {str(e.input_shapes)[:100]}")
+            print(f"{e.self_cpu_time_total / 1e3:10.1f} ms  {e.count:5d}x  {e.key[:40]:40s} "
+                  f"{str(e.input_shapes)[:100]}")
     shutdown_distributed(completed=True)
 
 

@@ -31,7 +31,8 @@ COMMANDS = {
 }
 
 
-_INVALID_CHOICE = re.compile(r"^argument (?P<arg>[^:]+): invalid choice: '(?P<value>.*)' \(choose from (?P<choices>.*)\)$")
+_INVALID_CHOICE = re.compile(r"^argument (?P<arg>[^:]+): invalid choice: '(?P<value>.*)' "
+                             r"\(choose from (?P<choices>.*)\)$")
 _ARGUMENT = re.compile(r"^argument (?P<arg>[^:]+): (?P<rest>.*)$")
 _REQUIRED = re.compile(r"^the following arguments are required: (?P<args>.*)$")
 _UNRECOGNIZED = re.compile(r"^unrecognized arguments: (?P<args>.*)$")

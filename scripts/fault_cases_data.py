@@ -9,8 +9,22 @@ import os
 import shutil
 from pathlib import Path
 
-from fault_kit import (TINY, Row, case, checkpoints, digests, kill_group, last_line, longctx, metric_steps, run,
-                       shown, start, steps_text, wait_for)
+from fault_kit import (
+    TINY,
+    Row,
+    case,
+    checkpoints,
+    digests,
+    kill_group,
+    last_line,
+    longctx,
+    metric_steps,
+    run,
+    shown,
+    start,
+    steps_text,
+    wait_for,
+)
 
 ROWS = 600  # rows of a clean source: enough for a few tiny steps
 

@@ -8,8 +8,23 @@ import signal
 import time
 from pathlib import Path
 
-from fault_kit import (Row, case, digests, kill_group, last_line, longctx, run, shown, skipped, small_disk, start,
-                       temp_siblings, train_tiny, tree_size, wait_for)
+from fault_kit import (
+    Row,
+    case,
+    digests,
+    kill_group,
+    last_line,
+    longctx,
+    run,
+    shown,
+    skipped,
+    small_disk,
+    start,
+    temp_siblings,
+    train_tiny,
+    tree_size,
+    wait_for,
+)
 
 KILLS = 6  # SIGKILLs per case
 

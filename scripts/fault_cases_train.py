@@ -6,8 +6,28 @@ import signal
 import sys
 from pathlib import Path
 
-from fault_kit import (TINY, Row, case, checkpoints, digests, free_port, kill_group, last_line, longctx, metric_steps,
-                       run, shown, skipped, small_disk, start, steps_text, train_tiny, tree_size, wait_for)
+from fault_kit import (
+    TINY,
+    Row,
+    case,
+    checkpoints,
+    digests,
+    free_port,
+    kill_group,
+    last_line,
+    longctx,
+    metric_steps,
+    run,
+    shown,
+    skipped,
+    small_disk,
+    start,
+    steps_text,
+    train_tiny,
+    tree_size,
+    wait_for,
+)
+
 
 @case("the same job submitted twice into one out_dir")
 def double_submit(tmp: Path) -> Row:

@@ -17,9 +17,9 @@ import tempfile
 from pathlib import Path
 from typing import Optional
 
-import fault_cases_train  # noqa: F401  (registers its cases; the table keeps this order)
 import fault_cases_data  # noqa: F401, I001
 import fault_cases_outputs  # noqa: F401, I001
+import fault_cases_train  # noqa: F401  (registers its cases; the table keeps this order)
 from fault_kit import CASES, TINY_YAML, Row
 
 

@@ -84,11 +84,11 @@ class EagerKernel(AttentionKernel):
         for rows in self._row_chunks(q, S):
             t = rows.stop - rows.start
             s = self._scores(q[:, :, rows].contiguous(), k, scale, is_causal, mask, rows, T)
-            l = torch.logsumexp(s, dim=-1)  # (B, Hkv, G, t); -inf where nothing is visible
-            safe = torch.where(torch.isinf(l), torch.zeros_like(l), l)
+            chunk_lse = torch.logsumexp(s, dim=-1)  # (B, Hkv, G, t); -inf where nothing is visible
+            safe = torch.where(torch.isinf(chunk_lse), torch.zeros_like(chunk_lse), chunk_lse)
             o = torch.matmul(torch.exp(s - safe[..., None]), v.float()[:, :, None])  # (B, Hkv, G, t, D)
             out[:, :, rows] = o.reshape(B, Hq, t, D).to(q.dtype)
-            lse[:, :, rows] = l.reshape(B, Hq, t)
+            lse[:, :, rows] = chunk_lse.reshape(B, Hq, t)
         return out, lse
 
     def _bwd(self, dout, q, k, v, out, lse, scale, is_causal, mask):

@@ -277,13 +277,14 @@ class AttentionKernel:
         lse = torch.full((B, H, T), NEG_INF, dtype=torch.float32, device=q.device)
         for t in tiles:
             b = slice(None) if t.row is None else slice(t.row, t.row + 1)
-            o, l = self._fwd(q[b, :, t.q0:t.q1], k[b, :, t.k0:t.k1], v[b, :, t.k0:t.k1], scale, t.is_causal, t.mask)
-            o, l = _fix_empty_rows(o, l.float(), t.mask)
+            o, tile_lse = self._fwd(q[b, :, t.q0:t.q1], k[b, :, t.k0:t.k1], v[b, :, t.k0:t.k1], scale, t.is_causal,
+                                    t.mask)
+            o, tile_lse = _fix_empty_rows(o, tile_lse.float(), t.mask)
             rows = slice(t.q0, t.q1)
             if direct:
-                out[b, :, rows], lse[b, :, rows] = o, l
+                out[b, :, rows], lse[b, :, rows] = o, tile_lse
             else:
-                out[b, :, rows], lse[b, :, rows] = merge_attention(out[b, :, rows], lse[b, :, rows], o, l)
+                out[b, :, rows], lse[b, :, rows] = merge_attention(out[b, :, rows], lse[b, :, rows], o, tile_lse)
         return out.to(q.dtype), lse
 
     def backward(

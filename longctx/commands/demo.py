@@ -19,7 +19,8 @@ from longctx.errors import UserError
 
 
 def add_parser(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--out", default="runs/demo", help="run directory (default: runs/demo; a previous demo run there is replaced)")
+    p.add_argument("--out", default="runs/demo",
+                   help="run directory (default: runs/demo; a previous demo run there is replaced)")
     p.add_argument("--seed", type=int, default=0, help="training seed (default: 0); the test set is fixed")
     p.add_argument("--fast", action="store_true", help="smoke run (~3 min): the same pipeline, token budgets")
     p.add_argument("--ablation", action="store_true",

@@ -30,8 +30,14 @@ def implied_world_size(cfg) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
-    from longctx.config import (load_config, missing_data_note, missing_weights_note,  # see the top
-                                resolve_stages, to_yaml, validate_config)
+    from longctx.config import (  # see the top
+        load_config,
+        missing_data_note,
+        missing_weights_note,
+        resolve_stages,
+        to_yaml,
+        validate_config,
+    )
     from longctx.parallel.mesh import read_env
     from longctx.train.dry_run import dry_run
     from longctx.train.loop import train

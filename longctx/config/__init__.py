@@ -13,10 +13,24 @@ from typing import Optional
 
 from longctx.config.checks import check_out_dir, validate_config, validate_portable
 from longctx.config.loader import load_structured, to_yaml
-from longctx.config.sections import (CheckpointSection, LogSection, ModelSection, OptimSection, ParallelSection,
-                                     StageSection, TrainConfig, TrainSection)
-from longctx.config.stages import (LENGTH_FREE_ROPE, RunStage, missing_data_note, missing_weights_note, resolve_stages,
-                                   stage_model_config)
+from longctx.config.sections import (
+    CheckpointSection,
+    LogSection,
+    ModelSection,
+    OptimSection,
+    ParallelSection,
+    StageSection,
+    TrainConfig,
+    TrainSection,
+)
+from longctx.config.stages import (
+    LENGTH_FREE_ROPE,
+    RunStage,
+    missing_data_note,
+    missing_weights_note,
+    resolve_stages,
+    stage_model_config,
+)
 from longctx.data.config import DataConfig, SourceConfig
 
 
@@ -29,6 +43,7 @@ def load_config(path: Optional[str] = None, overrides: Optional[list[str]] = Non
 __all__ = [
     "CheckpointSection", "DataConfig", "LENGTH_FREE_ROPE", "LogSection", "ModelSection", "OptimSection",
     "ParallelSection", "RunStage", "SourceConfig", "StageSection", "TrainConfig", "TrainSection", "check_out_dir",
-    "load_config", "load_structured", "missing_data_note", "missing_weights_note", "resolve_stages", "stage_model_config", "to_yaml",
+    "load_config", "load_structured", "missing_data_note", "missing_weights_note", "resolve_stages",
+    "stage_model_config", "to_yaml",
     "validate_config", "validate_portable",
 ]

@@ -99,7 +99,8 @@ def _validate_stage(stage: RunStage, world_size: int, files: bool = True):
     if model_cfg.max_position_embeddings < stage.seq_len:  # set too small, or a length-dependent RoPE
         field = names["max_position_embeddings"]
         raise UserError(f"{field}: the model's max_position_embeddings {model_cfg.max_position_embeddings} is below "
-                        f"the training length {names['seq_len']}={stage.seq_len}; set {field}={stage.seq_len} (or more)")
+                        f"the training length {names['seq_len']}={stage.seq_len}; "
+                        f"set {field}={stage.seq_len} (or more)")
     return model_cfg
 
 

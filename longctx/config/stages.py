@@ -10,8 +10,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, Optional
 
-from longctx.config.sections import (ModelSection, OptimSection, ParallelSection, StageSection, TrainConfig,
-                                     require_at_least, require_finite)
+from longctx.config.sections import (
+    ModelSection,
+    OptimSection,
+    ParallelSection,
+    StageSection,
+    TrainConfig,
+    require_at_least,
+    require_finite,
+)
 from longctx.data.config import DataConfig
 from longctx.errors import UserError
 from longctx.model.config import ModelConfig, get_preset
@@ -126,7 +133,8 @@ def stage_model_config(stage: RunStage) -> ModelConfig:
     for key in changes:
         if key not in valid:
             close = difflib.get_close_matches(key, sorted(valid), n=1)
-            raise UserError(f"model.overrides.{key}: not a model field" + (f"; did you mean {close[0]!r}?" if close else ""))
+            raise UserError(f"model.overrides.{key}: not a model field"
+                            + (f"; did you mean {close[0]!r}?" if close else ""))
     rope_field = stage.field_names["rope_parameters"]
     try:
         model_cfg = base.replace(**changes)

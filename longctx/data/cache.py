@@ -34,10 +34,10 @@ import numpy as np
 
 from longctx import atomic
 from longctx.data.config import DataConfig, SourceConfig, resolve_kind, source_label
+from longctx.data.documents import DocumentStream
 from longctx.data.fingerprint import fingerprint_source
 from longctx.data.packers import make_packer
 from longctx.data.packing import Row, segment_ids_from_position_ids
-from longctx.data.documents import DocumentStream
 from longctx.data.sources import open_table
 from longctx.data.tokenizer import tokenizer_fingerprint
 from longctx.errors import UserError
@@ -250,7 +250,8 @@ class CachedRows:
         self._order_epoch, self._order = -1, None
         if cache.n_rows < dp_size:
             raise UserError(
-                f"{source_label(index)}: the cache has {cache.n_rows} rows, fewer than the {dp_size} data-parallel ranks"
+                f"{source_label(index)}: the cache has {cache.n_rows} rows, "
+                f"fewer than the {dp_size} data-parallel ranks"
             )
 
     def _rank_order(self) -> np.ndarray:
@@ -263,7 +264,8 @@ class CachedRows:
         return self._order
 
     def state_dict(self) -> dict:
-        return {"epoch": self.epoch, "cursor": self.cursor, "done": self.done, "cache": os.path.basename(self.cache.dir)}
+        return {"epoch": self.epoch, "cursor": self.cursor, "done": self.done,
+                "cache": os.path.basename(self.cache.dir)}
 
     def load_state_dict(self, state: dict) -> None:
         if "cursor" not in state:

@@ -237,8 +237,10 @@ class SourceConfig:
             raise UserError(f"{name}.sample_by: {self.sample_by!r} is not one of {', '.join(SAMPLE_BY)}")
         if not isinstance(self.min_tokens, int) or self.min_tokens < 0:
             raise UserError(f"{name}.min_tokens: must be an integer >= 0, got {self.min_tokens!r}")
-        if self.max_tokens is not None and (not isinstance(self.max_tokens, int) or self.max_tokens < max(1, self.min_tokens)):
-            raise UserError(f"{name}.max_tokens: must be null or an integer >= min_tokens ({self.min_tokens}), got {self.max_tokens!r}")
+        if self.max_tokens is not None and (not isinstance(self.max_tokens, int)
+                                            or self.max_tokens < max(1, self.min_tokens)):
+            raise UserError(f"{name}.max_tokens: must be null or an integer >= min_tokens ({self.min_tokens}), "
+                            f"got {self.max_tokens!r}")
         if self.packing is not None and self.packing not in PACKING_MODES:
             raise UserError(f"{name}.packing: {self.packing!r} is not one of null, {', '.join(PACKING_MODES)}")
         for j, bucket in enumerate(self.upsample):

@@ -170,7 +170,8 @@ class DocumentStream:
             if rows == 0:
                 raise UserError(f"{self.label}: {where} has no rows (empty dataset)")
             if rows < self.world:
-                raise UserError(f"{self.label}: {where} has {rows} documents, fewer than the {self.world} data-parallel ranks")
+                raise UserError(f"{self.label}: {where} has {rows} documents, "
+                                f"fewer than the {self.world} data-parallel ranks")
             raise UserError(
                 f"{self.label}: no document of {where} passes min_tokens={self.src.min_tokens}, "
                 f"max_tokens={self.src.max_tokens} and the upsample factors (data-parallel rank {self.rank})"

@@ -1,12 +1,12 @@
 """`packing: fit`: whole documents, with the gaps `pad` would leave filled from a lookahead.
 
-`pad` starts a new row whenever the next document does not fit the rest of the current one,
-so documents of 1/4 to 1 row leave much of a row as padding. `fit` keeps the next `lookahead`
-documents of the stream in a buffer and fills the space left in a row with the longest of
-them that fits (the earliest on ties), so a short document fills the gap a long one could not
-(docs/data.md has the padding shares of both). Rows are padded only when no buffered document fits. Documents are never split, except one longer
-than a whole row, which is cut into row-sized pieces as `pad` does (once every buffered
-document is that long).
+`pad` starts a new row whenever the next document does not fit the rest of the current one, so
+documents of 1/4 to 1 row leave much of a row as padding. `fit` keeps the next `lookahead`
+documents of the stream in a buffer and fills the space left in a row with the longest of them
+that fits (the earliest on ties), so a short document fills the gap a long one could not
+(docs/data.md has the padding shares of both). Rows are padded only when no buffered document
+fits. Documents are never split, except one longer than a whole row, which is cut into row-sized
+pieces as `pad` does (once every buffered document is that long).
 
 Exact resume: the state is the stream position before the oldest document still held (the
 one being split, else the oldest buffered), how many documents were read from there, and

@@ -22,6 +22,7 @@ import json
 import os
 import shutil
 from pathlib import Path
+
 from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, processors
 
 from longctx.data.tokenizer import ByteTokenizer, HFTokenizer, load_tokenizer
@@ -79,7 +80,8 @@ class TokenizerFiles:
         directory = Path(directory)
         tok = self.tokenizer
         if isinstance(tok, ByteTokenizer):
-            (directory / "tokenizer.json").write_text(byte_tokenizer_json(tok).to_str(pretty=True))  # an OSError names the file
+            # an OSError names the file
+            (directory / "tokenizer.json").write_text(byte_tokenizer_json(tok).to_str(pretty=True))
             bos, eos, pad = BYTE_SPECIAL_TOKENS
             settings = {"tokenizer_class": "PreTrainedTokenizerFast", "bos_token": bos, "eos_token": eos,
                         "pad_token": pad, "add_bos_token": True, "add_eos_token": False,
@@ -111,7 +113,8 @@ class TokenizerFiles:
             settings.setdefault("tokenizer_class", "PreTrainedTokenizerFast")
         for key, token_id in (("bos_token", tok.bos_id), ("eos_token", tok.eos_id), ("pad_token", tok.pad_id)):
             value = settings.get(key)
-            if isinstance(value, dict) and "__type" not in value:  # {"content": ...}: longctx reads it, transformers not
+            # {"content": ...}: longctx reads it, transformers not
+            if isinstance(value, dict) and "__type" not in value:
                 settings[key] = value.get("content")
             if token_id is not None and settings.get(key) is None:
                 settings[key] = tok.backend.id_to_token(token_id)

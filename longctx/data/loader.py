@@ -26,8 +26,14 @@ from typing import Iterable, Iterator, List, Optional
 from omegaconf import DictConfig, OmegaConf
 
 from longctx.data.cache import CachedRows, open_cache
-from longctx.data.config import (DataConfig, SourceConfig, SyntheticConfig, UpsampleBucket, resolve_kind,
-                                 validate_data_config)
+from longctx.data.config import (
+    DataConfig,
+    SourceConfig,
+    SyntheticConfig,
+    UpsampleBucket,
+    resolve_kind,
+    validate_data_config,
+)
 from longctx.data.documents import DocumentStream, uniform
 from longctx.data.packers import make_packer
 from longctx.data.packing import Row, empty_row, fold_trailing_padding, rows_to_batch, trim_unscored_tail
@@ -110,7 +116,8 @@ def check_special_tokens(cfg: DataConfig, tokenizer) -> None:
     """UserError when add_bos / add_eos ask for a token the tokenizer does not have."""
     for flag, tid in (("add_bos", tokenizer.bos_id), ("add_eos", tokenizer.eos_id)):
         if getattr(cfg, flag) and tid is None:
-            raise UserError(f"data.{flag}: tokenizer {tokenizer.name} has no {flag[4:].upper()} token; set data.{flag}=false")
+            raise UserError(f"data.{flag}: tokenizer {tokenizer.name} has no {flag[4:].upper()} token; "
+                            f"set data.{flag}=false")
 
 
 class DataLoader:
@@ -183,7 +190,8 @@ class DataLoader:
                     "resume with the same data config, seed and data-parallel size"
                 )
         if len(state["sources"]) != len(self.sources):
-            raise UserError(f"data loader state: saved with {len(state['sources'])} sources, this run has {len(self.sources)}")
+            raise UserError(f"data loader state: saved with {len(state['sources'])} sources, "
+                            f"this run has {len(self.sources)}")
         bad = sorted(i for i in restart if not (isinstance(i, int) and 0 <= i < len(self.sources)))
         if bad:
             raise ValueError(f"restart_sources: {bad} are not source indices (0..{len(self.sources) - 1})")

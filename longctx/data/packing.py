@@ -30,8 +30,7 @@ import numpy as np
 import torch
 
 from longctx.data.documents import Doc, DocumentStream
-
-IGNORE = -100
+from longctx.labels import IGNORE_INDEX
 
 
 @dataclass
@@ -47,7 +46,7 @@ class Row:
 def empty_row(seq_len: int, pad_id: int, answer: bool) -> Row:
     """A row of padding only (used to complete the last batch of a finite epoch)."""
     return Row(
-        np.full(seq_len, pad_id, np.int32), np.full(seq_len, IGNORE, np.int32),
+        np.full(seq_len, pad_id, np.int32), np.full(seq_len, IGNORE_INDEX, np.int32),
         np.arange(seq_len, dtype=np.int32), np.zeros(seq_len, np.int32),
         np.zeros(seq_len, bool) if answer else None, 0,
     )
@@ -125,7 +124,7 @@ class RowBuilder:
     def __init__(self, seq_len: int, pad_id: int, answer: bool, cross_document_labels: bool):
         T = self.T = seq_len
         self.ids = np.full(T, pad_id, dtype=np.int32)
-        self.labels = np.full(T, IGNORE, dtype=np.int32)
+        self.labels = np.full(T, IGNORE_INDEX, dtype=np.int32)
         self.pos = np.zeros(T, dtype=np.int32)
         self.seg = np.zeros(T, dtype=np.int32)
         self.ans = np.zeros(T, dtype=bool) if answer else None
@@ -193,7 +192,7 @@ def fold_trailing_padding(segment_ids: torch.Tensor, labels: torch.Tensor) -> to
     """
     last = segment_ids[:, -1:]  # (B, 1)
     in_last = segment_ids == last  # (B, T)
-    unscored = ((labels != IGNORE) & in_last).sum(1) == 0  # (B,)
+    unscored = ((labels != IGNORE_INDEX) & in_last).sum(1) == 0  # (B,)
     has_prev = (~in_last).any(1)  # (B,)
     prev = torch.where(in_last, torch.full_like(segment_ids, torch.iinfo(segment_ids.dtype).min), segment_ids).amax(1)
     fold = (unscored & has_prev)[:, None] & in_last  # (B, T)
@@ -213,7 +212,7 @@ def trim_unscored_tail(batch: dict, multiple: int) -> dict:
     """
     labels = batch["labels"]  # (B, T)
     B, T = labels.shape
-    scored = (labels != IGNORE).any(0).nonzero()  # (n, 1) columns with a label in some row
+    scored = (labels != IGNORE_INDEX).any(0).nonzero()  # (n, 1) columns with a label in some row
     keep = int(scored[-1, 0]) + 1 if scored.numel() else 1
     keep = min(T, -(-keep // multiple) * multiple)
     if keep == T:

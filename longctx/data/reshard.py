@@ -130,7 +130,8 @@ def _pick(seed: int, rank: int, k: int, attempt: int, weights: Sequence[float], 
     return live[-1]
 
 
-def _mix(cursors: list[_Cursor], weights: Sequence[float], seed: int, rank: int, rows: int) -> tuple[int, list[int], bool]:
+def _mix(cursors: list[_Cursor], weights: Sequence[float], seed: int, rank: int,
+         rows: int) -> tuple[int, list[int], bool]:
     """Draw `rows` rows of `rank` from the mixture; (rows drawn, rows per source, finished)."""
     per_source = [0] * len(cursors)
     active = [i for i, w in enumerate(weights) if w > 0]

@@ -17,7 +17,6 @@ import zlib
 from typing import Iterator, List, NamedTuple, Optional, Tuple
 
 
-
 class BadRow(NamedTuple):
     where: str  # "FILE row N" (or "FILE line N")
     problem: str  # what is wrong with it

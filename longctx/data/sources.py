@@ -20,7 +20,6 @@ from longctx.data.rowscan import first_bad_row, first_non_text
 from longctx.data.synthetic import SyntheticCorpus
 from longctx.errors import UserError
 
-
 # ----------------------------------------------------------------------------- tables
 
 
@@ -258,8 +257,10 @@ def check_text_column(ds, src: SourceConfig, i: int) -> None:
             fallback = UserError(f"{label}: {where}: {field!r} is not valid UTF-8 ({str(e).splitlines()[0]})")
     else:
         found = first_non_text(ds.data, field)
-        fallback = UserError(f"{label}.text_field: {where}: {field!r} holds {column.type}, not text" if found is None
-                             else f"{label}.text_field: {where} row {found[0] + 1}: {field!r} holds {found[1]}, not text")
+        fallback = UserError(f"{label}.text_field: {where}: {field!r} holds {column.type}, not text"
+                             if found is None
+                             else f"{label}.text_field: {where} row {found[0] + 1}: "
+                                  f"{field!r} holds {found[1]}, not text")
     raise (bad_row(src, i) if src.path else None) or fallback
 
 
@@ -282,7 +283,8 @@ def open_table(src: SourceConfig, i: int, cfg: DataConfig, tokenizer):
         first = _hf_dataset(src, i, kind, True, cfg.hf_cache_dir)  # fail fast on bad paths
         cols = getattr(first, "column_names", None)
         if cols is not None and src.text_field not in cols:
-            raise UserError(f"{label}.text_field: {src.text_field!r} is not a column of {where}; available: {', '.join(cols)}")
+            raise UserError(f"{label}.text_field: {src.text_field!r} is not a column of {where}; "
+                            f"available: {', '.join(cols)}")
         made = [first]
 
         def make():
@@ -294,7 +296,8 @@ def open_table(src: SourceConfig, i: int, cfg: DataConfig, tokenizer):
         raise UserError(f"{label}: {where} has no rows (empty dataset)")
     if src.text_field not in ds.column_names:
         raise UserError(
-            f"{label}.text_field: {src.text_field!r} is not a column of {where}; available: {', '.join(ds.column_names)}"
+            f"{label}.text_field: {src.text_field!r} is not a column of {where}; "
+            f"available: {', '.join(ds.column_names)}"
         )
     check_text_column(ds, src, i)
     col = ds.select_columns([src.text_field])

@@ -25,8 +25,14 @@ from typing import Dict, List, Optional, Tuple
 
 from longctx.data.config import SYNTHETIC_TASKS, SyntheticConfig, fallback_chain
 from longctx.data.filler import filler_text
-from longctx.data.templates import (NEEDLE, RECALL_ENTRY, TEMPLATES, head_and_question, min_document_chars,
-                                    passkey_digits)
+from longctx.data.templates import (
+    NEEDLE,
+    RECALL_ENTRY,
+    TEMPLATES,
+    head_and_question,
+    min_document_chars,
+    passkey_digits,
+)
 from longctx.data.words import WORD_PAIRS
 from longctx.errors import UserError
 
@@ -270,7 +276,8 @@ def _recall_document(cfg: SyntheticConfig, rng: random.Random, length_chars: int
         multi = cfg.recall_multivalue > 0 and cfg.num_values > 1 and rng.random() < cfg.recall_multivalue
         vs = [_number(rng, cfg.value_digits, vals_taken) for _ in range(cfg.num_values if multi else 1)]
         # each entry and the answer line, with a separator each
-        cost = sum(len(RECALL_ENTRY.format(key=k, value=v)) + 1 for v in vs) + len(RECALL_ENTRY.format(key=k, value=", ".join(vs))) + 1
+        cost = (sum(len(RECALL_ENTRY.format(key=k, value=v)) + 1 for v in vs)
+                + len(RECALL_ENTRY.format(key=k, value=", ".join(vs))) + 1)
         if keyed and used + cost > length_chars:
             break
         keyed.append((k, vs))
@@ -325,7 +332,8 @@ class SyntheticCorpus:
         self._byte = tokenizer is None or getattr(tokenizer, "name", None) == "byte"
         self._ratio = 1.0
         if not self._byte:
-            sample = filler_text(random.Random(0), self.cfg.filler, 4000) + " " + NEEDLE.format(key="calm-river", value="1234567")
+            sample = (filler_text(random.Random(0), self.cfg.filler, 4000) + " "
+                      + NEEDLE.format(key="calm-river", value="1234567"))
             self._ratio = len(sample) / max(1, len(tokenizer.encode(sample)))
         # tasks whose shortest document does not fit length_max fall back to a smaller one
         self.min_tokens = {t: int(min_document_chars(self.cfg, t, self.style) / self._ratio) + self.n_special

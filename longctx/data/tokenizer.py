@@ -225,11 +225,13 @@ def check_tokenizer_spec(spec: str) -> None:
     if os.path.exists(path):
         if os.path.isdir(path) and not _has_vocabulary(path):
             found = sorted(f for f in os.listdir(path) if not f.startswith("."))
-            shown = ", ".join(found[:6]) + (f" and {len(found) - 6} more" if len(found) > 6 else "") if found else "nothing"
+            shown = (", ".join(found[:6]) + (f" and {len(found) - 6} more" if len(found) > 6 else "")
+                     if found else "nothing")
             raise UserError(
                 f"data.tokenizer: {spec} has no tokenizer.json or other vocabulary file (found: {shown}); a "
                 "tokenizer directory needs tokenizer.json (a fast tokenizer), or tokenizer.model (sentencepiece) "
-                "or vocab.json + merges.txt for transformers to convert; tokenizer_config.json only names special tokens"
+                "or vocab.json + merges.txt for transformers to convert; "
+                "tokenizer_config.json only names special tokens"
             )
         return
     if not HUB_ID.match(spec):

@@ -133,7 +133,8 @@ class DemoConfig:
         return self.factor * self.train_len
 
     def model_overrides(self, tokenizer) -> Dict[str, Any]:
-        return {"vocab_size": tokenizer.vocab_size, "hidden_size": self.hidden_size, "num_hidden_layers": self.num_layers,
+        return {"vocab_size": tokenizer.vocab_size, "hidden_size": self.hidden_size,
+                "num_hidden_layers": self.num_layers,
                 "num_attention_heads": self.num_heads, "num_key_value_heads": self.num_heads,
                 "head_dim": self.head_dim, "intermediate_size": self.intermediate_size,
                 "bos_token_id": tokenizer.bos_id, "eos_token_id": tokenizer.eos_id}

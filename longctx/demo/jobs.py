@@ -12,15 +12,26 @@ import sys
 from pathlib import Path
 from typing import Any, Dict, Optional
 
-from longctx.config import (CheckpointSection, LogSection, ModelSection, OptimSection, ParallelSection,
-                            StageSection, TrainConfig, TrainSection, check_out_dir as check_writable_dir,
-                            load_config, to_yaml)
+from longctx.config import (
+    CheckpointSection,
+    LogSection,
+    ModelSection,
+    OptimSection,
+    ParallelSection,
+    StageSection,
+    TrainConfig,
+    TrainSection,
+    load_config,
+    to_yaml,
+)
+from longctx.config import check_out_dir as check_writable_dir
 from longctx.data.config import DataConfig, SourceConfig, SyntheticConfig
 from longctx.data.hf_tokenizer import TokenizerFiles
 from longctx.demo.config import DemoConfig
 from longctx.errors import UserError
 from longctx.eval.model_io import tokenizer_spec_for
 from longctx.model.hf import load_pretrained, read_hf_config, save_pretrained
+
 
 def _synthetic(num_keys: int, length_min_ratio: float, filler: str, tasks: Dict[str, float], num_values: int,
                queries: int = 1, recall_multivalue: float = 0.0, line_breaks: float = 0.0,
@@ -54,7 +65,8 @@ def base_config(demo: DemoConfig, out_dir: Path, seed: int, tokenizer) -> TrainC
     """Step 1: a fresh model trained at train_len with a length curriculum. `tokenizer`: the
     loaded tokenizer (sizes the vocabulary); its name ("byte" or the tokenizer.json path) is
     the config's data.tokenizer."""
-    stages = [StageSection(name=s.name, seq_len=s.seq_len, steps=s.steps, warmup_steps=demo.base_warmup if i == 0 else 0,
+    stages = [StageSection(name=s.name, seq_len=s.seq_len, steps=s.steps,
+                           warmup_steps=demo.base_warmup if i == 0 else 0,
                            sources=[base_synthetic(demo, s.tasks)] if s.tasks else None)
               for i, s in enumerate(demo.base_stages)]
     return TrainConfig(
@@ -77,7 +89,8 @@ def extend_config(demo: DemoConfig, out_dir: Path, init_from: Path, seed: int, r
     with new RoPE parameters, 2 ranks with context parallelism (cp=2) and ZeRO-3."""
     return TrainConfig(
         out_dir=str(out_dir),
-        model=ModelSection(init_from=str(init_from), rope_parameters=dict(rope), max_position_embeddings=demo.extend_len),
+        model=ModelSection(init_from=str(init_from), rope_parameters=dict(rope),
+                           max_position_embeddings=demo.extend_len),
         data=DataConfig(seq_len=demo.extend_len, micro_batch_size=demo.extend_batch, tokenizer=tokenizer.name,
                         sources=[extend_synthetic(demo)]),
         parallel=ParallelSection(cp_size=demo.cp_size, cp_impl="ring", zero_stage=demo.zero_stage),

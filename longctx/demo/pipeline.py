@@ -61,7 +61,8 @@ def findings(demo: DemoConfig, tables: dict, noise: float = 5.0) -> list[str]:
         out.append(f"Without extension the model scores {pm('a', L4)} at {demo.factor}x ({L4} tokens) "
                    f"vs {avg['a'][demo.train_len]:.0f} at its training length (target at {demo.factor}x: <= 30).")
     if c4 is not None:
-        out.append(f"After YaRN x{demo.factor} + {demo.extend_steps} steps at {L4} tokens: {pm('c', L4)} at {demo.factor}x "
+        out.append(f"After YaRN x{demo.factor} + {demo.extend_steps} steps at {L4} tokens: "
+                   f"{pm('c', L4)} at {demo.factor}x "
                    f"(target >= 80); at {demo.train_len} tokens {avg['c'][demo.train_len]:.0f} "
                    f"(base: {avg['a'][demo.train_len]:.0f}).")
         L8 = demo.lengths[-1]
@@ -74,7 +75,8 @@ def findings(demo: DemoConfig, tables: dict, noise: float = 5.0) -> list[str]:
         per = ", ".join(f"{L}: {cmp('c', 'd', L)}" for L in demo.lengths)
         out.append(f"YaRN + training (c) vs the same training with plain RoPE (d), per length: {per}. "
                    f"A difference counts only beyond two standard errors of the eval samples ({demo.samples} per "
-                   f"task and length); training seeds differ by more (a rerun with the same seed reproduces every score).")
+                   "task and length); training seeds differ by more "
+                   "(a rerun with the same seed reproduces every score).")
     return out
 
 
@@ -92,7 +94,8 @@ def run_demo(demo: DemoConfig, out: Path, *, seed: int = 0, ablation: bool = Fal
 
     tokenizer = load_tokenizer("byte")
     t = step(1, f"train a {demo.num_layers}-layer model (byte vocabulary) at {demo.train_len} tokens "
-                f"(curriculum {' -> '.join(str(s.seq_len) for s in demo.base_stages)}), {demo.base_nproc} data-parallel processes")
+                f"(curriculum {' -> '.join(str(s.seq_len) for s in demo.base_stages)}), "
+                f"{demo.base_nproc} data-parallel processes")
     cfg = jobs.write_config(jobs.base_config(demo, out / "base", seed, tokenizer), out / "configs" / "base.yaml")
     jobs.run_training(cfg, out / "base", nproc=demo.base_nproc, log_name="train.log")
     timings["1 train base"] = time.time() - t
@@ -110,7 +113,8 @@ def run_demo(demo: DemoConfig, out: Path, *, seed: int = 0, ablation: bool = Fal
     tables["c"], _ = _evaluate(demo, out / "extend" / "hf", out / "eval" / "c_extended", "(c) extended")
     timings["4 eval extended"] = time.time() - t
     timings["demo total"] = time.time() - t_all
-    _say("\nretrieval score before -> after extension (0-100):\n" + report.console_table(demo, tables["a"], tables["c"]))
+    _say("\nretrieval score before -> after extension (0-100):\n"
+         + report.console_table(demo, tables["a"], tables["c"]))
 
     if ablation:
         t_abl = time.time()

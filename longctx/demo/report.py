@@ -112,19 +112,26 @@ def write_report(out: Path, demo: DemoConfig, seed: int, tables: dict, timings: 
     rope = demo.scaled_rope()
     L, XL = demo.train_len, demo.extend_len
     lines = [f"# longctx demo: context extension {L} → {XL} tokens", "",
-             f"- plan: `{demo.name}`{' (CI smoke run: budgets far too small for meaningful accuracy)' if demo.name == 'fast' else ''}; training seed {seed}; eval seed {demo.eval_seed} "
-             f"({demo.samples} samples per task and length; {HEATMAP_NOTE.format(n=demo.heatmap_samples, d=len(demo.heatmap_depths))})",
+             f"- plan: `{demo.name}`"
+             f"{' (CI smoke run: budgets far too small for meaningful accuracy)' if demo.name == 'fast' else ''}; "
+             f"training seed {seed}; eval seed {demo.eval_seed} "
+             f"({demo.samples} samples per task and length; "
+             f"{HEATMAP_NOTE.format(n=demo.heatmap_samples, d=len(demo.heatmap_depths))})",
              f"- model: {extra.get('parameters', '?'):,} parameters ({demo.num_layers} layers, d{demo.hidden_size}, "
-             f"{demo.num_heads} heads x {demo.head_dim}, byte vocabulary), {demo.dtype}, RoPE theta {demo.rope_theta:g}",
+             f"{demo.num_heads} heads x {demo.head_dim}, byte vocabulary), {demo.dtype}, "
+             f"RoPE theta {demo.rope_theta:g}",
              f"- base training: {' → '.join(str(s.seq_len) for s in demo.base_stages)} tokens "
-             f"({' + '.join(str(s.steps) for s in demo.base_stages)} steps), answer tokens weighted x{demo.answer_loss_weight:g}",
+             f"({' + '.join(str(s.steps) for s in demo.base_stages)} steps), "
+             f"answer tokens weighted x{demo.answer_loss_weight:g}",
              f"- corpora (synthetic task mix): {corpus_mixes(demo)}",
              f"- extension: `{json.dumps(rope)}`, max_position_embeddings {XL}; {demo.extend_steps} steps at "
              f"{XL} tokens on {demo.nproc} processes, cp={demo.cp_size}, ZeRO-{demo.zero_stage}", "",
              "## Retrieval accuracy (average over tasks, 0-100)", ""]
     lines += accuracy_table(demo, tables)
-    lines += ["", "Variants: " + "; ".join(f"{describe(demo, k)[0]}: {describe(demo, k)[1]}" for k in sorted(tables)) + ".",
-              f"At {L} tokens the average is over {len(EVAL_TASKS) - sum(1 for t in EVAL_TASKS if tables['a'][t][L] is None)} tasks "
+    lines += ["",
+              "Variants: " + "; ".join(f"{describe(demo, k)[0]}: {describe(demo, k)[1]}" for k in sorted(tables)) + ".",
+              f"At {L} tokens the average is over "
+              f"{len(EVAL_TASKS) - sum(1 for t in EVAL_TASKS if tables['a'][t][L] is None)} tasks "
               "(compact niah_multivalue needs ~389 tokens). ± is one standard error of the average over the "
               f"eval's samples ({demo.samples} per task and length): the test set's sampling noise alone; "
               "a different training seed moves the scores by more.", ""]
@@ -141,10 +148,12 @@ def write_report(out: Path, demo: DemoConfig, seed: int, tables: dict, timings: 
               "the extension under `torchrun --nproc_per_node 2 -m longctx train --config ...`)",
               "- `base/`, `extend/`" + (", `extend_plain/`" if "d" in tables else "") +
               ": training runs (resolved_config.yaml, metrics.jsonl, tb/, checkpoints/, hf/, train.log)",
-              "- `eval/<variant>/`: results.json (every sample), report.md, heatmap_niah_single_1.png, scores_vs_length.png",
+              "- `eval/<variant>/`: results.json (every sample), report.md, heatmap_niah_single_1.png, "
+              "scores_vs_length.png",
               f"- `{fig.name}`, `summary.json`", "",
               f"![accuracy vs length]({fig.name})", "",
-              "![before](eval/a_base/heatmap_niah_single_1.png) ![after](eval/c_extended/heatmap_niah_single_1.png)", ""]
+              "![before](eval/a_base/heatmap_niah_single_1.png) "
+              "![after](eval/c_extended/heatmap_niah_single_1.png)", ""]
     return write_markdown(out / "report.md", "\n".join(lines))
 
 
@@ -158,8 +167,10 @@ def _mix(tasks: Dict[str, float], recall_multivalue: float, line_breaks: float =
 
 
 def corpus_mixes(demo: DemoConfig) -> str:
-    stages = [f"{s.seq_len}: {_mix(s.tasks, demo.recall_multivalue, demo.line_breaks)}" for s in demo.base_stages if s.tasks]
-    return (f"base {_mix(demo.tasks, demo.recall_multivalue, demo.line_breaks)}" + (f" ({'; '.join(stages)})" if stages else "") +
+    stages = [f"{s.seq_len}: {_mix(s.tasks, demo.recall_multivalue, demo.line_breaks)}"
+              for s in demo.base_stages if s.tasks]
+    return (f"base {_mix(demo.tasks, demo.recall_multivalue, demo.line_breaks)}"
+            + (f" ({'; '.join(stages)})" if stages else "") +
             f"; extension {_mix(demo.extend_tasks, demo.extend_recall_multivalue, demo.extend_line_breaks)}")
 
 

@@ -33,8 +33,8 @@ from longctx import atomic
 from longctx.data.tokenizer import prepends_bos
 from longctx.errors import UserError
 from longctx.eval import plots
-from longctx.eval.chat import ChatChoice, stop_ids, tokenizer_dir, with_chat_template
 from longctx.eval.cells import MARKER, PPL, CellStore, acquire, ppl_cells, release_lock, task_cells
+from longctx.eval.chat import ChatChoice, stop_ids, tokenizer_dir, with_chat_template
 from longctx.eval.comparability import assess
 from longctx.eval.config import EvalConfig, EvalSelection, select
 from longctx.eval.ppl import perplexity_vs_length
@@ -44,7 +44,6 @@ from longctx.eval.runner import Engine, dp_layout, run_cell
 from longctx.eval.tasks import BelowMinimum, Sample, TaskOptions, build_samples, get_task, no_fit_error, skip_notice
 from longctx.launch_env import read_env
 from longctx.progress import Progress
-
 
 TIMING = "timing.json"  # wall and generation seconds: apart from results.json, which two runs write alike
 
@@ -100,7 +99,8 @@ class Plan:
 
     def signature(self) -> str:
         """The same on every rank that sees the same cells (ranks compare it)."""
-        seen = sorted((rel, doc.get("key"), doc.get("complete"), len(doc.get("records", ()))) for rel, doc in self.done.items())
+        seen = sorted((rel, doc.get("key"), doc.get("complete"), len(doc.get("records", ())))
+                      for rel, doc in self.done.items())
         return json.dumps([len(self.cells), seen])
 
     def resume_line(self) -> Optional[str]:
@@ -364,7 +364,8 @@ def write_outputs(out: Path, meta: dict, summary: dict, records, ppl, skipped, w
     """results.json, report.md, figures and, given the samples, RULER's pred files (out/ruler/)."""
     figures = []
     for name, grid in summary.get("grids", {}).items():
-        figures.append(str(plots.needle_heatmap(grid, out / f"heatmap_{name}.png", title=f"{name}: score by depth x length")))
+        figures.append(str(plots.needle_heatmap(grid, out / f"heatmap_{name}.png",
+                                                title=f"{name}: score by depth x length")))
     if summary.get("tasks"):
         figures.append(str(plots.score_curves(summary, out / "scores_vs_length.png", max_position)))
     if ppl:

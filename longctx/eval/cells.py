@@ -171,7 +171,8 @@ def differences(stored: dict, identity: dict, cell: Optional[Cell]) -> list[str]
     changed = sorted(n for n in set(old_files) | set(new_files) if old_files.get(n) != new_files.get(n))
     if changed:
         where = f" (it was computed from {stored['model_path']})" if stored.get("model_path") else ""
-        out.append("the model's " + ", ".join(changed[:3]) + (f" and {len(changed) - 3} more" if len(changed) > 3 else "")
+        out.append("the model's " + ", ".join(changed[:3])
+                   + (f" and {len(changed) - 3} more" if len(changed) > 3 else "")
                    + f" differ{'s' if len(changed) == 1 else ''}{where}")
     for name, what in (("tokenizer", "the tokenizer"), ("dtype", "dtype"), ("longctx", "longctx version"),
                        ("model_overrides", "model_overrides")):
@@ -239,7 +240,8 @@ class CellStore:
                 conflicts.append((rel, doc, cell))
         if conflicts and not overwrite:
             rel, doc, cell = conflicts[0]
-            more = f" (and {len(conflicts) - 1} more cell{'s' if len(conflicts) > 2 else ''})" if len(conflicts) > 1 else ""
+            more = (f" (and {len(conflicts) - 1} more cell{'s' if len(conflicts) > 2 else ''})"
+                    if len(conflicts) > 1 else "")
             raise UserError(f"eval.out: {self.out} holds results of another evaluation: {rel}{more}: "
                             f"{'; '.join(differences(doc, self.identity, cell))}; choose another --out, or pass "
                             "--overwrite to replace them")

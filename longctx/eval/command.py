@@ -25,9 +25,16 @@ from longctx.eval.cells import run_identity
 from longctx.eval.comparability import warning_line
 from longctx.eval.config import EvalConfig, as_eval_field
 from longctx.eval.end_summary import end_summary
+from longctx.eval.model_io import (
+    check_lengths,
+    check_pair,
+    load_model,
+    load_tokenizer_for,
+    parse_dtype,
+    resolve_model_dir,
+    tokenizer_spec_for,
+)
 from longctx.eval.model_overrides import apply_overrides, base_model_config
-from longctx.eval.model_io import (check_lengths, check_pair, load_model, load_tokenizer_for, parse_dtype,
-                                   resolve_model_dir, tokenizer_spec_for)
 from longctx.eval.ruler_prompts import write_prompts
 from longctx.manifest import gather_objects
 from longctx.parallel.mesh import build_mesh, init_distributed, read_env, shutdown_distributed

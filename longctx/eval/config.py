@@ -17,8 +17,8 @@ from typing import Dict, List
 from longctx.config import check_out_dir
 from longctx.data.tokenizer import check_tokenizer_spec
 from longctx.errors import UserError
-from longctx.eval.model_io import parse_dtype
 from longctx.eval.fields import EvalFields
+from longctx.eval.model_io import parse_dtype
 from longctx.eval.model_overrides import check_keys
 from longctx.eval.tasks import NIAH_GRID_TASK, RULER_TASKS, TaskOptions, get_task
 from longctx.parallel.cp_decode import DECODE_CP_IMPLS
@@ -105,7 +105,8 @@ def select(cfg: EvalConfig) -> EvalSelection:
                 grids[name] = depths
     lengths = parse_lengths(cfg.lengths if cfg.lengths is not None else DEFAULT_LENGTHS)
     want_ppl = "ppl" in cfg.suite
-    ppl_lengths = (parse_lengths(cfg.ppl_lengths, "eval.ppl_lengths") if cfg.ppl_lengths else lengths) if want_ppl else []
+    ppl_lengths = ((parse_lengths(cfg.ppl_lengths, "eval.ppl_lengths") if cfg.ppl_lengths else lengths)
+                   if want_ppl else [])
     return EvalSelection(lengths, list(dict.fromkeys(tasks)), grids, ppl_lengths, cfg.task_options())
 
 

@@ -179,7 +179,8 @@ def _load_corpus_cached(path: Optional[str]) -> tuple[str, ...]:
         return tuple(_clean_words(BUILTIN_ESSAY))
     p = Path(path)
     if not p.exists():
-        raise UserError(f"haystack corpus {path}: no such file or directory (give a .txt/.json/.jsonl file or a folder of .txt files)")
+        raise UserError(f"haystack corpus {path}: no such file or directory "
+                        "(give a .txt/.json/.jsonl file or a folder of .txt files)")
     files = sorted(p.rglob("*.txt")) if p.is_dir() else [p]
     texts: list[str] = []
     for f in files:

@@ -15,6 +15,7 @@ from longctx.errors import UserError
 from longctx.eval import sequence_rope
 from longctx.model.config import ModelConfig
 from longctx.model.consolidate import CheckpointModel, recorded_model, trainer_state
+
 # resolve_model_dir: an HF directory, or a training checkpoint whose weights are only in ds/
 from longctx.model.loading import is_ds_only_checkpoint, load_model_dir, resolve_model_dir
 

@@ -16,14 +16,14 @@ from typing import Optional, Sequence
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
+
 from longctx.data.tokenizer import prepends_bos
 from longctx.errors import UserError
 from longctx.eval.haystack import BUILTIN_ESSAY
 from longctx.eval.sequence_rope import row_lengths
+from longctx.labels import IGNORE_INDEX
 from longctx.parallel import make_cp_attention, shard_sequence
 from longctx.progress import Progress
-
-IGNORE = -100
 
 
 def load_documents(path: Optional[str]) -> tuple[list[str], str]:
@@ -78,22 +78,23 @@ def _chunked_nll(model, hidden: torch.Tensor, labels: torch.Tensor, chunk: int) 
         logits = F.linear(hidden[:, s:s + chunk], W).float()  # (B, c, V)
         lab = labels[:, s:s + chunk]
         total += F.cross_entropy(logits.reshape(-1, logits.shape[-1]), lab.reshape(-1),
-                                 ignore_index=IGNORE, reduction="sum").item()
-        count += int((lab != IGNORE).sum())
+                                 ignore_index=IGNORE_INDEX, reduction="sum").item()
+        count += int((lab != IGNORE_INDEX).sum())
     return total, count
 
 
 @torch.no_grad()
-def window_nll(model, ids: torch.Tensor, *, cp_group=None, cp_impl: str = "ring", chunk: int = 1024) -> tuple[float, int]:
+def window_nll(model, ids: torch.Tensor, *, cp_group=None, cp_impl: str = "ring",
+               chunk: int = 1024) -> tuple[float, int]:
     """Sum of next-token NLL and number of predicted tokens for windows ids (B, L)."""
-    labels = torch.full_like(ids, IGNORE)
+    labels = torch.full_like(ids, IGNORE_INDEX)
     labels[:, :-1] = ids[:, 1:]
     P = dist.get_world_size(cp_group) if cp_group is not None else 1
     if P == 1:
         return _chunked_nll(model, model.forward_hidden(ids), labels, chunk)
     L = ids.shape[1] // (2 * P) * (2 * P)  # the zigzag layout needs a multiple of 2 * cp
     ids, labels = ids[:, :L], labels[:, :L].clone()
-    labels[:, -1] = IGNORE
+    labels[:, -1] = IGNORE_INDEX
     rank = dist.get_rank(cp_group)
     pos = torch.arange(L, device=ids.device).expand_as(ids)
     local = [shard_sequence(x, rank, P, dim=1).contiguous() for x in (ids, pos, labels)]

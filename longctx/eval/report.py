@@ -162,10 +162,12 @@ def render_markdown(meta: dict, summary: dict, ppl: Optional[dict], skipped: Seq
             lines.append(f"| {d:.0%} | " + " | ".join(_fmt(x, 0) for x in row) + " |")
         lines.append("")
     if ppl:
-        lines += ["## Perplexity vs context length", "", f"Source: {ppl['source']}; {ppl['num_windows']} windows per length.", "",
+        lines += ["## Perplexity vs context length", "",
+                  f"Source: {ppl['source']}; {ppl['num_windows']} windows per length.", "",
                   "| length | ppl | nll | tokens | windows |", "|---:|---:|---:|---:|---|"]
         for r in ppl["rows"]:
-            lines.append(f"| {r['length']} | {_fmt(r['ppl'], 3)} | {_fmt(r['nll'], 4)} | {r['tokens']} | {r['windows']} |")
+            lines.append(f"| {r['length']} | {_fmt(r['ppl'], 3)} | {_fmt(r['nll'], 4)} | {r['tokens']} | "
+                         f"{r['windows']} |")
         lines.append("")
     if figures:
         lines += ["## Figures", ""] + [f"![{Path(f).stem}]({Path(f).name})" for f in figures] + [""]

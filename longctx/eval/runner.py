@@ -21,6 +21,7 @@ from typing import Callable, Optional, Sequence
 
 import torch
 import torch.distributed as dist
+
 from longctx.data.tokenizer import prepends_bos
 from longctx.eval.scoring import score_sample
 from longctx.eval.sequence_rope import row_lengths

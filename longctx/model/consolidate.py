@@ -38,7 +38,8 @@ def checkpoint_record(config: ModelConfig, dtype: torch.dtype, tokenizer: str) -
     """What the trainer adds to each checkpoint's trainer_state.json so the checkpoint alone
     says which model it holds (a run's resolved_config.yaml changes when a resumed run changes
     its config, and a relative tokenizer path depends on the directory a job ran in)."""
-    spec = os.path.abspath(os.path.expanduser(tokenizer)) if os.path.exists(os.path.expanduser(tokenizer)) else tokenizer
+    spec = (os.path.abspath(os.path.expanduser(tokenizer)) if os.path.exists(os.path.expanduser(tokenizer))
+            else tokenizer)
     return {RECORD_CONFIG: config_to_hf(config, dtype), RECORD_TOKENIZER: spec}
 
 

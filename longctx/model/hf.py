@@ -94,7 +94,8 @@ def _weight_files(path: Path) -> list[Path]:
         return [single]
     if (path / "pytorch_model.bin").is_file():
         return [path / "pytorch_model.bin"]
-    raise UserError(f"{path}: no weights found; expected model.safetensors, model.safetensors.index.json or pytorch_model.bin")
+    raise UserError(f"{path}: no weights found; "
+                    "expected model.safetensors, model.safetensors.index.json or pytorch_model.bin")
 
 
 def _iter_tensors(files: list[Path]):
@@ -316,7 +317,8 @@ def save_hf_weights(state_dict: dict[str, torch.Tensor], config: ModelConfig, pa
                 for key, t in shard.items():
                     weight_map[key] = name
                     total += t.numel() * t.element_size()
-            _write_json(tmp / "model.safetensors.index.json", {"metadata": {"total_size": total}, "weight_map": weight_map})
+            _write_json(tmp / "model.safetensors.index.json",
+                        {"metadata": {"total_size": total}, "weight_map": weight_map})
         hf_config = config_to_hf(config, out_dtype)
         if tokenizer is not None:
             with _writing(tmp):

@@ -12,7 +12,8 @@ from typing import Optional
 
 import torch
 
-IGNORE_INDEX = -100
+from longctx.labels import IGNORE_INDEX
+
 ROW_BLOCK = 256  # rows per compute-dtype GEMM and cast inside a chunk
 
 
@@ -94,7 +95,8 @@ class _ChunkedLinearCrossEntropy(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_out):
         grad_hidden, grad_weight = ctx.saved_tensors
-        return grad_hidden * grad_out.to(grad_hidden.dtype), grad_weight * grad_out.to(grad_weight.dtype), None, None, None
+        return (grad_hidden * grad_out.to(grad_hidden.dtype), grad_weight * grad_out.to(grad_weight.dtype),
+                None, None, None)
 
 
 def chunked_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor,

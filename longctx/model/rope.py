@@ -103,7 +103,8 @@ def normalize_rope_parameters(params: Any, *, head_dim: int, max_position_embedd
     allowed = ROPE_KEYS[rope_type]
     unknown = sorted(k for k in p if k not in allowed)
     if unknown:
-        raise UserError(f"{where}: unknown field {unknown[0]!r} for rope_type {rope_type!r}; valid: {', '.join(sorted(allowed))}")
+        raise UserError(f"{where}: unknown field {unknown[0]!r} for rope_type {rope_type!r}; "
+                        f"valid: {', '.join(sorted(allowed))}")
     missing = [k for k in _REQUIRED[rope_type] if p.get(k) is None]
     if missing:
         raise UserError(f"{where}.{missing[0]}: required for rope_type {rope_type!r}")

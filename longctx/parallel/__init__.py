@@ -5,7 +5,12 @@ process meshes; decode-time CP (cp_decode.py)."""
 from longctx.parallel.cp import ContextParallelAttention, make_cp_attention
 from longctx.parallel.layout import CP_IMPLS, CPLayout, ulysses_degree, validate_cp, validate_heads, validate_layout
 from longctx.parallel.sharding import (
-    gather_sequence, positions_from_segments, shard_batch, shard_sequence, unshard_sequence, zigzag_indices,
+    gather_sequence,
+    positions_from_segments,
+    shard_batch,
+    shard_sequence,
+    unshard_sequence,
+    zigzag_indices,
     zigzag_permutation,
 )
 

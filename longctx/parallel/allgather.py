@@ -68,12 +68,12 @@ def allgather_forward(q: Tensor, k: Tensor, v: Tensor, spec: AllGatherSpec, caus
     outs, lses = [], []
     for rows, stop, is_causal in _query_blocks(causal, spec.index, spec.size, T):
         stop = kv.shape[3] if stop is None else stop
-        o, l = spec.kernel.forward(
+        o, block_lse = spec.kernel.forward(
             q[:, :, rows], kv[0][:, :, :stop], kv[1][:, :, :stop], causal=is_causal, scale=scale,
             segment_ids=None if q_seg is None else q_seg[:, rows],
             kv_segment_ids=None if full_seg is None else full_seg[:, :stop])
         outs.append(o)
-        lses.append(l)
+        lses.append(block_lse)
     return torch.cat(outs, dim=2), torch.cat(lses, dim=2)
 
 

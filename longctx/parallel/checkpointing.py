@@ -11,8 +11,11 @@ import functools
 
 import torch
 from torch import nn
-from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (_CHECKPOINT_PREFIX, CheckpointImpl,
-                                                                          checkpoint_wrapper)
+from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
+    _CHECKPOINT_PREFIX,
+    CheckpointImpl,
+    checkpoint_wrapper,
+)
 from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
 
 import longctx.parallel.cp  # noqa: F401  (registers torch.ops.longctx.cp_attention, kept whole below)

@@ -81,7 +81,8 @@ class ContextParallelAttention:
         if q.shape[2] != k.shape[2]:
             raise ValueError("context-parallel attention needs equal query and key lengths (training / prefill); "
                              f"got T={q.shape[2]}, S={k.shape[2]}")
-        if kv_segment_ids is not None and not (kv_segment_ids is segment_ids or torch.equal(kv_segment_ids, segment_ids)):
+        if kv_segment_ids is not None and not (kv_segment_ids is segment_ids
+                                               or torch.equal(kv_segment_ids, segment_ids)):
             raise ValueError("context-parallel attention takes one set of segment ids (kv_segment_ids == segment_ids)")
         T = q.shape[2]
         require(T % 2 == 0, f"data.seq_len={T * self.layout.cp_size} must be divisible by "

@@ -24,11 +24,17 @@ from typing import Optional, Tuple
 import torch
 
 from longctx.attention.kernel import AttentionKernel
-from longctx.parallel.ring import RingSpec, ring_backward, ring_forward
 from longctx.parallel.heads import HeadShards
+from longctx.parallel.ring import RingSpec, ring_backward, ring_forward
 from longctx.parallel.sharding import shard_sequence
-from longctx.parallel.ulysses import (UlyssesSpec, gather_heads, gather_ranges, replicate_kv_heads, scatter_heads,
-                                      scatter_ranges)
+from longctx.parallel.ulysses import (
+    UlyssesSpec,
+    gather_heads,
+    gather_ranges,
+    replicate_kv_heads,
+    scatter_heads,
+    scatter_ranges,
+)
 
 Tensor = torch.Tensor
 

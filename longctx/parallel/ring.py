@@ -79,10 +79,10 @@ def ring_forward(q: Tensor, k: Tensor, v: Tensor, spec: RingSpec, causal: bool, 
         pending = spec.comm.send_recv(kv) if step + 1 < P else None  # next hop, before computing
         nxt = pending.wait() if (pending is not None and not spec.overlap) else None
         rows, cols, is_causal = _block(step, src, r, causal, c)
-        o, l = spec.kernel.forward(
+        o, block_lse = spec.kernel.forward(
             q[:, :, rows], kv[0][:, :, cols], kv[1][:, :, cols], causal=is_causal, scale=scale,
             segment_ids=_seg(q_seg, rows), kv_segment_ids=None if kv_segs is None else kv_segs[src][:, cols])
-        out[:, :, rows], lse[:, :, rows] = merge_attention(out[:, :, rows], lse[:, :, rows], o, l)
+        out[:, :, rows], lse[:, :, rows] = merge_attention(out[:, :, rows], lse[:, :, rows], o, block_lse)
         if pending is not None:
             kv = nxt if nxt is not None else pending.wait()
     return out.to(q.dtype), lse

@@ -37,10 +37,18 @@ their own; on CPU the measured peak is RSS, which only counts pages a process ha
 5e8-element bucket costs only the part gradients fill. `device` selects these semantics.
 """
 from longctx.plan.layout import BUCKET, MAX_LIVE, PREFETCH, Layout, layout_of, parameter_counts, relative_time_per_token
-from longctx.plan.memory import (COMPONENTS, GPU_USABLE, RUNTIME_GB, GiB, MemoryEstimate, estimate_layout,
-                                 estimate_memory)
+from longctx.plan.memory import (
+                                 COMPONENTS,
+                                 GPU_USABLE,
+                                 RUNTIME_GB,
+                                 GiB,
+                                 MemoryEstimate,
+                                 estimate_layout,
+                                 estimate_memory,
+)
 from longctx.plan.report import fmt_bytes, format_estimate, parse_length, parse_size
 
-__all__ = ["BUCKET", "COMPONENTS", "GPU_USABLE", "GiB", "Layout", "MAX_LIVE", "MemoryEstimate", "PREFETCH", "RUNTIME_GB",
+__all__ = ["BUCKET", "COMPONENTS", "GPU_USABLE", "GiB", "Layout", "MAX_LIVE", "MemoryEstimate", "PREFETCH",
+           "RUNTIME_GB",
            "estimate_layout", "estimate_memory", "fmt_bytes", "format_estimate", "layout_of", "parameter_counts",
            "parse_length", "parse_size", "relative_time_per_token"]

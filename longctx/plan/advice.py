@@ -12,13 +12,27 @@ from typing import Optional
 
 from omegaconf import OmegaConf
 
-from longctx.config import (RunStage, load_config, missing_weights_note, resolve_stages, stage_model_config,
-                            validate_portable)
+from longctx.config import (
+    RunStage,
+    load_config,
+    missing_weights_note,
+    resolve_stages,
+    stage_model_config,
+    validate_portable,
+)
 from longctx.errors import UserError
 from longctx.model.config import ModelConfig
 from longctx.parallel.layout import ulysses_degree, validate_cp
-from longctx.plan import (GPU_USABLE, Layout, estimate_layout, format_estimate, layout_of, parse_length, parse_size,
-                          relative_time_per_token)
+from longctx.plan import (
+    GPU_USABLE,
+    Layout,
+    estimate_layout,
+    format_estimate,
+    layout_of,
+    parse_length,
+    parse_size,
+    relative_time_per_token,
+)
 from longctx.plan.report import gib
 from longctx.plan.target import cluster_line, memory_per_process, planned_device
 

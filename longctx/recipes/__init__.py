@@ -35,7 +35,8 @@ def path_of(name: str) -> Path:
     if name not in names():
         close = difflib.get_close_matches(name, names(), n=1)
         hint = f"did you mean {close[0]!r}? " if close else ""
-        raise UserError(f"--config: no recipe {name!r}; {hint}valid: {', '.join(names())} (`longctx recipes` lists them)")
+        raise UserError(f"--config: no recipe {name!r}; {hint}valid: {', '.join(names())} "
+                        "(`longctx recipes` lists them)")
     return path
 
 

@@ -42,8 +42,14 @@ from longctx import atomic, manifest
 from longctx.errors import UserError
 from longctx.manifest import COMPLETE, gather_objects, rank_and_world
 from longctx.parallel.zero import optimizer_param_names
-from longctx.train.reshard import (Layout, check_model_shape, engine_native, engine_record, read_rank_states,
-                                   saved_layout)
+from longctx.train.reshard import (
+    Layout,
+    check_model_shape,
+    engine_native,
+    engine_record,
+    read_rank_states,
+    saved_layout,
+)
 from longctx.train.universal import load_universal, to_universal
 
 log = logging.getLogger("longctx.train")

@@ -47,7 +47,8 @@ def continue_from(saved: dict, stages: Sequence) -> Continuation:
             return Continuation(last, done, data_stage == last, note)
     if stage < len(stages):
         note = None if not finished_old_plan else (
-            f"the checkpoint finished all {len(old_steps)} stage(s) it was written for; starting {_name(stages, stage)}")
+            f"the checkpoint finished all {len(old_steps)} stage(s) it was written for; "
+            f"starting {_name(stages, stage)}")
         return Continuation(stage, 0, False, note)
     return Continuation(len(stages), 0, False, None)
 

@@ -29,13 +29,33 @@ from longctx.parallel.parallelize import attention_for, parallelize, set_stage
 from longctx.parallel.zero import full_state_dict
 from longctx.progress import Progress
 from longctx.train import run_lock
-from longctx.train.build import (build_plain_model, deepspeed_config_for, optimizer_for, resolved_header,
-                                 setup_logging, train_dtype)
-from longctx.train.checkpoint import (CheckpointError, choose_resume, load_checkpoint, read_trainer_state,
-                                      resume_candidates, rng_state, run_phase, save_checkpoint, set_rng_state)
+from longctx.train.build import (
+    build_plain_model,
+    deepspeed_config_for,
+    optimizer_for,
+    resolved_header,
+    setup_logging,
+    train_dtype,
+)
+from longctx.train.checkpoint import (
+    CheckpointError,
+    choose_resume,
+    load_checkpoint,
+    read_trainer_state,
+    resume_candidates,
+    rng_state,
+    run_phase,
+    save_checkpoint,
+    set_rng_state,
+)
 from longctx.train.continuation import continue_from, nothing_left_notice
-from longctx.train.metrics import (MetricsWriter, flops_per_token, measure_cpu_limits, peak_flops_per_device,
-                                   progress_fields)
+from longctx.train.metrics import (
+    MetricsWriter,
+    flops_per_token,
+    measure_cpu_limits,
+    peak_flops_per_device,
+    progress_fields,
+)
 from longctx.train.nonfinite import NONFINITE_EXIT_CODE, NONFINITE_MARKER, NonFiniteGuard, NonFiniteStop, weights_finite
 from longctx.train.reshard import Layout, check_resume, engine_record, loader_state, rng_for
 from longctx.train.schedule import lr_at
@@ -398,7 +418,8 @@ class Trainer:
                                 state["step"])
         # stage_steps / data_stage: how a resume with a changed config continues (train/continuation.py);
         # model_config / tokenizer: the model it holds, for export and eval without model/ (model/consolidate.py)
-        trainer_state = dict(state, data_sources=self._fingerprints(data_stage), world_size=self.world, cp_size=self.cp, dp_size=self.mesh.dp_size,
+        trainer_state = dict(state, data_sources=self._fingerprints(data_stage), world_size=self.world, cp_size=self.cp,
+                             dp_size=self.mesh.dp_size,
                              stage_steps=[s.steps for s in self.stages], data_stage=data_stage,
                              **checkpoint_record(self.model.config, self.dtype, self.cfg.data.tokenizer))
         rank_state = {"data": loader_state, "rng": rng_state()}

@@ -87,7 +87,8 @@ def saved_layout(trainer_state: dict, ckpt: Path, rank_states: Optional[list] = 
     rows = None
     if "micro_batch_size" in trainer_state and "grad_accum" in trainer_state:
         rows = int(trainer_state["micro_batch_size"]) * int(trainer_state["grad_accum"])
-    elif rank_states and trainer_state.get("stage_step", 0) > 0 and trainer_state.get("data_stage") == trainer_state.get("stage"):
+    elif (rank_states and trainer_state.get("stage_step", 0) > 0
+          and trainer_state.get("data_stage") == trainer_state.get("stage")):
         old = by_dp_rank([s["data"] for s in rank_states])
         rows = rows_consumed(old) // (len(old) * int(trainer_state["stage_step"]))
     return Layout(world, cp, dp, int(zero), bool(trainer_state.get("offload_optimizer", False)), rows)
@@ -128,7 +129,8 @@ def check_global_batch(ckpt: Path, saved: Layout, current: Layout, *, micro_batc
     else:
         fix = f"{want} rows do not split over {dp} data-parallel ranks"
     raise UserError(f"checkpoint.resume: {ckpt} was trained with a global batch of {want} rows per step "
-                    f"({saved.dp_size} data-parallel ranks x {saved.rows_per_step}); this run's is {current.global_batch} "
+                    f"({saved.dp_size} data-parallel ranks x {saved.rows_per_step}); "
+                    f"this run's is {current.global_batch} "
                     f"({dp} x {micro_batch_size} micro-batch x {grad_accum} grad_accum): {fix}")
 
 

@@ -18,8 +18,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from longctx.data.packing import IGNORE
 from longctx.errors import UserError
+from longctx.labels import IGNORE_INDEX
 from longctx.model.config import ModelConfig
 from longctx.parallel.mesh import Mesh
 from longctx.parallel.sharding import shard_batch
@@ -72,7 +72,7 @@ def to_rank(inputs: dict, setup: StepSetup) -> dict:
 
 def label_weight(inputs: dict) -> float:
     """This shard's real label tokens, weighted by loss_weights when present."""
-    valid = (inputs["labels"] != IGNORE).float()  # (B, T)
+    valid = (inputs["labels"] != IGNORE_INDEX).float()  # (B, T)
     weights = inputs.get("loss_weights")
     return float((valid * weights).sum() if weights is not None else valid.sum())
 

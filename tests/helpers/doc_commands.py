@@ -26,7 +26,8 @@ SHELL_INFO = ("bash", "sh", "shell")
 FENCE = re.compile(r"^(\s*)(`{3,}|~{3,})\s*([^\s`]*)")
 ASSIGNMENT = re.compile(r"""^(export\s+)?[A-Za-z_]\w*=(\$\([^()]*\)|"[^"]*"|'[^']*'|[^\s;&|'"])*\s*(#.*)?$""")
 # an unlabeled block that starts like this is a command a reader would copy: it needs ```bash
-COMMAND_WORDS = re.compile(r"^((longctx|python3?|torchrun|sbatch|pip|accelerate|deepspeed|bash|kill|huggingface-cli|hf)\s"
+COMMAND_WORDS = re.compile(r"^((longctx|python3?|torchrun|sbatch|pip|accelerate|deepspeed|bash|kill|"
+                           r"huggingface-cli|hf)\s"
                            r"|\.venv/bin/\S+\s|\./run\.sh|launch/\S+\.(sh|py)|slurm/\S+\.sbatch|\S+/\S+\.py\s)")
 # paths that exist only in a checkout: a command using one runs from (a view of) the checkout
 CHECKOUT_PATHS = re.compile(r"(^|[\s=:])(\./|\$PWD|configs/|launch/|slurm/|tests/|benchmarks/|scripts/|"

@@ -4,9 +4,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-from longctx.parallel import ds_ops
 from helpers.fake_op import NAME, FakeBuilder
 from helpers.train import TINY, env, metrics
+from longctx.parallel import ds_ops
 
 FAKE_OP = Path(__file__).resolve().parents[1] / "helpers" / "fake_op.py"
 

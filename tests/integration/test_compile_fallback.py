@@ -5,7 +5,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-
 _FALLBACK = """
 import sys, torch
 sys.path.insert(0, "tests")

@@ -28,7 +28,8 @@ def packed_segments(B, L, boundaries):
 def _attention_worker(rank, world, impls, L, boundaries, backend):
     B, D = 2, 8
     checks = []
-    cps = {name: make_cp_attention(None, impl=impl, ulysses_size=u, backend=backend) for name, (impl, u) in impls.items()}
+    cps = {name: make_cp_attention(None, impl=impl, ulysses_size=u, backend=backend)
+           for name, (impl, u) in impls.items()}
     for dtype, causal, heads, docs in itertools.product(TOL, (True, False), HEADS, (False, True)):
         Hq, Hkv = HEADS[heads]
         g = torch.Generator().manual_seed(1234)
@@ -83,7 +84,8 @@ def test_cp_ring_eager_kernel_and_no_overlap_world2():
 def _ring_variants_worker(rank, world):
     L, B, D, Hq, Hkv = 16, 1, 8, 4, 2
     g = torch.Generator().manual_seed(7)
-    q, k, v = torch.randn(B, Hq, L, D, generator=g), torch.randn(B, Hkv, L, D, generator=g), torch.randn(B, Hkv, L, D, generator=g)
+    q, k, v = (torch.randn(B, Hq, L, D, generator=g), torch.randn(B, Hkv, L, D, generator=g),
+               torch.randn(B, Hkv, L, D, generator=g))
     dout = torch.randn(B, Hq, L, D, generator=g)
     qr, kr, vr = (x.clone().requires_grad_() for x in (q, k, v))
     ref = eager_attention(qr, kr, vr, causal=True)

@@ -23,7 +23,8 @@ def _batch(L, docs):
             for c in cuts:
                 seg[b, c:] += 1
         # no target across a document boundary
-        batch["labels"] = labels.masked_fill(torch.cat([seg[:, 1:] != seg[:, :-1], torch.ones(B, 1, dtype=torch.bool)], 1), -100)
+        batch["labels"] = labels.masked_fill(
+            torch.cat([seg[:, 1:] != seg[:, :-1], torch.ones(B, 1, dtype=torch.bool)], 1), -100)
         batch["segment_ids"] = seg
         batch["position_ids"] = positions_from_segments(seg)
     return batch
@@ -59,7 +60,8 @@ def _model_worker(rank, world, impls, L, ckpt_impls=()):
             total = loss_sum.detach().clone()
             dist.all_reduce(total)
             case = f"{name}/{'docs' if docs else 'nodocs'}"
-            checks.append((case, "loss", abs(total.item() / n_tokens - ref_loss.item()) / abs(ref_loss.item()), REL_TOL))
+            checks.append((case, "loss", abs(total.item() / n_tokens - ref_loss.item()) / abs(ref_loss.item()),
+                           REL_TOL))
             for n, p in model.named_parameters():
                 n = n.replace("._checkpoint_wrapped_module", "")
                 g = p.grad.clone()
@@ -92,7 +94,8 @@ def _sac_keeps_cp_op(rank, world, cfg, L):
         model = build_model(cfg, seed=3)
         for i, block in enumerate(model.layers):
             model.layers[i] = checkpoint_wrapper(block, checkpoint_impl=CheckpointImpl.NO_REENTRANT,
-                                                 context_fn=functools.partial(create_selective_checkpoint_contexts, policy))
+                                                 context_fn=functools.partial(create_selective_checkpoint_contexts,
+                                                                              policy))
         model.set_attention(make_cp_attention(None, impl="ring"))
         reset_comm_stats()
         loss = _loss_sum(model, local) / n_tokens

@@ -75,7 +75,8 @@ def test_a_killed_build_is_taken_over_at_once(tmp_path):
     notes = [line for line in err.splitlines() if line.startswith("note: ")]
     assert notes[0].startswith(f"note: taking over {lock}: its holder (pid {killed.pid} on ")
     assert notes[0].endswith("is no longer running")
-    assert notes[1] == f"note: removed {tmp_dir}, left by pid {killed.pid} on {os.uname().nodename}, which is no longer running"
+    assert notes[1] == (f"note: removed {tmp_dir}, left by pid {killed.pid} on {os.uname().nodename}, "
+                        "which is no longer running")
     built = [p for p in cache.iterdir()]
     assert len(built) == 1 and (built[0] / "meta.json").exists()  # no lock, no temporary directory left
 

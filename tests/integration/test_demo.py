@@ -206,9 +206,8 @@ def test_training_configs_carry_the_measured_recipe(tmp_path):
     """The written YAMLs are what the trainer validates and runs: base documents near-full
     (a distractor in every 256-token niah document), extension documents 1x..4x."""
     from longctx.config import load_config
-    from longctx.demo import jobs
-
     from longctx.data import load_tokenizer
+    from longctx.demo import jobs
 
     byte = load_tokenizer("byte")
     base = jobs.write_config(jobs.base_config(FULL, tmp_path / "base", 0, byte), tmp_path / "base.yaml")

@@ -2,8 +2,8 @@
 and why. A block marked `<!-- doc-test: run -->` (tests/helpers/doc_commands.py) runs each of
 its commands in a fresh directory, the venv's bin on PATH, without a terminal: exit code 0 and
 no traceback. The commands of every other ```bash block are keys of NOT_RUN below (or run in a
-marked block elsewhere); a command in neither place (a new or edited doc line), a NOT_RUN entry no doc has any more, or a command-like
-block without ```bash fails the listing test, so the docs and this list cannot drift apart."""
+marked block elsewhere); a command in neither place (a new or edited doc line), a NOT_RUN entry no doc has any
+more, or a command-like block without ```bash fails the listing test, so the docs and this list cannot drift apart."""
 import os
 import re
 import subprocess
@@ -12,8 +12,19 @@ from pathlib import Path
 
 import pytest
 
-from helpers.doc_commands import (ROOT, checkout_view, interface, marks_not_on_shell_blocks, reader_env, run_command,
-                                  settle_stub_job, shell_commands, stub_jobs, unlabeled_command_blocks, workdir)
+from helpers.doc_commands import (
+    ROOT,
+    checkout_view,
+    interface,
+    marks_not_on_shell_blocks,
+    reader_env,
+    run_command,
+    settle_stub_job,
+    shell_commands,
+    stub_jobs,
+    unlabeled_command_blocks,
+    workdir,
+)
 
 VENV_BIN = Path(sys.executable).parent
 TIMEOUT = 300  # against a hang: these commands take seconds
@@ -112,8 +123,8 @@ NOT_RUN = {  # command (DocCommand.key) -> why it is not run
     "--module longctx train --config configs/yarn-llama2-7b-128k.yaml": f"{WEIGHTS}; the hostfile's nodes (ssh)",
     # performance.md
     ".venv/bin/python benchmarks/bench_peers.py --lengths 4096,8192 --world 2 --out run.json": BENCH,
-    ".venv/bin/python benchmarks/bench_peers.py --lengths 16384 --no-check --impls hf,ours,alst,alst-tiled,ring,ulysses":
-        BENCH,
+    ".venv/bin/python benchmarks/bench_peers.py --lengths 16384 --no-check "
+    "--impls hf,ours,alst,alst-tiled,ring,ulysses": BENCH,
     ".venv/bin/python benchmarks/bench_peers.py --max-len --budget-gb 1.5 --max-len-start 2048 --probe-timeout 600 "
     "--impls ulysses,alst,alst-tiled,ring": BENCH,
     ".venv/bin/python benchmarks/bench_peers.py ... --alst-loss-shard-tokens 1024": ELLIPSIS,

@@ -39,7 +39,8 @@ def _args(model_dir, out):
 
 def _eval(model_dir, out, fault="none", n=0, rank=None, nproc=1, extra=()):
     launcher = [sys.executable] if nproc == 1 else [
-        sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc), "--master-port", str(free_port())]
+        sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc),
+        "--master-port", str(free_port())]
     cmd = [*launcher, str(DRIVER), fault, str(n), *([str(rank)] if rank is not None else []), "--",
            *_args(model_dir, out), *extra]
     return subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env(), cwd=ROOT)
@@ -90,7 +91,8 @@ def test_killed_at_four_points_and_rerun_gives_the_uninterrupted_bytes(model_dir
     # 2. SIGKILL right after the first cell file of the rerun (the partial cell, now complete)
     res = _eval(model_dir, out, "kill-cell", 1)
     assert res.returncode == -9
-    assert "resuming: 0 of 6 cells already done in" in res.stderr and "(and 4 of 6 samples of niah_single_1 at 256)" in res.stderr
+    assert ("resuming: 0 of 6 cells already done in" in res.stderr
+            and "(and 4 of 6 samples of niah_single_1 at 256)" in res.stderr)
     assert _cells(out)["256/niah_single_1.json"]["complete"]
     assert not (out / "PREEMPTED").exists()
 
@@ -152,7 +154,8 @@ def test_a_signal_to_one_rank_stops_every_rank_after_the_same_batch(model_dir, o
     assert len(cell["records"]) == done and cell["computed_with"][0]["dp"] == 2 // cp
     res = _eval(model_dir, out, nproc=2, extra=["--cp", str(cp)])
     assert res.returncode == 0, res.stderr[-3000:]
-    assert f"resuming: 0 of 6 cells already done in {out} (and {done} of 6 samples of niah_single_1 at 256)" in res.stderr
+    assert (f"resuming: 0 of 6 cells already done in {out} (and {done} of 6 samples of niah_single_1 at 256)"
+            in res.stderr)
     if cp == 1:  # the batches do not depend on dp: the bytes of one process
         assert _outputs(out) == _outputs(one_process)
     else:  # the cp prefill decodes the same tokens

@@ -71,7 +71,8 @@ def test_eval_array_task_preempted_by_usr1_requeues_and_ends_with_the_uninterrup
     mark = tmp_path / "batch-started"
     env = {k: v for k, v in os.environ.items()
            if not k.startswith("SLURM") and k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")}
-    env.update(PATH=f"{STUBS}:{Path(sys.executable).parent}:{env.get('PATH', '')}", SLURM_STUB_STATE=str(tmp_path / "state"),
+    env.update(PATH=f"{STUBS}:{Path(sys.executable).parent}:{env.get('PATH', '')}",
+               SLURM_STUB_STATE=str(tmp_path / "state"),
                LONGCTX_PYTHON=sys.executable, LONGCTX_LOG_DIR=str(tmp_path / "logs"), OMP_NUM_THREADS="1",
                PYTHONUNBUFFERED="1", LONGCTX_EVAL_LENGTHS="256", PYTHONPATH=f"{hooks}:{env.get('PYTHONPATH', '')}",
                BATCH_MARK=str(mark))

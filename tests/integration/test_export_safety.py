@@ -255,8 +255,8 @@ def test_an_export_too_big_for_the_disk_is_refused_before_writing(tmp_path, mode
     out = tmp_path / "hf"
     assert cli.main(["export", "--checkpoint", str(models[0]), "--out", str(out)]) == 2
     line = _error_lines(capsys.readouterr().err)[0]
-    assert line == f"error: --out: {out} needs ~738.5 KiB for the weights, 512.0 KiB free on its disk; free some space " \
-                   "or choose another directory"
+    assert line == f"error: --out: {out} needs ~738.5 KiB for the weights, 512.0 KiB free on its disk; " \
+                   "free some space or choose another directory"
     assert sorted(p.name for p in tmp_path.iterdir()) == []
 
 

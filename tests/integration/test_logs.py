@@ -10,8 +10,8 @@ from collections import Counter
 import torch
 
 import longctx
-from longctx.model import build_model, get_preset
 from helpers.train import env, metrics, run_train
+from longctx.model import build_model, get_preset
 
 PIPED_TRAIN = ["data.micro_batch_size=2", "data.shuffle=false", "data.seq_len=256", "log.tensorboard=false",
                "checkpoint.save_hf=false"]
@@ -121,8 +121,10 @@ def test_piped_eval_prints_clean_warnings_progress_and_a_summary(tmp_path):
     assert [line for line in res.stderr.splitlines() if "ppl at 256" in line] == [
         f"warning: {note} stream (repeated text)"]
     assert any(w.startswith(note) for w in json.loads((out / "results.json").read_text())["warnings"])
-    assert re.search(r"^eval: sample 2/2 \(100%\) \| elapsed \d+:\d\d \| eta 0:00$", res.stderr, re.MULTILINE), res.stderr
-    assert re.search(r"^ppl: window 2/2 \(100%\) \| elapsed \d+:\d\d \| eta 0:00$", res.stderr, re.MULTILINE), res.stderr
+    assert re.search(r"^eval: sample 2/2 \(100%\) \| elapsed \d+:\d\d \| eta 0:00$", res.stderr,
+                     re.MULTILINE), res.stderr
+    assert re.search(r"^ppl: window 2/2 \(100%\) \| elapsed \d+:\d\d \| eta 0:00$", res.stderr,
+                     re.MULTILINE), res.stderr
     summary = res.stdout[res.stdout.index("eval done:"):].splitlines()
     assert re.match(r"eval done: 1 task x 1 length \(256\), 2 samples, mean score \d+\.\d; ppl at 256; wall \d+:\d\d$",
                     summary[0]), summary

@@ -34,12 +34,21 @@ def _write_dir(tmp_path, config=None, tensors=None):
 BAD_CASES = {
     "missing dir": (lambda p: p / "nope", "does not exist"),
     "no weights": (lambda p: (_write_dir(p), (p / "bad" / "model.safetensors").unlink())[0], "no weights found"),
-    "not llama": (lambda p: _write_dir(p, {"architectures": ["GPT2LMHeadModel"], "model_type": "gpt2"}), "GPT2LMHeadModel"),
+    "not llama": (lambda p: _write_dir(p, {"architectures": ["GPT2LMHeadModel"], "model_type": "gpt2"}),
+                  "GPT2LMHeadModel"),
     "shape mismatch": (lambda p: _write_dir(p, {"intermediate_size": 100}), "has shape"),
-    "unknown rope field": (lambda p: _write_dir(p, {"rope_parameters": {"rope_type": "yarn", "rope_theta": 1e4, "factor": 2.0, "fctor": 2}}), "'fctor'"),
-    "incomplete rope": (lambda p: _write_dir(p, {"rope_parameters": {"rope_type": "llama3", "rope_theta": 1e4, "factor": 8.0}}), "low_freq_factor"),
-    "unknown rope type": (lambda p: _write_dir(p, {"rope_parameters": {"rope_type": "ntk-by-parts", "rope_theta": 1e4}}), "ntk-by-parts"),
-    "rope factor < 1": (lambda p: _write_dir(p, {"rope_parameters": {"rope_type": "linear", "rope_theta": 1e4, "factor": 0.5}}), "factor"),
+    "unknown rope field": (lambda p: _write_dir(p, {"rope_parameters": {"rope_type": "yarn", "rope_theta": 1e4,
+                                                                        "factor": 2.0, "fctor": 2}}),
+                           "'fctor'"),
+    "incomplete rope": (lambda p: _write_dir(p, {"rope_parameters": {"rope_type": "llama3", "rope_theta": 1e4,
+                                                                     "factor": 8.0}}),
+                        "low_freq_factor"),
+    "unknown rope type": (lambda p: _write_dir(p, {"rope_parameters": {"rope_type": "ntk-by-parts",
+                                                                       "rope_theta": 1e4}}),
+                          "ntk-by-parts"),
+    "rope factor < 1": (lambda p: _write_dir(p, {"rope_parameters": {"rope_type": "linear", "rope_theta": 1e4,
+                                                                     "factor": 0.5}}),
+                        "factor"),
 }
 
 

@@ -5,9 +5,9 @@ import os
 import signal
 import time
 
+from helpers.train import TINY, run_train, start_train
 from longctx.train.run_lock import LOCK_NAME
 from longctx.train.signals import PREEMPTED_EXIT_CODE
-from helpers.train import TINY, run_train, start_train
 
 COMMON = [*TINY, "data.seq_len=256", "log.every=1", "checkpoint.every=2"]
 
@@ -65,4 +65,4 @@ def test_a_killed_job_is_taken_over_and_metrics_end_with_the_steps_that_count(tm
         abandoned = [json.loads(line)["step"] for line in (out / "metrics.abandoned.jsonl").read_text().splitlines()
                      if line.startswith("{") and line.endswith("}")]
         assert abandoned[:logged - saved] == list(range(saved + 1, logged + 1))
-        assert f"moved from metrics.jsonl to metrics.abandoned.jsonl" in res.stderr
+        assert "moved from metrics.jsonl to metrics.abandoned.jsonl" in res.stderr

@@ -23,7 +23,8 @@ SCRIPTS = sorted([*ROOT.glob("slurm/*.sbatch"), *ROOT.glob("launch/*.sh")])
 def _env(tmp_path: Path, **extra) -> dict:
     env = {k: v for k, v in os.environ.items()
            if not k.startswith("SLURM") and k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")}
-    env.update(PATH=f"{STUBS}:{Path(sys.executable).parent}:{env.get('PATH', '')}", SLURM_STUB_STATE=str(tmp_path / "state"),
+    env.update(PATH=f"{STUBS}:{Path(sys.executable).parent}:{env.get('PATH', '')}",
+               SLURM_STUB_STATE=str(tmp_path / "state"),
                LONGCTX_PYTHON=sys.executable, LONGCTX_LOG_DIR=str(tmp_path / "logs"), OMP_NUM_THREADS="1",
                PYTHONUNBUFFERED="1")
     env.update(extra)
@@ -63,7 +64,8 @@ def test_sbatch_train_preempted_by_usr1_requeues_and_resumes(tmp_path):
     steps = 60
     cfg = _config(tmp_path, steps)
     res = subprocess.run(["sbatch", "--nodes=1", "--gpus-per-node=2", f"--output={tmp_path}/%x-%j.out",
-                          "slurm/train.sbatch", str(cfg)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=30)
+                          "slurm/train.sbatch", str(cfg)], cwd=ROOT, env=env, capture_output=True, text=True,
+                         timeout=30)
     assert res.returncode == 0, res.stderr
     job = res.stdout.split()[-1]
     state, out = tmp_path / "state", tmp_path / "run"
@@ -108,7 +110,8 @@ SLURM_ENV = {"SLURM_JOB_ID": "77", "SLURM_JOB_NAME": "t", "SLURM_JOB_NODELIST": 
     ("SLURM_JOB_ID", "SLURM_JOB_ID is not set: run this script with sbatch"),
     ("SLURM_JOB_NODELIST", "SLURM_JOB_NODELIST is not set"),
     ("SLURM_JOB_NUM_NODES", "SLURM_JOB_NUM_NODES is not set (nor SLURM_NNODES)"),
-    ("SLURM_GPUS_ON_NODE", "SLURM_GPUS_ON_NODE is not set (nor SLURM_GPUS_PER_NODE): request GPUs with --gpus-per-node"),
+    ("SLURM_GPUS_ON_NODE",
+     "SLURM_GPUS_ON_NODE is not set (nor SLURM_GPUS_PER_NODE): request GPUs with --gpus-per-node"),
 ])
 def test_missing_slurm_variable_is_a_clear_error(tmp_path, missing, needle):
     env = {k: v for k, v in SLURM_ENV.items() if k != missing}
@@ -165,7 +168,8 @@ def test_eval_array_task_without_a_length(tmp_path):
     assert res.returncode == 2 and "array task 9 has no length" in res.stderr and "--array=0-5" in res.stderr
 
 
-@pytest.mark.skipif(shutil.which("shellcheck") is None, reason="shellcheck is not installed (apt-get install shellcheck)")
+@pytest.mark.skipif(shutil.which("shellcheck") is None,
+                    reason="shellcheck is not installed (apt-get install shellcheck)")
 @pytest.mark.parametrize("script", SCRIPTS, ids=lambda p: p.name)
 def test_scripts_pass_shellcheck(script):
     res = subprocess.run(["shellcheck", "-x", "-P", str(ROOT), str(script)], cwd=ROOT, capture_output=True, text=True)

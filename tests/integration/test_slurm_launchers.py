@@ -92,7 +92,8 @@ def test_preflight_messages(tmp_path, capsys):
                          str(ROOT / "configs/cpu/llama3-8b-128k.yaml"), f"out_dir={tmp_path}/run"])
     captured = capsys.readouterr()
     assert rc == 0 and captured.out.strip() == str(tmp_path / "run")
-    assert "warning: stage" not in captured.err  # the tiny model fits in 8 GB (1.5 runtime + a 5e8-element ZeRO-3 bucket)
+    # the tiny model fits in 8 GB (1.5 runtime + a 5e8-element ZeRO-3 bucket)
+    assert "warning: stage" not in captured.err
     rc = preflight.main(["--world-size", "8", "--gpu-mem", "24GB", "--", "model.preset=llama3-8b",
                          "data.seq_len=131072", "parallel.cp_size=8", f"out_dir={tmp_path}/run"])
     assert rc == 0 and "more than 24 GiB; see `longctx plan`" in capsys.readouterr().err

@@ -9,8 +9,8 @@ import pytest
 import torch
 
 import longctx
-from longctx.train.signals import PREEMPTED_EXIT_CODE
 from helpers.train import TINY, env, metrics, run_train, start_train
+from longctx.train.signals import PREEMPTED_EXIT_CODE
 
 
 def _ok(res):
@@ -93,7 +93,8 @@ def test_init_from_hf_with_new_rope_and_staged_extension(tmp_path):
     out = tmp_path / "run"
     stages = ("stages=[{name: short, seq_len: 256, steps: 3}, "
               "{name: long, seq_len: 512, steps: 3, lr: 1e-4, "
-              "rope_parameters: {rope_type: yarn, rope_theta: 10000.0, factor: 4.0, original_max_position_embeddings: 256}, "
+              "rope_parameters: {rope_type: yarn, rope_theta: 10000.0, factor: 4.0, "
+              "original_max_position_embeddings: 256}, "
               "max_position_embeddings: 1024}]")
     res = run_train(1, [f"out_dir={out}", f"model.init_from={hf_dir}", stages, "data.micro_batch_size=1",
                         "log.progress=false", "log.tensorboard=false"])

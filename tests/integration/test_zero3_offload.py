@@ -4,7 +4,8 @@ import pytest
 from helpers.train import TINY, metrics, run_train
 
 
-@pytest.mark.heavy  # compiles DeepSpeed's CPU Adam (minutes on a fresh machine); ZeRO-3 itself is covered by the default tests
+# compiles DeepSpeed's CPU Adam (minutes on a fresh machine); ZeRO-3 itself is covered by the default tests
+@pytest.mark.heavy
 def test_zero3_with_cpu_offload(tmp_path):
     out = tmp_path / "run"
     res = run_train(1, [f"out_dir={out}", *TINY, "train.steps=3", "parallel.zero_stage=3",

@@ -156,7 +156,8 @@ def test_swap_directory_exchanges_the_whole_directory(tmp_path, monkeypatch):
     calls = []
     exchange = atomic._exchange
     monkeypatch.setattr(atomic, "_exchange", lambda a, b: calls.append((a, b)) or exchange(a, b))
-    new, path = _dirs({"config.json": "old", "stale.safetensors": "old"}, {"config.json": "new", "m.safetensors": "new"},
+    new, path = _dirs({"config.json": "old", "stale.safetensors": "old"},
+                      {"config.json": "new", "m.safetensors": "new"},
                       tmp_path)
     atomic.swap_directory(new, path)
     assert calls == [(new, path)]
@@ -222,7 +223,8 @@ def test_result_file_clears_a_dead_writers_temporary_of_that_file_with_a_note(tm
     stale.write_text("half")
     other.write_text("half")
     atomic.write_result(tmp_path / "results.json", "{}\n")
-    assert capsys.readouterr().err == f"note: removed {stale}, left by pid {pid} on {HOST}, which is no longer running\n"
+    assert capsys.readouterr().err == (f"note: removed {stale}, left by pid {pid} on {HOST}, "
+                                       "which is no longer running\n")
     assert sorted(p.name for p in tmp_path.iterdir()) == [other.name, "results.json"]
     with pytest.raises(UserError, match="cannot write .*results.json: the disk"):
         with atomic.result_file(tmp_path / "results.json") as tmp:

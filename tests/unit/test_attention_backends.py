@@ -5,8 +5,15 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from helpers.attention import CASES, TOL, assert_close, make_qkv, packed_ids, reference, run_fn
 from longctx.attention import (
-    EagerKernel, attention_with_lse, eager_attention, get_attention, get_kernel, kernel_attention,
-    merge_attention, resolve_backend, sdpa_attention,
+    EagerKernel,
+    attention_with_lse,
+    eager_attention,
+    get_attention,
+    get_kernel,
+    kernel_attention,
+    merge_attention,
+    resolve_backend,
+    sdpa_attention,
 )
 from longctx.attention.sdpa import SdpaKernel
 from longctx.errors import UserError
@@ -70,8 +77,8 @@ def test_block_merge_and_block_backward_are_exact(kernel):
     out_full, lse_full = kernel.forward(q, k, v, segment_ids=ids_q, kv_segment_ids=ids_k, **kw)
     out = lse = None
     for sl in (slice(0, 7), slice(7, 19), slice(19, 30)):
-        o, l = kernel.forward(q, k[:, :, sl], v[:, :, sl], segment_ids=ids_q, kv_segment_ids=ids_k[:, sl], **kw)
-        out, lse = merge_attention(out, lse, o, l)
+        o, block_lse = kernel.forward(q, k[:, :, sl], v[:, :, sl], segment_ids=ids_q, kv_segment_ids=ids_k[:, sl], **kw)
+        out, lse = merge_attention(out, lse, o, block_lse)
     assert_close("merged out", out, out_full, 1e-5)
     assert_close("merged lse", lse, lse_full, 1e-5)
     dout = torch.randn_like(out_full)
@@ -171,7 +178,8 @@ def test_document_masks_are_tiled(kernel_cls, T, S, causal):
     out_r, lse_r, dout, dq_r, dk_r, dv_r = reference(q, k, v, **kw)
     (out, lse), dq, dk, dv = run_fn(lambda *a, **b: kernel_attention(kernel, *a, **b), q, k, v, dout, **kw)
     assert torch.equal(torch.isinf(lse), torch.isinf(lse_r))
-    for name, a, b in [("out", out, out_r), ("lse", torch.nan_to_num(lse, neginf=0.0), torch.nan_to_num(lse_r, neginf=0.0)),
+    for name, a, b in [("out", out, out_r),
+                       ("lse", torch.nan_to_num(lse, neginf=0.0), torch.nan_to_num(lse_r, neginf=0.0)),
                        ("dq", dq, dq_r), ("dk", dk, dk_r), ("dv", dv, dv_r)]:
         assert_close(name, a, b, 1e-5)
 

@@ -8,8 +8,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 
-from peer_checks import (GRAD_TOLERANCE, compare_grads, correctness_row, interleaved_order,  # noqa: E402
-                         ratio_table, speed_summary)
+from peer_checks import GRAD_TOLERANCE, compare_grads, correctness_row, interleaved_order, ratio_table, speed_summary  # noqa: E402
 from peer_contenders import build_order, make_batch, shifted_labels  # noqa: E402
 
 from longctx.model import get_preset  # noqa: E402
@@ -55,10 +54,12 @@ def test_interleaving_alternates_order_and_alst_builds_last():
 
 
 def test_ratio_table_picks_best_of_each_side():
-    rows = [{"seq_len": 8, "impl": "ring", "tokens_per_s_median": 30.0, "tokens_per_s_fastest": 30.0, "peak_rss_gb": 1.0},
+    rows = [{"seq_len": 8, "impl": "ring", "tokens_per_s_median": 30.0, "tokens_per_s_fastest": 30.0,
+             "peak_rss_gb": 1.0},
             {"seq_len": 8, "impl": "ulysses", "tokens_per_s_median": 20.0, "tokens_per_s_fastest": 40.0,
              "peak_rss_gb": 0.8},
-            {"seq_len": 8, "impl": "alst", "tokens_per_s_median": 10.0, "tokens_per_s_fastest": 20.0, "peak_rss_gb": 2.0},
+            {"seq_len": 8, "impl": "alst", "tokens_per_s_median": 10.0, "tokens_per_s_fastest": 20.0,
+             "peak_rss_gb": 2.0},
             {"seq_len": 8, "impl": "alst-tiled", "error": "x"}]
     line = ratio_table(rows, ("ring", "ulysses"), ("alst", "alst-tiled")).splitlines()[-1]
     assert line == "| 8 | ring | alst | 3.00x | 2.00x | 0.40x |"

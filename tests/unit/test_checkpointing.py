@@ -2,9 +2,8 @@
 import pytest
 import torch
 
-from longctx.parallel.checkpointing import apply_activation_checkpointing
 from helpers.model import loss_and_grads, tiny_model
-
+from longctx.parallel.checkpointing import apply_activation_checkpointing
 
 
 @pytest.mark.parametrize("policy,recompute_attention", [("full", False), ("full", True), ("selective", False)])

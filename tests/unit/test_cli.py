@@ -40,7 +40,8 @@ def test_recipes_lists_every_bundled_file_and_prints_one(capsys):
 
 
 def test_a_recipe_name_resolves_and_a_wrong_one_is_one_line(capsys):
-    assert recipes.resolve("recipe:cpu/yarn-llama2-7b-128k") == str(recipes.RECIPES_DIR / "cpu/yarn-llama2-7b-128k.yaml")
+    assert recipes.resolve("recipe:cpu/yarn-llama2-7b-128k") == str(
+        recipes.RECIPES_DIR / "cpu/yarn-llama2-7b-128k.yaml")
     assert recipes.resolve("my/own.yaml") == "my/own.yaml" and recipes.resolve(None) is None
     with pytest.raises(UserError, match=r"^--config: no recipe 'cpu/yarn-llama2-7b-128'; did you mean "
                                         r"'cpu/yarn-llama2-7b-128k'\? valid: "):

@@ -3,12 +3,12 @@
 import pytest
 import torch
 
+from helpers.attention import packed_ids
+from helpers.model import tiny_model
 from longctx.config import load_config, validate_config
 from longctx.errors import UserError
 from longctx.parallel.checkpointing import apply_activation_checkpointing
 from longctx.parallel.compiled import compile_pointwise
-from helpers.model import tiny_model
-from helpers.attention import packed_ids
 
 
 def _loss_and_grads(model, ids, seg, labels):
@@ -65,7 +65,8 @@ def test_compiled_model_trains_and_changes_with_sequence_length():
 
 @pytest.mark.parametrize("overrides, message", [
     (["parallel.compile=everything"], "parallel.compile: unknown 'everything'; valid: none, norms_mlp"),
-    (["parallel.compile=norms_mlp", "parallel.zero_stage=3"], "parallel.compile: not supported with parallel.zero_stage=3"),
+    (["parallel.compile=norms_mlp", "parallel.zero_stage=3"],
+     "parallel.compile: not supported with parallel.zero_stage=3"),
 ])
 def test_compile_config_errors_name_the_field(overrides, message):
     with pytest.raises(UserError, match="^" + message.replace("(", r"\(").replace(")", r"\)")):

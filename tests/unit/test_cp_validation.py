@@ -5,7 +5,12 @@ import torch
 
 from longctx.errors import UserError
 from longctx.parallel import (
-    positions_from_segments, shard_batch, shard_sequence, unshard_sequence, validate_cp, zigzag_indices,
+    positions_from_segments,
+    shard_batch,
+    shard_sequence,
+    unshard_sequence,
+    validate_cp,
+    zigzag_indices,
 )
 
 
@@ -66,7 +71,8 @@ def test_shard_batch_and_document_positions():
     assert positions_from_segments(seg).tolist() == [[0, 1, 2, 0, 1, 0, 1, 2]]
     ids = torch.arange(8)[None] + 100
     labels = torch.cat([ids[:, 1:], torch.tensor([[-100]])], 1)
-    full = {"input_ids": ids, "labels": labels, "segment_ids": seg, "loss_weights": torch.arange(8.)[None], "note": "kept"}
+    full = {"input_ids": ids, "labels": labels, "segment_ids": seg, "loss_weights": torch.arange(8.)[None],
+            "note": "kept"}
     local = shard_batch(full, 1, 2)
     assert local["input_ids"].tolist() == [[102, 103, 104, 105]]
     assert local["labels"].tolist() == [[103, 104, 105, 106]]  # targets stay with their inputs

@@ -15,8 +15,16 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from longctx.model.config import ModelConfig
 from longctx.model.llama import Transformer
-from longctx.train.metrics import (_attention_run, _best_time, _linear_run, attention_pair_fraction,
-                                   cpu_limit_fraction, limit_ops, measure_cpu_limits, step_flops)
+from longctx.train.metrics import (
+    _attention_run,
+    _best_time,
+    _linear_run,
+    attention_pair_fraction,
+    cpu_limit_fraction,
+    limit_ops,
+    measure_cpu_limits,
+    step_flops,
+)
 
 aten = torch.ops.aten
 GEMMS = {aten.mm.default, aten.addmm.default, aten.addmm_.default, aten.bmm.default}

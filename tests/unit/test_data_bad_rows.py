@@ -57,13 +57,15 @@ VIAS = [("check_data", False), ("loader", False), ("check_data", True), ("loader
 @pytest.mark.parametrize("via,streaming", VIAS)
 def test_a_non_utf8_row_after_the_first(tmp_path, via, streaming):
     path = jsonl_with(tmp_path, "a.jsonl", b'{"text": "caf\xe9"}')
-    assert error_of(config(path, streaming), via) == f"data.sources[0]: {path} row 151: not UTF-8 (byte 0xe9 at column 14)"
+    assert error_of(config(path, streaming), via) == (f"data.sources[0]: {path} row 151: "
+                                                      "not UTF-8 (byte 0xe9 at column 14)")
 
 
 @pytest.mark.parametrize("via,streaming", VIAS)
 def test_a_text_field_holding_an_int(tmp_path, via, streaming):
     path = jsonl_with(tmp_path, "a.jsonl", b'{"text": 12}')
-    assert error_of(config(path, streaming), via) == f"data.sources[0].text_field: {path} row 151: 'text' holds int, not text"
+    assert error_of(config(path, streaming), via) == (f"data.sources[0].text_field: {path} row 151: "
+                                                      "'text' holds int, not text")
 
 
 @pytest.mark.parametrize("via", ["check_data", "loader"])

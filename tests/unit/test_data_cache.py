@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 from helpers.data import collect, make_texts, rebuild_documents, train_bpe, write_jsonl
-from longctx.data import ByteTokenizer, DataConfig, SourceConfig, SyntheticConfig, build_loader, load_tokenizer
 from longctx import locks
+from longctx.data import ByteTokenizer, DataConfig, SourceConfig, SyntheticConfig, build_loader, load_tokenizer
 from longctx.data import cache as cache_mod
 from longctx.errors import UserError
 
@@ -84,13 +84,15 @@ def test_key_changes_with_what_changes_rows(setup, monkeypatch, tmp_path):
 def test_cached_epoch_equals_live_epoch(setup, streaming):
     path, cache_dir = setup
     live = collect(build_loader(cfg_for(path, None, epochs=1, streaming=streaming), TOK, dp_rank=0, dp_size=1, seed=0))
-    cached = collect(build_loader(cfg_for(path, cache_dir, epochs=1, streaming=streaming), TOK, dp_rank=0, dp_size=1, seed=0))
+    cached = collect(build_loader(cfg_for(path, cache_dir, epochs=1, streaming=streaming), TOK,
+                                  dp_rank=0, dp_size=1, seed=0))
     docs_live = Counter(rebuild_documents(live, TOK.bos_id, TOK.pad_id))
     # cached rows come in a shuffled order: rebuild documents in the cache's own row order
     (entry,) = [d for d in os.listdir(cache_dir) if not d.endswith(".lock")]
     pc = cache_mod.PackedCache(os.path.join(cache_dir, entry))
     rows = [pc.row(j, False) for j in range(pc.n_rows)]
-    as_batches = [{"input_ids": r.input_ids[None], "labels": r.labels[None], "position_ids": r.position_ids[None]} for r in rows]
+    as_batches = [{"input_ids": r.input_ids[None], "labels": r.labels[None], "position_ids": r.position_ids[None]}
+                  for r in rows]
     assert Counter(rebuild_documents(as_batches, TOK.bos_id, TOK.pad_id)) == docs_live
     # the loader serves each cached row exactly once per epoch
     served = Counter(tuple(b["input_ids"][r]) for b in cached for r in range(b["input_ids"].shape[0])

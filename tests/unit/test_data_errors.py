@@ -7,8 +7,17 @@ import pytest
 from tokenizers import Tokenizer
 
 from helpers.data import train_bpe, write_jsonl
-from longctx.data import (ByteTokenizer, DataConfig, SourceConfig, SyntheticConfig, UpsampleBucket, build_loader,
-                          check_vocab, load_tokenizer, validate_data_config)
+from longctx.data import (
+    ByteTokenizer,
+    DataConfig,
+    SourceConfig,
+    SyntheticConfig,
+    UpsampleBucket,
+    build_loader,
+    check_vocab,
+    load_tokenizer,
+    validate_data_config,
+)
 from longctx.errors import UserError
 
 TOK = ByteTokenizer()
@@ -108,9 +117,11 @@ def test_other_fields_named():
         (DataConfig(sources=[SourceConfig(kind="hub")]), r"data.sources\[0\].hub_name: required"),
         (DataConfig(sources=[SourceConfig(kind="parquet")]), r"data.sources\[0\].path: required"),
         (DataConfig(sources=[SourceConfig(kind="xml", path="x")]), r"data.sources\[0\].kind: 'xml'"),
-        (DataConfig(sources=[SourceConfig(upsample=[UpsampleBucket(factor=-1)])]), r"data.sources\[0\].upsample\[0\].factor"),
+        (DataConfig(sources=[SourceConfig(upsample=[UpsampleBucket(factor=-1)])]),
+         r"data.sources\[0\].upsample\[0\].factor"),
         (DataConfig(sources=[SourceConfig(min_tokens=10, max_tokens=5)]), r"data.sources\[0\].max_tokens"),
-        (DataConfig(sources=[SourceConfig(synthetic=SyntheticConfig(tasks={"qa": 1.0}))]), r"synthetic.tasks: unknown task 'qa'"),
+        (DataConfig(sources=[SourceConfig(synthetic=SyntheticConfig(tasks={"qa": 1.0}))]),
+         r"synthetic.tasks: unknown task 'qa'"),
         (DataConfig(seq_len=64), r"data.sources\[0\].synthetic.length_max: 64 tokens is too short for a 'niah'"),
         (DataConfig(tokenizer="/no/such/tokenizer.json"), "data.tokenizer: /no/such/tokenizer.json does not exist"),
     ]
@@ -127,7 +138,8 @@ def test_unknown_format_and_hub_offline(tmp_path, monkeypatch):
     (tmp_path / "data.xyz").write_text("hi")
     with pytest.raises(UserError, match=r"data.sources\[0\].path: cannot infer the format of .*data.xyz; set kind"):
         validate_data_config(DataConfig(sources=[SourceConfig(path=str(tmp_path / "data.xyz"))]))
-    cfg = DataConfig(sources=[SourceConfig(hub_name="no-such-org/no-such-dataset-xyz")], hf_cache_dir=str(tmp_path / "hf"))
+    cfg = DataConfig(sources=[SourceConfig(hub_name="no-such-org/no-such-dataset-xyz")],
+                     hf_cache_dir=str(tmp_path / "hf"))
     with pytest.raises(UserError) as e:
         load(cfg)
     assert one_line(e).startswith("data.sources[0]: cannot load hub dataset 'no-such-org/no-such-dataset-xyz'")

@@ -120,7 +120,8 @@ def test_fit_pads_far_less_than_pad_with_the_same_whole_documents():
 def test_exact_resume(prefetch):
     cfg = synthetic_config("fit", fit_lookahead=6)
     cfg.epochs, cfg.prefetch = None, prefetch
-    make = lambda: build_loader(cfg, TOK, dp_rank=1, dp_size=2, seed=3)
+    def make():
+        return build_loader(cfg, TOK, dp_rank=1, dp_size=2, seed=3)
     for n_before in (1, 6, 31):  # 31 batches: past the 100-document epoch of this rank
         resume_roundtrip(make, n_before, 8)
 
@@ -128,8 +129,9 @@ def test_exact_resume(prefetch):
 def test_exact_resume_across_a_split_document(tmp_path):
     # documents of ~10-600 bytes at seq_len 64: states taken in the middle of split documents
     path = write_jsonl(tmp_path / "d.jsonl", make_texts(60, seed=8, min_words=2, max_words=100))
-    make = lambda: build_loader(file_config(path, packing="fit", fit_lookahead=4, shuffle_window=8), TOK,
-                                dp_rank=0, dp_size=1, seed=1)
+    def make():
+        return build_loader(file_config(path, packing="fit", fit_lookahead=4, shuffle_window=8), TOK,
+                            dp_rank=0, dp_size=1, seed=1)
     for n_before in (2, 5, 9, 17):
         resume_roundtrip(make, n_before, 6)
 
@@ -139,8 +141,11 @@ def test_cache_rows_use_fit_packing(tmp_path):
     direct = collect(build_loader(cfg, TOK, dp_rank=0, dp_size=1, seed=0))
     cached_cfg = synthetic_config("fit", cache_dir=str(tmp_path / "cache"), progress=False)
     cached = collect(build_loader(cached_cfg, TOK, dp_rank=0, dp_size=1, seed=0))
-    real = lambda bs: sum(int((b["input_ids"] != TOK.pad_id).sum()) for b in bs)
-    rows = lambda bs: sum(b["input_ids"].shape[0] for b in bs)
+    def real(bs):
+        return sum(int((b["input_ids"] != TOK.pad_id).sum()) for b in bs)
+
+    def rows(bs):
+        return sum(b["input_ids"].shape[0] for b in bs)
     assert real(cached) == real(direct)
     assert abs(rows(cached) - rows(direct)) <= 4  # the cache packs one build order (rows shuffled)
 

@@ -7,7 +7,13 @@ import pytest
 import torch
 
 from helpers.data import (
-    assert_batches_equal, collect, make_texts, rebuild_documents, resume_roundtrip, rows_by_source, write_jsonl,
+    assert_batches_equal,
+    collect,
+    make_texts,
+    rebuild_documents,
+    resume_roundtrip,
+    rows_by_source,
+    write_jsonl,
     write_parquet,
 )
 from longctx.data import ByteTokenizer, DataConfig, SourceConfig, SyntheticConfig, build_loader
@@ -82,15 +88,19 @@ def test_dp_shards_disjoint_and_covering(files, dp_size):
 def test_resume_mid_epoch_map_style(files, prefetch):
     # 60 long documents of ~40-600 bytes at seq_len 32: resumes inside documents, windows, epochs
     cfg = mixture_config(files, prefetch=prefetch, shuffle_window=8)
-    cfg.sources[0].upsample = [__import__("longctx.data", fromlist=["UpsampleBucket"]).UpsampleBucket(min_tokens=300, factor=1.5)]
-    make = lambda: build_loader(cfg, TOK, dp_rank=1, dp_size=2, seed=3)
+    cfg.sources[0].upsample = [__import__("longctx.data", fromlist=["UpsampleBucket"]).UpsampleBucket(
+        min_tokens=300, factor=1.5)]
+
+    def make():
+        return build_loader(cfg, TOK, dp_rank=1, dp_size=2, seed=3)
     for n_before in (1, 7, 23):
         resume_roundtrip(make, n_before, 12)
 
 
 def test_resume_streaming(files):
     cfg = mixture_config(files, streaming=True, shuffle_window=5)
-    make = lambda: build_loader(cfg, TOK, dp_rank=0, dp_size=2, seed=1)
+    def make():
+        return build_loader(cfg, TOK, dp_rank=0, dp_size=2, seed=1)
     full = resume_roundtrip(make, 9, 15)
     resume_roundtrip(make, 40, 10)  # past the end of an epoch of the short source
     # streaming and map-style read the same documents over an epoch
@@ -106,7 +116,8 @@ def test_resume_streaming(files):
 
 def test_resume_with_cache(files, tmp_path):
     cfg = mixture_config(files, cache_dir=str(tmp_path / "cache"), progress=False, prefetch=2)
-    make = lambda: build_loader(cfg, TOK, dp_rank=0, dp_size=1, seed=2)
+    def make():
+        return build_loader(cfg, TOK, dp_rank=0, dp_size=1, seed=2)
     resume_roundtrip(make, 5, 10)
     resume_roundtrip(make, 70, 10)  # after the row order of an epoch wrapped
 
@@ -114,7 +125,8 @@ def test_resume_with_cache(files, tmp_path):
 def test_resume_synthetic_default_with_answer_mask():
     cfg = DataConfig(seq_len=192, micro_batch_size=2, emit_answer_mask=True, shuffle_window=16,
                      sources=[SourceConfig(kind="synthetic", packing="pad", synthetic=SyntheticConfig(num_docs=50))])
-    make = lambda: build_loader(cfg, TOK, dp_rank=0, dp_size=1, seed=0)
+    def make():
+        return build_loader(cfg, TOK, dp_rank=0, dp_size=1, seed=0)
     full = resume_roundtrip(make, 13, 20)  # wraps the 50-document epoch
     b = full[0]
     assert b["answer_mask"].dtype == bool and b["answer_mask"].any()
@@ -189,7 +201,8 @@ def test_plain_dicts_are_accepted(files):
     as_dict = {"seq_len": 32, "micro_batch_size": 2, "sources": [{"path": files["short"]}]}
     assert next(iter(build_loader(as_dict, TOK, dp_rank=0, dp_size=1, seed=0)))["input_ids"].shape == (2, 32)
     with pytest.raises(UserError, match=r"data.sources\[0\]: .*unexpected keyword argument 'text_column'"):
-        build_loader(DataConfig(sources=[{"path": files["short"], "text_column": "x"}]), TOK, dp_rank=0, dp_size=1, seed=0)
+        build_loader(DataConfig(sources=[{"path": files["short"], "text_column": "x"}]), TOK,
+                     dp_rank=0, dp_size=1, seed=0)
 
 
 @pytest.mark.parametrize("prefetch", [0, 2])

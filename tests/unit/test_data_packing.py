@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from helpers.data import collect, make_texts, rebuild_documents, write_jsonl, file_config
+from helpers.data import collect, file_config, make_texts, rebuild_documents, write_jsonl
 from longctx.attention import build_mask
 from longctx.data import ByteTokenizer, build_loader, cu_seqlens_from_segment_ids, max_seqlen_from_cu_seqlens
 

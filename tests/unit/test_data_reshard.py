@@ -13,7 +13,8 @@ TOK = ByteTokenizer()
 
 
 def _config(tmp_path, *, cached: bool, weights=(1.0,), epochs=None) -> DataConfig:
-    sources = [SourceConfig(name=f"s{i}", path=write_jsonl(tmp_path / f"s{i}.jsonl", make_texts(30 + 11 * i, seed=i, max_words=8)),
+    sources = [SourceConfig(name=f"s{i}",
+                            path=write_jsonl(tmp_path / f"s{i}.jsonl", make_texts(30 + 11 * i, seed=i, max_words=8)),
                             weight=w) for i, w in enumerate(weights)]
     return DataConfig(sources=sources, seq_len=48, micro_batch_size=1, epochs=epochs, prefetch=0, progress=False,
                       cache_dir=str(tmp_path / "cache") if cached else None)

@@ -6,7 +6,16 @@ import numpy as np
 import pytest
 
 from helpers.data import train_bpe
-from longctx.data import ByteTokenizer, DataConfig, SourceConfig, SyntheticConfig, SyntheticCorpus, build_loader, generate_document, load_tokenizer
+from longctx.data import (
+    ByteTokenizer,
+    DataConfig,
+    SourceConfig,
+    SyntheticConfig,
+    SyntheticCorpus,
+    build_loader,
+    generate_document,
+    load_tokenizer,
+)
 from longctx.data.filler import NOISE
 from longctx.data.templates import TEMPLATES, min_document_chars
 from longctx.data.words import WORD_PAIRS
@@ -41,7 +50,8 @@ def test_answers_needles_and_distractors(style):
             assert any(v in needle for v in d.values)
             if d.key:
                 assert d.key in needle
-        assert not re.search(r"\d", re.sub("|".join(re.escape(d.text[s:e]) for s, e in d.needle_spans) + r"|magic numbers? for [\w-]+ is:? \d+", "", body))
+        assert not re.search(r"\d", re.sub("|".join(re.escape(d.text[s:e]) for s, e in d.needle_spans)
+                                           + r"|magic numbers? for [\w-]+ is:? \d+", "", body))
         if task == "passkey":
             assert len(d.values) == 1 and len(d.values[0]) == 5 and d.key is None
             continue
@@ -177,7 +187,8 @@ def test_queries_ask_several_keys_per_document():
     for i in range(60):
         d = generate_document(cfg, i, length_chars=1000, task="niah")
         prompt = d.text[: d.prompt_len]
-        qa = re.findall(r"\nWhat is the special magic number for ([\w-]+)\? The special magic number for \1 is (\d+)\.", prompt)
+        qa = re.findall(r"\nWhat is the special magic number for ([\w-]+)\? "
+                        r"The special magic number for \1 is (\d+)\.", prompt)
         asked_counts[len(qa)] += 1
         assert len({k for k, _ in qa} | {d.key}) == len(qa) + 1  # distinct keys, the final one last
         for k, v in qa:  # each earlier answer is the value of that key's needle, and a weighted span
@@ -188,7 +199,8 @@ def test_queries_ask_several_keys_per_document():
     # short documents drop earlier questions before the final one
     for i in range(20):
         d = generate_document(cfg, i, length_chars=250, task="niah")
-        assert len(d.answer_spans) == 1 and d.prompt_len == d.text.index(f"The special magic number for {d.key} is ") + len(f"The special magic number for {d.key} is")
+        assert len(d.answer_spans) == 1 and d.prompt_len == (d.text.index(f"The special magic number for {d.key} is ")
+                                                             + len(f"The special magic number for {d.key} is"))
     # queries=1 leaves the corpus as it was
     assert generate_document(SyntheticConfig(num_keys=8), 3, length_chars=900).text == \
         generate_document(SyntheticConfig(num_keys=8, queries=1), 3, length_chars=900).text
@@ -297,7 +309,8 @@ def test_line_breaks_put_each_needle_on_a_line_of_its_own(style, task):
         b = generate_document(SyntheticConfig(**kw), i, length_chars=length, style=style)
         # the same document with some spaces turned into newlines: same length, answers, spans
         assert a.text.replace("\n", " ") == b.text.replace("\n", " ")
-        assert (a.answer_spans, a.needle_spans, a.prompt_len, a.answer) == (b.answer_spans, b.needle_spans, b.prompt_len, b.answer)
+        assert ((a.answer_spans, a.needle_spans, a.prompt_len, a.answer)
+                == (b.answer_spans, b.needle_spans, b.prompt_len, b.answer))
         assert "\n\n" not in a.text and not a.text.startswith("\n")
         lines = a.text[: a.prompt_len].split("\n")
         for s, e in a.needle_spans:  # every queried needle is a line
@@ -310,7 +323,8 @@ def test_line_breaks_put_each_needle_on_a_line_of_its_own(style, task):
 
 def test_line_breaks_share_of_documents():
     kw = dict(num_keys=4, filler="noise", tasks={"niah": 1.0})
-    half = [("\n" in generate_document(SyntheticConfig(line_breaks=0.5, **kw), i, length_chars=400).text.split("\nWhat")[0])
+    half = [("\n" in generate_document(SyntheticConfig(line_breaks=0.5, **kw), i,
+                                       length_chars=400).text.split("\nWhat")[0])
             for i in range(200)]
     assert 0.35 < sum(half) / len(half) < 0.65
     # line_breaks=0 is the corpus as it was (the draw comes from its own stream)

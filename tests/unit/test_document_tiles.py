@@ -7,11 +7,11 @@ import random
 import pytest
 import torch
 
+from helpers.attention import TOL, assert_close, make_qkv, reference, run_fn
 from longctx.attention import EagerKernel, eager_attention, kernel_attention
 from longctx.attention.core import build_mask
-from longctx.attention.sdpa import SdpaKernel
 from longctx.attention.kernel import _disjoint, plan_document_tiles
-from helpers.attention import TOL, assert_close, make_qkv, reference, run_fn
+from longctx.attention.sdpa import SdpaKernel
 
 
 def random_runs(B, n, max_docs, rng, first_id=0):
@@ -93,7 +93,8 @@ def test_sdpa_document_runs_match_reference(dtype, T, S, causal):
     assert out.dtype == dtype and dq.dtype == dtype
     assert torch.equal(torch.isinf(lse), torch.isinf(lse_r))  # rows that see nothing: -inf, out 0
     tol = TOL[dtype]
-    for name, a, b in [("out", out, out_r), ("lse", torch.nan_to_num(lse, neginf=0.0), torch.nan_to_num(lse_r, neginf=0.0)),
+    for name, a, b in [("out", out, out_r),
+                       ("lse", torch.nan_to_num(lse, neginf=0.0), torch.nan_to_num(lse_r, neginf=0.0)),
                        ("dq", dq, dq_r), ("dk", dk, dk_r), ("dv", dv, dv_r)]:
         assert_close(name, a, b, tol)
 

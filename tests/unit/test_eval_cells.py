@@ -86,7 +86,8 @@ def test_the_run_identity_is_the_models_content_not_its_path(model_dir, tmp_path
 def test_a_checkpoints_identity_is_its_manifest(tmp_path):
     ckpt = tmp_path / "step_0000004"
     (ckpt / "model").mkdir(parents=True)
-    entries = {"model/model.safetensors": {"size": 3, "sha256": "b" * 64}, "model/config.json": {"size": 2, "sha256": "c" * 64},
+    entries = {"model/model.safetensors": {"size": 3, "sha256": "b" * 64},
+               "model/config.json": {"size": 2, "sha256": "c" * 64},
                "ds/mp_rank_00_model_states.pt": {"size": 1, "sha256": "d" * 64}}
     (ckpt / "MANIFEST.json").write_text(json.dumps({"format": "longctx-checkpoint-manifest", "version": 1, "step": 4,
                                                     "files": entries}))
@@ -140,7 +141,8 @@ def test_a_damaged_cell_file_is_computed_again(tmp_path):
     notes = []
     reused = store.check(plan.cells, overwrite=False, notify=notes.append)
     assert "cells/512/passkey.json" not in reused and len(reused) == 3
-    assert notes == [f"{out / 'cells/512/passkey.json'} is not a readable cell file (JSONDecodeError); it is computed again"]
+    assert notes == [f"{out / 'cells/512/passkey.json'} is not a readable cell file (JSONDecodeError); "
+                     "it is computed again"]
 
 
 def test_outs_lock_refuses_a_live_eval_and_takes_over_a_dead_one(tmp_path):
@@ -175,7 +177,9 @@ class StopAfter:
 def test_the_api_stops_writes_and_resumes_with_an_identity(tmp_path):
     out = tmp_path / "o"
     cfg = _cfg(out, batch_size=1)
-    oracle = lambda s: " " + s.outputs[0]
+    def oracle(s):
+        return " " + s.outputs[0]
+
     stopped = evaluate(None, BYTE, cfg, predictor=oracle, identity=IDENTITY, stop=StopAfter(3))
     assert stopped["preempted"] == {"cells_done": 1, "cells": 4, "partial": ["1 of 2 samples of passkey at 256"],
                                     "out": str(out)}

@@ -6,9 +6,9 @@ import pytest
 import torch
 
 import longctx
+from longctx.cli import main
 from longctx.data.tokenizer import load_tokenizer
 from longctx.errors import UserError
-from longctx.cli import main
 from longctx.eval.api import evaluate
 from longctx.eval.config import EvalConfig
 from longctx.eval.runner import Engine
@@ -125,7 +125,8 @@ def test_cli_config_file_form(model_dir, tmp_path):
 @pytest.mark.parametrize("argv, message", [
     (["--tasks", "niah_single_9"], "error: eval.tasks: unknown task 'niah_single_9'"),
     (["--tasks", "niah_multivalue", "--lengths", "300"], "error: eval.lengths: no selected task fits 300 tokens"),
-    (["--tasks", "passkey", "--lengths", "2048", "--strict-lengths"], "error: eval.lengths: 2048 exceed the model's max_position_embeddings=1024"),
+    (["--tasks", "passkey", "--lengths", "2048", "--strict-lengths"],
+     "error: eval.lengths: 2048 exceed the model's max_position_embeddings=1024"),
     (["--tasks", "passkey", "--cp", "2"], "error: eval.cp=2 needs 2 processes"),
     (["--tasks", "passkey", "--lengths", "4x"], "error: eval.lengths: '4x' is not a length"),
     (["--suite", "longbench"], "error: eval.suite: unknown suite 'longbench'"),

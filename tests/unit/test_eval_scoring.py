@@ -1,8 +1,14 @@
 """Scoring follows RULER: case-insensitive substring matches, x100, all vs part."""
 import pytest
 
-from longctx.eval.scoring import (effective_length, postprocess_pred, sample_match_all, sample_match_part,
-                                  string_match_all, string_match_part)
+from longctx.eval.scoring import (
+    effective_length,
+    postprocess_pred,
+    sample_match_all,
+    sample_match_part,
+    string_match_all,
+    string_match_part,
+)
 
 
 def test_match_all_counts_the_share_of_references_found():

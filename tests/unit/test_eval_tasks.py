@@ -153,7 +153,8 @@ def test_answers_present_in_needles_for_the_queried_keys(name):
             assert len(m) == 1, (name, value)
             assert m[0] in q  # the needle's key is one that the question asks about
             # no other needle (distractors included) uses the queried key
-            per_key = len(s.outputs) // len(set(re.findall(r"for (\S+) is: (?:" + "|".join(map(re.escape, s.outputs)) + ")", s.input)))
+            per_key = len(s.outputs) // len(set(re.findall(
+                r"for (\S+) is: (?:" + "|".join(map(re.escape, s.outputs)) + ")", s.input)))
             assert s.input.count(f"for {m[0]} is:") == per_key
 
 

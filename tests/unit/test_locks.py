@@ -79,7 +79,8 @@ def test_a_holder_on_another_host_is_waited_for_with_how_to_clear_it(tmp_path):
     assert locks.is_alive(locks.read_holder(path)) is None
     threading.Timer(0.5, path.unlink).start()  # that host's job finishing
     notes = _take(path)
-    assert len(notes) == 1 and "pid 1 on node-elsewhere" in notes[0] and f"if node-elsewhere is gone, remove {path}" in notes[0]
+    assert (len(notes) == 1 and "pid 1 on node-elsewhere" in notes[0]
+            and f"if node-elsewhere is gone, remove {path}" in notes[0])
 
 
 def test_release_leaves_another_holders_lock(tmp_path):

@@ -6,8 +6,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from longctx.model.loss import chunked_cross_entropy
 from helpers.model import tiny_model
+from longctx.model.loss import chunked_cross_entropy
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 from bench_loss import measure  # noqa: E402  (the benchmark's subprocess measurement of peak RSS)

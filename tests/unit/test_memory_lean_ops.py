@@ -4,13 +4,13 @@ import pytest
 import torch
 from torch.autograd.graph import saved_tensors_hooks
 
-from longctx.errors import UserError
-from longctx.config.sections import ParallelSection
 import longctx.model.norm as norm_module
+from helpers.model import loss_and_grads, tiny_model
+from longctx.config.sections import ParallelSection
+from longctx.errors import UserError
 from longctx.model.norm import RMSNorm
 from longctx.model.swiglu import swiglu, tiled_swiglu
 from longctx.parallel.checkpointing import apply_activation_checkpointing
-from helpers.model import loss_and_grads, tiny_model
 
 
 def _reference_norm(x, weight, eps):  # transformers' LlamaRMSNorm, differentiated by autograd

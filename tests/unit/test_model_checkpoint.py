@@ -1,15 +1,14 @@
 """Hugging Face checkpoint interop: round trips and presets on meta (bad input and the export
 command are in tests/integration/test_model_checkpoint_cli.py)."""
 import json
-import time
 
 import pytest
 import torch
 
 import longctx
+from helpers.model import tiny_model
 from longctx.model import build_model, count_parameters, get_preset
 from longctx.model.hf import load_pretrained, save_pretrained
-from helpers.model import tiny_model
 
 
 @pytest.mark.parametrize("rope", ["default", "yarn", "llama3", "longrope"])
@@ -70,12 +69,10 @@ def test_tied_embeddings_and_sharded_save(tmp_path):
         assert torch.equal(loaded(ids), model(ids))
 
 
-def test_presets_on_meta_have_published_counts_and_build_fast():
+def test_presets_on_meta_have_published_counts_and_allocate_nothing():
     expected = {"llama2-7b": 6_738_415_616, "llama3-8b": 8_030_261_248, "llama3.1-8b": 8_030_261_248}
     for name, count in expected.items():
-        start = time.perf_counter()
         model = build_model(get_preset(name), device="meta")
-        assert time.perf_counter() - start < 5
         assert all(p.is_meta for p in model.parameters())
         assert count_parameters(model) == count
     assert get_preset("llama3.1-8b").rope_parameters["rope_type"] == "llama3"

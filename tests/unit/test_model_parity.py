@@ -2,8 +2,8 @@
 import pytest
 import torch
 
-from longctx.model.generate import generate
 from helpers.model import HEADS, ORIGINAL, ROPE_CASES, hf_twin, tiny_model
+from longctx.model.generate import generate
 
 TOL = 1e-4
 

@@ -15,8 +15,18 @@ from longctx import cli
 from longctx.config import load_config, resolve_stages, stage_model_config
 from longctx.errors import UserError
 from longctx.model import build_model, count_parameters, get_preset
-from longctx.plan import (GPU_USABLE, GiB, estimate_layout, estimate_memory, format_estimate, layout_of,
-                          parameter_counts, parse_length, parse_size, relative_time_per_token)
+from longctx.plan import (
+    GPU_USABLE,
+    GiB,
+    estimate_layout,
+    estimate_memory,
+    format_estimate,
+    layout_of,
+    parameter_counts,
+    parse_length,
+    parse_size,
+    relative_time_per_token,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 

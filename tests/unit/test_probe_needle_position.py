@@ -15,9 +15,11 @@ PROMPT = "\n".join([N.format("a-b", "1111111"), N.format("c-d", "2222222"), N.fo
 def test_variants_swap_the_queried_needle_only():
     lines = lambda p: p.split("\n")  # noqa: E731
     assert probe.variant(PROMPT, "2222222", "as generated") == PROMPT
-    assert lines(probe.variant(PROMPT, "2222222", "first"))[:3] == [N.format("c-d", "2222222"), N.format("a-b", "1111111"),
+    assert lines(probe.variant(PROMPT, "2222222", "first"))[:3] == [N.format("c-d", "2222222"),
+                                                                   N.format("a-b", "1111111"),
                                                                    N.format("e-f", "3333333")]
-    assert lines(probe.variant(PROMPT, "2222222", "last"))[:3] == [N.format("a-b", "1111111"), N.format("e-f", "3333333"),
+    assert lines(probe.variant(PROMPT, "2222222", "last"))[:3] == [N.format("a-b", "1111111"),
+                                                                  N.format("e-f", "3333333"),
                                                                   N.format("c-d", "2222222")]
     assert probe.variant(PROMPT, "2222222", "middle") == PROMPT  # already the middle needle
     for placement in probe.PLACEMENTS:  # same lines, same length

@@ -32,7 +32,8 @@ def test_yarn_recipe_matches_the_paper():
     s16, s32 = resolve_stages(cfg)
     assert (s16.steps, s32.steps) == (400, 200) and s16.seq_len == s32.seq_len == 65536
     assert s16.model.rope_parameters["factor"] == 16 and s32.model.rope_parameters["factor"] == 32
-    assert s16.model.rope_parameters["rope_type"] == "yarn" and s16.model.rope_parameters["original_max_position_embeddings"] == 4096
+    assert (s16.model.rope_parameters["rope_type"] == "yarn"
+            and s16.model.rope_parameters["original_max_position_embeddings"] == 4096)
     assert (s16.model.max_position_embeddings, s32.model.max_position_embeddings) == (65536, 131072)
     assert cfg.optim.lr == 2e-5 and cfg.optim.weight_decay == 0 and cfg.optim.warmup_steps == 20
     assert (world // cfg.parallel.cp_size) * cfg.data.micro_batch_size * cfg.train.grad_accum == 64  # global batch

@@ -15,7 +15,6 @@ from pathlib import Path
 import pytest
 
 from helpers.train import env
-from longctx import atomic
 from longctx.errors import UserError
 from longctx.eval import plots, report, ruler_format
 

@@ -42,7 +42,8 @@ def test_write_data_then_ruler_data_gives_the_generated_scores(model_dir, tmp_pa
     theirs = json.loads((tmp_path / "theirs" / "results.json").read_text())
     assert ours["summary"]["tasks"] == theirs["summary"]["tasks"]
     assert [r["generated_ids"] for r in ours["samples"]] == [r["generated_ids"] for r in theirs["samples"]]
-    assert ours["ruler_comparable"] is False and "qa_1 and qa_2 not evaluated (pass squad=FILE / hotpotqa=FILE)" in ours["departures"]
+    assert ours["ruler_comparable"] is False and ("qa_1 and qa_2 not evaluated (pass squad=FILE / hotpotqa=FILE)"
+                                                  in ours["departures"])
     assert not any("essay" in d for d in theirs["departures"])  # RULER's data brings its own haystack
     for task in TASKS.split(","):
         a = (tmp_path / "ours" / "ruler" / "1024" / "pred" / f"{task}.jsonl").read_text()

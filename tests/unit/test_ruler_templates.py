@@ -56,7 +56,8 @@ def test_multikey_2_3_haystack_is_distractor_needles_only(name):
     for s in build_samples(name, BYTE, 4096, 2, seed=0):
         context = s.input.split("afterwards.\n", 1)[1].rsplit("\nWhat is the special magic", 1)[0]
         lines = context.split("\n")
-        assert len(lines) > 20 and all(NEEDLE.fullmatch(x) for x in lines), [x for x in lines if not NEEDLE.fullmatch(x)]
+        assert len(lines) > 20 and all(NEEDLE.fullmatch(x) for x in lines), [
+            x for x in lines if not NEEDLE.fullmatch(x)]
     # compact style (tiny models, the demo) tops the haystack up with noise words
     compact = build_samples("niah_multikey_2", BYTE, 512, 4, seed=0, options=TaskOptions(style="compact"))
     assert any(not NEEDLE.fullmatch(x) for s in compact for x in s.input.split("\n")[:-1])

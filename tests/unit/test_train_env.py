@@ -7,11 +7,13 @@ from longctx.train.schedule import lr_at
 
 LAUNCHERS = {
     "torchrun": ({"RANK": "3", "WORLD_SIZE": "8", "LOCAL_RANK": "1"}, (3, 8, 1, "torchrun")),
-    "deepspeed/accelerate": ({"RANK": "5", "WORLD_SIZE": "16", "LOCAL_RANK": "5", "MASTER_ADDR": "n1"}, (5, 16, 5, "torchrun")),
+    "deepspeed/accelerate": ({"RANK": "5", "WORLD_SIZE": "16", "LOCAL_RANK": "5", "MASTER_ADDR": "n1"},
+                             (5, 16, 5, "torchrun")),
     "srun": ({"SLURM_PROCID": "6", "SLURM_NTASKS": "8", "SLURM_LOCALID": "2"}, (6, 8, 2, "slurm")),
     "srun one task per node + torchrun": ({"SLURM_PROCID": "0", "SLURM_NTASKS": "2", "RANK": "9", "WORLD_SIZE": "16",
                                           "LOCAL_RANK": "1"}, (9, 16, 1, "torchrun")),
-    "mpirun": ({"OMPI_COMM_WORLD_RANK": "2", "OMPI_COMM_WORLD_SIZE": "4", "OMPI_COMM_WORLD_LOCAL_RANK": "0"}, (2, 4, 0, "mpi")),
+    "mpirun": ({"OMPI_COMM_WORLD_RANK": "2", "OMPI_COMM_WORLD_SIZE": "4", "OMPI_COMM_WORLD_LOCAL_RANK": "0"},
+               (2, 4, 0, "mpi")),
     "single": ({}, (0, 1, 0, "single")),
 }
 

@@ -11,12 +11,27 @@ import warnings
 from typing import Optional, Sequence, Union
 
 from longctx.errors import UserError
-from longctx.eval.tasks.base import (STYLES, Sample, Task, TaskOptions, count_tokens_fn, draft_wrap, fit_draft,
-                                     resolve_chat_template)
+from longctx.eval.tasks.base import (
+    STYLES,
+    Sample,
+    Task,
+    TaskOptions,
+    count_tokens_fn,
+    draft_wrap,
+    fit_draft,
+    resolve_chat_template,
+)
 from longctx.eval.tasks.cwe import CweTask
 from longctx.eval.tasks.fwe import FweTask
-from longctx.eval.tasks.minimum import (BelowMinimum, below_minimum, cell_drafts, draft_rng, min_config,
-                                        no_fit_error, skip_notice)
+from longctx.eval.tasks.minimum import (
+    BelowMinimum,
+    below_minimum,
+    cell_drafts,
+    draft_rng,
+    min_config,
+    no_fit_error,
+    skip_notice,
+)
 from longctx.eval.tasks.niah import NIAH_TASKS
 from longctx.eval.tasks.passkey import PasskeyTask
 from longctx.eval.tasks.qa import QaTask

@@ -15,8 +15,7 @@ from __future__ import annotations
 import random
 from typing import Optional
 
-from longctx.eval.haystack import (NEEDLE, NOISE, Corpus, distinct_values, get_corpus, random_value,
-                                   worst_case_value)
+from longctx.eval.haystack import NEEDLE, NOISE, Corpus, distinct_values, get_corpus, random_value, worst_case_value
 from longctx.eval.tasks.base import Draft, Task, TaskOptions, answer_budget
 from longctx.eval.tasks.layout import RULER_DEPTHS, essay_context, insert_at, unit_indices
 

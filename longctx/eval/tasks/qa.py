@@ -58,7 +58,8 @@ def load_squad(path: str) -> tuple[list[dict], list[str]]:
                     qas.append({"query": q["question"], "outputs": [x["text"] for x in q["answers"]],
                                 "gold": [gold], "more": [d for d in article_docs if d != gold]})
     except (KeyError, TypeError) as e:
-        raise UserError(f"{path}: not in SQuAD format (missing {e}); expected {{'data': [{{'paragraphs': [...]}}]}}") from None
+        raise UserError(f"{path}: not in SQuAD format (missing {e}); "
+                        f"expected {{'data': [{{'paragraphs': [...]}}]}}") from None
     if not qas:
         raise UserError(f"{path}: no answerable questions found")
     return qas, docs
@@ -73,7 +74,8 @@ def load_hotpotqa(path: str) -> tuple[list[dict], list[str]]:
         qas = [{"query": d["question"], "outputs": [d["answer"]],
                 "gold": [doc_id[f"{t}\n{''.join(s)}"] for t, s in d["context"]], "more": []} for d in data]
     except (KeyError, TypeError, ValueError) as e:
-        raise UserError(f"{path}: not in HotpotQA format ({e}); expected [{{'question', 'answer', 'context'}}]") from None
+        raise UserError(f"{path}: not in HotpotQA format ({e}); "
+                        f"expected [{{'question', 'answer', 'context'}}]") from None
     if not qas:
         raise UserError(f"{path}: no questions found")
     return qas, docs
