@@ -80,7 +80,7 @@ def _model_states(n: dict, lay: Layout, device: str) -> dict:
         out["params"] = b * P  # flat buffer (the module's parameters are views into it)
         out["init"] = b * P  # the flat copy exists next to the original parameters once
         part = math.ceil(P / W)
-        master = 4 * part if (mixed or True) else 0  # DeepSpeed clones the fp32 partition even in fp32
+        master = 4 * part  # DeepSpeed clones the fp32 partition, in fp32 runs too
         adam = 8 * part
         if z == 1:
             out["grads"] = b * P + (4 * P if mixed else 0)  # full grads (+ BF16_Optimizer's fp32 accumulator)

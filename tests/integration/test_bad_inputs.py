@@ -478,7 +478,3 @@ def test_process_bad_input(subprocess_results, cid, needle):
     rc, out, err, w, before = subprocess_results[cid]
     assert_clean(rc, out, err, needle, w, before)
     assert not (w / "logs").exists(), "a launcher created its log directory"
-
-
-def test_the_table_is_large_enough():
-    assert len(CLI_CASES) + len(PREFLIGHT) + len(SUBPROCESS) >= 60

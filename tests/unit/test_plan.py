@@ -63,7 +63,8 @@ def test_model_states_follow_zero_accounting():
         return e, phase
 
     e0, _ = states(0)
-    assert e0.parameters == 2 * P and e0.optimizer in (12 * P, 12 * P + 4 * P)
+    # at the step: 12 (fp32 master + Adam m, v) + 4 (AdamW's sqrt(v) temporary); bf16 grads + fp32 ones
+    assert e0.parameters == 2 * P and e0.optimizer == 16 * P and e0.gradients == 6 * P
     e3, _ = states(3)
     lay3 = layout_of(cfg, dataclasses.replace(stage, parallel=dataclasses.replace(stage.parallel, zero_stage=3)), W)
     est3 = estimate_layout(m, lay3)
@@ -113,11 +114,12 @@ def test_mlp_tiles_shrink_the_mlp_backward_and_cost_one_mlp_forward():
     assert relative_time_per_token(m, tiled_lay) > relative_time_per_token(m, whole_lay)
 
 
-def test_components_sum_to_peak_and_phase_is_the_max():
+def test_peak_is_the_largest_phase_and_names_it():
     cfg, stage, m = _layout(**{"data.seq_len": 8192, "parallel.zero_stage": 2})
     est = estimate_memory(cfg, stage, m, 4, device="cpu", runtime_overhead_gb=0.4)
-    assert est.peak == pytest.approx(sum(est.components().values()))
-    assert est.peak == pytest.approx(max(est.phases.values()))
+    assert len(est.phases) >= 4 and len(set(est.phases.values())) > 1  # phases that differ
+    assert est.phases[est.phase] == max(est.phases.values())
+    assert est.peak == pytest.approx(est.phases[est.phase])  # the components are that phase's
     assert est.runtime == pytest.approx(0.4 * GiB)
 
 
