@@ -6,7 +6,7 @@ import torch.nn.functional as F
 from helpers.cp import run_distributed
 from longctx.model import build_model, get_preset
 from longctx.parallel import make_cp_attention, positions_from_segments, shard_batch
-from longctx.parallel.checkpointing import apply_activation_checkpointing
+from longctx.parallel.checkpointing import apply_activation_checkpointing, model_key
 
 REL_TOL = 1e-5
 
@@ -63,7 +63,7 @@ def _model_worker(rank, world, impls, L, ckpt_impls=()):
             checks.append((case, "loss", abs(total.item() / n_tokens - ref_loss.item()) / abs(ref_loss.item()),
                            REL_TOL))
             for n, p in model.named_parameters():
-                n = n.replace("._checkpoint_wrapped_module", "")
+                n = model_key(n)
                 g = p.grad.clone()
                 dist.all_reduce(g)  # CP ranks hold partial gradients of the same replica
                 rel = (g - ref_grads[n]).abs().max().item() / max(ref_grads[n].abs().max().item(), 1e-30)

@@ -11,7 +11,7 @@ from helpers.cp import check_all, max_err, run_distributed
 from longctx.attention import eager_attention
 from longctx.model import ModelConfig, build_model
 from longctx.parallel import make_cp_attention, positions_from_segments, shard_batch, shard_sequence
-from longctx.parallel.checkpointing import apply_activation_checkpointing
+from longctx.parallel.checkpointing import apply_activation_checkpointing, model_key
 
 TOL = {torch.float32: 1e-5, torch.bfloat16: 2e-2}
 # SmolLM2-135M's 9 query / 3 kv heads (head_dim 64); 6 / 2: a kv head shared by members 0 and 1 at
@@ -119,7 +119,7 @@ def _model_worker(rank, world, impls, L):
         dist.all_reduce(total)
         checks.append((name, "loss", abs(total.item() / n_tokens - ref_loss.item()) / abs(ref_loss.item()), 1e-5))
         for n, p in model.named_parameters():
-            n = n.replace("._checkpoint_wrapped_module", "")
+            n = model_key(n)
             grad = p.grad.clone()
             dist.all_reduce(grad)
             rel = (grad - ref_grads[n]).abs().max().item() / max(ref_grads[n].abs().max().item(), 1e-30)

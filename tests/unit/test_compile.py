@@ -7,7 +7,7 @@ from helpers.attention import packed_ids
 from helpers.model import tiny_model
 from longctx.config import load_config, validate_config
 from longctx.errors import UserError
-from longctx.parallel.checkpointing import apply_activation_checkpointing
+from longctx.parallel.checkpointing import apply_activation_checkpointing, model_key
 from longctx.parallel.compiled import compile_pointwise
 
 
@@ -15,7 +15,7 @@ def _loss_and_grads(model, ids, seg, labels):
     loss_sum, n = model(ids, segment_ids=seg, labels=labels, loss_chunk_size=32)
     loss = loss_sum / n
     loss.backward()
-    return loss.item(), {k.replace("._checkpoint_wrapped_module", ""): p.grad.float().clone()
+    return loss.item(), {model_key(k): p.grad.float().clone()
                          for k, p in model.named_parameters()}
 
 

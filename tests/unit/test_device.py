@@ -15,7 +15,7 @@ from helpers.model import hf_twin, tiny_config, tiny_model
 from longctx.attention import eager_attention, get_kernel, kernel_attention, sdpa_attention
 from longctx.model import build_model
 from longctx.model.generate import generate
-from longctx.parallel.checkpointing import apply_activation_checkpointing
+from longctx.parallel.checkpointing import apply_activation_checkpointing, model_key
 
 DEVICE = os.environ.get("LONGCTX_TEST_DEVICE") or ("cuda" if torch.cuda.is_available() else None)
 pytestmark = pytest.mark.skipif(DEVICE is None, reason="no CUDA device (set LONGCTX_TEST_DEVICE to force one)")
@@ -113,7 +113,7 @@ def test_checkpointed_chunked_loss_gradients_on_device(dtype):
         apply_activation_checkpointing(model, policy)
         loss_sum, n = model(ids, segment_ids=seg, labels=labels, loss_chunk_size=40)
         (loss_sum / n).backward()
-        grads.append({name.replace("._checkpoint_wrapped_module", ""): p.grad.float().cpu()
+        grads.append({model_key(name): p.grad.float().cpu()
                       for name, p in model.named_parameters()})
     tol = 1e-5 if dtype == torch.float32 else 1e-2
     for name in grads[0]:
