@@ -2,27 +2,37 @@
 shortened plan); the runs themselves are in tests/integration/test_resume_extend.py."""
 from types import SimpleNamespace
 
+import pytest
+
 from longctx.train.continuation import continue_from
+
+FINISHED = {"stage": 1, "stage_step": 0, "stage_steps": [4], "data_stage": 0, "step": 4}  # a 4-step run done
+MID = {"stage": 0, "stage_step": 2, "stage_steps": [4], "data_stage": 0, "step": 2}  # stopped at step 2 of 4
+BOUNDARY = {"stage": 1, "stage_step": 0, "stage_steps": [4, 4], "data_stage": 0, "step": 4}
+LEGACY = {"stage": 1, "stage_step": 0, "step": 4}  # written before stage_steps was recorded
 
 
 def _stages(*steps):
     return [SimpleNamespace(name=f"s{i}", steps=n) for i, n in enumerate(steps)]
 
 
-def test_continue_from_each_case():
-    finished = {"stage": 1, "stage_step": 0, "stage_steps": [4], "data_stage": 0, "step": 4}
-    more = continue_from(finished, _stages(6))
-    assert (more.stage, more.stage_step, more.loader_belongs) == (0, 4, True) and "from 4 to 6" in more.note
-    added = continue_from(finished, _stages(4, 3))
-    assert (added.stage, added.stage_step, added.loader_belongs) == (1, 0, False) and "starting stage 1" in added.note
-    assert continue_from(finished, _stages(4)).stage == 1  # nothing left
-    assert continue_from(finished, _stages(3)).stage == 1  # shortened: still nothing left
-    mid = {"stage": 0, "stage_step": 2, "stage_steps": [4], "data_stage": 0, "step": 2}
-    resumed = continue_from(mid, _stages(9))
-    assert (resumed.stage, resumed.stage_step, resumed.loader_belongs, resumed.note) == (0, 2, True, None)
-    past = continue_from(mid, _stages(2, 5))
-    assert (past.stage, past.stage_step, past.loader_belongs) == (1, 0, False) and "moving on" in past.note
-    boundary = {"stage": 1, "stage_step": 0, "stage_steps": [4, 4], "data_stage": 0, "step": 4}
-    assert continue_from(boundary, _stages(4, 4)) == continue_from(boundary, _stages(9, 4))  # no going back
-    legacy = {"stage": 1, "stage_step": 0, "step": 4}  # written before stage_steps was recorded
-    assert continue_from(legacy, _stages(6)).stage == 1
+@pytest.mark.parametrize("state, steps, stage, stage_step, loader_belongs, note", [
+    (FINISHED, (6,), 0, 4, True, "from 4 to 6"),  # more steps: the same stage goes on
+    (FINISHED, (4, 3), 1, 0, False, "starting stage 1"),  # a stage added
+    (MID, (9,), 0, 2, True, None),  # an interrupted run resumes where it stopped, silently
+    (MID, (2, 5), 1, 0, False, "moving on"),  # its stage shortened below where it stopped
+], ids=["more-steps", "stage-added", "mid-stage", "stage-shortened-past"])
+def test_continue_from_starts_where_the_plan_says(state, steps, stage, stage_step, loader_belongs, note):
+    start = continue_from(state, _stages(*steps))
+    assert (start.stage, start.stage_step, start.loader_belongs) == (stage, stage_step, loader_belongs)
+    assert start.note is None if note is None else note in start.note
+
+
+@pytest.mark.parametrize("state, steps", [(FINISHED, (4,)), (FINISHED, (3,)), (LEGACY, (6,))],
+                         ids=["same-plan", "shortened", "legacy-state"])
+def test_continue_from_a_finished_plan_has_nothing_left(state, steps):
+    assert continue_from(state, _stages(*steps)).stage == 1
+
+
+def test_continue_from_never_goes_back_into_a_finished_stage():
+    assert continue_from(BOUNDARY, _stages(4, 4)) == continue_from(BOUNDARY, _stages(9, 4))
