@@ -7,22 +7,13 @@ import itertools
 
 import torch
 
+from helpers.attention import TOL, packed_ids
 from helpers.cp import check_all, max_err, run_distributed
 from longctx.attention import eager_attention
 from longctx.parallel import make_cp_attention, shard_sequence
 
-TOL = {torch.float32: 1e-5, torch.bfloat16: 2e-2}
 # (8, 4): two kv heads per Ulysses member at world 2, so its backward runs by head groups
 HEADS = {"gqa4": (8, 2), "gqa2": (8, 4), "mqa": (4, 1)}
-
-
-def packed_segments(B, L, boundaries):
-    """Document ids changing at the given positions (row b shifted right by b)."""
-    ids = torch.zeros(B, L, dtype=torch.long)
-    for b in range(B):
-        for p in boundaries:
-            ids[b, p + b:] += 1
-    return ids
 
 
 def _attention_worker(rank, world, impls, L, boundaries, backend):
@@ -38,7 +29,7 @@ def _attention_worker(rank, world, impls, L, boundaries, backend):
         v = torch.randn(B, Hkv, L, D, generator=g).to(dtype)
         # O(1) gradient magnitudes: an absolute bf16 bound is only meaningful there (spacing at 4.0 is 0.016)
         dout = 0.25 * torch.randn(B, Hq, L, D, generator=g)
-        seg = packed_segments(B, L, boundaries) if docs else None
+        seg = packed_ids(B, L, boundaries) if docs else None
         # reference: fp32 eager on the whole sequence (same bf16-rounded inputs)
         qr, kr, vr = (x.float().requires_grad_() for x in (q, k, v))
         ref = eager_attention(qr, kr, vr, causal=causal, scale=0.35, segment_ids=seg)
@@ -114,7 +105,7 @@ def _head_groups_worker(rank, world):
         g = torch.Generator().manual_seed(3)
         q, dout = (torch.randn(B, Hq, L, D, generator=g).to(dtype) for _ in range(2))
         k, v = (torch.randn(B, Hkv, L, D, generator=g).to(dtype) for _ in range(2))
-        seg = packed_segments(B, L, [5, 13, 20])
+        seg = packed_ids(B, L, [5, 13, 20])
         ql, kl, vl, dl = (shard_sequence(x, rank, world, dim=2) for x in (q, k, v, dout))
         seg_l = shard_sequence(seg, rank, world, dim=1)
         out, lse = attn.attention_with_lse(ql, kl, vl, causal=True, segment_ids=seg_l)

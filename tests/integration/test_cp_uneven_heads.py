@@ -7,25 +7,17 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
+from helpers.attention import TOL, packed_ids
 from helpers.cp import check_all, max_err, run_distributed
 from longctx.attention import eager_attention
 from longctx.model import ModelConfig, build_model
 from longctx.parallel import make_cp_attention, positions_from_segments, shard_batch, shard_sequence
 from longctx.parallel.checkpointing import apply_activation_checkpointing, model_key
 
-TOL = {torch.float32: 1e-5, torch.bfloat16: 2e-2}
 # SmolLM2-135M's 9 query / 3 kv heads (head_dim 64); 6 / 2: a kv head shared by members 0 and 1 at
 # U = 4; 12 / 6 at U = 4: U divides the query heads but neither divides nor is a multiple of the
 # kv heads; 3 / 1 at U = 2: MQA, the one kv head replicated to uneven members
 HEADS = {"9q3kv": (9, 3, 64), "6q2kv": (6, 2, 16), "12q6kv": (12, 6, 8), "3q1kv": (3, 1, 8)}
-
-
-def packed_segments(B, L, boundaries):
-    ids = torch.zeros(B, L, dtype=torch.long)
-    for b in range(B):
-        for p in boundaries:
-            ids[b, p + b:] += 1
-    return ids
 
 
 def _attention_worker(rank, world, impls, heads, L, boundaries):
@@ -40,7 +32,7 @@ def _attention_worker(rank, world, impls, heads, L, boundaries):
         k = torch.randn(B, Hkv, L, D, generator=g).to(dtype)
         v = torch.randn(B, Hkv, L, D, generator=g).to(dtype)
         dout = 0.25 * torch.randn(B, Hq, L, D, generator=g)
-        seg = packed_segments(B, L, boundaries) if docs else None
+        seg = packed_ids(B, L, boundaries) if docs else None
         qr, kr, vr = (x.float().requires_grad_() for x in (q, k, v))
         ref = eager_attention(qr, kr, vr, causal=causal, scale=D ** -0.5, segment_ids=seg)
         ref.backward(dout)
@@ -97,7 +89,7 @@ def _model_worker(rank, world, impls, L):
     cfg, B = _model_cfg(), 2
     g = torch.Generator().manual_seed(5)
     ids = torch.randint(0, cfg.vocab_size, (B, L), generator=g)
-    seg = packed_segments(B, L, [5, 13, 20])
+    seg = packed_ids(B, L, [5, 13, 20])
     labels = torch.cat([ids[:, 1:], torch.full((B, 1), -100)], dim=1)
     labels = labels.masked_fill(torch.cat([seg[:, 1:] != seg[:, :-1], torch.ones(B, 1, dtype=torch.bool)], 1), -100)
     batch = {"input_ids": ids, "labels": labels, "segment_ids": seg, "position_ids": positions_from_segments(seg)}
