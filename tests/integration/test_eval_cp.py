@@ -1,14 +1,12 @@
 """Prefill split across cp=2 ranks (gloo, torchrun) gives the same greedy outputs and the same
 perplexities as one process; every rank keeps only its shard of the KV cache."""
-import json
 import os
-import subprocess
-import sys
 
 import pytest
 import torch
 
 import longctx
+from helpers.eval_cp import assert_same_outputs, eval_one_and_cp2
 from helpers.train import free_port
 from longctx.model import build_model, get_preset
 
@@ -28,24 +26,8 @@ def _args(model_dir, out):
 
 
 def test_cp2_prefill_matches_one_process(model_dir, tmp_path):
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
-    one = subprocess.run([sys.executable, "-m", "longctx", "eval", *_args(model_dir, tmp_path / "one")],
-                         env=env, capture_output=True, text=True, timeout=300)
-    assert one.returncode == 0, one.stderr[-2000:]
-    two = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
-                          "--master-port", str(free_port()), "-m", "longctx", "eval", "--cp", "2",
-                          *_args(model_dir, tmp_path / "two")], env=env, capture_output=True, text=True, timeout=300)
-    assert two.returncode == 0, two.stderr[-3000:]
-    a = json.loads((tmp_path / "one" / "results.json").read_text())
-    b = json.loads((tmp_path / "two" / "results.json").read_text())
-    assert len(a["samples"]) == len(b["samples"]) == 3 * 2 * 2
-    for x, y in zip(a["samples"], b["samples"]):
-        assert (x["task"], x["target_length"], x["index"]) == (y["task"], y["target_length"], y["index"])
-        assert x["generated_ids"] == y["generated_ids"] and x["prediction"] == y["prediction"]
-        assert len(x["generated_ids"]) == 8  # the model produced something to compare
-    for x, y in zip(a["ppl"]["rows"], b["ppl"]["rows"]):
-        assert x["tokens"] == y["tokens"]
-        assert y["nll"] == pytest.approx(x["nll"], rel=1e-5)
+    a, b = eval_one_and_cp2(lambda out: _args(model_dir, out), tmp_path)
+    assert_same_outputs(a, b, n_samples=3 * 2 * 2, new_tokens=8)
     assert b["meta"]["cp"] == 2
     # each rank's cache held about half of the prompt (plus decode slots on the owner rank)
     assert b["meta"]["generation"]["peak_cache_bytes"] > 0
