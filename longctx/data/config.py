@@ -257,12 +257,9 @@ class SourceConfig:
         """The path exists (or the glob matches), its format is known, its first record parses."""
         if not self.path:
             raise UserError(f"{source_label(i)}.path: required for kind {self.kind!r}")
-        path = os.path.expanduser(self.path)
-        if has_glob(path):
-            if not glob.glob(path, recursive=True):
-                raise UserError(f"{source_label(i)}.path: no file matches {self.path}")
-        elif not os.path.exists(path):
-            raise UserError(f"{source_label(i)}.path: {self.path} does not exist")
+        if not self.path_exists():
+            missing = f"no file matches {self.path}" if has_glob(self.path) else f"{self.path} does not exist"
+            raise UserError(f"{source_label(i)}.path: {missing}")
         try:
             kind = resolve_kind(self, i)
         except UserError:
