@@ -106,6 +106,16 @@ def kfmt(n: int) -> str:
     return f"{n // 1024}k" if n % 1024 == 0 else str(n)
 
 
+def _table(title: str, columns: list, rows: dict, cells) -> list:
+    """A markdown table (and a blank line) with one row per variant that has results, in
+    VARIANTS order; nothing when no variant has any."""
+    if not columns:
+        return []
+    lines = [f"| {title} | " + " | ".join(columns) + " |", "|---|" + "---:|" * len(columns)]
+    lines += [f"| {label} | " + " | ".join(cells(rows[v])) + " |" for v, (label, _) in VARIANTS.items() if rows[v]]
+    return lines + [""]
+
+
 def render(args) -> str:
     ppl = {v: ppl_rows(load(args.out, v, "ppl")) for v in VARIANTS}
     ruler = {v: ruler_rows(load(args.out, v, "ruler")) for v in VARIANTS}
@@ -115,31 +125,14 @@ def render(args) -> str:
              f"{args.tasks.replace(',', ', ')} (samples per task: {args.samples}), ± its standard error over "
              "samples.", ""]
     plens = sorted({n for r in ppl.values() for n in r})
-    if plens:
-        lines += ["| perplexity | " + " | ".join(kfmt(n) for n in plens) + " |",
-                  "|---|" + "---:|" * len(plens)]
-        for v, (label, _) in VARIANTS.items():
-            if ppl[v]:
-                lines.append(f"| {label} | " + " | ".join(f"{ppl[v][n]:.2f}" if n in ppl[v] else "-" for n in plens)
-                             + " |")
-        lines.append("")
     rlens = sorted({n for r in ruler.values() for n in r})
-    if rlens:
-        lines += ["| RULER (mean ± s.e.) | " + " | ".join(kfmt(n) for n in rlens) + " |",
-                  "|---|" + "---:|" * len(rlens)]
-        for v, (label, _) in VARIANTS.items():
-            if ruler[v]:
-                cells = [_mean_se(*ruler[v][n]) if n in ruler[v] else "-" for n in rlens]
-                lines.append(f"| {label} | " + " | ".join(cells) + " |")
-        lines.append("")
-        names = sorted({t for r in tasks.values() for t, _ in r})
-        lines += ["| per task | " + " | ".join(f"{t} {kfmt(n)}" for n in rlens for t in names) + " |",
-                  "|---|" + "---:|" * (len(rlens) * len(names))]
-        for v, (label, _) in VARIANTS.items():
-            if tasks[v]:
-                cells = [f"{tasks[v][(t, n)]:.0f}" if (t, n) in tasks[v] else "-" for n in rlens for t in names]
-                lines.append(f"| {label} | " + " | ".join(cells) + " |")
-        lines.append("")
+    names = sorted({t for r in tasks.values() for t, _ in r})
+    lines += _table("perplexity", [kfmt(n) for n in plens], ppl,
+                    lambda row: [f"{row[n]:.2f}" if n in row else "-" for n in plens])
+    lines += _table("RULER (mean ± s.e.)", [kfmt(n) for n in rlens], ruler,
+                    lambda row: [_mean_se(*row[n]) if n in row else "-" for n in rlens])
+    lines += _table("per task", [f"{t} {kfmt(n)}" for n in rlens for t in names], tasks,
+                    lambda row: [f"{row[(t, n)]:.0f}" if (t, n) in row else "-" for n in rlens for t in names])
     return "\n".join(lines)
 
 
