@@ -174,7 +174,7 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", required=True)
-    p.add_argument("--ppl-data", required=True, help="held-out long documents (.jsonl/.txt)")
+    p.add_argument("--ppl-data", help="held-out long documents (.jsonl/.txt); needed for the ppl phase")
     p.add_argument("--out", type=Path, default=Path("eval/zero-shot"))
     p.add_argument("--variants", default=",".join(VARIANTS), help=f"subset of {', '.join(VARIANTS)}")
     p.add_argument("--phases", default="ppl,ruler", help="ppl, ruler or both, in this order")
@@ -204,7 +204,10 @@ def main(argv=None) -> int:
     if not Path(args.model).is_dir():
         print(f"error: --model: {args.model} is not a directory (scripts/smollm2.py makes one)", file=sys.stderr)
         return 2
-    if not Path(args.ppl_data).exists():
+    if "ppl" in phases and not args.ppl_data:
+        print("error: --ppl-data: needed for the ppl phase (scripts/long_text.py makes one)", file=sys.stderr)
+        return 2
+    if args.ppl_data and not Path(args.ppl_data).exists():
         print(f"error: --ppl-data: {args.ppl_data} does not exist (scripts/long_text.py makes one)", file=sys.stderr)
         return 2
     if not args.report_only:

@@ -2,8 +2,8 @@
 
 For each length L, `num_windows` windows of L tokens (each starting at a document's BOS when
 documents are long enough, else spanning document boundaries) are scored with next-token NLL
-over all positions; ppl(L) = exp(total NLL / predicted tokens). Full logits are never built:
-the vocabulary projection and the loss run in chunks of positions. Under context parallelism
+over all positions; ppl(L) = exp(total NLL / predicted tokens). The NLL is the training loss
+(model/loss.py: chunks of positions, no full logits). Under context parallelism
 each rank scores its zigzag shard and the sums are all-reduced.
 """
 from __future__ import annotations
@@ -15,7 +15,6 @@ from typing import Optional, Sequence
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 
 from longctx.data.tokenizer import prepends_bos
 from longctx.errors import UserError
@@ -23,6 +22,7 @@ from longctx.eval.haystack import BUILTIN_ESSAY
 from longctx.eval.sequence_rope import row_lengths
 from longctx.labels import IGNORE_INDEX
 from longctx.parallel import make_cp_attention, shard_sequence
+from longctx.parallel.sharding import zigzag_multiple
 from longctx.progress import Progress
 
 
@@ -71,43 +71,27 @@ def make_windows(tokenizer, docs: Sequence[str], length: int,
     return [stream[i * length:(i + 1) * length] for i in range(num_windows)], mode, note
 
 
-def _chunked_nll(model, hidden: torch.Tensor, labels: torch.Tensor, chunk: int) -> tuple[float, int]:
-    total, count = 0.0, 0
-    W = model.output_weight
-    for s in range(0, hidden.shape[1], chunk):
-        logits = F.linear(hidden[:, s:s + chunk], W).float()  # (B, c, V)
-        lab = labels[:, s:s + chunk]
-        total += F.cross_entropy(logits.reshape(-1, logits.shape[-1]), lab.reshape(-1),
-                                 ignore_index=IGNORE_INDEX, reduction="sum").item()
-        count += int((lab != IGNORE_INDEX).sum())
-    return total, count
-
-
 @torch.no_grad()
 def window_nll(model, ids: torch.Tensor, *, cp_group=None, cp_impl: str = "ring",
                chunk: int = 1024) -> tuple[float, int]:
-    """Sum of next-token NLL and number of predicted tokens for windows ids (B, L)."""
-    labels = torch.full_like(ids, IGNORE_INDEX)
+    """Sum of next-token NLL and number of predicted tokens for windows ids (B, L), from the
+    training loss (the chunked cross-entropy; no full logits)."""
+    labels = torch.full_like(ids, IGNORE_INDEX)  # (B, L), pre-shifted as in training
     labels[:, :-1] = ids[:, 1:]
     P = dist.get_world_size(cp_group) if cp_group is not None else 1
     if P == 1:
-        return _chunked_nll(model, model.forward_hidden(ids), labels, chunk)
-    L = ids.shape[1] // (2 * P) * (2 * P)  # the zigzag layout needs a multiple of 2 * cp
+        loss_sum, count = model(ids, labels=labels, loss_chunk_size=chunk)
+        return float(loss_sum), int(count)
+    L = ids.shape[1] // zigzag_multiple(P) * zigzag_multiple(P)
     ids, labels = ids[:, :L], labels[:, :L].clone()
     labels[:, -1] = IGNORE_INDEX
     rank = dist.get_rank(cp_group)
     pos = torch.arange(L, device=ids.device).expand_as(ids)
-    local = [shard_sequence(x, rank, P, dim=1).contiguous() for x in (ids, pos, labels)]
-    restore = [layer.self_attn.attn_fn for layer in model.layers]
-    try:
-        model.set_attention(make_cp_attention(cp_group, impl=cp_impl))
-        with row_lengths(model, [L] * ids.shape[0]):  # a shard's positions are part of the window
-            hidden = model.forward_hidden(local[0], local[1])
-    finally:
-        for layer, fn in zip(model.layers, restore):
-            layer.self_attn.attn_fn = fn
-    total, count = _chunked_nll(model, hidden, local[2], chunk)
-    buf = torch.tensor([total, float(count)], dtype=torch.float64)
+    local_ids, local_pos, local_labels = (shard_sequence(x, rank, P, dim=1).contiguous() for x in (ids, pos, labels))
+    with model.attention_scope(make_cp_attention(cp_group, impl=cp_impl)), \
+            row_lengths(model, [L] * ids.shape[0]):  # a shard's positions are part of the window
+        loss_sum, count = model(local_ids, local_pos, labels=local_labels, loss_chunk_size=chunk)
+    buf = torch.stack([loss_sum.double(), count.double()])
     dist.all_reduce(buf, group=cp_group)
     return float(buf[0]), int(buf[1])
 

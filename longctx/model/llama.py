@@ -3,7 +3,8 @@ a function handed in from outside (local kernels, or a context-parallel one)."""
 from __future__ import annotations
 
 import math
-from typing import Optional
+from contextlib import contextmanager
+from typing import Iterator, Optional
 
 import torch
 import torch.nn.functional as F
@@ -102,6 +103,19 @@ class Transformer(nn.Module):
         """Hand every block the attention function (a local kernel or a context-parallel one)."""
         for attention in self.attention_modules():
             attention.attn_fn = attn_fn
+
+    @contextmanager
+    def attention_scope(self, attn_fn: AttentionFn) -> Iterator[None]:
+        """`attn_fn` in every block inside the `with`; each block's own function back on exit,
+        also after an error (set_attention inside the scope lasts until the scope ends)."""
+        modules = self.attention_modules()
+        saved = [m.attn_fn for m in modules]
+        self.set_attention(attn_fn)
+        try:
+            yield
+        finally:
+            for module, fn in zip(modules, saved):
+                module.attn_fn = fn
 
     def set_mlp_tiling(self, tile_tokens: int) -> None:
         """Run every block's MLP in sequence tiles of `tile_tokens` tokens (0: the whole sequence

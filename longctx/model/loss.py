@@ -77,9 +77,11 @@ def _chunk_loss(h, weight, y, w, grad_hidden, grad_weight) -> torch.Tensor:
 
 class _ChunkedLinearCrossEntropy(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, hidden, weight, labels, token_weights, chunk_size):
-        # hidden (N, d), weight (V, d), labels (N,), token_weights (N,) fp32 (0 where ignored)
-        needs_grad = ctx.needs_input_grad[0] or ctx.needs_input_grad[1]
+    def forward(ctx, hidden, weight, labels, token_weights, chunk_size, grad_enabled):
+        # hidden (N, d), weight (V, d), labels (N,), token_weights (N,) fp32 (0 where ignored).
+        # needs_input_grad stays True for a weight that requires grad under torch.no_grad, so the
+        # caller's grad mode decides: scoring (perplexity) then does no gradient GEMMs.
+        needs_grad = grad_enabled and (ctx.needs_input_grad[0] or ctx.needs_input_grad[1])
         grad_hidden = torch.empty_like(hidden) if needs_grad else None
         grad_weight = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) if needs_grad else None
         total = torch.zeros((), dtype=torch.float32, device=hidden.device)
@@ -96,7 +98,7 @@ class _ChunkedLinearCrossEntropy(torch.autograd.Function):
     def backward(ctx, grad_out):
         grad_hidden, grad_weight = ctx.saved_tensors
         return (grad_hidden * grad_out.to(grad_hidden.dtype), grad_weight * grad_out.to(grad_weight.dtype),
-                None, None, None)
+                None, None, None, None)
 
 
 def chunked_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor,
@@ -112,4 +114,5 @@ def chunked_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, labels: to
     y = labels.reshape(-1)  # (N,)
     valid = (y != IGNORE_INDEX).float()
     w = valid if token_weights is None else token_weights.reshape(-1).float() * valid
-    return _ChunkedLinearCrossEntropy.apply(h, weight, y, w, chunk_size), w.sum()
+    loss = _ChunkedLinearCrossEntropy.apply(h, weight, y, w, chunk_size, torch.is_grad_enabled())
+    return loss, w.sum()

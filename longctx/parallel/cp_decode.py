@@ -26,7 +26,7 @@ import torch.nn.functional as F
 from longctx.attention import get_kernel
 from longctx.model.generate import greedy_decode
 from longctx.parallel.cp import make_cp_attention
-from longctx.parallel.sharding import shard_sequence
+from longctx.parallel.sharding import shard_sequence, zigzag_multiple
 
 DECODE_CP_IMPLS = ("ring", "allgather", "ulysses")  # the impls cp_generate prefills with (not hybrid)
 PAD_SEGMENT = -1
@@ -101,7 +101,7 @@ def cp_generate(model, prompts: Sequence[Sequence[int]], max_new_tokens: int, *,
     device = model.embed_tokens.weight.device
     B = len(prompts)
     longest = max(len(p) for p in prompts)
-    L = -(-longest // (2 * P)) * (2 * P)  # padded to the zigzag granularity
+    L = -(-longest // zigzag_multiple(P)) * zigzag_multiple(P)  # padded to the zigzag granularity
     ids = torch.full((B, L), pad_id, dtype=torch.long, device=device)
     seg = torch.full((B, L), PAD_SEGMENT, dtype=torch.long, device=device)
     pos = torch.zeros((B, L), dtype=torch.long, device=device)
@@ -117,9 +117,7 @@ def cp_generate(model, prompts: Sequence[Sequence[int]], max_new_tokens: int, *,
     owner = rank == P - 1
     cache = ShardedKVCache(model, B, L // P, max_new_tokens, owner)
     cache.kv_segments[:, :L // P] = local_seg
-    restore = [attention.attn_fn for attention in model.attention_modules()]
-    try:
-        model.set_attention(make_cp_attention(group, impl=impl, backend=backend))
+    with model.attention_scope(make_cp_attention(group, impl=impl, backend=backend)):
         s = local_seg if padded else None
         hidden = model.forward_hidden(local_ids, local_pos, s, s, cache)  # (B, L/P, hidden)
         # The last global position sits at the end of cp rank 0's second zigzag chunk.
@@ -138,7 +136,4 @@ def cp_generate(model, prompts: Sequence[Sequence[int]], max_new_tokens: int, *,
             return predicted
 
         results = greedy_decode(nxt, step, max_new_tokens, eos_id=eos_id, pad_id=pad_id)
-    finally:
-        for attention, fn in zip(model.attention_modules(), restore):
-            attention.attn_fn = fn
     return results, {"cache_bytes": cache.nbytes(), "padded_len": L}

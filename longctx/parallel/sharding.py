@@ -23,13 +23,20 @@ from longctx.errors import require
 Tensor = torch.Tensor
 
 
-def check_seq_len(seq_len: int, cp_size: int) -> None:
-    require(cp_size >= 1, f"parallel.cp_size must be >= 1, got {cp_size}")
+def zigzag_multiple(cp_size: int) -> int:
+    """The granularity of the zigzag layout: a sequence length must be a multiple of it."""
+    return 1 if cp_size == 1 else 2 * cp_size
+
+
+def check_seq_len(seq_len: int, cp_size: int, *, seq_len_field: str = "data.seq_len",
+                  cp_size_field: str = "parallel.cp_size") -> None:
+    """The zigzag layout's length rule; the messages name the given config fields."""
+    require(cp_size >= 1, f"{cp_size_field} must be >= 1, got {cp_size}")
     if cp_size > 1:
-        n = 2 * cp_size
+        n = zigzag_multiple(cp_size)
         lower, upper = (seq_len // n) * n, (seq_len // n + 1) * n
         require(seq_len % n == 0,
-                f"data.seq_len={seq_len} must be divisible by 2*parallel.cp_size={n} for the zigzag CP layout; "
+                f"{seq_len_field}={seq_len} must be divisible by 2*{cp_size_field}={n} for the zigzag CP layout; "
                 f"valid nearby: {lower or upper}, {upper}")
 
 
@@ -41,7 +48,7 @@ def zigzag_chunks(cp_rank: int, cp_size: int) -> tuple:
 def zigzag_indices(seq_len: int, cp_rank: int, cp_size: int, device=None) -> Tensor:
     """Global token positions held by `cp_rank`, in local order: (seq_len // cp_size,) int64."""
     check_seq_len(seq_len, cp_size)
-    c = seq_len // (2 * cp_size)
+    c = seq_len // zigzag_multiple(cp_size)
     a, b = zigzag_chunks(cp_rank, cp_size)
     return torch.cat([torch.arange(a * c, (a + 1) * c, device=device), torch.arange(b * c, (b + 1) * c, device=device)])
 

@@ -7,6 +7,7 @@ import torch
 import torch.nn.functional as F
 
 from helpers.model import tiny_model
+from longctx.model import loss as loss_module
 from longctx.model.loss import chunked_cross_entropy
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
@@ -52,12 +53,17 @@ def test_model_loss_path_matches_logits_path():
         assert torch.allclose(grads[k], p.grad, rtol=1e-4, atol=1e-6), k
 
 
-def test_no_grad_path_builds_no_graph_and_gives_the_same_loss():
+def test_no_grad_path_skips_gradient_work_and_gives_the_same_loss(monkeypatch):
     h, W = torch.randn(10, 8, requires_grad=True), torch.randn(50, 8, requires_grad=True)
     y = torch.randint(0, 50, (10,))
+    calls = []
+    real = loss_module._accumulate_grads
+    monkeypatch.setattr(loss_module, "_accumulate_grads", lambda *a: calls.append(1) or real(*a))
     with torch.no_grad():
         s, n = chunked_cross_entropy(h, W, y, chunk_size=3)
+    assert calls == []  # no gradient GEMMs when nothing will call backward
     s_grad, n_grad = chunked_cross_entropy(h, W, y, chunk_size=3)
+    assert len(calls) == 4  # one per chunk of 3 rows (10 rows)
     assert s.grad_fn is None and not s.requires_grad and s_grad.requires_grad
     assert n.item() == n_grad.item() == 10
     torch.testing.assert_close(s, s_grad.detach(), rtol=1e-6, atol=0)
