@@ -61,9 +61,11 @@ def _call(fn, **kwargs):
     return fn(**{k: v for k, v in kwargs.items() if k in params})
 
 
-def _cu_seqlens(segment_ids: Tensor):
-    """(B, T) document ids -> (cu_seqlens int32, max_len) over the flattened batch, or None when an
-    id re-appears after another document (not representable as contiguous runs)."""
+def cu_seqlens_from_segment_ids(segment_ids: Tensor) -> Optional[tuple[Tensor, int]]:
+    """(B, T) document ids -> (cu_seqlens int32 (num_sequences + 1,), longest sequence) for
+    flash-attn's varlen kernels. The B rows are flattened into one B*T token stream; a sequence
+    starts at every row start and wherever the id changes. None when an id re-appears after
+    another document in its row (not representable as contiguous runs)."""
     B, T = segment_ids.shape
     change = torch.ones(B, T, dtype=torch.bool, device=segment_ids.device)
     change[:, 1:] = segment_ids[:, 1:] != segment_ids[:, :-1]
@@ -94,7 +96,7 @@ def flash_attention(
         out = mod.flash_attn_func(qt, kt, vt, softmax_scale=scale, causal=causal)
         return out.transpose(1, 2)
     same_ids = kv_segment_ids is None or kv_segment_ids is segment_ids or torch.equal(kv_segment_ids, segment_ids)
-    cu = _cu_seqlens(segment_ids) if (same_ids and q.shape[2] == k.shape[2]) else None
+    cu = cu_seqlens_from_segment_ids(segment_ids) if (same_ids and q.shape[2] == k.shape[2]) else None
     if cu is None:
         return sdpa_attention(q, k, v, causal=causal, scale=scale, segment_ids=segment_ids,
                               kv_segment_ids=kv_segment_ids)

@@ -1,4 +1,4 @@
-"""Packing documents into rows of exactly seq_len tokens, keeping document boundaries.
+"""Rows of packed documents: their format, the builder that fills one, and the batch they make.
 
 A row (all int32, (T,)):
     input_ids     tokens; padding uses the tokenizer's pad id (EOS, else 0 if it has none)
@@ -12,14 +12,7 @@ A row (all int32, (T,)):
                   segment of its own
     answer        bool, labels[t] is an answer token (synthetic corpus), or None
 
-Three policies for a document that does not fit the rest of the row:
-    carry  (default) split it: the row is filled to the end, the remainder starts the next row
-           (its label at the row's last position is still its next token: nothing is lost)
-    pad    pad the row and start the document on the next one; a document longer than
-           seq_len is still split into seq_len pieces
-    fit    as pad, but first fill the row with later documents that fit (fit_packing.py)
-make_packer (packers.py) picks the packer of a mode.
-At the end of a finite epoch the last partial row is padded or dropped (DataConfig.final_partial).
+The packers that fill rows from a document stream (carry, pad, fit) are in packers.py.
 """
 from __future__ import annotations
 
@@ -29,7 +22,7 @@ from typing import Optional
 import numpy as np
 import torch
 
-from longctx.data.documents import Doc, DocumentStream
+from longctx.data.documents import Doc
 from longctx.labels import IGNORE_INDEX
 
 
@@ -50,72 +43,6 @@ def empty_row(seq_len: int, pad_id: int, answer: bool) -> Row:
         np.arange(seq_len, dtype=np.int32), np.zeros(seq_len, np.int32),
         np.zeros(seq_len, bool) if answer else None, 0,
     )
-
-
-class Packer:
-    """Pulls documents from a DocumentStream and emits Rows; state = where the current
-    document starts in the stream + how many of its tokens were already emitted."""
-
-    def __init__(self, stream: DocumentStream, seq_len: int, *, mode: str = "carry", pad_id: int = 0,
-                 cross_document_labels: bool = False, final_partial: str = "pad", answer: bool = False):
-        self.stream = stream
-        self.T = int(seq_len)
-        self.mode = mode
-        self.pad_id = int(pad_id)
-        self.cross = bool(cross_document_labels)
-        self.final_partial = final_partial
-        self.answer = bool(answer)
-        self.doc: Optional[Doc] = None
-        self.offset = 0
-        self._doc_state = stream.state_dict()  # the stream state *before* self.doc
-        self.done = False
-
-    def state_dict(self) -> dict:
-        if self.doc is None:
-            return {"stream": self.stream.state_dict(), "offset": 0, "has_doc": False, "done": self.done}
-        return {"stream": dict(self._doc_state), "offset": self.offset, "has_doc": True, "done": self.done}
-
-    def load_state_dict(self, state: dict) -> None:
-        self.stream.load_state_dict(state["stream"])
-        self.done = bool(state.get("done", False))
-        self.doc, self.offset = None, 0
-        self._doc_state = self.stream.state_dict()
-        if state["has_doc"]:
-            self.doc = self.stream.next_doc()  # re-reads (and re-tokenizes) its window
-            if self.doc is None:
-                raise RuntimeError("data loader state does not match the data: the document to resume is gone")
-            self.offset = int(state["offset"])
-
-    def _pull(self) -> bool:
-        if self.doc is None:
-            self._doc_state = self.stream.state_dict()
-            self.doc = self.stream.next_doc()
-            self.offset = 0
-        return self.doc is not None
-
-    def next_row(self) -> Optional[Row]:
-        if self.done:
-            return None
-        T = self.T
-        row = RowBuilder(T, self.pad_id, self.answer, self.cross)
-        exhausted = False
-        while row.fill < T:
-            if not self._pull():
-                exhausted = True
-                break
-            d, off = self.doc, self.offset
-            rem = len(d) - off
-            if self.mode == "pad" and rem > row.space and row.fill > 0:
-                break
-            take = row.put(d, off, min(rem, row.space))
-            self.offset += take
-            if self.offset == len(d):
-                self.doc = None
-        if exhausted:
-            self.done = True
-            if row.fill == 0 or (row.fill < T and self.final_partial == "drop"):
-                return None
-        return row.finish()
 
 
 class RowBuilder:
@@ -224,23 +151,3 @@ def trim_unscored_tail(batch: dict, multiple: int) -> dict:
 def segment_ids_from_position_ids(position_ids: np.ndarray) -> np.ndarray:
     """Each position 0 starts a new segment: (…, T) → (…, T) ids 0, 1, 2, …"""
     return (np.cumsum(position_ids == 0, axis=-1) - 1).astype(np.int32)
-
-
-def cu_seqlens_from_segment_ids(segment_ids: torch.Tensor) -> torch.Tensor:
-    """Cumulative sequence lengths for flash-attn's varlen kernels.
-
-    segment_ids: (B, T) or (T,). The B rows are flattened into one B*T token stream; a
-    sequence starts at every row start and wherever the id changes. Returns int32
-    (num_sequences + 1,) [0, ..., B*T] on the same device; the longest sequence is
-    `int((cu[1:] - cu[:-1]).max())` (see max_seqlen_from_cu_seqlens)."""
-    seg = segment_ids if segment_ids.dim() == 2 else segment_ids[None]
-    B, T = seg.shape
-    starts = torch.ones_like(seg, dtype=torch.bool)
-    starts[:, 1:] = seg[:, 1:] != seg[:, :-1]
-    idx = starts.reshape(-1).nonzero().squeeze(1)
-    end = torch.tensor([B * T], device=seg.device, dtype=idx.dtype)
-    return torch.cat([idx, end]).to(torch.int32)
-
-
-def max_seqlen_from_cu_seqlens(cu_seqlens: torch.Tensor) -> int:
-    return int((cu_seqlens[1:] - cu_seqlens[:-1]).max().item())

@@ -16,6 +16,8 @@ BLOCK_ELEMENTS = 1 << 22  # fp32 elements per temporary: tokens per block = this
 
 
 def _blocks(n: int, d: int):
+    if torch.compiler.is_compiling():  # inductor fuses the temporaries; one block keeps one graph for every n
+        return ((0, n),)
     rows = max(1, BLOCK_ELEMENTS // d)
     return ((a, min(n, a + rows)) for a in range(0, n, rows))
 
@@ -24,7 +26,7 @@ class _RMSNorm(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
         tokens = x.reshape(-1, x.shape[-1])  # (N, d)
-        out = torch.empty(tokens.shape, dtype=torch.result_type(weight, x), device=x.device)
+        out = torch.empty(tokens.shape, dtype=torch.promote_types(weight.dtype, x.dtype), device=x.device)
         rstd = torch.empty(tokens.shape[0], 1, dtype=torch.float32, device=x.device)  # (N, 1)
         for a, b in _blocks(*tokens.shape):
             xf = tokens[a:b].float()

@@ -12,7 +12,13 @@ from peer_checks import GRAD_TOLERANCE, compare_grads, correctness_row, interlea
 from peer_contenders import build_order, make_batch, shifted_labels  # noqa: E402
 
 from longctx.model import get_preset  # noqa: E402
-from longctx.train.metrics import best_limits, cpu_limit_fraction, measure_cpu_limits, step_flops  # noqa: E402
+from longctx.train.metrics import (  # noqa: E402
+    best_limits,
+    cpu_limit_fraction,
+    flops_per_token,
+    measure_cpu_limits,
+    step_flops,
+)
 
 
 def _grads(seed=0):
@@ -72,23 +78,51 @@ def test_batch_and_shifted_labels():
     assert torch.equal(y[0, :-1], b["input_ids"][0, 1:]) and y[0, -1] == -100
 
 
-def test_cpu_limits_and_fraction():
-    cfg = get_preset("debug-tiny")
-    limits = measure_cpu_limits(cfg, 256, 2, seconds=0.0)
-    assert limits["gemm_flops_per_s"] > 0 and limits["attention_flops_per_s"] > 0
-    gemm, attn = step_flops(cfg, 256, 2)
-    frac = cpu_limit_fraction(limits, 1.0)
-    assert frac["gemm_limit_s"] == pytest.approx(gemm / limits["gemm_flops_per_s"])
-    assert frac["attention_limit_s"] == pytest.approx(attn / limits["attention_flops_per_s"])
-    assert frac["cpu_mfu"] == pytest.approx(frac["gemm_limit_s"] + frac["attention_limit_s"])
-    faster = dict(limits, ops=[dict(o, seconds=o["seconds"] / 2) for o in limits["ops"]])
-    best = best_limits(limits, faster)  # each operation's best time across two measurements
-    assert cpu_limit_fraction(best, 1.0)["cpu_mfu"] == pytest.approx(frac["cpu_mfu"] / 2)
-    assert best["gemm_flops_per_s"] == pytest.approx(2 * limits["gemm_flops_per_s"])
-    # the step FLOPs split of the documented MFU formula
-    from longctx.train.metrics import flops_per_token
+# two operations at their best times: a linear layer (4 calls of 1e6 FLOPs, 0.01 s each) and
+# the attention kernel (2 calls of 3e6 FLOPs, 0.05 s each)
+_LINEAR = {"kind": "linear", "shape": [1, 8, 4, 4], "count": 4, "flops": 1e6, "seconds": 0.01}
+_ATTENTION = {"kind": "attention", "shape": [4, 2, 8, 16], "count": 2, "flops": 3e6, "seconds": 0.05}
 
-    assert (gemm + attn) * 2 == pytest.approx(flops_per_token(cfg, 256) * 256)  # one rank of two
+
+def test_cpu_limit_fraction_by_hand():
+    limits = {"ops": [_LINEAR, _ATTENTION]}
+    frac = cpu_limit_fraction(limits, 1.0)
+    assert frac["gemm_limit_s"] == pytest.approx(0.04)  # 4 calls x 0.01 s
+    assert frac["attention_limit_s"] == pytest.approx(0.1)  # 2 calls x 0.05 s
+    assert frac["cpu_mfu"] == pytest.approx(0.14)  # (0.04 + 0.1) s of limit in a 1 s step
+    # 3 micro-batches cut to half their columns in 2 s: GEMMs scale with the columns (3 x 0.5 x 0.04 =
+    # 0.06 s), attention with its causal pairs (3 x 0.5^2 x 0.1 = 0.075 s); (0.06 + 0.075) / 2 = 0.0675
+    frac = cpu_limit_fraction(limits, 2.0, micro_batches=3, computed=0.5)
+    assert (frac["gemm_limit_s"], frac["attention_limit_s"]) == (pytest.approx(0.06), pytest.approx(0.075))
+    assert frac["cpu_mfu"] == pytest.approx(0.0675)
+    # a measured pair share replaces 0.5^2: 3 x 0.1 x 0.1 = 0.03 s
+    assert cpu_limit_fraction(limits, 2.0, micro_batches=3, computed=0.5,
+                              attention_fraction=0.1)["attention_limit_s"] == pytest.approx(0.03)
+
+
+def test_best_limits_keeps_each_operations_best_time():
+    old = {"ops": [_LINEAR, _ATTENTION]}
+    new = {"ops": [dict(_LINEAR, seconds=0.02), dict(_ATTENTION, seconds=0.025)]}
+    best = best_limits(old, new)
+    assert [o["seconds"] for o in best["ops"]] == [0.01, 0.025]
+    assert best["gemm_flops_per_s"] == pytest.approx(1e8)  # 4 x 1e6 FLOPs in 4 x 0.01 s
+    assert best["attention_flops_per_s"] == pytest.approx(1.2e8)  # 2 x 3e6 FLOPs in 2 x 0.025 s
+    assert best_limits(None, new) is new  # the first measurement
+
+
+def test_step_flops_by_hand_and_the_measured_limits():
+    cfg = get_preset("debug-tiny")  # d 64, f 160, 2 layers, 4 q heads / 2 kv heads of 16, vocab 512, untied
+    gemm, attn = step_flops(cfg, 256, 2)
+    # matmul parameters: 2 layers x (q 64x64 + k, v 64x32 each + o 64x64 + gate, up, down 64x160 each)
+    # = 2 x 43008 = 86016, + head 512 x 64 = 32768 -> 118784; 6 FLOPs each per token, 256 tokens, 2 ranks
+    assert gemm == 6 * 118784 * 256 / 2 == 91_226_112
+    # causal attention: 6 x 2 layers x 4 heads x 16 dims x 256^2 pairs, over 2 ranks
+    assert attn == 6 * 2 * 4 * 16 * 256**2 / 2 == 25_165_824
+    # the same total as the documented MFU formula (per token, for one rank of two)
+    assert (gemm + attn) * 2 == pytest.approx(flops_per_token(cfg, 256) * 256)
+    limits = measure_cpu_limits(cfg, 256, 2, seconds=0.0)  # every operation timed once
+    assert all(op["seconds"] > 0 for op in limits["ops"])
+    assert limits["gemm_flops_per_s"] > 0 and limits["attention_flops_per_s"] > 0
 
 
 @pytest.mark.parametrize("limit,cap,expected_probes", [

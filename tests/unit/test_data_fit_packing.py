@@ -8,7 +8,7 @@ import pytest
 from helpers.data import assert_batches_equal, collect, file_config, make_texts, resume_roundtrip, write_jsonl
 from longctx.data import ByteTokenizer, DataConfig, SourceConfig, SyntheticConfig, build_loader
 from longctx.data.documents import Doc
-from longctx.data.fit_packing import FitPacker
+from longctx.data.packers import FitPacker
 
 TOK = ByteTokenizer()
 

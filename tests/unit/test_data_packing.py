@@ -1,5 +1,5 @@
 """Packing: nothing lost or duplicated, positions restart per document, labels at the
-edges, no attention across documents, cu_seqlens."""
+edges, no attention across documents, flash-attn's varlen boundaries at the document starts."""
 from collections import Counter
 
 import numpy as np
@@ -8,7 +8,8 @@ import torch
 
 from helpers.data import collect, file_config, make_texts, rebuild_documents, write_jsonl
 from longctx.attention import build_mask
-from longctx.data import ByteTokenizer, build_loader, cu_seqlens_from_segment_ids, max_seqlen_from_cu_seqlens
+from longctx.attention.flash import cu_seqlens_from_segment_ids
+from longctx.data import ByteTokenizer, build_loader
 
 TOK = ByteTokenizer()
 
@@ -123,20 +124,16 @@ def test_no_attention_across_documents(corpus):
     assert torch.equal(b2["input_ids"], b["input_ids"])
 
 
-def test_cu_seqlens_from_segment_ids():
-    seg = torch.tensor([[0, 0, 0, 1, 1, 2], [0, 1, 1, 1, 1, 1]])
-    cu = cu_seqlens_from_segment_ids(seg)
-    assert cu.dtype == torch.int32
-    assert cu.tolist() == [0, 3, 5, 6, 7, 12]
-    assert max_seqlen_from_cu_seqlens(cu) == 5
-    assert cu_seqlens_from_segment_ids(torch.zeros(2, 4, dtype=torch.long)).tolist() == [0, 4, 8]
-    assert cu_seqlens_from_segment_ids(torch.tensor([0, 0, 1])).tolist() == [0, 2, 3]
-
-
-def test_cu_seqlens_match_packed_documents(corpus):
+def test_flash_varlen_sequences_are_the_packed_documents(corpus):
+    """The loader's segment ids as the flash backend hands them to flash-attn's varlen kernel:
+    one sequence per document piece, each starting where the positions restart."""
     path, _ = corpus
-    b = next(iter(build_loader(file_config(path, mbs=3), TOK, dp_rank=0, dp_size=1, seed=0)))
-    cu = cu_seqlens_from_segment_ids(b["segment_ids"])
+    b = next(iter(build_loader(file_config(path, mbs=4), TOK, dp_rank=0, dp_size=1, seed=0)))
+    built = cu_seqlens_from_segment_ids(b["segment_ids"])
+    assert built is not None  # packed rows are contiguous runs: the varlen kernel, not the sdpa fallback
+    cu, max_len = built
     flat_pos = b["position_ids"].reshape(-1)
-    assert torch.equal(flat_pos[cu[:-1].long()], torch.zeros(len(cu) - 1, dtype=torch.long))
-    assert int((flat_pos == 0).sum()) == len(cu) - 1
+    starts = (flat_pos == 0).nonzero().squeeze(1)
+    assert len(starts) > 4  # some row holds several documents
+    assert cu.tolist() == starts.tolist() + [flat_pos.numel()]
+    assert max_len == int(flat_pos.max()) + 1  # the longest piece: positions count up from 0 within each
