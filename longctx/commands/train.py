@@ -22,11 +22,9 @@ def add_parser(p: argparse.ArgumentParser) -> None:
                         "else the smallest world the config's cp sizes imply)")
 
 
-def implied_world_size(cfg) -> int:
-    """The smallest world every stage's cp size divides (dp = 1 for the largest)."""
-    from longctx.config import resolve_stages  # see the top
-
-    return math.lcm(*[stage.parallel.cp_size for stage in resolve_stages(cfg)])
+def implied_world_size(stages) -> int:
+    """The smallest world every resolved stage's cp size divides (dp = 1 for the largest)."""
+    return math.lcm(*[stage.parallel.cp_size for stage in stages])
 
 
 def run(args: argparse.Namespace) -> int:
@@ -43,24 +41,25 @@ def run(args: argparse.Namespace) -> int:
     from longctx.train.loop import train
 
     cfg = load_config(args.config, args.overrides)
+    stages = resolve_stages(cfg)  # the one resolution: validate_config takes these
     if args.world_size is not None and args.world_size < 1:
         raise UserError(f"--world-size: must be >= 1, got {args.world_size}")
     inspect_only = args.print_config or args.dry_run
     world = args.world_size or read_env().world_size
     if inspect_only and args.world_size is None and read_env().world_size == 1:
-        world = implied_world_size(cfg)  # inspecting a cluster config on one machine
+        world = implied_world_size(stages)  # inspecting a cluster config on one machine
         if world > 1:
             print(f"note: checked for world size {world}, the smallest its cp sizes imply "
                   "(--world-size N for another)", file=sys.stderr)
     # every bad input, before the trainer is even imported; inspecting needs no weights
-    validate_config(cfg, world, weights=not inspect_only)
-    notes = [missing_weights_note(cfg.model), missing_data_note(resolve_stages(cfg))] if inspect_only else []
+    plan = validate_config(cfg, world, weights=not inspect_only, stages=stages)
+    notes = [missing_weights_note(cfg.model), missing_data_note(plan.stages)] if inspect_only else []
     for note in filter(None, notes):
         print(f"note: {note}", file=sys.stderr)
     if args.print_config:
         print(to_yaml(cfg), end="")
         return 0
     if args.dry_run:
-        print(dry_run(cfg, world, args.config))
+        print(dry_run(cfg, world, args.config, plan=plan))
         return 0
-    return train(cfg)
+    return train(cfg, plan)

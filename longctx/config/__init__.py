@@ -1,8 +1,8 @@
 """Training configuration: typed dataclasses + omegaconf (YAML files and key=value overrides).
 
     cfg = load_config("configs/cpu/x.yaml", ["train.steps=100"])   # loader.py: strict, typed
-    validate_config(cfg, world_size)                                 # checks.py: before any work
-    for stage in resolve_stages(cfg): ...                            # stages.py: complete per stage
+    plan = validate_config(cfg, world_size)                          # checks.py: before any work
+    for stage, model_cfg in zip(plan.stages, plan.model_configs): ... # run_plan.py: derived once
 
 The sections (sections.py) validate their own fields; the loader (loader.py) is the one every
 command uses (eval's EvalConfig, the demo's DemoConfig too).
@@ -11,8 +11,9 @@ from __future__ import annotations
 
 from typing import Optional
 
-from longctx.config.checks import check_out_dir, validate_config, validate_portable
+from longctx.config.checks import check_out_dir, load_deepspeed_json, validate_config, validate_portable
 from longctx.config.loader import load_structured, to_yaml
+from longctx.config.run_plan import RunPlan, derive_plan, trim_multiple
 from longctx.config.sections import (
     CheckpointSection,
     LogSection,
@@ -28,6 +29,7 @@ from longctx.config.stages import (
     RunStage,
     missing_data_note,
     missing_weights_note,
+    origin_config,
     resolve_stages,
     stage_model_config,
 )
@@ -42,8 +44,8 @@ def load_config(path: Optional[str] = None, overrides: Optional[list[str]] = Non
 
 __all__ = [
     "CheckpointSection", "DataConfig", "LENGTH_FREE_ROPE", "LogSection", "ModelSection", "OptimSection",
-    "ParallelSection", "RunStage", "SourceConfig", "StageSection", "TrainConfig", "TrainSection", "check_out_dir",
-    "load_config", "load_structured", "missing_data_note", "missing_weights_note", "resolve_stages",
-    "stage_model_config", "to_yaml",
+    "ParallelSection", "RunPlan", "RunStage", "SourceConfig", "StageSection", "TrainConfig", "TrainSection",
+    "check_out_dir", "derive_plan", "load_config", "load_deepspeed_json", "load_structured", "missing_data_note",
+    "missing_weights_note", "origin_config", "resolve_stages", "stage_model_config", "to_yaml", "trim_multiple",
     "validate_config", "validate_portable",
 ]

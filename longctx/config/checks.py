@@ -8,58 +8,70 @@ from __future__ import annotations
 import json
 import tempfile
 from pathlib import Path
+from typing import Optional, Sequence
 
 from longctx.attention.select import check_backend_available
+from longctx.config.run_plan import RunPlan, derive_plan
 from longctx.config.sections import TrainConfig
-from longctx.config.stages import RunStage, resolve_stages, stage_model_config
+from longctx.config.stages import RunStage, resolve_stages
 from longctx.data.config import validate_data_config
 from longctx.data.tokenizer import check_local_tokenizer_vocab
 from longctx.errors import UserError
-from longctx.parallel.layout import ulysses_degree, validate_cp
+from longctx.model.config import ModelConfig
+from longctx.parallel.layout import CPFields, ulysses_degree, validate_cp
 
 WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin")  # what load_pretrained reads
 
 
-def validate_config(cfg: TrainConfig, world_size: int, *, weights: bool = True) -> None:
-    """Every check, for a run on this machine with `world_size` processes. weights=False (a dry
-    run, --print-config) accepts a model.init_from directory that does not exist yet: the
-    architecture is then model.preset's (config.stages.missing_weights_note says so), and data
-    source paths that do not exist yet (config.stages.missing_data_note)."""
-    validate_portable(cfg)
-    _validate_on_this_machine(cfg, weights)
-    model_cfg = None
-    for stage in resolve_stages(cfg):
-        model_cfg = _validate_stage(stage, world_size, files=weights)
-    check_local_tokenizer_vocab(cfg.data.tokenizer, model_cfg.vocab_size)
+def validate_config(cfg: TrainConfig, world_size: int, *, weights: bool = True,
+                    stages: Optional[Sequence[RunStage]] = None) -> RunPlan:
+    """Every check, for a run on this machine with `world_size` processes; returns the run plan
+    derived on the way (`stages`: resolve_stages(cfg), when the caller has them already).
+    weights=False (a dry run, --print-config) accepts a model.init_from directory that does not
+    exist yet: the architecture is then model.preset's (config.stages.missing_weights_note says
+    so), and data source paths that do not exist yet (config.stages.missing_data_note)."""
+    stages = validate_portable(cfg, stages)
+    deepspeed = _validate_on_this_machine(cfg, weights)
+    plan = derive_plan(cfg, world_size, stages=stages, deepspeed=deepspeed, files=weights)
+    for stage, model_cfg in zip(plan.stages, plan.model_configs):
+        _validate_stage(stage, model_cfg, world_size, files=weights)
+    check_local_tokenizer_vocab(cfg.data.tokenizer, plan.model_configs[-1].vocab_size)
     check_out_dir(cfg.out_dir)
+    return plan
 
 
-def validate_portable(cfg: TrainConfig) -> None:
+def validate_portable(cfg: TrainConfig, stages: Optional[Sequence[RunStage]] = None) -> list[RunStage]:
     """The checks that hold on any machine and for any world size, reading no file: what
-    `longctx plan` checks of a job that runs elsewhere. validate_config adds the rest."""
+    `longctx plan` checks of a job that runs elsewhere. validate_config adds the rest. Returns
+    the stages (`stages`, else resolve_stages(cfg)), checked."""
     for section in (cfg.model, cfg.parallel, cfg.optim, cfg.train, cfg.checkpoint, cfg.log):
         section.validate()
     if cfg.data.micro_batch_size < 1:
         raise UserError(f"data.micro_batch_size: must be >= 1, got {cfg.data.micro_batch_size}")
-    for stage in resolve_stages(cfg):
+    stages = list(resolve_stages(cfg) if stages is None else stages)
+    for stage in stages:
         stage.validate()
+    return stages
 
 
-def _validate_on_this_machine(cfg: TrainConfig, weights: bool) -> None:
+def _validate_on_this_machine(cfg: TrainConfig, weights: bool) -> Optional[dict]:
     """Files and libraries the run needs here: init_from (and its weights, with `weights`), the
     attention backend, the DeepSpeed JSON, a resume path, cache directories (data sources and
-    the tokenizer: per stage)."""
+    the tokenizer: per stage). Returns the DeepSpeed JSON, parsed (None when not set)."""
     m, par, ck = cfg.model, cfg.parallel, cfg.checkpoint
     if m.init_from is not None and (weights or Path(m.init_from).exists()):
         _check_init_from(Path(m.init_from), weights)
     check_backend_available(par.attention_backend, "parallel.attention_backend")
+    deepspeed = None
     if par.deepspeed_config is not None:
-        _validate_deepspeed_json(par.deepspeed_config, par.zero_stage)
+        deepspeed = load_deepspeed_json(par.deepspeed_config)
+        _check_zero_stage(deepspeed, par.deepspeed_config, par.zero_stage)
     if ck.resume not in ("none", "auto") and not Path(ck.resume).is_dir():
         raise UserError(f"checkpoint.resume: {ck.resume} is not 'none', 'auto' or an existing checkpoint directory")
     for name in ("cache_dir", "hf_cache_dir"):
         if getattr(cfg.data, name) is not None:
             check_out_dir(getattr(cfg.data, name), f"data.{name}")
+    return deepspeed
 
 
 def _check_init_from(path: Path, weights: bool) -> None:
@@ -76,37 +88,26 @@ def _check_init_from(path: Path, weights: bool) -> None:
         raise UserError(f"model.init_from: {path} has no weights (none of {', '.join(WEIGHT_FILES)})")
 
 
-def _validate_stage(stage: RunStage, world_size: int, files: bool = True):
-    """One stage's cp layout for this world size, its data and its model; returns the model config."""
-    names, cp = stage.field_names, stage.parallel.cp_size
+def _validate_stage(stage: RunStage, model_cfg: ModelConfig, world_size: int, files: bool = True) -> None:
+    """One stage's cp layout for this world size, its data and its model (`model_cfg`)."""
+    names, par = stage.field_names, stage.parallel
+    cp = par.cp_size
     if world_size % cp != 0:
         raise UserError(f"{names['cp_size']}: {cp} must divide the world size {world_size} (world = dp x cp)")
-    try:
-        validate_data_config(stage.data, files=files)
-    except UserError as e:
-        msg = str(e)
-        if msg.startswith("data.sources"):  # name the stage's own field
-            msg = names["sources"] + msg[len("data.sources"):]
-        raise UserError(msg) from None
-    model_cfg = stage_model_config(stage)
-    par = stage.parallel
-    try:
-        validate_cp(world_size, cp, par.cp_impl, ulysses_degree(par.cp_impl, cp, par.ulysses_size),
-                    model_cfg.num_attention_heads, model_cfg.num_key_value_heads, stage.seq_len)
-    except UserError as e:
-        raise UserError(str(e).replace("data.seq_len", names["seq_len"])
-                        .replace("parallel.cp_size", names["cp_size"])) from None
+    validate_data_config(stage.data, files=files, sources_field=names["sources"])
+    validate_cp(world_size, cp, par.cp_impl, ulysses_degree(par.cp_impl, cp, par.ulysses_size),
+                model_cfg.num_attention_heads, model_cfg.num_key_value_heads, stage.seq_len,
+                fields=CPFields(cp_size=names["cp_size"], seq_len=names["seq_len"]))
     if model_cfg.max_position_embeddings < stage.seq_len:  # set too small, or a length-dependent RoPE
         field = names["max_position_embeddings"]
         raise UserError(f"{field}: the model's max_position_embeddings {model_cfg.max_position_embeddings} is below "
                         f"the training length {names['seq_len']}={stage.seq_len}; "
                         f"set {field}={stage.seq_len} (or more)")
-    return model_cfg
 
 
-def _validate_deepspeed_json(path: str, zero_stage: int) -> None:
-    """A user DeepSpeed JSON: readable, a JSON object, and not silently changing the ZeRO stage
-    the rest of the config (and the planner) assumes."""
+def load_deepspeed_json(path: str) -> dict:
+    """A user DeepSpeed JSON (parallel.deepspeed_config), parsed: readable, a JSON object, its
+    zero_optimization an object. The one reader: the trainer merges what this returns."""
     p = Path(path)
     if not p.is_file():
         what = "is a directory" if p.is_dir() else "does not exist"
@@ -123,7 +124,12 @@ def _validate_deepspeed_json(path: str, zero_stage: int) -> None:
     zero = user.get("zero_optimization")
     if zero is not None and not isinstance(zero, dict):
         raise UserError(f"parallel.deepspeed_config: {path}: zero_optimization must be an object, got {zero!r}")
-    stage = (zero or {}).get("stage")
+    return user
+
+
+def _check_zero_stage(user: dict, path: str, zero_stage: int) -> None:
+    """The JSON must not silently change the ZeRO stage the rest of the config (and the planner) assumes."""
+    stage = (user.get("zero_optimization") or {}).get("stage")
     if stage is not None and stage != zero_stage:
         raise UserError(f"parallel.deepspeed_config: {path} sets ZeRO stage {stage} but parallel.zero_stage is "
                         f"{zero_stage}; set parallel.zero_stage={stage}")

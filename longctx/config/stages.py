@@ -23,7 +23,7 @@ from longctx.data.config import DataConfig
 from longctx.errors import UserError
 from longctx.model.config import ModelConfig, get_preset
 from longctx.model.hf import read_hf_config
-from longctx.model.rope import require_explicit_fields
+from longctx.model.rope import normalize_rope_parameters, require_explicit_fields
 
 # RoPE types whose frequencies do not depend on max_position_embeddings (scaled ones, once
 # original_max_position_embeddings is set): a stage longer than it raises it to its length
@@ -117,16 +117,23 @@ def missing_data_note(stages: list[RunStage]) -> Optional[str]:
     return f"{', '.join(missing)}: {verb} not exist yet (training checks the data when it starts)"
 
 
-def stage_model_config(stage: RunStage) -> ModelConfig:
-    """The model configuration of one stage: the init_from checkpoint's config.json (the
-    preset's when that directory does not exist yet, see missing_weights_note), then the model
-    section's overrides, then the stage's RoPE / max length. Reads only config.json."""
+def origin_config(model: ModelSection) -> ModelConfig:
+    """The architecture before the model section's changes: model.init_from's config.json (the
+    preset's when that directory does not exist yet, see missing_weights_note). Reads only
+    config.json; validate_config reads it once for the whole run (RunPlan.origin)."""
+    if model.init_from is not None and Path(model.init_from).exists():
+        return read_hf_config(model.init_from)
+    return get_preset(model.preset)
+
+
+def stage_model_config(stage: RunStage, base: Optional[ModelConfig] = None) -> ModelConfig:
+    """The model configuration of one stage: `base` (origin_config(stage.model) when None),
+    then the model section's overrides, then the stage's RoPE / max length."""
     m = stage.model
-    from_checkpoint = m.init_from is not None and Path(m.init_from).exists()
-    base = read_hf_config(m.init_from) if from_checkpoint else get_preset(m.preset)
+    base = origin_config(m) if base is None else base
     changes: Dict[str, Any] = dict(m.overrides)
     if m.rope_parameters is not None:
-        changes["rope_parameters"] = dict(m.rope_parameters)
+        changes.pop("rope_parameters", None)  # the model section's (or stage's) own field wins
     if m.max_position_embeddings is not None:
         changes["max_position_embeddings"] = m.max_position_embeddings
     valid = {f.name for f in dataclasses.fields(type(base))}
@@ -135,18 +142,20 @@ def stage_model_config(stage: RunStage) -> ModelConfig:
             close = difflib.get_close_matches(key, sorted(valid), n=1)
             raise UserError(f"model.overrides.{key}: not a model field"
                             + (f"; did you mean {close[0]!r}?" if close else ""))
-    rope_field = stage.field_names["rope_parameters"]
-    try:
-        model_cfg = base.replace(**changes)
-    except UserError as e:
-        msg = str(e)
-        if msg.startswith("model.rope_parameters"):
-            msg = rope_field + msg[len("model.rope_parameters"):]
-        raise UserError(msg) from None
-    if m.rope_parameters is not None:  # the user's own dict, before normalization filled any default
-        require_explicit_fields(dict(m.rope_parameters), rope_field)
+    model_cfg = base.replace(**changes)
+    if m.rope_parameters is not None:
+        model_cfg = _with_rope(model_cfg, dict(m.rope_parameters), stage.field_names["rope_parameters"])
     if (m.max_position_embeddings is None and model_cfg.max_position_embeddings < stage.seq_len
             and model_cfg.rope_parameters["rope_type"] in LENGTH_FREE_ROPE):
         # trained at this length: the config (and its export) says so; the RoPE is unchanged
         model_cfg = model_cfg.replace(max_position_embeddings=stage.seq_len)
     return model_cfg
+
+
+def _with_rope(model_cfg: ModelConfig, rope: dict, field: str) -> ModelConfig:
+    """`model_cfg` with the user's rope_parameters, checked under `field` (the stage's own
+    field when the stage sets them): the user's dict must name what training cannot default."""
+    normalized = normalize_rope_parameters(rope, head_dim=model_cfg.head_dim,
+                                           max_position_embeddings=model_cfg.max_position_embeddings, where=field)
+    require_explicit_fields(rope, field)
+    return model_cfg.replace(rope_parameters=normalized)

@@ -178,8 +178,9 @@ class UpsampleBucket:
             raise UserError(f"{name}.factor: must be a finite number >= 0, got {self.factor!r}")
 
 
-def source_label(i: int) -> str:
-    return f"data.sources[{i}]"
+def source_label(i: int, sources_field: str = "data.sources") -> str:
+    """Source i's field path in the list `sources_field` (a stage's own: stages[1].sources)."""
+    return f"{sources_field}[{i}]"
 
 
 def has_glob(path: str) -> bool:
@@ -209,10 +210,10 @@ class SourceConfig:
     packing: Optional[str] = None  # null: DataConfig.packing
     synthetic: SyntheticConfig = field(default_factory=SyntheticConfig)
 
-    def validate(self, i: int, seq_len: int, files: bool = True) -> None:
-        """Source `i` of the data config (its label in errors); file sources are peeked at
-        (files=False, a dry run: a path that does not exist yet is left to training)."""
-        name = source_label(i)
+    def validate(self, i: int, seq_len: int, files: bool = True, sources_field: str = "data.sources") -> None:
+        """Source `i` of the list `sources_field` names (its label in errors); file sources are peeked
+        at (files=False, a dry run: a path that does not exist yet is left to training)."""
+        name = source_label(i, sources_field)
         if self.kind not in SOURCE_KINDS:
             raise UserError(f"{name}.kind: {self.kind!r} is not one of {', '.join(SOURCE_KINDS)}")
         try:
@@ -230,7 +231,7 @@ class SourceConfig:
         elif kind == "synthetic":
             self.synthetic.validate(f"{name}.synthetic", seq_len)
         elif files or self.path_exists():
-            self._validate_files(i)
+            self._validate_files(i, sources_field)
         if not self.text_field:
             raise UserError(f"{name}.text_field: must name the column holding the text")
         if self.sample_by not in SAMPLE_BY:
@@ -253,24 +254,25 @@ class SourceConfig:
         path = os.path.expanduser(self.path)
         return bool(glob.glob(path, recursive=True)) if has_glob(path) else os.path.exists(path)
 
-    def _validate_files(self, i: int) -> None:
+    def _validate_files(self, i: int, sources_field: str) -> None:
         """The path exists (or the glob matches), its format is known, its first record parses."""
+        name = source_label(i, sources_field)
         if not self.path:
-            raise UserError(f"{source_label(i)}.path: required for kind {self.kind!r}")
+            raise UserError(f"{name}.path: required for kind {self.kind!r}")
         if not self.path_exists():
             missing = f"no file matches {self.path}" if has_glob(self.path) else f"{self.path} does not exist"
-            raise UserError(f"{source_label(i)}.path: {missing}")
+            raise UserError(f"{name}.path: {missing}")
         try:
-            kind = resolve_kind(self, i)
+            kind = resolve_kind(self, i, sources_field)
         except UserError:
             if has_glob(self.path):
                 return  # a glob without a known extension: the loader infers the format per file
             raise
         if kind in KIND_EXTS:
-            peek_files(list_files(self.path, kind), kind, self.text_field, source_label(i), self.path)
+            peek_files(list_files(self.path, kind), kind, self.text_field, name, self.path)
 
 
-def resolve_kind(src: SourceConfig, i: int = 0) -> str:
+def resolve_kind(src: SourceConfig, i: int = 0, sources_field: str = "data.sources") -> str:
     """The concrete kind of a source (never "auto")."""
     kind = src.kind
     if kind == "jsonl":
@@ -293,7 +295,7 @@ def resolve_kind(src: SourceConfig, i: int = 0) -> str:
         if lower.endswith(ext):
             return k
     raise UserError(
-        f"{source_label(i)}.path: cannot infer the format of {src.path}; set kind to one of "
+        f"{source_label(i, sources_field)}.path: cannot infer the format of {src.path}; set kind to one of "
         f"{', '.join(FILE_KINDS)}"
     )
 
@@ -335,9 +337,11 @@ class DataConfig:
     # restarts its order from the beginning, the others continue where they were)
     allow_changed_sources: bool = False
 
-    def validate(self, model_vocab_size: Optional[int] = None, files: bool = True) -> None:
+    def validate(self, model_vocab_size: Optional[int] = None, files: bool = True,
+                 sources_field: str = "data.sources") -> None:
         """With `model_vocab_size` the tokenizer is loaded (fast) and its vocab checked too;
-        files=False (a dry run) leaves source paths that do not exist yet to training."""
+        files=False (a dry run) leaves source paths that do not exist yet to training;
+        `sources_field` names the sources in errors (a stage's own: stages[1].sources)."""
         _pos_int(self.seq_len, "data.seq_len", 2)
         _pos_int(self.micro_batch_size, "data.micro_batch_size", 1)
         _pos_int(self.shuffle_window, "data.shuffle_window", 1)
@@ -358,17 +362,19 @@ class DataConfig:
         if self.final_partial not in FINAL_PARTIAL:
             raise UserError(f"data.final_partial: {self.final_partial!r} is not one of {', '.join(FINAL_PARTIAL)}")
         if not self.sources:
-            raise UserError("data.sources: empty; give at least one source (or omit it for the synthetic default)")
+            raise UserError(f"{sources_field}: empty; give at least one source (or omit it for the synthetic "
+                            "default)")
         for i, src in enumerate(self.sources):
-            src.validate(i, self.seq_len, files)
+            src.validate(i, self.seq_len, files, sources_field)
         weights = [float(src.weight) for src in self.sources]
         if not sum(weights) > 0:
-            raise UserError(f"data.sources[*].weight: mixture weights must sum to a positive number, got {weights}")
+            raise UserError(f"{sources_field}[*].weight: mixture weights must sum to a positive number, got {weights}")
         check_tokenizer_spec(self.tokenizer)
         if model_vocab_size is not None:
             check_vocab(load_tokenizer(self.tokenizer), model_vocab_size)
 
 
-def validate_data_config(cfg: DataConfig, model_vocab_size: Optional[int] = None, files: bool = True) -> None:
-    """`cfg.validate(model_vocab_size, files)`: the entry point of the trainer's config check and the loader."""
-    cfg.validate(model_vocab_size, files)
+def validate_data_config(cfg: DataConfig, model_vocab_size: Optional[int] = None, files: bool = True,
+                         sources_field: str = "data.sources") -> None:
+    """`cfg.validate(...)`: the entry point of the trainer's config check and the loader."""
+    cfg.validate(model_vocab_size, files, sources_field)

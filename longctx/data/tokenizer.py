@@ -217,8 +217,8 @@ def _has_vocabulary(directory: str) -> bool:
     return any(all(os.path.isfile(os.path.join(directory, f)) for f in group) for group in VOCABULARY_FILES)
 
 
-def check_tokenizer_spec(spec: str) -> None:
-    """Cheap check (no loading) that `spec` names something load_tokenizer can try."""
+def check_tokenizer_spec(spec: str, field: str = "data.tokenizer") -> None:
+    """Cheap check (no loading) that `spec` names something load_tokenizer can try; errors name `field`."""
     if spec == "byte":
         return
     path = os.path.expanduser(spec)
@@ -228,7 +228,7 @@ def check_tokenizer_spec(spec: str) -> None:
             shown = (", ".join(found[:6]) + (f" and {len(found) - 6} more" if len(found) > 6 else "")
                      if found else "nothing")
             raise UserError(
-                f"data.tokenizer: {spec} has no tokenizer.json or other vocabulary file (found: {shown}); a "
+                f"{field}: {spec} has no tokenizer.json or other vocabulary file (found: {shown}); a "
                 "tokenizer directory needs tokenizer.json (a fast tokenizer), or tokenizer.model (sentencepiece) "
                 "or vocab.json + merges.txt for transformers to convert; "
                 "tokenizer_config.json only names special tokens"
@@ -236,7 +236,7 @@ def check_tokenizer_spec(spec: str) -> None:
         return
     if not HUB_ID.match(spec):
         raise UserError(
-            f"data.tokenizer: {spec} does not exist; use 'byte', a tokenizer.json, a tokenizer "
+            f"{field}: {spec} does not exist; use 'byte', a tokenizer.json, a tokenizer "
             "directory or a hub id like 'org/name'"
         )
 

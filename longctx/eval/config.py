@@ -58,7 +58,7 @@ class EvalConfig(EvalFields):
             if getattr(self, name) is not None:
                 check_out_dir(getattr(self, name), f"eval.{name}")
         if self.tokenizer is not None:
-            as_eval_field(check_tokenizer_spec, self.tokenizer)
+            check_tokenizer_spec(self.tokenizer, "eval.tokenizer")
         check_keys(self.model_overrides)
 
     def task_options(self) -> TaskOptions:

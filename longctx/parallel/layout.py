@@ -40,18 +40,27 @@ class CPLayout:
     ring_size: int  # ring degree (1 for ulysses / allgather; 0 while ulysses_size is)
 
 
+@dataclass(frozen=True)
+class CPFields:
+    """The config fields the CP checks name: a stage's own where it sets them (stages[1].cp_size)."""
+
+    cp_size: str = "parallel.cp_size"
+    seq_len: str = "data.seq_len"
+
+
 def _divisors(n: int):
     return [d for d in range(1, n + 1) if n % d == 0]
 
 
 def validate_layout(cp_size: int, impl: str, ulysses_size: Optional[int] = None,
-                    world_size: Optional[int] = None) -> CPLayout:
+                    world_size: Optional[int] = None, fields: CPFields = CPFields()) -> CPLayout:
     """Checks that need no model or data shapes; returns the resolved layout."""
+    cp = fields.cp_size
     require(impl in CP_IMPLS, f"parallel.cp_impl={impl!r} is unknown; valid: {', '.join(CP_IMPLS)}")
-    require(isinstance(cp_size, int) and cp_size >= 1, f"parallel.cp_size={cp_size!r} must be an integer >= 1")
+    require(isinstance(cp_size, int) and cp_size >= 1, f"{cp}={cp_size!r} must be an integer >= 1")
     if world_size is not None:
         require(world_size % cp_size == 0,
-                f"parallel.cp_size={cp_size} must divide the world size {world_size}; "
+                f"{cp}={cp_size} must divide the world size {world_size}; "
                 f"valid: {', '.join(map(str, _divisors(world_size)))}")
     u = ulysses_size or None
     if impl in ("ring", "allgather"):
@@ -59,13 +68,13 @@ def validate_layout(cp_size: int, impl: str, ulysses_size: Optional[int] = None,
                                 f"(cp_impl is {impl}); set it to 1 or leave it unset")
         return CPLayout(cp_size, impl, 1, cp_size if impl == "ring" else 1)
     if impl == "ulysses":
-        require(u in (None, cp_size), f"parallel.ulysses_size={ulysses_size} must equal parallel.cp_size={cp_size} "
+        require(u in (None, cp_size), f"parallel.ulysses_size={ulysses_size} must equal {cp}={cp_size} "
                                       "for cp_impl ulysses (use cp_impl hybrid to combine with a ring)")
         return CPLayout(cp_size, impl, cp_size, 1)
     if ulysses_size == 0:
         return CPLayout(cp_size, impl, 0, 0)  # resolve_layout picks the degree once the heads are known
     require(u is not None and cp_size % u == 0,
-            f"parallel.ulysses_size={ulysses_size} must divide parallel.cp_size={cp_size} for cp_impl hybrid; "
+            f"parallel.ulysses_size={ulysses_size} must divide {cp}={cp_size} for cp_impl hybrid; "
             f"valid: {', '.join(map(str, _divisors(cp_size)))}, or 0 (chosen from the head counts)")
     return CPLayout(cp_size, impl, u, cp_size // u)
 
@@ -78,16 +87,16 @@ def resolve_layout(layout: CPLayout, num_heads: int, num_kv_heads: int) -> CPLay
     return CPLayout(layout.cp_size, layout.impl, U, layout.cp_size // U)
 
 
-def validate_heads(layout: CPLayout, num_heads: int, num_kv_heads: int) -> None:
+def validate_heads(layout: CPLayout, num_heads: int, num_kv_heads: int, fields: CPFields = CPFields()) -> None:
     """Any head count splits over a Ulysses degree up to the query heads (uneven shards where U
     does not divide them, heads.py); a member without a query head is refused."""
     U = layout.ulysses_size
     if U <= num_heads:
         return
     if layout.impl == "ulysses":
-        require(False, f"parallel.ulysses_size={U} (cp_impl ulysses: parallel.cp_size) exceeds the number of "
+        require(False, f"parallel.ulysses_size={U} (cp_impl ulysses: {fields.cp_size}) exceeds the number of "
                        f"attention heads ({num_heads}): every Ulysses member needs a query head; valid: "
-                       f"parallel.cp_size <= {num_heads}, or cp_impl ring, or cp_impl hybrid with "
+                       f"{fields.cp_size} <= {num_heads}, or cp_impl ring, or cp_impl hybrid with "
                        f"parallel.ulysses_size <= {num_heads}")
     valid = [d for d in _divisors(layout.cp_size) if d <= num_heads]
     require(False, f"parallel.ulysses_size={U} exceeds the number of attention heads ({num_heads}): every "
@@ -95,9 +104,9 @@ def validate_heads(layout: CPLayout, num_heads: int, num_kv_heads: int) -> None:
 
 
 def validate_cp(world_size: int, cp_size: int, impl: str, ulysses_size: Optional[int], num_heads: int,
-                num_kv_heads: int, seq_len: int) -> CPLayout:
-    """Every user-facing CP check; raises longctx.errors.UserError naming the config field."""
-    layout = resolve_layout(validate_layout(cp_size, impl, ulysses_size, world_size), num_heads, num_kv_heads)
-    validate_heads(layout, num_heads, num_kv_heads)
-    check_seq_len(seq_len, cp_size)
+                num_kv_heads: int, seq_len: int, fields: CPFields = CPFields()) -> CPLayout:
+    """Every user-facing CP check; raises longctx.errors.UserError naming the config field (`fields`)."""
+    layout = resolve_layout(validate_layout(cp_size, impl, ulysses_size, world_size, fields), num_heads, num_kv_heads)
+    validate_heads(layout, num_heads, num_kv_heads, fields)
+    check_seq_len(seq_len, cp_size, seq_len_field=fields.seq_len, cp_size_field=fields.cp_size)
     return layout

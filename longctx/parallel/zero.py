@@ -6,16 +6,13 @@ train/step.py), which makes every dp x cp layout give the same update.
 """
 from __future__ import annotations
 
-import json
 import logging
 import warnings
-from pathlib import Path
 from typing import Any, Optional
 
 import torch
 from torch import nn
 
-from longctx.errors import UserError
 from longctx.parallel.checkpointing import model_key
 from longctx.parallel.ds_ops import ensure_built, skip_unused_ops
 
@@ -26,7 +23,9 @@ from longctx.parallel.ds_ops import ensure_built, skip_unused_ops
 
 def deepspeed_config(*, zero_stage: int, micro_batch_size: int, grad_accum: int, world_size: int,
                      dtype: str, grad_clip: float, offload_optimizer: bool = False,
-                     offload_params: bool = False, user_json: Optional[str] = None) -> dict:
+                     offload_params: bool = False, user: Optional[dict] = None) -> dict:
+    """Our engine config, with `user` (a parsed parallel.deepspeed_config: config.load_deepspeed_json,
+    which validate_config ran, RunPlan.deepspeed) merged over it."""
     zero: dict[str, Any] = {"stage": zero_stage}
     if zero_stage >= 2:
         zero.update({"overlap_comm": True, "contiguous_gradients": True})
@@ -47,13 +46,7 @@ def deepspeed_config(*, zero_stage: int, micro_batch_size: int, grad_accum: int,
         "steps_per_print": 2**31 - 1,
         "wall_clock_breakdown": False,
     }
-    if user_json:
-        try:
-            user = json.loads(Path(user_json).read_text())
-        except (OSError, json.JSONDecodeError) as e:
-            raise UserError(f"parallel.deepspeed_config: cannot read {user_json} ({e})") from None
-        cfg = _deep_merge(cfg, user)
-    return cfg
+    return _deep_merge(cfg, user) if user else cfg
 
 
 def _deep_merge(base: dict, over: dict) -> dict:

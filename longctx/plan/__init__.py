@@ -36,7 +36,16 @@ On a GPU the caching allocator reserves whole buffers and the CUDA context/NCCL 
 their own; on CPU the measured peak is RSS, which only counts pages a process has touched, so a
 5e8-element bucket costs only the part gradients fill. `device` selects these semantics.
 """
-from longctx.plan.layout import BUCKET, MAX_LIVE, PREFETCH, Layout, layout_of, parameter_counts, relative_time_per_token
+from longctx.plan.layout import (
+    BUCKET,
+    MAX_LIVE,
+    PREFETCH,
+    Layout,
+    layout_of,
+    parameter_counts,
+    planned_deepspeed,
+    relative_time_per_token,
+)
 from longctx.plan.memory import (
                                  COMPONENTS,
                                  GPU_USABLE,
@@ -51,4 +60,4 @@ from longctx.plan.report import fmt_bytes, format_estimate, parse_length, parse_
 __all__ = ["BUCKET", "COMPONENTS", "GPU_USABLE", "GiB", "Layout", "MAX_LIVE", "MemoryEstimate", "PREFETCH",
            "RUNTIME_GB",
            "estimate_layout", "estimate_memory", "fmt_bytes", "format_estimate", "layout_of", "parameter_counts",
-           "parse_length", "parse_size", "relative_time_per_token"]
+           "parse_length", "parse_size", "planned_deepspeed", "relative_time_per_token"]

@@ -12,14 +12,7 @@ from typing import Optional
 
 from omegaconf import OmegaConf
 
-from longctx.config import (
-    RunStage,
-    load_config,
-    missing_weights_note,
-    resolve_stages,
-    stage_model_config,
-    validate_portable,
-)
+from longctx.config import RunPlan, RunStage, derive_plan, load_config, missing_weights_note, validate_portable
 from longctx.errors import UserError
 from longctx.model.config import ModelConfig
 from longctx.parallel.layout import ulysses_degree, validate_cp
@@ -31,19 +24,13 @@ from longctx.plan import (
     layout_of,
     parse_length,
     parse_size,
+    planned_deepspeed,
     relative_time_per_token,
 )
 from longctx.plan.report import gib
 from longctx.plan.target import cluster_line, memory_per_process, planned_device
 
 CHECKPOINTING_ORDER = ("none", "selective", "full")
-
-
-def _model_config(stage: RunStage, notes: list) -> ModelConfig:
-    note = missing_weights_note(stage.model)
-    if note and note not in notes:
-        notes.append(note)
-    return stage_model_config(stage)
 
 
 def _valid_cp(cp: int, layout: Layout, model_cfg: ModelConfig) -> bool:
@@ -161,17 +148,17 @@ class Machine:
 
 def run_plan(args: argparse.Namespace) -> int:
     cfg = load_config(args.config, args.overrides)
-    validate_portable(cfg)  # a job planned here runs elsewhere: no file, library or world-size checks
+    stages = validate_portable(cfg)  # a job planned here runs elsewhere: no file, library or world-size checks
     if args.runtime_gb is not None and not (math.isfinite(args.runtime_gb) and args.runtime_gb >= 0):
         raise UserError(f"--runtime-gb: must be a finite number >= 0, got {args.runtime_gb}")
     notes: list[str] = []
     machine = _machine(args, notes)
-    stages = resolve_stages(cfg)
+    plan = _plan(cfg, stages, machine, notes)
     target = parse_length(args.seq_len) if args.seq_len else max(s.seq_len for s in stages)
     report = {"gpus": machine.processes, "gpu_mem_gib": machine.memory / 2**30, "device": machine.device,
               "stages": [], "notes": notes}
-    text, all_fit = _stage_estimates(cfg, stages, machine, args, report)
-    rows = _advice(cfg, stages, machine, target, args, notes)
+    text, all_fit = _stage_estimates(cfg, plan, machine, args, report)
+    rows = _advice(cfg, plan, machine, target, args, notes)
     best = recommend(rows)
     report["advice"] = {"seq_len": target, "options": rows, "recommended": best}
     if args.json:
@@ -179,6 +166,15 @@ def run_plan(args: argparse.Namespace) -> int:
     else:
         _print_report(report, text, cfg, machine, _longest(stages))
     return 3 if (args.check and not all_fit) else 0
+
+
+def _plan(cfg, stages: list[RunStage], machine: Machine, notes: list) -> RunPlan:
+    """The stages' model configs (init_from's config.json read once) and the DeepSpeed JSON where it is readable."""
+    note = missing_weights_note(cfg.model)
+    if note:
+        notes.append(note)
+    deepspeed = planned_deepspeed(cfg.parallel.deepspeed_config)
+    return derive_plan(cfg, machine.processes, stages=stages, deepspeed=deepspeed)
 
 
 def _machine(args: argparse.Namespace, notes: list) -> Machine:
@@ -212,14 +208,13 @@ def _longest(stages: list[RunStage]) -> int:
     return max(range(len(stages)), key=lambda i: stages[i].seq_len)
 
 
-def _stage_estimates(cfg, stages: list[RunStage], machine: Machine, args: argparse.Namespace,
+def _stage_estimates(cfg, plan: RunPlan, machine: Machine, args: argparse.Namespace,
                      report: dict) -> tuple[list[str], bool]:
     """Each stage's estimate as configured, into report["stages"]; returns (text lines, all fit)."""
-    text, all_fit, longest = [], True, _longest(stages)
+    text, all_fit, longest = [], True, _longest(plan.stages)
     gpus, device_bytes = machine.processes, machine.memory
-    for i, stage in enumerate(stages):
-        model_cfg = _model_config(stage, report["notes"])
-        layout = layout_of(cfg, stage, gpus)
+    for i, (stage, model_cfg) in enumerate(zip(plan.stages, plan.model_configs)):
+        layout = layout_of(cfg, stage, gpus, plan.deepspeed)
         if gpus % layout.cp_size:
             where = stage.field_names["cp_size"]
             all_fit = False
@@ -245,12 +240,12 @@ def _stage_estimates(cfg, stages: list[RunStage], machine: Machine, args: argpar
     return text, all_fit
 
 
-def _advice(cfg, stages: list[RunStage], machine: Machine, target: int, args: argparse.Namespace,
+def _advice(cfg, plan: RunPlan, machine: Machine, target: int, args: argparse.Namespace,
             notes: list) -> list[dict]:
     """advise() for the target length, with the longest stage's settings otherwise."""
-    stage = stages[_longest(stages)]
-    model_cfg = _model_config(stage, [])
-    layout = dataclasses.replace(layout_of(cfg, stage, machine.processes), seq_len=target)
+    i = _longest(plan.stages)
+    stage, model_cfg = plan.stages[i], plan.model_configs[i]
+    layout = dataclasses.replace(layout_of(cfg, stage, machine.processes, plan.deepspeed), seq_len=target)
     if not _user_set(args.config, args.overrides, "data.micro_batch_size") and layout.micro_batch_size != 1:
         layout = dataclasses.replace(layout, micro_batch_size=1)
         notes.append(f"data.micro_batch_size not set (default {cfg.data.micro_batch_size}): the advice plans one "

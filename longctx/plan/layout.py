@@ -2,12 +2,11 @@
 relative step time of a layout (to rank the ones that fit)."""
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Optional
 
-from longctx.config import RunStage, TrainConfig
+from longctx.config import RunStage, TrainConfig, load_deepspeed_json
+from longctx.errors import UserError
 from longctx.parallel.heads import HeadShards, auto_ulysses_size
 from longctx.parallel.layout import ulysses_degree
 
@@ -43,23 +42,32 @@ class Layout:
     max_live_parameters: int = MAX_LIVE
 
 
-def _deepspeed_knobs(path: Optional[str]) -> dict:
-    """Bucket sizes from a user DeepSpeed JSON (parallel.deepspeed_config), where it sets them."""
-    if not path or not Path(path).is_file():
-        return {}
+def planned_deepspeed(path: Optional[str]) -> Optional[dict]:
+    """A user DeepSpeed JSON for planning a job that may run elsewhere: config.load_deepspeed_json's
+    dict, None when it is not set or not readable here (the planner then assumes DeepSpeed's defaults)."""
+    if not path:
+        return None
     try:
-        zero = json.loads(Path(path).read_text()).get("zero_optimization") or {}
-    except (OSError, ValueError):
-        return {}
+        return load_deepspeed_json(path)
+    except UserError:
+        return None
+
+
+def _deepspeed_knobs(user: Optional[dict]) -> dict:
+    """Bucket sizes from a user DeepSpeed JSON (parsed), where it sets them."""
+    zero = (user or {}).get("zero_optimization") or {}
     keys = {"reduce_bucket_size": "reduce_bucket_size", "stage3_prefetch_bucket_size": "prefetch_bucket_size",
             "stage3_max_live_parameters": "max_live_parameters"}
     return {ours: int(float(zero[theirs])) for theirs, ours in keys.items() if theirs in zero}
 
 
-def layout_of(cfg: TrainConfig, stage: RunStage, world_size: int) -> Layout:
-    """The layout of one resolved stage of `cfg` (its train section: dtype, batch, loss chunks)."""
+def layout_of(cfg: TrainConfig, stage: RunStage, world_size: int, deepspeed: Optional[dict] = None) -> Layout:
+    """The layout of one resolved stage of `cfg` (its train section: dtype, batch, loss chunks);
+    `deepspeed`: its parallel.deepspeed_config parsed (RunPlan.deepspeed), read here when not given."""
     par, tr = stage.parallel, cfg.train
-    return Layout(**_deepspeed_knobs(par.deepspeed_config), seq_len=stage.seq_len, world_size=world_size,
+    if deepspeed is None:
+        deepspeed = planned_deepspeed(par.deepspeed_config)
+    return Layout(**_deepspeed_knobs(deepspeed), seq_len=stage.seq_len, world_size=world_size,
                   cp_size=par.cp_size, cp_impl=par.cp_impl, ulysses_size=par.ulysses_size, zero_stage=par.zero_stage,
                   offload_optimizer=par.offload_optimizer, offload_params=par.offload_params,
                   activation_checkpointing=par.activation_checkpointing, checkpoint_every=par.checkpoint_every,

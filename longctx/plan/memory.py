@@ -185,7 +185,9 @@ def estimate_layout(m, lay: Layout, *, device: str = "gpu", runtime_overhead_gb:
 
 
 def estimate_memory(cfg: TrainConfig, stage: RunStage, model_cfg: ModelConfig, world_size: int, *,
-                    device: str = "gpu", runtime_overhead_gb: Optional[float] = None) -> MemoryEstimate:
-    """Per-device peak memory of `stage` of `cfg` on `world_size` processes (see module doc)."""
-    return estimate_layout(model_cfg, layout_of(cfg, stage, world_size), device=device,
+                    device: str = "gpu", runtime_overhead_gb: Optional[float] = None,
+                    deepspeed: Optional[dict] = None) -> MemoryEstimate:
+    """Per-device peak memory of `stage` of `cfg` on `world_size` processes (see module doc);
+    `deepspeed`: the parsed parallel.deepspeed_config (RunPlan.deepspeed), read when not given."""
+    return estimate_layout(model_cfg, layout_of(cfg, stage, world_size, deepspeed), device=device,
                            runtime_overhead_gb=runtime_overhead_gb, document_masking=cfg.data.document_masking)

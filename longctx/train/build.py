@@ -5,12 +5,13 @@ from __future__ import annotations
 import logging
 import sys
 from pathlib import Path
+from typing import Optional
 
 import torch
 from torch import nn
 
-from longctx.model.config import ModelConfig, get_preset
-from longctx.model.hf import load_pretrained, read_hf_config
+from longctx.model.config import ModelConfig
+from longctx.model.hf import load_pretrained
 from longctx.model.llama import Transformer, build_model, count_parameters
 from longctx.parallel.zero import build_optimizer, deepspeed_config
 from longctx.train.summary import weights_line
@@ -21,18 +22,17 @@ def train_dtype(cfg) -> torch.dtype:
     return getattr(torch, cfg.train.dtype)
 
 
-def build_plain_model(cfg, model_cfg: ModelConfig, device: torch.device) -> tuple[Transformer, ModelConfig, str]:
+def build_plain_model(cfg, model_cfg: ModelConfig, device: torch.device) -> tuple[Transformer, str]:
     """The model of `model_cfg` in train.dtype: model.init_from's weights, else model.preset's
-    architecture initialised from train.seed. Returns (model, the config of the weights' origin,
-    the line that says where the weights come from)."""
+    architecture initialised from train.seed. Returns (model, the line that says where the
+    weights come from)."""
     m = cfg.model
     if m.init_from:
         model = load_pretrained(m.init_from, config=model_cfg, device=device)
     else:
         model = build_model(model_cfg, device=device, seed=cfg.train.seed)
     line = weights_line(m.init_from, m.preset, len(model.state_dict()), count_parameters(model), cfg.train.seed)
-    origin = read_hf_config(m.init_from) if m.init_from else get_preset(m.preset)
-    return model.to(train_dtype(cfg)), origin, line
+    return model.to(train_dtype(cfg)), line
 
 
 def optimizer_for(model: nn.Module, optim, offload: bool) -> torch.optim.Optimizer:
@@ -41,12 +41,13 @@ def optimizer_for(model: nn.Module, optim, offload: bool) -> torch.optim.Optimiz
                            weight_decay=optim.weight_decay, offload=offload)
 
 
-def deepspeed_config_for(cfg, world_size: int) -> dict:
+def deepspeed_config_for(cfg, world_size: int, user: Optional[dict]) -> dict:
+    """The engine config of `cfg`; `user`: its parallel.deepspeed_config, parsed (RunPlan.deepspeed)."""
     par = cfg.parallel
     return deepspeed_config(zero_stage=par.zero_stage, micro_batch_size=cfg.data.micro_batch_size,
                             grad_accum=cfg.train.grad_accum, world_size=world_size, dtype=cfg.train.dtype,
                             grad_clip=cfg.optim.grad_clip, offload_optimizer=par.offload_optimizer,
-                            offload_params=par.offload_params, user_json=par.deepspeed_config)
+                            offload_params=par.offload_params, user=user)
 
 
 def setup_logging(out_dir: Path, rank: int) -> None:

@@ -9,23 +9,26 @@ from __future__ import annotations
 
 from typing import Optional
 
-from longctx.config import TrainConfig, resolve_stages, stage_model_config
+from longctx.config import RunPlan, TrainConfig, derive_plan
 from longctx.model import build_model, count_parameters
 from longctx.plan import estimate_memory, format_estimate
 from longctx.plan.target import cluster_line, memory_per_process, planned_device, this_machine_device
 
 
-def dry_run(cfg: TrainConfig, world_size: int, config_path: Optional[str] = None) -> str:
+def dry_run(cfg: TrainConfig, world_size: int, config_path: Optional[str] = None,
+            plan: Optional[RunPlan] = None) -> str:
+    """`plan`: validate_config's for `cfg` (derived here, unchecked, when not given)."""
+    plan = plan or derive_plan(cfg, world_size)
     cluster = cluster_line(config_path)
     device = planned_device(cluster, fallback=this_machine_device())
     device_bytes, _ = memory_per_process(device, cluster, world_size)
     lines = []
-    for stage in resolve_stages(cfg):
-        model_cfg = stage_model_config(stage)
+    for stage, model_cfg in zip(plan.stages, plan.model_configs):
         model = build_model(model_cfg, device="meta")
         n = count_parameters(model)
         cp = stage.parallel.cp_size
         lines.append(f"stage {stage.index} ({stage.name}): seq_len {stage.seq_len}, steps {stage.steps}, "
                      f"cp {cp} x dp {world_size // cp}, rope {model_cfg.rope_type}, params {n:,}")
-        lines.append(format_estimate(estimate_memory(cfg, stage, model_cfg, world_size, device=device), device_bytes))
+        lines.append(format_estimate(estimate_memory(cfg, stage, model_cfg, world_size, device=device,
+                                                       deepspeed=plan.deepspeed), device_bytes))
     return "\n".join(lines)

@@ -3,7 +3,6 @@ its loader, its steps) -> checkpoints -> the HF export. The step itself is train
 from __future__ import annotations
 
 import logging
-import math
 import sys
 import time
 from pathlib import Path
@@ -14,7 +13,7 @@ import torch
 import torch.distributed as dist
 
 from longctx import atomic
-from longctx.config import RunStage, TrainConfig, resolve_stages, stage_model_config, to_yaml, validate_config
+from longctx.config import RunPlan, RunStage, TrainConfig, to_yaml, validate_config
 from longctx.data import build_loader, check_vocab, load_tokenizer
 from longctx.data.check import check_data
 from longctx.data.fingerprint import changed_sources, compare_sources, fingerprint_sources
@@ -74,13 +73,21 @@ def stage_loader(stage: RunStage, train_seed: int, tokenizer, *, dp_rank: int, d
                         seed=train_seed + 1000 * stage.index, collate=collate)
 
 
+def plan_for(cfg: TrainConfig, plan: Optional[RunPlan], world_size: int) -> RunPlan:
+    """`plan` when validate_config made it for this world with weights and data checked (the
+    command's), else validate_config's plan now: everything cheap, before any process group."""
+    if plan is not None and plan.world_size == world_size and plan.files:
+        return plan
+    return validate_config(cfg, world_size)
+
+
 class Trainer:
-    def __init__(self, cfg: TrainConfig):
+    def __init__(self, cfg: TrainConfig, plan: Optional[RunPlan] = None):
         self.start_time = time.monotonic()  # the end summary's wall time
         self.cfg = cfg
         self.env = read_env()
-        validate_config(cfg, self.env.world_size)  # everything cheap, before any process group
-        self.stages = resolve_stages(cfg)
+        self.plan = plan_for(cfg, plan, self.env.world_size)
+        self.stages = self.plan.stages
         self.out = Path(cfg.out_dir)
         # a bad path fails before any process group; hashes are verified (split over ranks) in run()
         self.resume_candidates = resume_candidates(self.out, cfg.checkpoint.resume)
@@ -211,7 +218,7 @@ class Trainer:
                 print(nothing_left_notice(self.resume_from, saved, self.stages), file=sys.stderr)
             return continuation
         # another model shape, or another global batch on another dp size: one line, nothing loaded
-        check_resume(self.resume_from, saved, model_config=stage_model_config(self.stages[0]), world_size=self.world,
+        check_resume(self.resume_from, saved, model_config=self.plan.model_configs[0], world_size=self.world,
                      stage=self.stages[continuation.stage], grad_accum=self.cfg.train.grad_accum,
                      loader_continues=continuation.loader_belongs)
         return continuation
@@ -224,7 +231,7 @@ class Trainer:
 
     def _build_model(self):
         """The plain model of stage 0 (weights from init_from or the preset's seeded init)."""
-        model, self.model_origin, weights = build_plain_model(self.cfg, stage_model_config(self.stages[0]), self.device)
+        model, weights = build_plain_model(self.cfg, self.plan.model_configs[0], self.device)
         self._announce(weights)
         return model
 
@@ -237,7 +244,7 @@ class Trainer:
         self.cp, self.mesh = par.cp_size, self._mesh(par.cp_size)
         self.engine = parallelize(model, self.mesh, par, device=self.device,
                                   optimizer=optimizer_for(model, cfg.optim, par.offload_optimizer),
-                                  ds_config=deepspeed_config_for(cfg, self.world))
+                                  ds_config=deepspeed_config_for(cfg, self.world, self.plan.deepspeed))
         self.model = model
         self._announce(layout_line(self.world, self.world // self.cp, self.cp, par.cp_impl, par.zero_stage,
                                    par.offload_optimizer, cfg.train.dtype, par.activation_checkpointing))
@@ -280,9 +287,9 @@ class Trainer:
     def _enter_stage(self, index: int) -> None:
         """The stage's RoPE / max length, its cp size's mesh and attention, its step setup."""
         stage = self.stages[index]
-        model_cfg = stage_model_config(stage)
+        model_cfg = self.plan.model_configs[index]
         where = f"stage {index} ({stage.name})" if self.cfg.stages else "model"
-        self._announce(rope_line(where, self.model_origin if index == 0 else self.model.config, model_cfg))
+        self._announce(rope_line(where, self.plan.origin if index == 0 else self.model.config, model_cfg))
         cp = stage.parallel.cp_size
         mesh = self._mesh(cp)
         set_stage(self.model, model_cfg, attention_for(mesh, stage.parallel, self.device) if cp != self.cp else None)
@@ -299,10 +306,9 @@ class Trainer:
 
     def _stage_loader(self, stage: RunStage, tokenizer, loader_state: Optional[dict]):
         """The stage's loader of model inputs, at `loader_state` when resuming inside the stage.
-        Unscored row tails are dropped in steps divisible by the zigzag's 2 x cp chunks and round
-        enough to keep the attention kernels' blocks regular."""
+        Unscored row tails are dropped in the stage's trim multiple (config.run_plan.trim_multiple)."""
         collate = ModelInputs(stage.data.document_masking, self.cfg.train.answer_loss_weight,
-                              trim_multiple=math.lcm(64, 2 * self.cp))
+                              trim_multiple=self.plan.trim_multiple(stage.index))
         self._fingerprints(stage.index)  # the files as the loader opens them (hashes remembered per version)
         loader = stage_loader(stage, self.cfg.train.seed, tokenizer, dp_rank=self.mesh.dp_rank,
                               dp_size=self.mesh.dp_size, collate=collate)
@@ -454,8 +460,9 @@ def check_sources(stages: list[RunStage]) -> None:
         datasets.enable_progress_bars()
 
 
-def train(cfg: TrainConfig) -> int:
-    trainer = Trainer(cfg)
+def train(cfg: TrainConfig, plan: Optional[RunPlan] = None) -> int:
+    """Run the job of `cfg`; `plan`: validate_config's for it (validated here when not given)."""
+    trainer = Trainer(cfg, plan)
     completed = False
     try:
         try:

@@ -50,11 +50,13 @@ def test_accelerate_configs_load(name):
 
 
 def test_deepspeed_jsons_merge_into_the_engine_config():
+    from longctx.config import load_deepspeed_json
     from longctx.parallel.zero import deepspeed_config
 
     for stage in (2, 3):
+        user = load_deepspeed_json(str(ROOT / "launch" / "deepspeed" / f"zero{stage}.json"))
         cfg = deepspeed_config(zero_stage=stage, micro_batch_size=1, grad_accum=1, world_size=8, dtype="bfloat16",
-                               grad_clip=1.0, user_json=str(ROOT / "launch" / "deepspeed" / f"zero{stage}.json"))
+                               grad_clip=1.0, user=user)
         assert cfg["zero_optimization"]["stage"] == stage
         assert cfg["zero_optimization"]["reduce_bucket_size"] == 200000000
 
