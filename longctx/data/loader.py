@@ -91,6 +91,7 @@ class ModelInputs:
     """The collate that turns a loader batch into the model's inputs (the trainer's loader):
 
         input_ids, labels, position_ids      as packed
+        real_tokens                          (B,) each row's non-padding tokens (for the metrics)
         segment_ids                          with document_masking only; a row's unscored tail
                                              folded into the document before it (fold_trailing_padding)
         loss_weights                         1 + (answer_loss_weight - 1) * answer_mask, when
@@ -104,6 +105,7 @@ class ModelInputs:
 
     def __call__(self, batch: dict) -> dict:
         inputs = {k: batch[k] for k in ("input_ids", "labels", "position_ids")}  # (B, T) each
+        inputs["real_tokens"] = batch["real_tokens"]  # (B,)
         if self.document_masking:
             inputs["segment_ids"] = fold_trailing_padding(batch["segment_ids"], batch["labels"])
         w = self.answer_loss_weight

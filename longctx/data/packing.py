@@ -89,11 +89,13 @@ class RowBuilder:
 
 
 def rows_to_batch(rows, *, document_masking: bool, answer_mask: bool) -> dict:
-    """Stack rows into the loader's batch: LongTensors (B, T) (+ answer_mask, bool)."""
+    """Stack rows into the loader's batch: LongTensors (B, T) (+ answer_mask, bool), and
+    real_tokens (B,): each row's tokens that are not padding."""
     batch = {
         "input_ids": torch.from_numpy(np.stack([r.input_ids for r in rows]).astype(np.int64)),
         "labels": torch.from_numpy(np.stack([r.labels for r in rows]).astype(np.int64)),
         "position_ids": torch.from_numpy(np.stack([r.position_ids for r in rows]).astype(np.int64)),
+        "real_tokens": torch.tensor([r.n_real for r in rows], dtype=torch.int64),
     }
     if document_masking:
         batch["segment_ids"] = torch.from_numpy(np.stack([r.segment_ids for r in rows]).astype(np.int64))

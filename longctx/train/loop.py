@@ -2,6 +2,7 @@
 its loader, its steps) -> checkpoints -> the HF export. The step itself is train/step.py."""
 from __future__ import annotations
 
+import dataclasses
 import logging
 import sys
 import time
@@ -81,6 +82,16 @@ def plan_for(cfg: TrainConfig, plan: Optional[RunPlan], world_size: int) -> RunP
     return validate_config(cfg, world_size)
 
 
+@dataclasses.dataclass
+class TrainState:
+    """Where the run is: optimizer steps taken (in all stages), real tokens trained on, the
+    stage and the steps taken in it. Checkpointed with the trainer state."""
+    step: int = 0
+    tokens: int = 0
+    stage: int = 0
+    stage_step: int = 0
+
+
 class Trainer:
     def __init__(self, cfg: TrainConfig, plan: Optional[RunPlan] = None):
         self.start_time = time.monotonic()  # the end summary's wall time
@@ -158,13 +169,13 @@ class Trainer:
             return 0  # nothing left to train (the notice is printed)
         torch.manual_seed(cfg.train.seed)
         tokenizer = self._build_engine()
-        state = {"step": 0, "tokens": 0, "stage": 0, "stage_step": 0}
+        state = TrainState()
         loader_state = self._restore(state, continuation) if continuation is not None else None
-        totals = RunTotals(first_step=state["step"], first_tokens=state["tokens"])
-        self._open_outputs(state["step"])
+        totals = RunTotals(first_step=state.step, first_tokens=state.tokens)
+        self._open_outputs(state.step)
         rc = 0
         try:
-            while state["stage"] < len(self.stages):
+            while state.stage < len(self.stages):
                 if self._run_stage(state, tokenizer, loader_state, totals) == PREEMPTED_EXIT_CODE:
                     rc = PREEMPTED_EXIT_CODE
                     break
@@ -177,7 +188,7 @@ class Trainer:
                 totals.export = self.out / "hf"
         finally:
             self._close_outputs()
-        totals.step, totals.tokens, totals.last_checkpoint = state["step"], state["tokens"], self.last_checkpoint
+        totals.step, totals.tokens, totals.last_checkpoint = state.step, state.tokens, self.last_checkpoint
         self._print_summary(totals, preempted=rc == PREEMPTED_EXIT_CODE)
         return rc
 
@@ -250,7 +261,7 @@ class Trainer:
                                    par.offload_optimizer, cfg.train.dtype, par.activation_checkpointing))
         return tokenizer
 
-    def _restore(self, state: dict, continuation) -> Optional[dict]:
+    def _restore(self, state: TrainState, continuation) -> Optional[dict]:
         """Load the resume checkpoint into the engine and `state`; returns the loader state
         when it belongs to the stage the run continues with. A checkpoint of another layout is
         resharded (train/reshard.py): engine through DeepSpeed's universal checkpoint, loader
@@ -262,9 +273,9 @@ class Trainer:
                         micro * accum)
         restored = load_checkpoint(self.resume_from, engine=self.engine, model=self.model, layout=layout)
         saved = restored.trainer_state
-        state.update(step=saved["step"], tokens=saved["tokens"], stage=continuation.stage,
-                     stage_step=continuation.stage_step)
-        log.info("resumed from %s at step %d", self.resume_from, state["step"])
+        state.step, state.tokens = saved["step"], saved["tokens"]
+        state.stage, state.stage_step = continuation.stage, continuation.stage_step
+        log.info("resumed from %s at step %d", self.resume_from, state.step)
         if continuation.note:
             log.warning("checkpoint.resume: %s", continuation.note)
         if restored.same_layout:
@@ -342,54 +353,55 @@ class Trainer:
         self.engine = None
 
     # ---------------------------------------------------------------------- the steps
-    def _run_stage(self, state: dict, tokenizer, loader_state: Optional[dict], totals: RunTotals) -> Optional[int]:
+    def _run_stage(self, state: TrainState, tokenizer, loader_state: Optional[dict],
+                   totals: RunTotals) -> Optional[int]:
         """Steps of the current stage until it ends (state moves to the next stage) or a
         preemption (returns PREEMPTED_EXIT_CODE after saving)."""
-        si = state["stage"]
+        si = state.stage
         stage = self.stages[si]
         self._enter_stage(si)
         loader = self._stage_loader(stage, tokenizer, loader_state)
         batches = iter(loader)
-        while state["stage_step"] < stage.steps:
+        while state.stage_step < stage.steps:
             record = self._step(self.engine, batches, stage, state)
             self._account(record, state, si, stage)
             totals.final_loss = record["loss"]
-            stage_done = state["stage_step"] == stage.steps
+            stage_done = state.stage_step == stage.steps
             preempt = self.flag.agreed()
-            due = self.cfg.checkpoint.every > 0 and state["step"] % self.cfg.checkpoint.every == 0
+            due = self.cfg.checkpoint.every > 0 and state.step % self.cfg.checkpoint.every == 0
             if stage_done:
-                state["stage"] += 1
-                state["stage_step"] = 0
+                state.stage += 1
+                state.stage_step = 0
             if due or stage_done or preempt:
                 self._save(state, loader.state_dict(), data_stage=si)
             if preempt:
-                self._report_preemption(state["step"])
+                self._report_preemption(state.step)
                 return PREEMPTED_EXIT_CODE
             if stage_done:
                 break
         return None
 
-    def _step(self, engine, batches, stage: RunStage, state: dict) -> dict:
+    def _step(self, engine, batches, stage: RunStage, state: TrainState) -> dict:
         """One optimizer step at the stage's learning rate for this step (train/step.py)."""
         opt = stage.optim
-        lr = lr_at(state["stage_step"], stage.steps, lr=opt.lr, warmup_steps=opt.warmup_steps, schedule=opt.schedule,
+        lr = lr_at(state.stage_step, stage.steps, lr=opt.lr, warmup_steps=opt.warmup_steps, schedule=opt.schedule,
                    min_lr_ratio=opt.min_lr_ratio)
         return train_step(engine, self.model, batches, lr, self.setup)
 
-    def _account(self, record: dict, state: dict, si: int, stage) -> None:
+    def _account(self, record: dict, state: TrainState, si: int, stage) -> None:
         """Count the step, apply the non-finite policy, advance the progress, log the metrics."""
-        state["step"] += 1
+        state.step += 1
         try:
-            record["skipped"] = self.guard.observe(state["step"], record["loss"], record["grad_norm"],
+            record["skipped"] = self.guard.observe(state.step, record["loss"], record["grad_norm"],
                                                    record.pop("update_applied"), self.last_checkpoint)
         except NonFiniteStop:
-            self.writer.write(dict(record, step=state["step"], stage=si, skipped=True))
+            self.writer.write(dict(record, step=state.step, stage=si, skipped=True))
             raise
-        state["stage_step"] += 1
-        state["tokens"] += record["tokens"]
+        state.stage_step += 1
+        state.tokens += record["tokens"]
         self.progress.update(1, **progress_fields(record, si if len(self.stages) > 1 else None))
-        if record["skipped"] or state["step"] % self.cfg.log.every == 0 or state["stage_step"] == stage.steps:
-            record.update(step=state["step"], stage=si, tokens_seen=state["tokens"], peak_flops_source=self.peak_src)
+        if record["skipped"] or state.step % self.cfg.log.every == 0 or state.stage_step == stage.steps:
+            record.update(step=state.step, stage=si, tokens_seen=state.tokens, peak_flops_source=self.peak_src)
             self.writer.write(record)
 
     def _report_preemption(self, step: int) -> None:
@@ -417,20 +429,21 @@ class Trainer:
             self._source_fingerprints[si] = fingerprint_sources(self.stages[si].data)
         return self._source_fingerprints[si]
 
-    def _save(self, state: dict, loader_state: dict, data_stage: int) -> None:
+    def _save(self, state: TrainState, loader_state: dict, data_stage: int) -> None:
         if not weights_finite(self.model):
             kept = f"last checkpoint: {self.last_checkpoint}" if self.last_checkpoint else "no checkpoint written yet"
-            raise NonFiniteStop(f"train: non-finite weights at step {state['step']}; not checkpointed ({kept})",
-                                state["step"])
+            raise NonFiniteStop(f"train: non-finite weights at step {state.step}; not checkpointed ({kept})",
+                                state.step)
         # stage_steps / data_stage: how a resume with a changed config continues (train/continuation.py);
         # model_config / tokenizer: the model it holds, for export and eval without model/ (model/consolidate.py)
-        trainer_state = dict(state, data_sources=self._fingerprints(data_stage), world_size=self.world, cp_size=self.cp,
+        trainer_state = dict(dataclasses.asdict(state), data_sources=self._fingerprints(data_stage),
+                             world_size=self.world, cp_size=self.cp,
                              dp_size=self.mesh.dp_size,
                              stage_steps=[s.steps for s in self.stages], data_stage=data_stage,
                              **checkpoint_record(self.model.config, self.dtype, self.cfg.data.tokenizer))
         rank_state = {"data": loader_state, "rng": rng_state()}
         self.last_checkpoint = save_checkpoint(
-            self.out, state["step"], engine=self.engine, trainer_state=trainer_state, rank_state=rank_state,
+            self.out, state.step, engine=self.engine, trainer_state=trainer_state, rank_state=rank_state,
             keep_last=self.cfg.checkpoint.keep_last, hf_writer=self._write_hf if self.cfg.checkpoint.save_hf else None)
 
 

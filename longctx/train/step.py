@@ -105,7 +105,9 @@ def train_step(engine, model: nn.Module, batches: Iterator[dict], lr: float, set
     set_lr(engine.optimizer, lr)
     columns = sum(inputs["labels"].shape[1] for inputs in micro)  # after the unscored tails were cut
     shards = [to_rank(inputs, setup) for inputs in micro]
-    total_weight, = all_reduce_sum([sum(label_weight(s) for s in shards)])
+    # every rank of a cp group holds the same rows: the world's sum counts each row cp times
+    real = sum(real_tokens(inputs, setup) for inputs in micro) / setup.mesh.cp_size
+    total_weight, real = all_reduce_sum([sum(label_weight(s) for s in shards), real])
     if total_weight <= 0:
         raise UserError("data: a whole optimizer step has no label tokens (all labels ignored)")
     scale = setup.world * setup.grad_accum / total_weight
@@ -117,7 +119,7 @@ def train_step(engine, model: nn.Module, batches: Iterator[dict], lr: float, set
     computed = columns / (setup.seq_len * len(micro))  # share of the columns run (unscored tails are not)
     record = {"loss": global_loss / total_weight, "lr": lr,
               "grad_norm": float(grad_norm) if grad_norm is not None else float("nan"),
-              **throughput(setup, elapsed, t_data, computed),
+              "tokens": int(round(real)), **throughput(setup, elapsed, t_data, computed),
               "update_applied": not dropped and engine.was_step_applied()}
     if setup.cpu_limits is not None:  # cpu_mfu, gemm_limit_s, attention_limit_s
         pairs = sum(attention_pair_fraction(inputs.get("segment_ids"), inputs["labels"].shape[1], setup.seq_len)
@@ -127,13 +129,21 @@ def train_step(engine, model: nn.Module, batches: Iterator[dict], lr: float, set
     return record
 
 
+def real_tokens(inputs: dict, setup: StepSetup) -> float:
+    """A micro-batch's non-padding tokens (all its slots when the batch does not say)."""
+    if "real_tokens" in inputs:
+        return float(inputs["real_tokens"].sum())
+    return float(inputs["input_ids"].shape[0] * setup.seq_len)
+
+
 def throughput(setup: StepSetup, elapsed: float, t_data: float, computed: float) -> dict:
     """Throughput, utilisation and memory of a step that took `elapsed` seconds and ran the
-    share `computed` of its columns."""
-    tokens = setup.seq_len * setup.micro_batch_size * setup.grad_accum * setup.mesh.dp_size
-    tps = tokens / elapsed
+    share `computed` of its columns. `slots`: the step's row positions, padding included (what
+    tokens_per_s and MFU count, as peers count batch x sequence length)."""
+    slots = setup.seq_len * setup.micro_batch_size * setup.grad_accum * setup.mesh.dp_size
+    tps = slots / elapsed
     return {
-        "tokens": tokens, "tokens_per_s": tps, "tokens_per_s_per_device": tps / setup.world,
+        "slots": slots, "tokens_per_s": tps, "tokens_per_s_per_device": tps / setup.world,
         "mfu": setup.flops_per_token * tps * computed / setup.world / setup.peak_flops,
         "computed_fraction": computed, "peak_memory_gb": peak_memory_bytes() / 2**30,
         "data_wait_fraction": t_data / elapsed, "step_time_s": elapsed, "seq_len": setup.seq_len,

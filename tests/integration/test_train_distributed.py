@@ -11,7 +11,7 @@ from helpers.train import TINY, losses, metrics, run_train, start_train
 
 METRIC_FIELDS = {"loss", "lr", "grad_norm", "tokens_per_s", "tokens_per_s_per_device", "mfu", "peak_memory_gb",
                  "data_wait_fraction", "step", "tokens_seen", "step_time_s", "seq_len", "cp_size", "dp_size",
-                 "cpu_mfu", "gemm_limit_s", "attention_limit_s"}
+                 "cpu_mfu", "gemm_limit_s", "attention_limit_s", "tokens", "slots"}
 
 
 def _ok(res):
