@@ -1,0 +1,26 @@
+"""scripts/plot_metrics.py: a run's loss curve as a PNG, and its bad-input errors."""
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "plot_metrics.py"
+
+
+def _run(*args):
+    return subprocess.run([sys.executable, str(SCRIPT), *map(str, args)], capture_output=True, text=True, timeout=120)
+
+
+def test_writes_the_loss_curve_next_to_the_metrics(tmp_path):
+    rows = [{"step": s, "loss": 3.0 - 0.1 * s, "tokens_seen": 64 * s} for s in range(1, 6)]
+    rows.append({"step": 6, "loss": float("nan"), "skipped": True})
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    res = _run(tmp_path)
+    assert res.returncode == 0, res.stderr
+    assert (tmp_path / "loss.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_a_directory_without_metrics_is_one_error_line(tmp_path):
+    res = _run(tmp_path)
+    assert res.returncode == 2 and res.stderr.startswith("error: run_dir:") and len(res.stderr.splitlines()) == 1
+    assert not (tmp_path / "loss.png").exists()
