@@ -23,6 +23,7 @@ from typing import List, Optional, Sequence, Tuple
 import numpy as np
 from tokenizers import Tokenizer
 
+from longctx.data.pieces import PIECE_CHARS, encode_long
 from longctx.errors import UserError
 
 Spans = Sequence[Tuple[int, int]]  # [start, end) character offsets
@@ -145,16 +146,28 @@ class HFTokenizer:
             return fast(texts, add_special_tokens=False)
         return self._tok.encode_batch(texts, add_special_tokens=False)
 
+    def _ids_many(self, texts: Sequence[str]) -> List[np.ndarray]:
+        return [self._ids(e) for e in self._encode_many(list(texts))]
+
+    def _ids_of(self, texts: Sequence[str]) -> List[np.ndarray]:
+        """ids of each text; texts over PIECE_CHARS characters are encoded in pieces (pieces.py)."""
+        short = [i for i, t in enumerate(texts) if len(t) <= PIECE_CHARS]
+        out: List[Optional[np.ndarray]] = [None] * len(texts)
+        for i, ids in zip(short, self._ids_many([texts[i] for i in short])):  # parallel in Rust
+            out[i] = ids
+        for i, t in enumerate(texts):
+            if out[i] is None:
+                out[i] = encode_long(self._ids_many, t, PIECE_CHARS)
+        return out
+
     def encode_np(self, text: str, add_bos: bool = False, add_eos: bool = False) -> np.ndarray:
-        ids = self._ids(self._encode_many([text])[0])
-        return _with_specials(ids, self.bos_id, self.eos_id, add_bos, add_eos)
+        return _with_specials(self._ids_of([text])[0], self.bos_id, self.eos_id, add_bos, add_eos)
 
     def encode(self, text: str, add_bos: bool = False, add_eos: bool = False) -> List[int]:
         return self.encode_np(text, add_bos, add_eos).tolist()
 
     def encode_batch(self, texts: Sequence[str], add_bos: bool = False, add_eos: bool = False) -> List[np.ndarray]:
-        encs = self._encode_many(list(texts))  # parallel in Rust
-        return [_with_specials(self._ids(e), self.bos_id, self.eos_id, add_bos, add_eos) for e in encs]
+        return [_with_specials(ids, self.bos_id, self.eos_id, add_bos, add_eos) for ids in self._ids_of(texts)]
 
     def decode(self, ids) -> str:
         return self._tok.decode(_as_int_array(ids).tolist(), skip_special_tokens=True)
