@@ -6,7 +6,7 @@
     3. compile      the norms and MLPs, in place (compiled.py)
     4. ZeRO         the DeepSpeed engine over every dp x cp rank (zero.py)
 
-    engine = parallelize(model, mesh, cfg.parallel, device=device, optimizer=opt, ds_config=ds)
+    engine = parallel_engine(model, mesh, cfg.parallel, device=device, optimizer=opt, ds_config=ds)
 
 A later training stage changes only what a stage may change: set_stage gives the model the
 stage's RoPE and maximum length and, when its cp size differs, that mesh's attention.
@@ -37,7 +37,7 @@ def attention_for(mesh: Mesh, par, device: torch.device) -> AttentionFn:
                              ulysses_size=ulysses_degree(par.cp_impl, mesh.cp_size, par.ulysses_size))
 
 
-def parallelize(model: Transformer, mesh: Mesh, par, *, device: torch.device, optimizer: torch.optim.Optimizer,
+def parallel_engine(model: Transformer, mesh: Mesh, par, *, device: torch.device, optimizer: torch.optim.Optimizer,
                 ds_config: dict):
     """Apply steps 1-4 to `model` (in place) and return the DeepSpeed engine that trains it.
 

@@ -25,7 +25,7 @@ from longctx.manifest import gather_objects
 from longctx.model.consolidate import checkpoint_record
 from longctx.model.hf import save_hf_weights
 from longctx.parallel.mesh import build_mesh, init_distributed, read_env, shutdown_distributed
-from longctx.parallel.parallelize import attention_for, parallelize, set_stage
+from longctx.parallel.parallelize import attention_for, parallel_engine, set_stage
 from longctx.parallel.zero import full_state_dict
 from longctx.progress import Progress
 from longctx.train import run_lock
@@ -247,13 +247,13 @@ class Trainer:
         return model
 
     def _build_engine(self):
-        """Tokenizer, model, optimizer and the DeepSpeed engine (parallelize); returns the tokenizer."""
+        """Tokenizer, model, optimizer and the DeepSpeed engine (parallel_engine); returns the tokenizer."""
         cfg, par = self.cfg, self.stages[0].parallel
         tokenizer = load_tokenizer(cfg.data.tokenizer)
         model = self._build_model()
         check_vocab(tokenizer, model.config.vocab_size)
         self.cp, self.mesh = par.cp_size, self._mesh(par.cp_size)
-        self.engine = parallelize(model, self.mesh, par, device=self.device,
+        self.engine = parallel_engine(model, self.mesh, par, device=self.device,
                                   optimizer=optimizer_for(model, cfg.optim, par.offload_optimizer),
                                   ds_config=deepspeed_config_for(cfg, self.world, self.plan.deepspeed))
         self.model = model
