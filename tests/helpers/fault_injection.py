@@ -49,7 +49,7 @@ def _install() -> None:
         return model
 
     def step_with_faults(self, engine, batches, stage, state, *args):
-        current["step"] = state["step"] + 1
+        current["step"] = state.step + 1
         record = step(self, engine, batches, stage, state, *args)
         if current["step"] in NAN_WEIGHT_STEPS and _this_rank():
             with torch.no_grad():
