@@ -162,6 +162,9 @@ NOT_RUN = {  # command (DocCommand.key) -> why it is not run
     "nice .venv/bin/python -m longctx eval --model runs/smollm2-16k-cpu --out eval/smollm2-cpt/ppl --dtype fp32 "
     "--seed 0 --max-batch-tokens 16384 --no-progress --suite ppl --ppl-data data/longtext/heldout.jsonl "
     "--lengths 2k,4k,8k,16k --ppl-windows 2": f"{TRAINED}: the run above (~12 min on 2 cores)",
+    "nice .venv/bin/python -m longctx eval --model runs/smollm2-16k-cpu --out eval/smollm2-cpt/ruler --dtype fp32 "
+    "--seed 0 --max-batch-tokens 16384 --no-progress --tasks niah_single_1 --lengths 4k,8k,16k --samples 4":
+        f"{TRAINED}: the run above (~30 min on 2 cores)",
     # training.md
     "longctx train --config configs/cpu/yarn-llama2-7b-128k.yaml parallel.cp_size=1 out_dir=runs/one":
         f"{TRAINS} (~40 s on 2 cores; tests/integration/test_resume_zero3.py trains its layout)",
