@@ -254,8 +254,8 @@ class Trainer:
         check_vocab(tokenizer, model.config.vocab_size)
         self.cp, self.mesh = par.cp_size, self._mesh(par.cp_size)
         self.engine = parallel_engine(model, self.mesh, par, device=self.device,
-                                  optimizer=optimizer_for(model, cfg.optim, par.offload_optimizer),
-                                  ds_config=deepspeed_config_for(cfg, self.world, self.plan.deepspeed))
+                                      optimizer=optimizer_for(model, cfg.optim, par.offload_optimizer),
+                                      ds_config=deepspeed_config_for(cfg, self.world, self.plan.deepspeed))
         self.model = model
         self._announce(layout_line(self.world, self.world // self.cp, self.cp, par.cp_impl, par.zero_stage,
                                    par.offload_optimizer, cfg.train.dtype, par.activation_checkpointing))
