@@ -103,7 +103,7 @@ def check_eval(world: int, argv: list[str]) -> str:
     eval_command.add_parser(parser)
     args = parser.parse_args(argv)
     args.config = recipes.resolve(args.config)
-    cfg = eval_run.config_from_args(args)
+    cfg = eval_command.config_from_args(args)
     eval_run.check(cfg, world)
     return str(Path(cfg.out).absolute()) if cfg.out else ""
 

@@ -11,7 +11,7 @@ from helpers.train import LAUNCHER_VARS
 @pytest.fixture(autouse=True, scope="session")
 def outside_any_launcher():
     """The suite runs as if started outside torchrun or SLURM: run inside such a job, its RANK and
-    WORLD_SIZE would reach in-process code that reads them (mesh.read_env)."""
+    WORLD_SIZE would reach in-process code that reads them (launch_env.read_env)."""
     saved = {k: os.environ.pop(k) for k in LAUNCHER_VARS if k in os.environ}
     yield
     os.environ.update(saved)

@@ -1,38 +1,21 @@
 """Backend selection: `auto` picks flash on CUDA when flash-attn imports, else sdpa, and logs it."""
 from __future__ import annotations
 
-import difflib
 import logging
-from typing import Optional
+from typing import Optional, Tuple
 
 import torch
 
+from longctx.attention.backends import check_backend_available
 from longctx.attention.core import AttentionFn
 from longctx.attention.eager import EagerKernel, eager_attention
 from longctx.attention.flash import FlashKernel, flash_attention, flash_available
+from longctx.attention.function import kernel_attention
 from longctx.attention.kernel import AttentionKernel
 from longctx.attention.sdpa import SdpaKernel, sdpa_attention
-from longctx.errors import UserError
 
 log = logging.getLogger(__name__)
-BACKENDS = ("auto", "flash", "sdpa", "eager")
 _logged: set = set()
-
-
-def check_backend_available(name: str, where: str = "attention backend",
-                            device: Optional[torch.device | str] = None) -> None:
-    """UserError naming `where` unless backend `name` exists and can run on `device` (default:
-    CUDA when available, else CPU). Cheap: flash-attn is only imported, nothing is built."""
-    if name not in BACKENDS:
-        close = difflib.get_close_matches(str(name), BACKENDS, n=1)
-        hint = f"did you mean {close[0]!r}? " if close else ""
-        raise UserError(f"{where}: unknown {name!r}; {hint}valid: {', '.join(BACKENDS)}")
-    if device is None:
-        device = "cuda" if torch.cuda.is_available() else "cpu"
-    if name == "flash" and not flash_available(torch.device(device)):
-        reason = "no CUDA device" if torch.device(device).type != "cuda" else "flash-attn does not import"
-        raise UserError(f"{where}: 'flash' needs flash-attn and a CUDA device ({reason}); "
-                        "install longctx[gpu] or use auto, sdpa or eager")
 
 
 def resolve_backend(name: str = "auto", device: Optional[torch.device | str] = None) -> str:
@@ -62,3 +45,13 @@ def get_attention(name: str = "auto", device: Optional[torch.device | str] = Non
     """Local attention function with core.py's signature."""
     name = resolve_backend(name, device)
     return {"flash": flash_attention, "sdpa": sdpa_attention, "eager": eager_attention}[name]
+
+
+def attention_with_lse(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = True,
+                       scale: Optional[float] = None, segment_ids: Optional[torch.Tensor] = None,
+                       kv_segment_ids: Optional[torch.Tensor] = None,
+                       backend: str = "auto") -> Tuple[torch.Tensor, torch.Tensor]:
+    """out (B, Hq, T, D) and fp32 lse (B, Hq, T); gradients flow to q, k, v (not through lse)."""
+    kernel = get_kernel(backend, q.device)
+    return kernel_attention(kernel, q, k, v, causal=causal, scale=scale, segment_ids=segment_ids,
+                            kv_segment_ids=kv_segment_ids)

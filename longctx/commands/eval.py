@@ -45,7 +45,21 @@ def add_parser(p: argparse.ArgumentParser) -> None:
             p.add_argument(flag, type=kind[0] if kind[0] in (int, float) else str, default=None, help=help_text)
 
 
-def run(args: argparse.Namespace) -> int:
-    from longctx.eval import command  # torch, the model and the tasks: loaded when the command runs
+def config_from_args(args: argparse.Namespace):
+    """The EvalConfig of the command line: defaults < --config < key=value overrides < flags."""
+    from longctx.config import load_structured  # the config layer (no torch): when the command runs
+    from longctx.eval.config import EvalConfig
 
-    return command.run(args)
+    flags = {f.name: getattr(args, f.name) for f in dataclasses.fields(EvalConfig)
+             if getattr(args, f.name, None) is not None}
+    return load_structured(EvalConfig, args.config, args.overrides, flags, prefix="eval.")
+
+
+def run(args: argparse.Namespace) -> int:
+    from longctx.launch_env import read_env
+
+    cfg = config_from_args(args)
+    cfg.validate(read_env().world_size)  # every bad field before torch, the model and the tasks load
+    from longctx.eval import command
+
+    return command.run(cfg, overwrite=bool(args.overwrite))

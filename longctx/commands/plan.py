@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import argparse
 
-# The planner (longctx/plan/advice.py) imports torch: it loads when the command runs, so `--help` stays fast.
+# The planner (longctx/plan/advice.py) loads when the command runs, so `--help` stays fast.
 
 
 def add_parser(p: argparse.ArgumentParser) -> None:

@@ -36,9 +36,7 @@ def run(args: argparse.Namespace) -> int:
         to_yaml,
         validate_config,
     )
-    from longctx.parallel.mesh import read_env
-    from longctx.train.dry_run import dry_run
-    from longctx.train.loop import train
+    from longctx.launch_env import read_env
 
     cfg = load_config(args.config, args.overrides)
     stages = resolve_stages(cfg)  # the one resolution: validate_config takes these
@@ -59,6 +57,9 @@ def run(args: argparse.Namespace) -> int:
     if args.print_config:
         print(to_yaml(cfg), end="")
         return 0
+    from longctx.train.dry_run import dry_run  # torch and the trainer: only for a config that passed
+    from longctx.train.loop import train
+
     if args.dry_run:
         print(dry_run(cfg, world, args.config, plan=plan))
         return 0

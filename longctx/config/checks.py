@@ -10,7 +10,7 @@ import tempfile
 from pathlib import Path
 from typing import Optional, Sequence
 
-from longctx.attention.select import check_backend_available
+from longctx.attention.backends import check_backend_available
 from longctx.config.run_plan import RunPlan, derive_plan
 from longctx.config.sections import TrainConfig
 from longctx.config.stages import RunStage, resolve_stages

@@ -13,7 +13,7 @@ from typing import Any, Dict, List, Optional
 
 from omegaconf import MISSING
 
-from longctx.attention.select import BACKENDS
+from longctx.attention.backends import BACKENDS
 from longctx.data.config import DataConfig, SourceConfig
 from longctx.errors import UserError
 from longctx.model.config import PRESETS

@@ -22,8 +22,8 @@ from longctx.config.sections import (
 from longctx.data.config import DataConfig
 from longctx.errors import UserError
 from longctx.model.config import ModelConfig, get_preset
-from longctx.model.hf import read_hf_config
-from longctx.model.rope import normalize_rope_parameters, require_explicit_fields
+from longctx.model.hf_config import read_hf_config
+from longctx.model.rope_parameters import normalize_rope_parameters, require_explicit_fields
 
 # RoPE types whose frequencies do not depend on max_position_embeddings (scaled ones, once
 # original_max_position_embeddings is set): a stage longer than it raises it to its length

@@ -102,7 +102,7 @@ class HFTokenizer:
     files an export copies (data/hf_tokenizer.py)."""
 
     def __init__(self, tok, name: str, bos: Optional[str] = None, eos: Optional[str] = None, pad: Optional[str] = None,
-                 source: Optional[str] = None, add_bos_token: Optional[bool] = None):
+                 source: Optional[str] = None, add_bos_token: Optional[bool] = None, field: str = "data.tokenizer"):
         self._tok = tok
         self.name = name
         self.source = source
@@ -112,7 +112,7 @@ class HFTokenizer:
         def pick(explicit, candidates):
             if explicit is not None:
                 if explicit not in vocab:
-                    raise UserError(f"data.tokenizer: {name}: special token {explicit!r} is not in the vocabulary")
+                    raise UserError(f"{field}: {name}: special token {explicit!r} is not in the vocabulary")
                 return vocab[explicit]
             for c in candidates:
                 if c in vocab:
@@ -190,7 +190,7 @@ def _token_content(value) -> Optional[str]:
     return value if isinstance(value, str) else None
 
 
-def _read_special_tokens(directory: str) -> dict:
+def _read_special_tokens(directory: str, field: str) -> dict:
     out = {}
     for fname in ("special_tokens_map.json", "tokenizer_config.json"):  # the latter wins
         path = os.path.join(directory, fname)
@@ -199,7 +199,7 @@ def _read_special_tokens(directory: str) -> dict:
                 with open(path, encoding="utf-8") as f:
                     data = json.load(f)
             except (OSError, json.JSONDecodeError) as e:
-                raise UserError(f"data.tokenizer: {path} is not valid JSON ({e})") from None
+                raise UserError(f"{field}: {path} is not valid JSON ({e})") from None
             for key in ("bos_token", "eos_token", "pad_token"):
                 tok = _token_content(data.get(key))
                 if tok is not None:
@@ -209,13 +209,13 @@ def _read_special_tokens(directory: str) -> dict:
     return out
 
 
-def _from_file(path: str, name: str, specials: dict, source: str) -> HFTokenizer:
+def _from_file(path: str, name: str, specials: dict, source: str, field: str) -> HFTokenizer:
     try:
         tok = Tokenizer.from_file(path)
     except Exception as e:  # tokenizers raises a bare Exception on malformed files
-        raise UserError(f"data.tokenizer: cannot read {path} ({str(e).splitlines()[0]})") from None
+        raise UserError(f"{field}: cannot read {path} ({str(e).splitlines()[0]})") from None
     return HFTokenizer(tok, name, specials.get("bos_token"), specials.get("eos_token"), specials.get("pad_token"),
-                       source=source, add_bos_token=specials.get("add_bos_token"))
+                       source=source, add_bos_token=specials.get("add_bos_token"), field=field)
 
 
 HUB_ID = re.compile(r"^[A-Za-z0-9][\w.\-]*/[\w.\-]+$")
@@ -254,43 +254,44 @@ def check_tokenizer_spec(spec: str, field: str = "data.tokenizer") -> None:
         )
 
 
-def load_tokenizer(spec: str):
-    """`"byte"`, a path to tokenizer.json, an HF tokenizer directory, or a hub id (network)."""
+def load_tokenizer(spec: str, field: str = "data.tokenizer"):
+    """`"byte"`, a path to tokenizer.json, an HF tokenizer directory, or a hub id (network);
+    errors name `field`, the config field that gave `spec`."""
     if spec is None or spec == "byte":
         return ByteTokenizer()
-    check_tokenizer_spec(spec)
+    check_tokenizer_spec(spec, field)
     path = os.path.expanduser(spec)
     if os.path.isfile(path):
-        return _from_file(path, spec, _read_special_tokens(os.path.dirname(os.path.abspath(path))), path)
+        return _from_file(path, spec, _read_special_tokens(os.path.dirname(os.path.abspath(path)), field), path, field)
     if os.path.isdir(path):
-        specials = _read_special_tokens(path)
+        specials = _read_special_tokens(path, field)
         tj = os.path.join(path, "tokenizer.json")
         if os.path.isfile(tj):
-            return _from_file(tj, spec, specials, path)
+            return _from_file(tj, spec, specials, path, field)
         # a slow (sentencepiece) tokenizer: let transformers convert it to a fast one
         try:
             from transformers import AutoTokenizer  # optional: only to convert a slow tokenizer
         except ImportError:
             raise UserError(
-                f"data.tokenizer: {spec} has no tokenizer.json; install transformers to convert "
+                f"{field}: {spec} has no tokenizer.json; install transformers to convert "
                 "tokenizer.model, or save a fast tokenizer there"
             ) from None
         try:
             hf = AutoTokenizer.from_pretrained(path, use_fast=True)
         except Exception as e:
-            raise UserError(f"data.tokenizer: cannot load {spec} ({str(e).splitlines()[0]})") from None
+            raise UserError(f"{field}: cannot load {spec} ({str(e).splitlines()[0]})") from None
         if not getattr(hf, "is_fast", False):
-            raise UserError(f"data.tokenizer: {spec} could not be converted to a fast tokenizer")
+            raise UserError(f"{field}: {spec} could not be converted to a fast tokenizer")
         return HFTokenizer(hf.backend_tokenizer, spec, hf.bos_token, hf.eos_token, hf.pad_token, source=path,
-                           add_bos_token=specials.get("add_bos_token"))
+                           add_bos_token=specials.get("add_bos_token"), field=field)
     try:  # a hub id
         tok = Tokenizer.from_pretrained(spec)
     except Exception as e:
         raise UserError(
-            f"data.tokenizer: could not fetch {spec!r} from the hub ({str(e).splitlines()[0]}); "
+            f"{field}: could not fetch {spec!r} from the hub ({str(e).splitlines()[0]}); "
             "pass a local tokenizer.json or directory"
         ) from None
-    return HFTokenizer(tok, spec)
+    return HFTokenizer(tok, spec, field=field)
 
 
 def check_vocab(tokenizer, model_vocab_size: int) -> None:

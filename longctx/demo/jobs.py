@@ -30,7 +30,8 @@ from longctx.data.hf_tokenizer import TokenizerFiles
 from longctx.demo.config import DemoConfig
 from longctx.errors import UserError
 from longctx.eval.model_io import tokenizer_spec_for
-from longctx.model.hf import load_pretrained, read_hf_config, save_pretrained
+from longctx.model.hf import load_pretrained, save_pretrained
+from longctx.model.hf_config import read_hf_config
 
 
 def _synthetic(num_keys: int, length_min_ratio: float, filler: str, tasks: Dict[str, float], num_values: int,

@@ -5,8 +5,6 @@ line, the checks before any weight is read, the model and tokenizer, what --out 
 the batch in flight with exit code 85 (PREEMPTED_EXIT_CODE, as training)."""
 from __future__ import annotations
 
-import argparse
-import dataclasses
 import signal
 import sys
 import time
@@ -17,13 +15,12 @@ from pathlib import Path
 import torch
 
 from longctx import atomic
-from longctx.config import load_structured
 from longctx.data.tokenizer import check_tokenizer_spec
 from longctx.errors import UserError
 from longctx.eval.api import evaluate, out_lock, prepare
 from longctx.eval.cells import run_identity
 from longctx.eval.comparability import warning_line
-from longctx.eval.config import EvalConfig, as_eval_field
+from longctx.eval.config import TOKENIZER_FIELD, EvalConfig
 from longctx.eval.end_summary import end_summary
 from longctx.eval.model_io import (
     check_lengths,
@@ -36,16 +33,10 @@ from longctx.eval.model_io import (
 )
 from longctx.eval.model_overrides import apply_overrides, base_model_config
 from longctx.eval.ruler_prompts import write_prompts
+from longctx.launch_env import read_env
 from longctx.manifest import gather_objects
-from longctx.parallel.mesh import build_mesh, init_distributed, read_env, shutdown_distributed
+from longctx.parallel.mesh import build_mesh, init_distributed, shutdown_distributed
 from longctx.train.signals import PREEMPTED_EXIT_CODE, PreemptionFlag
-
-
-def config_from_args(args: argparse.Namespace) -> EvalConfig:
-    """defaults < --config < key=value overrides < flags."""
-    flags = {f.name: getattr(args, f.name) for f in dataclasses.fields(EvalConfig)
-             if getattr(args, f.name, None) is not None}
-    return load_structured(EvalConfig, args.config, args.overrides, flags, prefix="eval.")
 
 
 def check(cfg: EvalConfig, world_size: int) -> typing.Optional[Path]:
@@ -56,17 +47,16 @@ def check(cfg: EvalConfig, world_size: int) -> typing.Optional[Path]:
         return None
     model_dir = resolve_model_dir(cfg.model)  # UserError for a missing/invalid path, before the weights
     apply_overrides(base_model_config(model_dir), cfg.model_overrides)
-    as_eval_field(check_tokenizer_spec, as_eval_field(tokenizer_spec_for, model_dir, cfg.tokenizer))
+    check_tokenizer_spec(tokenizer_spec_for(model_dir, cfg.tokenizer), TOKENIZER_FIELD)
     return model_dir
 
 
-def run(args: argparse.Namespace) -> int:
-    """`longctx eval`; a UserError propagates to the CLI layer (exit 2). Returns 0, or
-    PREEMPTED_EXIT_CODE after a SIGTERM / SIGUSR1 (the finished cells are in --out)."""
+def run(cfg: EvalConfig, *, overwrite: bool = False) -> int:
+    """`longctx eval` with a config that passed cfg.validate (commands/eval.py); a UserError
+    propagates to the CLI layer (exit 2). Returns 0, or PREEMPTED_EXIT_CODE after a SIGTERM /
+    SIGUSR1 (the finished cells are in --out)."""
     start = time.monotonic()
-    cfg = config_from_args(args)
     world = read_env().world_size
-    cfg.validate(world)
     if cfg.write_data is not None:  # prompts only, no weights
         files, skipped = write_prompts(cfg)
         for s in skipped:
@@ -75,7 +65,7 @@ def run(args: argparse.Namespace) -> int:
         return 0
     flag = PreemptionFlag().install()  # from here: a signal while the weights load stops after one batch
     try:
-        result = _evaluate(cfg, world, flag, overwrite=bool(getattr(args, "overwrite", False)))
+        result = _evaluate(cfg, world, flag, overwrite=overwrite)
     finally:
         flag.uninstall()
     if result["preempted"]:
@@ -99,8 +89,8 @@ def _evaluate(cfg: EvalConfig, world: int, flag: PreemptionFlag, *, overwrite: b
     holding --out's lock (rank 0) from the plan to the last write."""
     model_dir = resolve_model_dir(cfg.model)
     model_config, overrides = apply_overrides(base_model_config(model_dir), cfg.model_overrides)  # config.json only
-    spec = as_eval_field(tokenizer_spec_for, model_dir, cfg.tokenizer)
-    tokenizer = as_eval_field(load_tokenizer_for, model_dir, cfg.tokenizer)
+    spec = tokenizer_spec_for(model_dir, cfg.tokenizer)
+    tokenizer = load_tokenizer_for(model_dir, cfg.tokenizer)
     identity = run_identity(model_dir, spec, cfg.dtype, model_overrides=overrides) if cfg.out is not None else None
     with out_lock(cfg.out):
         main = read_env().rank == 0

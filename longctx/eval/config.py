@@ -17,16 +17,18 @@ from typing import Dict, List
 from longctx.config import check_out_dir
 from longctx.data.tokenizer import check_tokenizer_spec
 from longctx.errors import UserError
+from longctx.eval.dtypes import check_dtype_name
 from longctx.eval.fields import EvalFields
-from longctx.eval.model_io import parse_dtype
 from longctx.eval.model_overrides import check_keys
 from longctx.eval.tasks import NIAH_GRID_TASK, RULER_TASKS, TaskOptions, get_task
-from longctx.parallel.cp_decode import DECODE_CP_IMPLS
+from longctx.parallel.layout import DECODE_CP_IMPLS
 
 SUITES = ("ruler", "niah", "passkey", "ppl")
 DEFAULT_DEPTHS = [i / 10 for i in range(11)]
 DEFAULT_LENGTHS = ["4096"]  # eval.lengths unset (with ruler_data: the data's lengths instead)
 PATH_FIELDS = ("essay", "squad", "hotpotqa", "ppl_data", "ruler_data", "words")  # must exist
+
+TOKENIZER_FIELD = "eval.tokenizer"  # the field tokenizer errors name in an evaluation
 
 
 @dataclass
@@ -47,7 +49,7 @@ class EvalConfig(EvalFields):
         if not (math.isfinite(self.threshold) and 0 <= self.threshold <= 100):
             raise UserError(f"eval.threshold: must be a finite number in [0, 100], got {self.threshold}")
         select(self)
-        parse_dtype(self.dtype)
+        check_dtype_name(self.dtype)
         if self.cp_impl not in DECODE_CP_IMPLS:
             raise UserError(f"eval.cp_impl: {self.cp_impl!r} is not valid; valid: {', '.join(DECODE_CP_IMPLS)}")
         _check_cp(self.cp, world_size)
@@ -58,7 +60,7 @@ class EvalConfig(EvalFields):
             if getattr(self, name) is not None:
                 check_out_dir(getattr(self, name), f"eval.{name}")
         if self.tokenizer is not None:
-            check_tokenizer_spec(self.tokenizer, "eval.tokenizer")
+            check_tokenizer_spec(self.tokenizer, TOKENIZER_FIELD)
         check_keys(self.model_overrides)
 
     def task_options(self) -> TaskOptions:
@@ -132,17 +134,6 @@ def parse_lengths(items: List[str], field: str = "eval.lengths") -> List[int]:
     if not out:
         raise UserError(f"{field}: no lengths given")
     return sorted(set(out))
-
-
-def as_eval_field(fn, *args):
-    """fn(*args) with the data section's tokenizer errors named as eval's tokenizer field."""
-    try:
-        return fn(*args)
-    except UserError as e:
-        msg = str(e)
-        if msg.startswith("data.tokenizer"):
-            msg = "eval.tokenizer" + msg[len("data.tokenizer"):]
-        raise UserError(msg) from None
 
 
 def _check_cp(cp: int, world: int) -> None:

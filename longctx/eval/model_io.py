@@ -13,6 +13,8 @@ from longctx.config import load_config, resolve_stages, stage_model_config
 from longctx.data.tokenizer import load_tokenizer
 from longctx.errors import UserError
 from longctx.eval import sequence_rope
+from longctx.eval.config import TOKENIZER_FIELD
+from longctx.eval.dtypes import TORCH_NAMES, check_dtype_name
 from longctx.model.config import ModelConfig
 from longctx.model.consolidate import CheckpointModel, recorded_model, trainer_state
 
@@ -22,17 +24,13 @@ from longctx.model.loading import is_ds_only_checkpoint, load_model_dir, resolve
 __all__ = ["DTYPES", "check_lengths", "check_pair", "load_model", "load_tokenizer_for", "parse_dtype",
            "resolve_model_dir", "tokenizer_spec_for", "trained_model", "is_ds_only_checkpoint"]
 
-DTYPES = {"fp32": torch.float32, "float32": torch.float32, "bf16": torch.bfloat16, "bfloat16": torch.bfloat16,
-          "fp16": torch.float16, "float16": torch.float16}
+DTYPES = {name: getattr(torch, torch_name) for name, torch_name in TORCH_NAMES.items()}
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "tokenizer_config.json")
 
 
 def parse_dtype(name: Optional[str]) -> Optional[torch.dtype]:
-    if name is None or name == "auto":
-        return None
-    if name not in DTYPES:
-        raise UserError(f"eval.dtype: {name!r} is not a dtype; valid: auto, {', '.join(DTYPES)}")
-    return DTYPES[name]
+    check_dtype_name(name)
+    return None if name is None or name == "auto" else DTYPES[name]
 
 
 def _stage_trained(state: dict) -> int:
@@ -99,12 +97,12 @@ def tokenizer_spec_for(model_dir: Path, spec: Optional[str]) -> str:
     for d in (model_dir, model_dir.parent):
         if any((d / f).is_file() for f in _TOKENIZER_FILES):
             return str(d)
-    raise UserError(f"eval.tokenizer: {model_dir} has no tokenizer files; pass --tokenizer "
+    raise UserError(f"{TOKENIZER_FIELD}: {model_dir} has no tokenizer files; pass --tokenizer "
                     "(\"byte\", a tokenizer.json or a tokenizer directory)")
 
 
 def load_tokenizer_for(model_dir: Path, spec: Optional[str]):
-    return load_tokenizer(tokenizer_spec_for(model_dir, spec))
+    return load_tokenizer(tokenizer_spec_for(model_dir, spec), field=TOKENIZER_FIELD)
 
 
 def check_pair(tokenizer, config) -> None:

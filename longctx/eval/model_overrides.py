@@ -19,6 +19,7 @@ from typing import Any, Mapping
 
 from longctx.errors import UserError
 from longctx.model.config import ModelConfig
+from longctx.model.hf_config import read_hf_config
 
 WHERE = "eval.model_overrides"
 # fields that change no weight's shape (or whether the head is tied): valid at eval time
@@ -50,7 +51,6 @@ def check_keys(overrides: Mapping[str, Any]) -> None:
 def base_model_config(model_dir: Path) -> ModelConfig:
     """The configuration the model directory loads with (config.json, or a checkpoint's record)."""
     from longctx.eval.model_io import is_ds_only_checkpoint, trained_model  # model_io imports this module
-    from longctx.model.hf import read_hf_config
 
     model_dir = Path(model_dir)
     return trained_model(model_dir).config if is_ds_only_checkpoint(model_dir) else read_hf_config(model_dir)

@@ -22,7 +22,7 @@ from longctx.eval.haystack import BUILTIN_ESSAY
 from longctx.eval.sequence_rope import row_lengths
 from longctx.labels import IGNORE_INDEX
 from longctx.parallel import make_cp_attention, shard_sequence
-from longctx.parallel.sharding import zigzag_multiple
+from longctx.parallel.zigzag import zigzag_multiple
 from longctx.progress import Progress
 
 

@@ -13,15 +13,15 @@ from longctx.data.tokenizer import load_tokenizer
 from longctx.errors import UserError
 from longctx.eval.api import generate_all
 from longctx.eval.chat import with_chat_template
-from longctx.eval.config import EvalConfig, as_eval_field, select
+from longctx.eval.config import TOKENIZER_FIELD, EvalConfig, select
 from longctx.eval.model_io import load_tokenizer_for, resolve_model_dir
 from longctx.eval.ruler_format import DATA_FILE, write_ruler_data
 
 
 def _tokenizer(cfg: EvalConfig):
     if cfg.model:
-        return as_eval_field(load_tokenizer_for, resolve_model_dir(cfg.model), cfg.tokenizer)
-    return as_eval_field(load_tokenizer, cfg.tokenizer)
+        return load_tokenizer_for(resolve_model_dir(cfg.model), cfg.tokenizer)
+    return load_tokenizer(cfg.tokenizer, field=TOKENIZER_FIELD)
 
 
 def write_prompts(cfg: EvalConfig) -> tuple[list[str], list[str]]:

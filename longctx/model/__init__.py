@@ -1,6 +1,10 @@
 """The plain LLaMA model, its configuration, RoPE family, cache, generation and HF interop."""
-from longctx.model.cache import KVCache
-from longctx.model.config import PRESETS, ModelConfig, get_preset
-from longctx.model.llama import Transformer, build_model, count_parameters
+from longctx.lazy_exports import exported_names, lazy_exports
 
-__all__ = ["KVCache", "ModelConfig", "PRESETS", "Transformer", "build_model", "count_parameters", "get_preset"]
+_EXPORTS = {
+    "cache": ["KVCache"],
+    "config": ["PRESETS", "ModelConfig", "get_preset"],
+    "llama": ["Transformer", "build_model", "count_parameters"],
+}
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
+__all__ = exported_names(_EXPORTS)

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from longctx.errors import UserError
-from longctx.model.rope import normalize_rope_parameters
+from longctx.model.rope_parameters import normalize_rope_parameters
 
 
 @dataclass

@@ -25,7 +25,7 @@ import torch
 from longctx.attention import AttentionFn, sdpa_attention
 from longctx.errors import UserError
 from longctx.model.config import ModelConfig
-from longctx.model.hf import config_from_hf, config_to_hf
+from longctx.model.hf_config import config_from_hf, config_to_hf
 from longctx.model.llama import Transformer
 
 RECORD_CONFIG = "model_config"  # trainer_state.json: the model's config.json ("dtype": the training dtype)

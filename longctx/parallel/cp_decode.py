@@ -26,9 +26,9 @@ import torch.nn.functional as F
 from longctx.attention import get_kernel
 from longctx.model.generate import greedy_decode
 from longctx.parallel.cp import make_cp_attention
-from longctx.parallel.sharding import shard_sequence, zigzag_multiple
+from longctx.parallel.sharding import shard_sequence
+from longctx.parallel.zigzag import zigzag_multiple
 
-DECODE_CP_IMPLS = ("ring", "allgather", "ulysses")  # the impls cp_generate prefills with (not hybrid)
 PAD_SEGMENT = -1
 
 

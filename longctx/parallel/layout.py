@@ -19,9 +19,10 @@ from typing import Optional
 
 from longctx.errors import require
 from longctx.parallel.heads import auto_ulysses_size
-from longctx.parallel.sharding import check_seq_len
+from longctx.parallel.zigzag import check_seq_len
 
 CP_IMPLS = ("ring", "allgather", "ulysses", "hybrid")
+DECODE_CP_IMPLS = ("ring", "allgather", "ulysses")  # the impls cp_decode prefills with (not hybrid)
 
 
 def ulysses_degree(cp_impl: str, cp_size: int, ulysses_size: Optional[int]) -> Optional[int]:

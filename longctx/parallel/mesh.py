@@ -16,7 +16,7 @@ from typing import Optional, Sequence
 import torch
 import torch.distributed as dist
 
-from longctx.launch_env import DistEnv, read_env  # noqa: F401 - DistEnv: re-exported with read_env
+from longctx.launch_env import DistEnv, read_env
 from longctx.third_party_logs import quiet_other_ranks
 
 

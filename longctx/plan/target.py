@@ -10,8 +10,6 @@ import re
 from pathlib import Path
 from typing import Optional
 
-import torch
-
 from longctx.errors import UserError
 from longctx.plan.report import parse_size
 
@@ -33,8 +31,15 @@ def cluster_line(config: Optional[str]) -> dict:
     return dict(item.split("=", 1) for item in match.group(1).split() if "=" in item)
 
 
+def local_gpu_memory() -> Optional[float]:
+    """Bytes of this machine's GPU 0, None without one."""
+    import torch  # the one use of torch in planning: a config is checked before it loads
+
+    return float(torch.cuda.get_device_properties(0).total_memory) if torch.cuda.is_available() else None
+
+
 def this_machine_device() -> str:
-    return "gpu" if torch.cuda.is_available() else "cpu"
+    return "cpu" if local_gpu_memory() is None else "gpu"
 
 
 def planned_device(cluster: dict, flag: Optional[str] = None, fallback: str = "gpu") -> str:
@@ -68,6 +73,5 @@ def memory_per_process(device: str, cluster: dict, world_size: int) -> tuple[Opt
         local = processes_per_node(cluster, world_size)
         total = host_memory_bytes()
         return total / local, f"this machine's {total / 2**30:.2f} GiB shared by {local} process(es)"
-    if torch.cuda.is_available():
-        return float(torch.cuda.get_device_properties(0).total_memory), "this machine's GPU 0"
-    return None, None
+    gpu_memory = local_gpu_memory()
+    return (gpu_memory, "this machine's GPU 0") if gpu_memory is not None else (None, None)

@@ -21,10 +21,11 @@ from longctx.data.fingerprint import changed_sources, compare_sources, fingerpri
 from longctx.data.hf_tokenizer import TokenizerFiles
 from longctx.data.loader import ModelInputs
 from longctx.errors import UserError
+from longctx.launch_env import read_env
 from longctx.manifest import gather_objects
 from longctx.model.consolidate import checkpoint_record
 from longctx.model.hf import save_hf_weights
-from longctx.parallel.mesh import build_mesh, init_distributed, read_env, shutdown_distributed
+from longctx.parallel.mesh import build_mesh, init_distributed, shutdown_distributed
 from longctx.parallel.parallelize import attention_for, parallel_engine, set_stage
 from longctx.parallel.zero import full_state_dict
 from longctx.progress import Progress

@@ -1,4 +1,4 @@
-"""The command line's own surface: --version, recipes by name, and help that loads no torch."""
+"""The command line's own surface: --version, recipes by name, and help and config checks that load no torch."""
 import os
 import subprocess
 import sys
@@ -24,6 +24,30 @@ def test_help_and_version_load_no_heavy_module(argv):
     """What makes `--help` fast (a second or more per heavy import on a small machine)."""
     res = subprocess.run([sys.executable, "-c", HELP_PROBE, *argv], capture_output=True, text=True, timeout=120)
     assert res.stdout.split() == ["0", "True", "-"], res.stdout + res.stderr[-2000:]
+
+
+CHECK_PROBE = """
+import contextlib, io, sys
+from longctx.cli import main
+with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()) as err:
+    rc = main(sys.argv[1:])
+heavy = sorted(m for m in ("torch", "deepspeed", "transformers") if m in sys.modules)
+print(rc, ",".join(heavy) or "-", err.getvalue().splitlines()[0] if err.getvalue() else "")
+"""
+
+
+@pytest.mark.parametrize("argv, rc, first_line", [
+    (["train", "model.preset=nope"], 2, "error: model.preset: unknown 'nope'"),
+    (["train", "--config", "recipe:cpu/llama3-8b-128k", "--print-config"], 0, ""),
+    (["plan", "parallel.zero_stage=5"], 2, "error: parallel.zero_stage"),
+    (["plan", "--config", "recipe:yarn-llama2-7b-128k", "--gpus", "8", "--gpu-mem", "80GB"], 0, ""),
+    (["eval", "--model", "m", "--samples", "0"], 2, "error: eval.samples: must be >= 1"),
+])
+def test_config_checks_and_planning_load_no_torch(argv, rc, first_line):
+    """A bad field is reported before torch loads (seconds on a small machine); planning needs no torch."""
+    res = subprocess.run([sys.executable, "-c", CHECK_PROBE, *argv], capture_output=True, text=True, timeout=120)
+    code, heavy, line = (res.stdout.rstrip("\n").split(" ", 2) + [""])[:3]
+    assert (int(code), heavy) == (rc, "-") and line.startswith(first_line), res.stdout + res.stderr[-2000:]
 
 
 def test_version(capsys):

@@ -5,9 +5,9 @@ from pathlib import Path
 import pytest
 
 from longctx.cli import build_parser
+from longctx.commands.eval import config_from_args
 from longctx.config import load_structured
 from longctx.errors import UserError
-from longctx.eval.command import config_from_args
 from longctx.eval.config import EvalConfig, select
 
 ROOT = Path(__file__).resolve().parents[2]
