@@ -92,10 +92,20 @@ def ruler_rows(res) -> dict:
 
 def per_task(res) -> dict:
     """{(task, length): mean score}."""
+    return {k: sum(v) / len(v) for k, v in _cells(res).items()}
+
+
+def _counts(out: Path) -> str:
+    """The samples per (task, length) cell the RULER results hold, over every variant ("4", "2-4")."""
+    counts = [len(v) for var in VARIANTS for v in _cells(load(out, var, "ruler")).values()]
+    return str(min(counts)) if min(counts) == max(counts) else f"{min(counts)}-{max(counts)}"
+
+
+def _cells(res) -> dict:
     cells: dict = {}
     for rec in (res or {}).get("samples", []):
         cells.setdefault((rec["task"], int(rec["target_length"])), []).append(float(rec["score"]))
-    return {k: sum(v) / len(v) for k, v in cells.items()}
+    return cells
 
 
 def _mean_se(mean: float, se: float, n: int) -> str:
@@ -120,13 +130,14 @@ def render(args) -> str:
     ppl = {v: ppl_rows(load(args.out, v, "ppl")) for v in VARIANTS}
     ruler = {v: ruler_rows(load(args.out, v, "ruler")) for v in VARIANTS}
     tasks = {v: per_task(load(args.out, v, "ruler")) for v in VARIANTS}
-    lines = [f"Model: `{args.model}`; perplexity on `{args.ppl_data}` (windows per length: {args.ppl_windows}, "
-             "each the first L tokens of a held-out document); RULER: mean score (0-100) over the tasks "
-             f"{args.tasks.replace(',', ', ')} (samples per task: {args.samples}), ± its standard error over "
-             "samples.", ""]
     plens = sorted({n for r in ppl.values() for n in r})
     rlens = sorted({n for r in ruler.values() for n in r})
     names = sorted({t for r in tasks.values() for t, _ in r})
+    lines = [f"Model: `{args.model}`" + (f"; perplexity on `{args.ppl_data}` (windows per length: "
+                                         f"{args.ppl_windows}, each the first L tokens of a held-out document)"
+                                         if plens else "")
+             + (f"; RULER: mean score (0-100) over the tasks {', '.join(names)} (samples per task and length: "
+                f"{_counts(args.out)}), ± its standard error over samples" if rlens else "") + ".", ""]
     lines += _table("perplexity", [kfmt(n) for n in plens], ppl,
                     lambda row: [f"{row[n]:.2f}" if n in row else "-" for n in plens])
     lines += _table("RULER (mean ± s.e.)", [kfmt(n) for n in rlens], ruler,
@@ -154,7 +165,8 @@ def plot(args, path: Path) -> None:
         ax.set_title(title)
     axes[0].set_yscale("log")
     axes[1].set_ylim(-5, 105)
-    axes[0].legend(fontsize=7)
+    if axes[0].get_legend_handles_labels()[0]:  # no legend before the first result
+        axes[0].legend(fontsize=7)
     fig.tight_layout()
     tmp = path.with_name(f".{path.name}.tmp")
     fig.savefig(tmp, format="png", dpi=110)

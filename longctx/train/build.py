@@ -10,6 +10,7 @@ from typing import Optional
 import torch
 from torch import nn
 
+from longctx.config import RunPlan, TrainConfig, validate_config
 from longctx.model.config import ModelConfig
 from longctx.model.hf import load_pretrained
 from longctx.model.llama import Transformer, build_model, count_parameters
@@ -72,3 +73,11 @@ def resolved_header(cfg) -> str:
         return (f"# model: architecture and weights from model.init_from={cfg.model.init_from} (its config.json); "
                 f"model.preset ({cfg.model.preset}) is not used\n")
     return f"# model: preset {cfg.model.preset}, random init (train.seed {cfg.train.seed})\n"
+
+
+def plan_for(cfg: TrainConfig, plan: Optional[RunPlan], world_size: int) -> RunPlan:
+    """`plan` when validate_config made it for this world with weights and data checked (the
+    command's), else validate_config's plan now: everything cheap, before any process group."""
+    if plan is not None and plan.world_size == world_size and plan.files:
+        return plan
+    return validate_config(cfg, world_size)

@@ -9,20 +9,16 @@ import time
 from pathlib import Path
 from typing import Optional
 
-import datasets
 import torch
 import torch.distributed as dist
 
-from longctx import atomic
-from longctx.config import RunPlan, RunStage, TrainConfig, to_yaml, validate_config
-from longctx.data import build_loader, check_vocab, load_tokenizer
-from longctx.data.check import check_data
-from longctx.data.fingerprint import changed_sources, compare_sources, fingerprint_sources
+from longctx.config import RunPlan, RunStage, TrainConfig
+from longctx.data import check_vocab, load_tokenizer
+from longctx.data.fingerprint import fingerprint_sources
 from longctx.data.hf_tokenizer import TokenizerFiles
 from longctx.data.loader import ModelInputs
 from longctx.errors import UserError
 from longctx.launch_env import read_env
-from longctx.manifest import gather_objects
 from longctx.model.consolidate import checkpoint_record
 from longctx.model.hf import save_hf_weights
 from longctx.parallel.mesh import build_mesh, init_distributed, shutdown_distributed
@@ -34,7 +30,7 @@ from longctx.train.build import (
     build_plain_model,
     deepspeed_config_for,
     optimizer_for,
-    resolved_header,
+    plan_for,
     setup_logging,
     train_dtype,
 )
@@ -57,40 +53,18 @@ from longctx.train.metrics import (
     peak_flops_per_device,
     progress_fields,
 )
-from longctx.train.nonfinite import NONFINITE_EXIT_CODE, NONFINITE_MARKER, NonFiniteGuard, NonFiniteStop, weights_finite
+from longctx.train.nonfinite import NonFiniteGuard, NonFiniteStop, report_stop, weights_finite
 from longctx.train.reshard import Layout, check_resume, engine_record, loader_state, rng_for
+from longctx.train.run_files import changed_resumed_sources, take_run_lock, write_run_files
 from longctx.train.schedule import lr_at
 from longctx.train.signals import PREEMPTED_EXIT_CODE, PREEMPTED_MARKER, PreemptionFlag
+from longctx.train.stages import build_stage_loader, check_sources
+from longctx.train.state import TrainState
 from longctx.train.step import StepSetup, train_step
+from longctx.train.step_metrics import StepRates, step_record
 from longctx.train.summary import RunTotals, end_summary, layout_line, rope_line
 
 log = logging.getLogger("longctx.train")
-
-
-def stage_loader(stage: RunStage, train_seed: int, tokenizer, *, dp_rank: int, dp_size: int,
-                 collate: Optional[ModelInputs] = None):
-    """The loader of a resolved stage: its data section (seq_len, sources, answer masks when
-    answer tokens are weighted) and a seed of its own (train.seed + 1000 x the stage index)."""
-    return build_loader(stage.data, tokenizer, dp_rank=dp_rank, dp_size=dp_size,
-                        seed=train_seed + 1000 * stage.index, collate=collate)
-
-
-def plan_for(cfg: TrainConfig, plan: Optional[RunPlan], world_size: int) -> RunPlan:
-    """`plan` when validate_config made it for this world with weights and data checked (the
-    command's), else validate_config's plan now: everything cheap, before any process group."""
-    if plan is not None and plan.world_size == world_size and plan.files:
-        return plan
-    return validate_config(cfg, world_size)
-
-
-@dataclasses.dataclass
-class TrainState:
-    """Where the run is: optimizer steps taken (in all stages), real tokens trained on, the
-    stage and the steps taken in it. Checkpointed with the trainer state."""
-    step: int = 0
-    tokens: int = 0
-    stage: int = 0
-    stage_step: int = 0
 
 
 class Trainer:
@@ -106,7 +80,7 @@ class Trainer:
         check_sources(self.stages)  # every source readable, before out_dir is touched
         init_distributed(preload=("deepspeed",))  # the engine's library, imported before any group
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
-        self.lock = self._take_run_lock()  # before anything in out_dir is written
+        self.lock = take_run_lock(self.out, self.rank)  # before anything in out_dir is written
         setup_logging(self.out, self.rank)
         self.dtype = train_dtype(cfg)
         self.device = (torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available()
@@ -117,54 +91,16 @@ class Trainer:
         self.restart_sources: set = set()
         self._source_fingerprints: dict[int, list] = {}
         self.last_checkpoint: Optional[Path] = None
-        self.engine = None
-        self.progress: Optional[Progress] = None
-
-    def _take_run_lock(self):
-        """Collective: rank 0 takes out_dir's lock; a refusal is raised on every rank."""
-        holder, refusal = None, None
-        if self.rank == 0:
-            try:
-                holder = run_lock.acquire(self.out, notify=lambda line: print(f"note: {line}", file=sys.stderr))
-            except UserError as e:
-                refusal = str(e)
-        refusal = gather_objects(refusal)[0]
-        if refusal is not None:
-            shutdown_distributed(False)
-            raise UserError(refusal)
-        return holder
-
-    def _check_data_identity(self) -> set:
-        """The resumed stage's sources against the fingerprints its checkpoint recorded: a change
-        stops the run (UserError on every rank) unless data.allow_changed_sources; returns the
-        changed sources, whose order the loader restarts."""
-        if self.resume_from is None:
-            return set()
-        saved = read_trainer_state(self.resume_from)
-        recorded = saved.get("data_sources")
-        continuation = continue_from(saved, self.stages)
-        if recorded is None or not continuation.loader_belongs:
-            return set()  # the resumed stage's loader starts fresh: nothing to carry over
-        data = self.stages[continuation.stage].data
-        current = fingerprint_sources(data)
-        for line in compare_sources(recorded, current, data.allow_changed_sources):
-            log.warning("%s", line)
-        return set(changed_sources(recorded, current))
-
-    def _write_run_files(self) -> None:
-        """Rank 0, once the run is known to go ahead: the resolved config, stale markers removed."""
-        if self.rank == 0:
-            atomic.write_text(self.out / "resolved_config.yaml", resolved_header(self.cfg) + to_yaml(self.cfg))
-            (self.out / PREEMPTED_MARKER).unlink(missing_ok=True)
-            (self.out / NONFINITE_MARKER).unlink(missing_ok=True)
-        dist.barrier()
+        # built by run(): the engine and its model, the current stage's cp size, mesh and step setup, the outputs
+        self.engine = self.model = self.mesh = self.setup = self.rates = self.writer = self.flag = self.progress = None
+        self.cp, self.peak, self.peak_src = 0, 0.0, ""
 
     # ------------------------------------------------------------------------ the job
     def run(self) -> int:
         cfg = self.cfg
         self.resume_from = self.last_checkpoint = choose_resume(self.resume_candidates, cfg.checkpoint.resume)
-        self.restart_sources = self._check_data_identity()
-        self._write_run_files()
+        self.restart_sources = changed_resumed_sources(self.resume_from, self.stages)
+        write_run_files(self.out, self.rank, cfg)
         continuation = self._continuation()
         if continuation is not None and continuation.stage == len(self.stages):
             return 0  # nothing left to train (the notice is printed)
@@ -241,17 +177,12 @@ class Trainer:
             self._meshes[cp] = build_mesh(cp)
         return self._meshes[cp]
 
-    def _build_model(self):
-        """The plain model of stage 0 (weights from init_from or the preset's seeded init)."""
-        model, weights = build_plain_model(self.cfg, self.plan.model_configs[0], self.device)
-        self._announce(weights)
-        return model
-
     def _build_engine(self):
         """Tokenizer, model, optimizer and the DeepSpeed engine (parallel_engine); returns the tokenizer."""
         cfg, par = self.cfg, self.stages[0].parallel
         tokenizer = load_tokenizer(cfg.data.tokenizer)
-        model = self._build_model()
+        model, weights = build_plain_model(cfg, self.plan.model_configs[0], self.device)  # init_from or seeded
+        self._announce(weights)
         check_vocab(tokenizer, model.config.vocab_size)
         self.cp, self.mesh = par.cp_size, self._mesh(par.cp_size)
         self.engine = parallel_engine(model, self.mesh, par, device=self.device,
@@ -290,8 +221,8 @@ class Trainer:
         tokenizer = load_tokenizer(self.cfg.data.tokenizer)
         data, note = loader_state(
             restored.rank_states, dp_rank=mesh.dp_rank, dp_size=mesh.dp_size, micro_batch_size=micro,
-            fresh_loader=lambda: stage_loader(stage, self.cfg.train.seed, tokenizer, dp_rank=mesh.dp_rank,
-                                              dp_size=mesh.dp_size))
+            fresh_loader=lambda: build_stage_loader(stage, self.cfg.train.seed, tokenizer, dp_rank=mesh.dp_rank,
+                                                    dp_size=mesh.dp_size))
         if note:
             self._announce(note)
         return data
@@ -306,15 +237,14 @@ class Trainer:
         mesh = self._mesh(cp)
         set_stage(self.model, model_cfg, attention_for(mesh, stage.parallel, self.device) if cp != self.cp else None)
         self.cp, self.mesh = cp, mesh
-        # CPU: this machine's GEMM and attention-kernel rates at the stage's shapes, measured
-        # on every rank at once, for the step's cpu_mfu (train/metrics.py)
+        # CPU: GEMM and attention rates at the stage's shapes, on every rank at once, for cpu_mfu
         cpu_limits = (measure_cpu_limits(model_cfg, stage.seq_len, cp_size=cp, dtype=self.dtype, seconds=0.25,
                                          micro_batch_size=stage.data.micro_batch_size,
                                          loss_chunk_size=self.cfg.train.loss_chunk_size)
                       if self.device.type == "cpu" else None)
         self.setup = StepSetup(mesh, self.world, self.device, self.cfg.train.grad_accum, stage.data.micro_batch_size,
-                               stage.seq_len, self.cfg.train.loss_chunk_size, model_cfg,
-                               flops_per_token(model_cfg, stage.seq_len), self.peak, cpu_limits)
+                               stage.seq_len, self.cfg.train.loss_chunk_size)
+        self.rates = StepRates(flops_per_token(model_cfg, stage.seq_len), self.peak, cpu_limits)
 
     def _stage_loader(self, stage: RunStage, tokenizer, loader_state: Optional[dict]):
         """The stage's loader of model inputs, at `loader_state` when resuming inside the stage.
@@ -322,8 +252,8 @@ class Trainer:
         collate = ModelInputs(stage.data.document_masking, self.cfg.train.answer_loss_weight,
                               trim_multiple=self.plan.trim_multiple(stage.index))
         self._fingerprints(stage.index)  # the files as the loader opens them (hashes remembered per version)
-        loader = stage_loader(stage, self.cfg.train.seed, tokenizer, dp_rank=self.mesh.dp_rank,
-                              dp_size=self.mesh.dp_size, collate=collate)
+        loader = build_stage_loader(stage, self.cfg.train.seed, tokenizer, dp_rank=self.mesh.dp_rank,
+                                    dp_size=self.mesh.dp_size, collate=collate)
         if loader_state is not None:
             loader.load_state_dict(loader_state, restart_sources=self.restart_sources)
         return loader
@@ -387,7 +317,7 @@ class Trainer:
         opt = stage.optim
         lr = lr_at(state.stage_step, stage.steps, lr=opt.lr, warmup_steps=opt.warmup_steps, schedule=opt.schedule,
                    min_lr_ratio=opt.min_lr_ratio)
-        return train_step(engine, self.model, batches, lr, self.setup)
+        return step_record(train_step(engine, self.model, batches, lr, self.setup), self.setup, self.rates)
 
     def _account(self, record: dict, state: TrainState, si: int, stage) -> None:
         """Count the step, apply the non-finite policy, advance the progress, log the metrics."""
@@ -448,32 +378,6 @@ class Trainer:
             keep_last=self.cfg.checkpoint.keep_last, hf_writer=self._write_hf if self.cfg.checkpoint.save_hf else None)
 
 
-def _report_stop(trainer: Trainer, stop: NonFiniteStop) -> int:
-    """One line on rank 0 (every rank agrees on the stop), the marker for launchers, the code."""
-    if trainer.rank == 0:
-        log.info("stopped: %s", stop)  # the console gets the error line below, the log file this
-        print(f"error: {stop}", file=sys.stderr)
-        (trainer.out / NONFINITE_MARKER).write_text(f"{stop.step}\n")
-    else:
-        log.error("%s", stop)
-    return NONFINITE_EXIT_CODE
-
-
-def check_sources(stages: list[RunStage]) -> None:
-    """check_data on each distinct data section of the stages, without 🤗 datasets' progress
-    bars (a refusal is one line)."""
-    sections = []
-    for stage in stages:
-        if stage.data not in sections:
-            sections.append(stage.data)
-    datasets.disable_progress_bars()
-    try:
-        for data in sections:
-            check_data(data)
-    finally:
-        datasets.enable_progress_bars()
-
-
 def train(cfg: TrainConfig, plan: Optional[RunPlan] = None) -> int:
     """Run the job of `cfg`; `plan`: validate_config's for it (validated here when not given)."""
     trainer = Trainer(cfg, plan)
@@ -482,7 +386,7 @@ def train(cfg: TrainConfig, plan: Optional[RunPlan] = None) -> int:
         try:
             rc = trainer.run()
         except NonFiniteStop as e:
-            rc = _report_stop(trainer, e)
+            rc = report_stop(e, trainer.rank, trainer.out)
         except UserError as e:  # checkpoint or data identity: every rank raises it; the CLI prints rank 0's
             completed = True
             if trainer.rank == 0:

@@ -15,8 +15,11 @@ consecutive bad steps with NONFINITE_EXIT_CODE and a one-line message naming the
 """
 from __future__ import annotations
 
+import logging
 import math
+import sys
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Optional
 
 import torch
@@ -24,6 +27,7 @@ import torch.distributed as dist
 
 NONFINITE_EXIT_CODE = 3
 NONFINITE_MARKER = "NONFINITE"  # written in the run directory (holds the step) when the run stops
+log = logging.getLogger("longctx.train")
 
 
 class NonFiniteStop(Exception):
@@ -104,3 +108,14 @@ class NonFiniteGuard:
                 f"train.max_nonfinite_steps={self.max_consecutive}); updates dropped, nothing checkpointed "
                 f"from them ({kept}); lower optim.lr, raise optim.eps or set train.nonfinite=skip_step", step)
         return True
+
+
+def report_stop(stop: NonFiniteStop, rank: int, out: Path) -> int:
+    """One line on rank 0 (every rank agrees on the stop), the marker for launchers, the exit code."""
+    if rank == 0:
+        log.info("stopped: %s", stop)  # the console gets the error line below, the log file this
+        print(f"error: {stop}", file=sys.stderr)
+        (out / NONFINITE_MARKER).write_text(f"{stop.step}\n")
+    else:
+        log.error("%s", stop)
+    return NONFINITE_EXIT_CODE

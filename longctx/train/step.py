@@ -1,4 +1,5 @@
-"""One optimizer step: grad_accum micro-batches -> (cp shards) -> scaled backward -> update -> metrics.
+"""One optimizer step: grad_accum micro-batches -> (cp shards) -> scaled backward -> update; what
+it measured (train/step_metrics.py turns it into the logged record).
 
 Loss normalisation (why every dp x cp layout gives the same loss and update): with N the
 number of real (weighted) label tokens in the whole optimizer step, summed over all ranks and
@@ -12,7 +13,7 @@ import contextlib
 import math
 import time
 from dataclasses import dataclass
-from typing import Iterator, Optional
+from typing import Iterator
 
 import torch
 import torch.distributed as dist
@@ -20,10 +21,9 @@ from torch import nn
 
 from longctx.errors import UserError
 from longctx.labels import IGNORE_INDEX
-from longctx.model.config import ModelConfig
 from longctx.parallel.mesh import Mesh
 from longctx.parallel.sharding import shard_batch
-from longctx.train.metrics import attention_pair_fraction, cpu_limit_fraction, peak_memory_bytes
+from longctx.train.metrics import attention_pair_fraction
 from longctx.train.nonfinite import backward_factor, optimizer_step_skipped
 
 
@@ -37,10 +37,21 @@ class StepSetup:
     micro_batch_size: int
     seq_len: int
     loss_chunk_size: int
-    model_config: ModelConfig
-    flops_per_token: float
-    peak_flops: float
-    cpu_limits: Optional[dict]  # CPU: this machine's GEMM / attention rates (train/metrics.py)
+
+
+@dataclass
+class StepResult:
+    """What one optimizer step did and how long it took."""
+    loss: float  # the step's mean loss over its real (weighted) label tokens
+    lr: float
+    grad_norm: float
+    tokens: int  # real (non-padding) tokens in the whole step
+    update_applied: bool
+    elapsed_s: float
+    data_wait_s: float
+    computed: float  # share of the columns run (unscored row tails are cut)
+    attention_fraction: float  # share of a full row's causal pairs computed (document masking)
+    micro_batches: int
 
 
 def all_reduce_sum(values: list[float]) -> list[float]:
@@ -97,8 +108,8 @@ def forward_backward(engine, model: nn.Module, shards: list[dict], scale: float,
     return loss_total, grad_norm, dropped
 
 
-def train_step(engine, model: nn.Module, batches: Iterator[dict], lr: float, setup: StepSetup) -> dict:
-    """One optimizer step on the next grad_accum batches (ModelInputs); returns its metrics."""
+def train_step(engine, model: nn.Module, batches: Iterator[dict], lr: float, setup: StepSetup) -> StepResult:
+    """One optimizer step on the next grad_accum batches (ModelInputs)."""
     t0 = time.perf_counter()
     micro = [next(batches) for _ in range(setup.grad_accum)]
     t_data = time.perf_counter() - t0
@@ -116,17 +127,13 @@ def train_step(engine, model: nn.Module, batches: Iterator[dict], lr: float, set
     elapsed = time.perf_counter() - t0
     if grad_norm is None:
         grad_norm = engine.get_global_grad_norm()
-    computed = columns / (setup.seq_len * len(micro))  # share of the columns run (unscored tails are not)
-    record = {"loss": global_loss / total_weight, "lr": lr,
-              "grad_norm": float(grad_norm) if grad_norm is not None else float("nan"),
-              "tokens": int(round(real)), **throughput(setup, elapsed, t_data, computed),
-              "update_applied": not dropped and engine.was_step_applied()}
-    if setup.cpu_limits is not None:  # cpu_mfu, gemm_limit_s, attention_limit_s
-        pairs = sum(attention_pair_fraction(inputs.get("segment_ids"), inputs["labels"].shape[1], setup.seq_len)
-                    for inputs in micro)
-        record.update(cpu_limit_fraction(setup.cpu_limits, elapsed, micro_batches=len(micro), computed=computed,
-                                         attention_fraction=pairs / len(micro)))
-    return record
+    pairs = sum(attention_pair_fraction(inputs.get("segment_ids"), inputs["labels"].shape[1], setup.seq_len)
+                for inputs in micro)
+    return StepResult(loss=global_loss / total_weight, lr=lr,
+                      grad_norm=float(grad_norm) if grad_norm is not None else float("nan"), tokens=int(round(real)),
+                      update_applied=not dropped and engine.was_step_applied(), elapsed_s=elapsed,
+                      data_wait_s=t_data, computed=columns / (setup.seq_len * len(micro)),
+                      attention_fraction=pairs / len(micro), micro_batches=len(micro))
 
 
 def real_tokens(inputs: dict, setup: StepSetup) -> float:
@@ -134,18 +141,3 @@ def real_tokens(inputs: dict, setup: StepSetup) -> float:
     if "real_tokens" in inputs:
         return float(inputs["real_tokens"].sum())
     return float(inputs["input_ids"].shape[0] * setup.seq_len)
-
-
-def throughput(setup: StepSetup, elapsed: float, t_data: float, computed: float) -> dict:
-    """Throughput, utilisation and memory of a step that took `elapsed` seconds and ran the
-    share `computed` of its columns. `slots`: the step's row positions, padding included (what
-    tokens_per_s and MFU count, as peers count batch x sequence length)."""
-    slots = setup.seq_len * setup.micro_batch_size * setup.grad_accum * setup.mesh.dp_size
-    tps = slots / elapsed
-    return {
-        "slots": slots, "tokens_per_s": tps, "tokens_per_s_per_device": tps / setup.world,
-        "mfu": setup.flops_per_token * tps * computed / setup.world / setup.peak_flops,
-        "computed_fraction": computed, "peak_memory_gb": peak_memory_bytes() / 2**30,
-        "data_wait_fraction": t_data / elapsed, "step_time_s": elapsed, "seq_len": setup.seq_len,
-        "cp_size": setup.mesh.cp_size, "dp_size": setup.mesh.dp_size,
-    }

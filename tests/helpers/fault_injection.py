@@ -37,16 +37,16 @@ current = {"step": 0}
 
 
 def _install() -> None:
-    build_model, step = loop.Trainer._build_model, loop.Trainer._step
+    build_model, step = loop.build_plain_model, loop.Trainer._step
 
-    def build_model_with_hook(self):
-        model = build_model(self)
+    def build_model_with_hook(*args, **kwargs):
+        model, weights = build_model(*args, **kwargs)
 
         def poison(module, args, output):
             return output * float("nan") if current["step"] in NAN_LOSS_STEPS and _this_rank() else output
 
         model.norm.register_forward_hook(poison)
-        return model
+        return model, weights
 
     def step_with_faults(self, engine, batches, stage, state, *args):
         current["step"] = state.step + 1
@@ -56,7 +56,7 @@ def _install() -> None:
                 self.model.norm.weight.data[0] = float("nan")
         return record
 
-    loop.Trainer._build_model = build_model_with_hook
+    loop.build_plain_model = build_model_with_hook
     loop.Trainer._step = step_with_faults
     if SAVE_ERRNO and _this_rank():
         real_save = torch.save

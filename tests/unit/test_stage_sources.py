@@ -10,7 +10,7 @@ from longctx.config import load_config, resolve_stages, validate_config
 from longctx.data import load_tokenizer
 from longctx.data.config import DEFAULT_TASKS, SyntheticConfig
 from longctx.errors import UserError
-from longctx.train.loop import stage_loader
+from longctx.train.stages import build_stage_loader
 
 
 def _config(tmp_path, stage0_sources):
@@ -45,7 +45,7 @@ def test_each_stage_loader_reads_its_own_sources(tmp_path):
     tok = load_tokenizer("byte")
     texts = {}
     for si in (0, 1):
-        batch = next(iter(stage_loader(resolve_stages(cfg)[si], cfg.train.seed, tok, dp_rank=0, dp_size=1)))
+        batch = next(iter(build_stage_loader(resolve_stages(cfg)[si], cfg.train.seed, tok, dp_rank=0, dp_size=1)))
         assert batch["input_ids"].shape == (4, cfg.stages[si].seq_len)
         assert "answer_mask" in batch  # answer tokens are weighted in this config
         texts[si] = [tok.decode(row.tolist()) for row in batch["input_ids"]]
