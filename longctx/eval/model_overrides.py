@@ -67,9 +67,7 @@ def apply_overrides(base: ModelConfig, overrides: Mapping[str, Any]) -> tuple[Mo
         changes["rope_parameters"] = _rope_defaults(dict(changes["rope_parameters"]), base)
     _check_dynamic(changes, base)
     try:
-        config = base.replace(**changes)
-    except UserError as e:
-        raise UserError(_renamed(str(e))) from None
+        config = base.replace(field_path=WHERE, **changes)
     except (TypeError, ValueError) as e:  # e.g. a string where a number belongs
         raise UserError(f"{WHERE}: {e}") from None
     return config, {key: getattr(config, key) for key in overrides}
@@ -95,8 +93,3 @@ def _check_dynamic(changes: dict, base: ModelConfig) -> None:
         raise UserError(f"{WHERE}.max_position_embeddings: dynamic NTK scales the sequences longer than "
                         f"max_position_embeddings (the pretrained length, {base.max_position_embeddings} here); "
                         f"with {new_max} nothing shorter is scaled: leave max_position_embeddings out")
-
-
-def _renamed(msg: str) -> str:
-    """ModelConfig's "model.<field>: ..." as the eval field that set it."""
-    return WHERE + msg[len("model"):] if msg.startswith("model.") else f"{WHERE}: {msg}"

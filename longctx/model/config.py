@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-from dataclasses import dataclass, field
+from dataclasses import InitVar, dataclass, field
 from typing import Any, Optional
 
 from longctx.errors import UserError
@@ -30,40 +30,45 @@ class ModelConfig:
     eos_token_id: Optional[int] = 2
     pad_token_id: Optional[int] = None
 
-    def __post_init__(self) -> None:
+    # where the fields come from, for the error messages: "model" (a training config's section),
+    # "eval.model_overrides", or "" (a config.json, whose path the reader puts in front)
+    field_path: InitVar[str] = "model"
+
+    def __post_init__(self, field_path: str) -> None:
         if self.num_key_value_heads is None:
             self.num_key_value_heads = self.num_attention_heads
         if self.head_dim is None:
             if self.num_attention_heads > 0:
                 self.head_dim = self.hidden_size // self.num_attention_heads
-        self.validate()
+        self._validate(lambda name: f"{field_path}.{name}" if field_path else name)
 
-    def validate(self, prefix: str = "model") -> None:
+    def _validate(self, at) -> None:
         for name in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
                      "num_attention_heads", "num_key_value_heads", "head_dim", "max_position_embeddings"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-                raise UserError(f"{prefix}.{name}: must be a positive integer, got {value!r}")
+                raise UserError(f"{at(name)}: must be a positive integer, got {value!r}")
         if self.num_attention_heads % self.num_key_value_heads != 0:
             raise UserError(
-                f"{prefix}.num_key_value_heads: {self.num_key_value_heads} must divide "
+                f"{at('num_key_value_heads')}: {self.num_key_value_heads} must divide "
                 f"num_attention_heads={self.num_attention_heads}"
             )
         if self.head_dim % 2 != 0:
-            raise UserError(f"{prefix}.head_dim: must be even for RoPE, got {self.head_dim}")
+            raise UserError(f"{at('head_dim')}: must be even for RoPE, got {self.head_dim}")
         if not (self.rms_norm_eps > 0):
-            raise UserError(f"{prefix}.rms_norm_eps: must be > 0, got {self.rms_norm_eps}")
+            raise UserError(f"{at('rms_norm_eps')}: must be > 0, got {self.rms_norm_eps}")
         self.rope_parameters = normalize_rope_parameters(
             self.rope_parameters, head_dim=self.head_dim,
-            max_position_embeddings=self.max_position_embeddings, where=f"{prefix}.rope_parameters",
+            max_position_embeddings=self.max_position_embeddings, where=at("rope_parameters"),
         )
 
     @property
     def rope_type(self) -> str:
         return self.rope_parameters["rope_type"]
 
-    def replace(self, **changes: Any) -> "ModelConfig":
-        return dataclasses.replace(copy.deepcopy(self), **changes)
+    def replace(self, *, field_path: str = "model", **changes: Any) -> "ModelConfig":
+        """A copy with `changes`, validated; errors name `field_path`.<field>."""
+        return dataclasses.replace(copy.deepcopy(self), field_path=field_path, **changes)
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)

@@ -39,9 +39,9 @@ def config_from_hf(hf: dict, where: str = "config.json") -> ModelConfig:
             kwargs[key] = kwargs[key][0]
     kwargs["rope_parameters"] = rope_parameters_from_hf(hf)
     try:
-        return ModelConfig(**kwargs)
+        return ModelConfig(**kwargs, field_path="")
     except UserError as e:
-        raise UserError(f"{where}: {str(e).replace('model.', '', 1)}") from None
+        raise UserError(f"{where}: {e}") from None
 
 
 def config_to_hf(cfg: ModelConfig, dtype: "torch.dtype") -> dict:

@@ -7,6 +7,7 @@ import torch
 
 import longctx
 from helpers.model import tiny_model
+from longctx.errors import UserError
 from longctx.model import build_model, count_parameters, get_preset
 from longctx.model.hf import load_pretrained, save_pretrained
 
@@ -109,3 +110,15 @@ def test_run_directory_means_its_newest_checkpoint_or_a_newer_hf_export(tmp_path
     assert resolve_model_dir(run) == run / "hf"  # written at the end of the run, after its last checkpoint
     os.utime(newest / "COMPLETE", (hf_time + 10, hf_time + 10))
     assert resolve_model_dir(run) == newest  # a later checkpoint (a resumed run) is newer than hf/
+
+
+def test_a_bad_config_json_field_is_named_after_its_file():
+    from longctx.model.hf_config import config_from_hf
+
+    hf = {"architectures": ["LlamaForCausalLM"], "vocab_size": 64, "hidden_size": 36, "num_hidden_layers": 1,
+          "num_attention_heads": 9, "num_key_value_heads": 5}
+    with pytest.raises(UserError, match=r"^m/config.json: num_key_value_heads: 5 must divide num_attention_heads=9$"):
+        config_from_hf(hf, where="m/config.json")
+    with pytest.raises(UserError, match=r"^m/config.json: rope_parameters.factor: must be >= 1"):
+        config_from_hf(dict(hf, num_key_value_heads=3, rope_scaling={"type": "linear", "factor": 0.5}),
+                       where="m/config.json")
