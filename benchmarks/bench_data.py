@@ -1,6 +1,6 @@
 """Data pipeline throughput on CPU.
 
-    .venv/bin/python benchmarks/bench_data.py [--mb 8] [--seq-len 4096] [--vocab 8000]
+    .venv/bin/python benchmarks/bench_data.py [--mb 8] [--seq-len 4096] [--vocab 8000] [--repeats 5]
 
 Measures, on a generated local jsonl corpus (varied English-like sentences):
   * tokenize + pack MB/s (text bytes in / second) through the real loader (🤗 datasets
@@ -9,8 +9,11 @@ Measures, on a generated local jsonl corpus (varied English-like sentences):
     the same tokenizer's bare `encode_batch` over the same texts (the baseline: the ratio is
     what reading, packing and batching cost on top of tokenization);
   * the same through streaming mode;
-  * time to first batch: cold (no cache), building the cache, and with a warm cache.
-Prints a markdown table (docs/data.md quotes it).
+  * time to first batch: cold (no cache), building the cache (a fresh cache directory each
+    time), and with a warm cache.
+Each table's contenders run interleaved (benchlib.timing): `--warmup` untimed runs each (default 1,
+which also warms 🤗's arrow cache), then `--repeats` timed rounds; rates are at the median time. Prints
+markdown tables (docs/data.md quotes them); `--json PATH` writes them with the timing fields.
 """
 from __future__ import annotations
 
@@ -18,14 +21,14 @@ import argparse
 import json
 import os
 import random
-import sys
 import tempfile
 import time
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+from benchlib.report import markdown_table, timing_fields, write_json
+from benchlib.timing import DEFAULT_STEPS, DEFAULT_WARMUP, interleaved
 
-from longctx.data import DataConfig, SourceConfig, build_loader, load_tokenizer  # noqa: E402
-from longctx.data.filler import varied_sentence  # noqa: E402
+from longctx.data import DataConfig, SourceConfig, build_loader, load_tokenizer
+from longctx.data.filler import varied_sentence
 
 
 def make_corpus(path: str, mb: float, seed: int = 0) -> list:
@@ -57,21 +60,17 @@ def train_bpe(texts, vocab: int, directory: str) -> float:
     return time.perf_counter() - t0
 
 
-def drain(cfg, tok) -> tuple:
-    t0 = time.perf_counter()
-    loader = build_loader(cfg, tok, dp_rank=0, dp_size=1, seed=0)
-    t_open = time.perf_counter() - t0
+def drain(cfg, tok) -> tuple[int, int]:
+    """Read the loader to its end: (label tokens, rows)."""
     tokens = rows = 0
-    for b in loader:
+    for b in build_loader(cfg, tok, dp_rank=0, dp_size=1, seed=0):
         rows += b["input_ids"].shape[0]
         tokens += int((b["labels"] != -100).sum())
-    return time.perf_counter() - t0, t_open, tokens, rows
+    return tokens, rows
 
 
-def first_batch(cfg, tok) -> float:
-    t0 = time.perf_counter()
+def first_batch(cfg, tok) -> None:
     next(iter(build_loader(cfg, tok, dp_rank=0, dp_size=1, seed=0)))
-    return time.perf_counter() - t0
 
 
 def main() -> None:
@@ -80,6 +79,9 @@ def main() -> None:
     ap.add_argument("--seq-len", type=int, default=4096)
     ap.add_argument("--vocab", type=int, default=8000)
     ap.add_argument("--dir", default=None, help="work directory (default: a temp dir)")
+    ap.add_argument("--repeats", type=int, default=DEFAULT_STEPS, help="timed runs per contender")
+    ap.add_argument("--warmup", type=int, default=DEFAULT_WARMUP, help="untimed runs per contender first")
+    ap.add_argument("--json", help="also write the tables here")
     args = ap.parse_args()
     import datasets
 
@@ -95,40 +97,54 @@ def main() -> None:
           f"seq_len {args.seq_len}; {os.cpu_count()} CPUs", flush=True)
     base = dict(seq_len=args.seq_len, micro_batch_size=4, epochs=1, prefetch=0, progress=False,
                 hf_cache_dir=os.path.join(work, "hf"))
-    rows = []
+    rows, report = [], {"mb": mb, "documents": len(texts), "throughput": [], "first_batch": []}
     for name, spec in (("byte", "byte"), (f"BPE {got_vocab} (🤗 fast)", os.path.join(work, "bpe"))):
         tok = load_tokenizer(spec)
-        t0 = time.perf_counter()
-        for k in range(0, len(texts), 512):
-            tok.encode_batch(texts[k : k + 512], add_bos=True, add_eos=True)
-        t_tok = time.perf_counter() - t0
-        drain(DataConfig(sources=[SourceConfig(path=path)], tokenizer=spec, **base), tok)  # warm 🤗's arrow cache
-        t_all, t_open, ntok, nrows = drain(DataConfig(sources=[SourceConfig(path=path)], tokenizer=spec, **base), tok)
-        t_str, _, ntok_s, _ = drain(DataConfig(sources=[SourceConfig(path=path)], tokenizer=spec, streaming=True,
-                                               **base), tok)
-        assert ntok_s == ntok
-        rows.append((name, mb / t_tok, mb / t_all, (mb / t_all) / (mb / t_tok), mb / t_str, ntok / t_all / 1e6, nrows))
+        counts = {}
+
+        def encode_all(tok=tok):
+            for k in range(0, len(texts), 512):
+                tok.encode_batch(texts[k : k + 512], add_bos=True, add_eos=True)
+
+        def loader(streaming, spec=spec, tok=tok):
+            def run():
+                cfg = DataConfig(sources=[SourceConfig(path=path)], tokenizer=spec, streaming=streaming, **base)
+                counts[streaming] = drain(cfg, tok)
+            return run
+
+        t = interleaved({"bare encode_batch": encode_all, "loader": loader(False), "streaming": loader(True)},
+                        steps=args.repeats, warmup=args.warmup)
+        assert counts[True][0] == counts[False][0]
+        ntok, nrows = counts[False]
+        enc, load, stream = (mb / t[k].median_s for k in ("bare encode_batch", "loader", "streaming"))
+        rows.append([name, f"{enc:.1f}", f"{load:.1f}", f"{load / enc:.2f}", f"{stream:.1f}",
+                     f"{ntok / t['loader'].median_s / 1e6:.2f}", nrows])
+        report["throughput"].append({"tokenizer": name, "tokens": ntok, "rows": nrows,
+                                     **{k: timing_fields(v) for k, v in t.items()}})
     print()
-    print("| tokenizer | bare encode_batch MB/s | loader (tokenize+pack) MB/s | ratio | "
-          "streaming MB/s | Mtokens/s | rows |")
-    print("|---|---|---|---|---|---|---|")
-    for r in rows:
-        print(f"| {r[0]} | {r[1]:.1f} | {r[2]:.1f} | {r[3]:.2f} | {r[4]:.1f} | {r[5]:.2f} | {r[6]} |")
+    print(markdown_table(["tokenizer", "bare encode_batch MB/s", "loader (tokenize+pack) MB/s", "ratio",
+                          "streaming MB/s", "Mtokens/s", "rows"], rows))
 
     tok = load_tokenizer("byte")
-    cache_dir = os.path.join(work, "cache")
-    cfg = DataConfig(sources=[SourceConfig(name="bench", path=path)], **{**base, "epochs": None, "prefetch": 2})
-    t_cold = first_batch(cfg, tok)
-    cfg_c = DataConfig(sources=[SourceConfig(name="bench", path=path)],
-                       **{**base, "epochs": None, "prefetch": 2, "cache_dir": cache_dir})
-    t_build = first_batch(cfg_c, tok)
-    t_warm = min(first_batch(cfg_c, tok) for _ in range(3))
+    cache_dirs = iter(os.path.join(work, f"cache{i}") for i in range(10**9))
+
+    def cfg(cache_dir=None):
+        return DataConfig(sources=[SourceConfig(name="bench", path=path)],
+                          **{**base, "epochs": None, "prefetch": 2, "cache_dir": cache_dir})
+
+    warm_dir = os.path.join(work, "cache")
+    first_batch(cfg(warm_dir), tok)  # builds the warm contender's cache
+    cases = {"no cache (opens the source, tokenizes one window)": lambda: first_batch(cfg(), tok),
+             f"building the cache ({mb:.1f} MB, a fresh directory)": lambda: first_batch(cfg(next(cache_dirs)), tok),
+             "warm cache": lambda: first_batch(cfg(warm_dir), tok)}
+    t = interleaved(cases, steps=args.repeats, warmup=args.warmup)
     print()
-    print("| time to first batch (byte tokenizer) | seconds |")
-    print("|---|---|")
-    print(f"| no cache (opens the source, tokenizes one window) | {t_cold:.3f} |")
-    print(f"| building the cache ({mb:.1f} MB, first run) | {t_build:.2f} |")
-    print(f"| warm cache | {t_warm:.3f} |")
+    print(markdown_table(["time to first batch (byte tokenizer)", "seconds (median)", "min"],
+                         [[k, f"{v.median_s:.3f}", f"{v.min_s:.3f}"] for k, v in t.items()]))
+    report["first_batch"] = [{"case": k, **timing_fields(v)} for k, v in t.items()]
+    print(f"\n{args.warmup} warm-up + {args.repeats} timed runs per contender, interleaved")
+    if args.json:
+        write_json(args.json, report)
 
 
 if __name__ == "__main__":

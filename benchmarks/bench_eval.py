@@ -5,9 +5,13 @@
 
 1. prefill+decode tokens/s of our runner (longctx Engine: batched greedy with the KV cache)
    vs transformers' LlamaForCausalLM.generate on the same weights and the same left-padded
-   prompts (RULER niah prompts fitted with the byte tokenizer); ratio in the same run.
+   prompts (RULER niah prompts fitted with the byte tokenizer); both interleaved (benchlib.timing:
+   `--warmup` untimed runs, then `--repeats` timed rounds), tokens/s at the median and the min
+   time, ratio in the same run.
 2. peak memory of one prompt 8x longer than part 1's, decoded in one process vs split across
-   cp=2 gloo ranks (torchrun): growth of the peak RSS over the RSS after loading the model.
+   cp=2 gloo ranks (torchrun): growth of the peak RSS over the RSS after loading the model
+   (one run each: a memory measurement; its seconds are that one run's).
+`--json PATH` writes both parts with the timing fields (steps, warmup, median_s, min_s).
 """
 from __future__ import annotations
 
@@ -20,6 +24,10 @@ import tempfile
 import time
 
 import torch
+from benchlib.memory import peak_rss_bytes, rss_bytes
+from benchlib.procs import free_port
+from benchlib.report import markdown_table, timing_fields, write_json
+from benchlib.timing import DEFAULT_STEPS, DEFAULT_WARMUP, interleaved
 
 
 def bench_model_dir(path: str, seq: int) -> None:
@@ -49,7 +57,8 @@ class NoEos:
         return self.t.decode(ids)
 
 
-def throughput(model_dir: str, length: int, batch: int, new_tokens: int, repeats: int) -> dict:
+def throughput(model_dir: str, length: int, batch: int, new_tokens: int, repeats: int = DEFAULT_STEPS,
+               warmup: int = DEFAULT_WARMUP) -> dict:
     from transformers import LlamaForCausalLM
 
     import longctx
@@ -75,24 +84,21 @@ def throughput(model_dir: str, length: int, batch: int, new_tokens: int, repeats
             return hf.generate(input_ids=ids, attention_mask=mask, max_new_tokens=new_tokens, min_new_tokens=new_tokens,
                                do_sample=False, pad_token_id=tok.pad_id)
 
-    run_ours(), run_hf()  # warm-up
-    t_ours, t_hf = [], []
-    for _ in range(repeats):  # interleaved, best of n (the machine is shared)
-        t = time.perf_counter()
-        out = run_ours()
-        t_ours.append(time.perf_counter() - t)
-        t = time.perf_counter()
-        ref = run_hf()
-        t_hf.append(time.perf_counter() - t)
-    same = [o for o in out] == [r[L:].tolist() for r in ref]
+    out = {}
+
+    def ours_step():
+        out["ours"] = run_ours()
+
+    def hf_step():
+        out["hf"] = run_hf()
+
+    t = interleaved({"ours": ours_step, "hf": hf_step}, steps=repeats, warmup=warmup)
+    same = [o for o in out["ours"]] == [r[L:].tolist() for r in out["hf"]]
     return {"prompt_len": L, "batch": batch, "new_tokens": new_tokens, "tokens": total_tokens,
-            "ours_tok_s": total_tokens / min(t_ours), "hf_tok_s": total_tokens / min(t_hf),
-            "ratio": min(t_hf) / min(t_ours), "same_tokens": same}
-
-
-def _rss_bytes() -> int:
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+            "ours_tok_s": total_tokens / t["ours"].median_s, "hf_tok_s": total_tokens / t["hf"].median_s,
+            "ours_tok_s_fastest": total_tokens / t["ours"].min_s, "hf_tok_s_fastest": total_tokens / t["hf"].min_s,
+            "ratio": t["hf"].median_s / t["ours"].median_s, "same_tokens": same,
+            "ours": timing_fields(t["ours"]), "hf": timing_fields(t["hf"])}
 
 
 def memory_worker(model_dir: str, length: int, new_tokens: int, out: str) -> None:
@@ -114,12 +120,10 @@ def memory_worker(model_dir: str, length: int, new_tokens: int, out: str) -> Non
     g = torch.Generator().manual_seed(0)
     prompt = torch.randint(0, 256, (length,), generator=g).tolist()
     engine.generate_ids([prompt[:64]], 2)  # warm-up allocations outside the measurement
-    base = _rss_bytes()
+    base = rss_bytes()
     t = time.perf_counter()
     engine.generate_ids([prompt], new_tokens)
     secs = time.perf_counter() - t
-    from longctx.train.metrics import peak_rss_bytes
-
     peak = peak_rss_bytes()
     rank = int(os.environ.get("RANK", "0"))
     with open(f"{out}.{rank}", "w") as f:
@@ -132,7 +136,7 @@ def memory(model_dir: str, length: int, new_tokens: int) -> dict:
         env = dict(os.environ, PYTHONWARNINGS="ignore")
         for name, launcher in [("one process", [sys.executable]),
                                ("cp=2", [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
-                                         "--master-port", "29877"])]:
+                                         "--master-port", str(free_port())])]:
             out = os.path.join(tmp, name.replace(" ", "_").replace("=", ""))
             cmd = launcher + [os.path.abspath(__file__), "--memory-worker", model_dir, str(length), str(new_tokens),
                               out]
@@ -149,26 +153,36 @@ def main() -> None:
     if len(sys.argv) > 1 and sys.argv[1] == "--memory-worker":
         memory_worker(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), sys.argv[5])
         return
-    ap = argparse.ArgumentParser()
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--length", type=int, default=1024)
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--new-tokens", type=int, default=32)
+    ap.add_argument("--repeats", type=int, default=DEFAULT_STEPS, help="timed runs per generator")
+    ap.add_argument("--warmup", type=int, default=DEFAULT_WARMUP, help="untimed runs per generator first")
+    ap.add_argument("--json", help="also write the results here")
     args = ap.parse_args()
     length, batch, new = (512, 4, 16) if args.quick else (args.length, args.batch, args.new_tokens)
     long_len = 8 * length
     with tempfile.TemporaryDirectory() as tmp:
         bench_model_dir(tmp, long_len)
-        thr = throughput(tmp, length, batch, new, repeats=2 if args.quick else 3)
+        thr = throughput(tmp, length, batch, new, args.repeats, args.warmup)
         mem = memory(tmp, long_len, new)
-    print("| runner | prompt x batch | new tokens | tokens/s |\n|---|---|---:|---:|")
-    print(f"| longctx Engine | {thr['prompt_len']} x {batch} | {new} | {thr['ours_tok_s']:.0f} |")
-    print(f"| transformers generate | {thr['prompt_len']} x {batch} | {new} | {thr['hf_tok_s']:.0f} |")
-    print(f"\nspeed ratio (ours / transformers): {thr['ratio']:.2f}x; identical greedy tokens: {thr['same_tokens']}\n")
-    print(f"| {long_len}-token prompt + {new} new | peak RSS growth per rank (MB) | seconds |\n|---|---:|---:|")
-    for name in ("one process", "cp=2"):
-        print(f"| {name} | {mem[name]['max_rank_peak_growth_mb']:.0f} | {mem[name]['seconds']:.1f} |")
+    shape = f"{thr['prompt_len']} x {batch}"
+    print(markdown_table(["runner", "prompt x batch", "new tokens", "tokens/s (median)", "tokens/s (fastest)"],
+                         [["longctx Engine", shape, new, f"{thr['ours_tok_s']:.0f}",
+                           f"{thr['ours_tok_s_fastest']:.0f}"],
+                          ["transformers generate", shape, new, f"{thr['hf_tok_s']:.0f}",
+                           f"{thr['hf_tok_s_fastest']:.0f}"]], "llrrr"))
+    print(f"\nspeed ratio (ours / transformers, median): {thr['ratio']:.2f}x; identical greedy tokens: "
+          f"{thr['same_tokens']}; {thr['ours']['warmup']} warm-up + {thr['ours']['steps']} timed runs each, "
+          "interleaved\n")
+    print(markdown_table([f"{long_len}-token prompt + {new} new", "peak RSS growth per rank (MB)", "seconds"],
+                         [[name, f"{mem[name]['max_rank_peak_growth_mb']:.0f}", f"{mem[name]['seconds']:.1f}"]
+                          for name in ("one process", "cp=2")], "lrr"))
     print(f"\nmemory ratio (cp=2 rank / one process): {mem['ratio']:.2f}")
+    if args.json:
+        write_json(args.json, {"throughput": thr, "memory": mem})
 
 
 if __name__ == "__main__":

@@ -12,40 +12,26 @@
 
     .venv/bin/python benchmarks/bench_kernels.py [--threads 1] [--iters 10]
 
-Median of `iters` timed calls after a warm-up; variants run round-robin so machine drift hits
-them alike. Ratios are against the plain version in the same run.
+Each table: `--warmup` untimed calls per variant (default 1), then `iters` (or a multiple of it)
+timed rounds with the variants interleaved (benchlib.timing) so machine drift hits them alike; median and min
+per variant. Ratios are of medians, against the plain version in the same run. `--json PATH`
+writes every table with its timing fields.
 """
 from __future__ import annotations
 
 import argparse
-import os
-import statistics
-import sys
 import time
 
 import torch
 import torch.nn.functional as F
+from benchlib.report import timing_fields, write_json
+from benchlib.timing import DEFAULT_WARMUP, interleaved
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
-
-from longctx.attention import kernel_attention  # noqa: E402
-from longctx.attention.core import build_mask  # noqa: E402
-from longctx.attention.sdpa import SdpaKernel  # noqa: E402
-from longctx.model import ModelConfig, build_model  # noqa: E402
-from longctx.model.rope import RotaryEmbedding, apply_rotary, rotate_reference  # noqa: E402
-
-
-def timed(fns: dict, iters: int) -> dict:
-    """{name: fn} -> {name: median seconds}, round-robin."""
-    for fn in fns.values():
-        fn()
-    times = {name: [] for name in fns}
-    for _ in range(iters):
-        for name, fn in fns.items():
-            t = time.perf_counter()
-            fn()
-            times[name].append(time.perf_counter() - t)
-    return {name: statistics.median(v) for name, v in times.items()}
+from longctx.attention import kernel_attention
+from longctx.attention.core import build_mask
+from longctx.attention.sdpa import SdpaKernel
+from longctx.model import ModelConfig, build_model
+from longctx.model.rope import RotaryEmbedding, apply_rotary, rotate_reference
 
 
 def packed_ids(B: int, T: int, docs: int, gen: torch.Generator) -> torch.Tensor:
@@ -132,27 +118,37 @@ def _demo_config() -> ModelConfig:
                        rms_norm_eps=1e-5, rope_parameters={"rope_type": "default", "rope_theta": 10000.0})
 
 
-def report(title: str, res: dict) -> None:
-    base = next(iter(res.values()))
+def report(title: str, timings: dict, tables: list) -> None:
+    base = next(iter(timings.values())).median_s
     print(f"\n{title}")
-    for name, s in res.items():
-        print(f"  {name:<20} {s * 1e3:8.2f} ms   {base / s:5.2f}x")
+    for name, t in timings.items():
+        print(f"  {name:<20} {t.median_s * 1e3:8.2f} ms (min {t.min_s * 1e3:8.2f})   {base / t.median_s:5.2f}x")
+    tables.append({"title": title, "rows": [{"variant": name, **timing_fields(t)} for name, t in timings.items()]})
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--iters", type=int, default=10)
+    ap.add_argument("--iters", type=int, default=10, help="timed rounds of the attention tables (others: a multiple)")
+    ap.add_argument("--warmup", type=int, default=DEFAULT_WARMUP, help="untimed calls per variant first")
+    ap.add_argument("--json", help="also write every table here")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     gen = torch.Generator().manual_seed(0)
-    print(f"torch {torch.__version__}, {args.threads} thread(s), median of {args.iters}")
+    tables: list = []
+    print(f"torch {torch.__version__}, {args.threads} thread(s), median (and min) of {args.iters} interleaved rounds")
+
+    def timed(fns: dict, steps: int) -> dict:
+        return interleaved(fns, steps=steps, warmup=args.warmup)
+
     for B, T, docs in ((4, 1024, 1), (4, 1024, 2), (4, 1024, 4), (8, 256, 1)):
         report(f"attention fwd+bwd, bf16, (B={B}, H=4, T={T}, D=64), {docs} document(s) per row",
-               timed(attention_fns(B, 4, T, 64, docs, gen), args.iters))
-    report("RoPE fwd+bwd, bf16 q (8, 4, 256, 64)", timed(rope_fns(8, 4, 256, 64, gen), args.iters * 5))
-    report("AdamW step, 2.5M fp32 parameters in 30 tensors", timed(adam_fns(), args.iters * 5))
-    report("demo model fwd+bwd, bf16, 8 x 256 tokens", timed(compiled_step_fns(gen), args.iters * 2))
+               timed(attention_fns(B, 4, T, 64, docs, gen), args.iters), tables)
+    report("RoPE fwd+bwd, bf16 q (8, 4, 256, 64)", timed(rope_fns(8, 4, 256, 64, gen), args.iters * 5), tables)
+    report("AdamW step, 2.5M fp32 parameters in 30 tensors", timed(adam_fns(), args.iters * 5), tables)
+    report("demo model fwd+bwd, bf16, 8 x 256 tokens", timed(compiled_step_fns(gen), args.iters * 2), tables)
+    if args.json:
+        write_json(args.json, {"threads": args.threads, "tables": tables})
 
 
 if __name__ == "__main__":

@@ -7,13 +7,13 @@ parallelism (ring, ulysses, allgather), and one process of transformers and of l
 
 One HF checkpoint is loaded by every contender: the bench-44m shape with random weights (made
 once by this script), or with `--init-from DIR` a Hugging Face Llama directory's shape and
-weights (`--random-weights`: its shape alone; benchmarks/bench_model.py); every contender
+weights (`--random-weights`: its shape alone; benchmarks/benchlib/model.py); every contender
 trains on the same batch. The run, in one group of `--world` gloo processes:
   1. correctness (fp32, one step at --check-len): loss and per-tensor gradients of each contender
      vs one process of transformers (the multi-rank gradients are DeepSpeed's reduced ones);
   2. speed (bf16, ZeRO-1 for the multi-rank contenders, full activation checkpointing): for each
-     length every contender is built, warmed up once, then timed in interleaved rounds (A/B/.../B/A,
-     the order reversed every round) so drifts in machine load hit all alike; tokens/s at the
+     length every contender is built and stepped once, warmed up (--warmup), then timed in
+     interleaved rounds (A B C A B C ..., benchlib.timing) so drifts in machine load hit all alike; tokens/s at the
      median and the slowest step. Thread policy (`--threads-per-rank N`, default 1, recorded as
      the report's `thread_policy` and each row's `threads`): every process of every contender
      runs N intra-op threads, one-process contenders (on rank 0, the other ranks waiting) too.
@@ -31,11 +31,9 @@ within --budget-gb; a rank that crosses the budget is stopped at once by a watch
 from __future__ import annotations
 
 import argparse
-import ctypes
 import gc
 import json
 import os
-import socket
 import statistics
 import sys
 import tempfile
@@ -44,50 +42,35 @@ import time
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
+from benchlib.memory import peak_rss_bytes, reset_peak, rss_bytes
+from benchlib.model import add_model_args, base_config, check_model_args, model_source, write_checkpoint
+from benchlib.peer_checks import correctness_row, correctness_table, ratio_table, speed_summary, speed_table
+from benchlib.peer_contenders import (
+    ALL_IMPLS,
+    ALST,
+    CP,
+    SINGLE,
+    add_contender_args,
+    build_contender,
+    build_order,
+    contender_options,
+    make_batch,
+)
+from benchlib.procs import init_rank, spawn_group
+from benchlib.report import timing_fields, write_json
+from benchlib.timing import DEFAULT_STEPS, DEFAULT_WARMUP, interleaved, slowest_rank
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-
-from bench_cp import _reset_peak  # noqa: E402
-from bench_model import add_model_args, base_config, check_model_args, model_source, write_checkpoint  # noqa: E402
-from bench_train import _rss_bytes  # noqa: E402
-from peer_checks import correctness_row, correctness_table, interleaved_order, ratio_table, speed_summary, speed_table  # noqa: E402
-from peer_contenders import ALL_IMPLS, ALST, CP, SINGLE, build_contender, build_order, make_batch  # noqa: E402
-
-from longctx.model.hf import read_hf_config  # noqa: E402
-from longctx.parallel.mesh import import_before_process_groups, shutdown_distributed  # noqa: E402
-from longctx.train.metrics import best_limits, cpu_limit_fraction, measure_cpu_limits, peak_rss_bytes  # noqa: E402
+from longctx.model.hf import read_hf_config
+from longctx.train.metrics import best_limits, cpu_limit_fraction, measure_cpu_limits
 
 GiB = 2**30
 OVER_BUDGET = 3  # a probe's exit code when its watchdog stopped it
 
 
 # ------------------------------------------------------------------------------ one rank
-def _setup(rank: int, world: int, port: int, threads: int) -> None:
-    ctypes.CDLL("libc.so.6").mallopt(-3, 1 << 16)  # M_MMAP_THRESHOLD: big blocks go back on free
-    torch.set_num_threads(threads)
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
-                      LOCAL_RANK=str(rank))
-    import_before_process_groups("deepspeed")
-    import logging
-
-    import deepspeed
-
-    logging.getLogger("DeepSpeed").setLevel(logging.WARNING)
-    dist.init_process_group("gloo", rank=rank, world_size=world)
-    deepspeed.init_distributed(dist_backend="gloo")
-
-
 def _free(*objs) -> None:
     del objs
     gc.collect()
-
-
-def contender_options(args) -> dict:
-    """The command line's settings of the contenders (each takes the ones it has)."""
-    return {"loss_chunk": args.loss_chunk, "loss_shard_tokens": args.alst_loss_shard_tokens,
-            "recompute_attention": args.recompute_attention, "mlp_tile_tokens": args.mlp_tile_tokens}
 
 
 def _run_step(c, inputs, rank: int):
@@ -97,8 +80,8 @@ def _run_step(c, inputs, rank: int):
     if c.single and rank != 0:
         return None, None, None, None
     threads = {torch.get_num_threads()}
-    base = _rss_bytes()
-    _reset_peak()
+    base = rss_bytes()
+    reset_peak()
     t0 = time.perf_counter()
     loss = c.forward_backward(inputs)
     c.optimizer_step()
@@ -155,28 +138,44 @@ def _speed(args, ckpt, rank, world, threads, T):
     built, inputs, state, results = {}, {}, {}, {}
     for name in build_order(args.impls):  # build, then one warm-up step (allocates gradients, optimizer state)
         dist.barrier()
-        rss0 = _rss_bytes()
+        rss0 = rss_bytes()
         try:
             built[name] = build_contender(name, ckpt, torch.bfloat16, world, **contender_options(args))
             inputs[name] = built[name].prepare(batch)
             dt, loss, growth, seen = _run_step(built[name], inputs[name], rank)
-            results[name] = {"times": [], "growth": [], "loss": loss, "warmup_s": dt, "threads": set(seen or ())}
+            results[name] = {"growth": [], "loss": loss, "warmup_s": dt, "threads": set(seen or ())}
         except Exception as e:  # noqa: BLE001 - a peer that fails is a row, not the end of the run
             results[name] = {"error": f"{type(e).__name__}: {str(e).splitlines()[0][:160]}"}
             built.pop(name, None)
         gc.collect()
-        state[name] = _rss_bytes() - rss0
+        state[name] = rss_bytes() - rss0
     names = [n for n in args.impls if n in built]
-    for r in range(args.steps):
-        measure_limits()
-        for name in interleaved_order(names, r):
-            dist.barrier()
-            torch.set_num_threads(threads)
-            dt, _, growth, seen = _run_step(built[name], inputs[name], rank)
-            if dt is not None:
-                results[name]["times"].append(dt)
-                results[name]["growth"].append(growth)
-                results[name]["threads"].update(seen)
+    base: dict = {}
+
+    def before(name):  # outside the clock: the round's machine limits, then all ranks start together
+        if name == names[0]:
+            measure_limits()
+        dist.barrier()
+        torch.set_num_threads(threads)
+        base[name] = rss_bytes()
+        reset_peak()
+        results[name]["threads"].add(torch.get_num_threads())
+
+    def after(name):
+        if runs_here(name):
+            results[name]["growth"].append(peak_rss_bytes() - base[name])
+            results[name]["threads"].add(torch.get_num_threads())  # a library that changed it shows here
+
+    def runs_here(name):  # one-process contenders run on rank 0, the other ranks wait
+        return rank == 0 or not built[name].single
+
+    def step(name):
+        if runs_here(name):
+            built[name].forward_backward(inputs[name])
+            built[name].optimizer_step()
+
+    timings = interleaved({n: (lambda n=n: step(n)) for n in names}, steps=args.steps, warmup=args.warmup,
+                          before=before, after=after)
     out = []
     for name in args.impls:
         res = results[name]
@@ -184,14 +183,15 @@ def _speed(args, ckpt, rank, world, threads, T):
         if "error" in res:
             out.append({**row, "error": res["error"]})
             continue
-        if not res["times"]:
+        if not runs_here(name):
             continue  # a one-process contender on ranks > 0
+        times = timings[name].times
         lim = limits["single" if name in SINGLE else "multi"]
-        row.update(speed_summary(res["times"], T), loss=res["loss"], warmup_s=res["warmup_s"],
+        row.update(speed_summary(times, T), **timing_fields(timings[name]), loss=res["loss"], warmup_s=res["warmup_s"],
                    state_gb=state[name] / GiB, step_growth_gb=max(res["growth"]) / GiB,
                    peak_rss_gb=(state[name] + max(res["growth"])) / GiB, limits=lim,
                    threads=sorted(res["threads"]), interop_threads=torch.get_num_interop_threads(),
-                   **cpu_limit_fraction(lim, statistics.median(res["times"])))
+                   **cpu_limit_fraction(lim, statistics.median(times)))
         out.append(row)
     _free(built, inputs)
     return out
@@ -215,44 +215,22 @@ def _probe(args, ckpt, rank, world, threads, name, T):
              "loss": loss}]
 
 
-def _worker(rank, world, port, threads, args, ckpt, out_path, job):
-    _setup(rank, world, port, threads)
-    rows = []
+def _worker(rank, world, port, threads, args, ckpt, job):
+    init_rank(rank, world, port, threads, deepspeed=True)
     if job[0] == "check":
-        rows = _correctness(args, ckpt, rank, world)
-    elif job[0] == "speed":
-        rows = _speed(args, ckpt, rank, world, threads, job[1])
-    else:
-        rows = _probe(args, ckpt, rank, world, threads, job[1], job[2])
-    with open(f"{out_path}.{rank}", "w") as f:
-        json.dump(rows, f)
-    shutdown_distributed(completed=True)
+        return _correctness(args, ckpt, rank, world)
+    if job[0] == "speed":
+        return _speed(args, ckpt, rank, world, threads, job[1])
+    return _probe(args, ckpt, rank, world, threads, job[1], job[2])
 
 
 def run_group(args, ckpt, world, job, timeout=None):
-    """Spawn `world` gloo ranks for `job`; returns every rank's rows (None if a rank failed)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    """Spawn `world` gloo ranks for `job`; returns (every rank's rows, None) or (None, why)."""
     threads = args.threads_per_rank
     # the children start with the policy's threads (torch, OpenMP and MKL read these at start-up)
     os.environ.update(OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
-    with tempfile.TemporaryDirectory() as d:
-        out = os.path.join(d, "rows")
-        ctx = mp.start_processes(_worker, args=(world, port, threads, args, ckpt, out, job), nprocs=world,
-                                 start_method="spawn", join=False)
-        deadline = None if timeout is None else time.monotonic() + timeout
-        try:
-            while not ctx.join(timeout=5):
-                if deadline is not None and time.monotonic() > deadline:
-                    for p in ctx.processes:
-                        p.kill()
-                    return None, "timeout"
-        except mp.ProcessExitedException as e:
-            return None, "over budget" if e.exit_code == OVER_BUDGET else f"exit {e.exit_code}"
-        except mp.ProcessRaisedException as e:
-            return None, str(e).strip().splitlines()[-1][:200]
-        return [json.load(open(f"{out}.{r}")) for r in range(world)], None
+    return spawn_group(_worker, world, args=(threads, args, ckpt, job), timeout=timeout,
+                       exit_reasons={OVER_BUDGET: "over budget"})
 
 
 # ------------------------------------------------------------------------------ modes
@@ -268,8 +246,9 @@ def merge_speed(ranks: list[list[dict]]) -> list[dict]:
         row = dict(max(ok, key=lambda r: r["peak_rss_gb"]) if ok else rs[0])
         row.pop("rank", None)
         if ok:
-            step_s = [max(ts) for ts in zip(*(r["step_s"] for r in ok))]
-            row.update(speed_summary(step_s, T), peak_rss_gb_per_rank=[r["peak_rss_gb"] for r in ok],
+            step_s = slowest_rank([r["step_s"] for r in ok])
+            row.update(speed_summary(step_s, T), **timing_fields(step_s, row.get("warmup")),
+                       peak_rss_gb_per_rank=[r["peak_rss_gb"] for r in ok],
                        threads=sorted({t for r in ok for t in r.get("threads", ())}))
             limit_s = row["gemm_limit_s"] + row["attention_limit_s"]
             row["cpu_mfu"], row["cpu_mfu_fastest"] = limit_s / statistics.median(step_s), limit_s / min(step_s)
@@ -361,7 +340,8 @@ def render(paths: list[str]) -> dict:
             merged["correctness"] = rep["correctness"]
         for row in rep.get("speed", []):
             if "step_s" in row:
-                row.update(speed_summary(row["step_s"], row["seq_len"]))
+                row.update(speed_summary(row["step_s"], row["seq_len"]),
+                           **timing_fields(row["step_s"], row.get("warmup")))
             merged.setdefault("speed", []).append(dict(row, run=row.get("run", run)))
         merged.setdefault("max_len", []).extend(dict(r, run=r.get("run", run)) for r in rep.get("max_len", []))
     return merged
@@ -372,19 +352,13 @@ def parse(argv=None):
     p.add_argument("--lengths", default="8192", help="comma list of sequence lengths (tokens per step)")
     p.add_argument("--world", type=int, default=2, help="processes of the multi-rank contenders")
     p.add_argument("--impls", default=",".join(ALL_IMPLS), help=f"comma list of {', '.join(ALL_IMPLS)}")
-    p.add_argument("--steps", type=int, default=3, help="timed steps per contender and length (>= 3)")
+    p.add_argument("--steps", type=int, default=DEFAULT_STEPS, help="timed steps per contender and length")
+    p.add_argument("--warmup", type=int, default=DEFAULT_WARMUP,
+                   help="untimed steps per contender after its first (building) step")
     p.add_argument("--check-len", type=int, default=1024, help="sequence length of the fp32 correctness step")
     p.add_argument("--no-check", action="store_true")
     add_model_args(p)
-    p.add_argument("--loss-chunk", type=int, default=2048, help="longctx chunked-loss tokens per chunk")
-    p.add_argument("--alst-loss-shard-tokens", type=int, default=0,
-                   help="tokens per TiledFusedLogitsLoss shard (0: ALST's default of ~1 GiB of fp32 logits)")
-    p.add_argument("--recompute-attention", action="store_true",
-                   help="longctx: replay the attention kernel in backward instead of keeping its tensors "
-                        "(parallel.recompute_attention=true: less memory per token, one more attention forward)")
-    p.add_argument("--mlp-tile-tokens", type=int, default=0,
-                   help="longctx: run each MLP in sequence tiles of this many tokens "
-                        "(parallel.mlp_tile_tokens: the backward holds one tile's MLP activations)")
+    add_contender_args(p)
     p.add_argument("--threads-per-rank", type=int, default=1,
                    help="intra-op threads of every process of every contender (one-process contenders too)")
     p.add_argument("--limit-seconds", type=float, default=0.5, help="measuring time of each machine-limit rate")
@@ -405,8 +379,8 @@ def parse(argv=None):
         p.error(f"--impls: unknown {', '.join(bad)}; valid: {', '.join(ALL_IMPLS)}")
     if args.threads_per_rank < 1:
         p.error(f"--threads-per-rank: {args.threads_per_rank}; valid: an integer >= 1")
-    if args.steps < 3 and not args.max_len:
-        p.error("--steps must be >= 3 (median and min of at least 3 timed steps)")
+    if args.steps < 1 or args.warmup < 0:
+        p.error(f"--steps {args.steps} --warmup {args.warmup}; valid: steps >= 1, warmup >= 0")
     args.max_position = max(args.lengths + [args.check_len, args.max_len_cap if args.max_len else 0])
     if not args.render:
         check_model_args(args)
@@ -420,8 +394,7 @@ def main(argv=None):
         report = render(args.render)
         print_report(report)
         if args.out:
-            with open(args.out, "w") as f:
-                json.dump(report, f, indent=1)
+            write_json(args.out, report)
         return
     log = lambda msg: print(msg, file=sys.stderr, flush=True)  # noqa: E731
     report = {"world": args.world, "preset": args.preset, "layers": args.layers, "cores": os.cpu_count(),
@@ -446,8 +419,7 @@ def main(argv=None):
                 log(speed_table([r for r in report["speed"] if r["seq_len"] == T]))
     print_report(report)
     if args.out:
-        with open(args.out, "w") as f:
-            json.dump(report, f, indent=1)
+        write_json(args.out, report)
 
 
 if __name__ == "__main__":

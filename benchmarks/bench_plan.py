@@ -3,7 +3,7 @@
 Each configuration trains a 20M-parameter model (4 layers, d512, GQA 8:4, vocab 8192) for 2
 steps (the second runs with Adam states allocated) with the real trainer (torchrun for 2 ranks)
 and reads the measured peak of rank 0 from metrics.jsonl (`peak_memory_gb`: peak RSS on CPU),
-with glibc's mmap threshold fixed at 64 KiB (MALLOC_MMAP_THRESHOLD_, see MMAP_THRESHOLD below)
+with glibc's mmap threshold fixed at 64 KiB (MALLOC_MMAP_THRESHOLD_, see the note below)
 so that RSS tracks live memory. The prediction is `estimate_memory(...)` for the same config
 with the CPU calibration: one fixed per-process runtime overhead, measured once per run of this
 script as the peak RSS of the same trainer with the `debug-tiny` model (0.1M parameters, 256
@@ -20,15 +20,17 @@ import argparse
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
+from benchlib.memory import mmap_env
+from benchlib.procs import free_port
+from benchlib.report import write_json
+
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 
 MODEL = ["model.preset=debug-tiny", "model.overrides.hidden_size=512", "model.overrides.intermediate_size=1408",
          "model.overrides.num_hidden_layers=4", "model.overrides.num_attention_heads=8",
@@ -55,14 +57,8 @@ CONFIGS: dict[str, tuple[int, list[str]]] = {
 # step by whatever the heap has fragmented (measured in docs/plan.md). A fixed 64 KiB threshold
 # makes every tensor its own mapping, returned on free, so RSS measures live memory -- what a GPU's caching
 # allocator has to hold (the planner keeps a separate 8% reserve for its fragmentation).
-MMAP_THRESHOLD = 65536
+# (benchlib.memory.MMAP_THRESHOLD, 64 KiB)
 BASELINE = (1, ["model.preset=debug-tiny", "data.seq_len=256"])
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def measure(nproc: int, overrides: list[str], workdir: Path) -> dict:
@@ -72,11 +68,10 @@ def measure(nproc: int, overrides: list[str], workdir: Path) -> dict:
     args = ["-m", "longctx", "train", f"out_dir={out}", *COMMON, *overrides]
     cmd = [sys.executable, *args] if nproc == 1 else [
         sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc),
-        "--master_port", str(_free_port()), *args]
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")}
+        "--master_port", str(free_port()), *args]
+    env = mmap_env({k: v for k, v in os.environ.items()
+                    if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")})
     env["OMP_NUM_THREADS"] = "1"
-    env["MALLOC_MMAP_THRESHOLD_"] = str(MMAP_THRESHOLD)
     start = time.perf_counter()
     res = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ROOT, timeout=1800)
     if res.returncode != 0:
@@ -155,7 +150,7 @@ def main() -> int:
     worst = max(abs(r["predicted_gb"] - r["measured_gb"]) / r["measured_gb"] for r in rows)
     print(f"\nworst error: {worst:.1%} over {len(rows)} configurations")
     if args.out:
-        Path(args.out).write_text(json.dumps({"overhead_gb": overhead, "rows": rows}, indent=2) + "\n")
+        write_json(args.out, {"overhead_gb": overhead, "rows": rows}, indent=2)
     return 0
 
 

@@ -14,22 +14,23 @@ from __future__ import annotations
 import argparse
 import collections
 import os
-import socket
 import sys
 import tempfile
 import weakref
 
 import torch
-import torch.distributed as dist
-import torch.multiprocessing as mp
+from benchlib.model import add_model_args, base_config, check_model_args, write_checkpoint
+from benchlib.peer_contenders import (
+    ALL_IMPLS,
+    SINGLE,
+    add_contender_args,
+    build_contender,
+    contender_options,
+    make_batch,
+)
+from benchlib.procs import init_rank, spawn_group
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
-
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-
-import bench_peers  # noqa: E402
-from peer_contenders import SINGLE, build_contender, make_batch  # noqa: E402
 
 MiB = 2**20
 UNTOUCHED = 900 * MiB  # allocations this large are DeepSpeed's reduce bucket, mostly never written
@@ -78,8 +79,8 @@ class LiveTensors(TorchDispatchMode):
 
 
 def _worker(rank, world, port, args, ckpt):
-    bench_peers._setup(rank, world, port, max(1, (os.cpu_count() or 1) // world))
-    c = build_contender(args.impl, ckpt, torch.bfloat16, world, **bench_peers.contender_options(args))
+    init_rank(rank, world, port, max(1, (os.cpu_count() or 1) // world), deepspeed=True)
+    c = build_contender(args.impl, ckpt, torch.bfloat16, world, **contender_options(args))
     inputs = c.prepare(make_batch(args.vocab, args.seq_len))
     c.forward_backward(inputs)
     c.optimizer_step()
@@ -95,26 +96,27 @@ def _worker(rank, world, port, args, ckpt):
             groups[label] += nbytes
         for label, nbytes in groups.most_common(args.top):
             print(f"  {nbytes / MiB:9.1f} MiB  {nbytes / tokens / 1024:6.2f} KiB/token  {label}")
-    if dist.is_initialized():
-        dist.destroy_process_group()
+    return []
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--impl", default="ulysses")
+    p.add_argument("--impl", default="ulysses", choices=ALL_IMPLS)
     p.add_argument("--seq-len", type=int, default=16384)
+    p.add_argument("--world", type=int, default=2, help="processes of a multi-rank contender")
     p.add_argument("--top", type=int, default=25, help="groups listed")
-    own, rest = p.parse_known_args()
-    args = bench_peers.parse(["--lengths", str(own.seq_len), "--impls", own.impl, *rest])
-    args.impl, args.seq_len, args.top = own.impl, own.seq_len, own.top
-    world = 1 if own.impl in SINGLE else args.world
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    add_model_args(p)
+    add_contender_args(p)
+    args = p.parse_args()
+    check_model_args(args)
+    args.vocab = base_config(args).vocab_size
+    world = 1 if args.impl in SINGLE else args.world
     with tempfile.TemporaryDirectory() as d:
         ckpt = os.path.join(d, "hf")
-        bench_peers.make_checkpoint(args, ckpt)
-        mp.start_processes(_worker, args=(world, port, args, ckpt), nprocs=world, start_method="spawn")
+        write_checkpoint(args, ckpt, args.seq_len)
+        _, err = spawn_group(_worker, world, args=(args, ckpt))
+    if err:
+        sys.exit(f"peak_tensors: {err}")
 
 
 if __name__ == "__main__":

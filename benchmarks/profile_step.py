@@ -4,35 +4,29 @@ op and input shapes that caused it.
 
     .venv/bin/python benchmarks/profile_step.py --impl ring --seq-len 8192 --world 2
 
-The step is bf16, full activation checkpointing, the bench-44m shape, after one warm-up step.
+The step is bf16, full activation checkpointing, the bench-44m shape (or `--preset`, `--init-from`),
+after one warm-up step. A profile, not a timing: one step, under the profiler.
 """
 from __future__ import annotations
 
 import argparse
 import os
-import socket
 import sys
 import tempfile
 
 import torch
-import torch.multiprocessing as mp
-
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-
-from bench_peers import _setup, make_checkpoint  # noqa: E402
-from peer_contenders import build_contender, make_batch  # noqa: E402
-
-from longctx.parallel.mesh import shutdown_distributed  # noqa: E402
+from benchlib.model import add_model_args, base_config, check_model_args, write_checkpoint
+from benchlib.peer_contenders import build_contender, make_batch
+from benchlib.procs import init_rank, spawn_group
 
 COPY_OPS = ("aten::copy_", "aten::clone", "aten::contiguous", "aten::_to_copy", "aten::cat", "aten::stack",
             "aten::index_select", "aten::index", "aten::repeat_interleave", "aten::fill_", "aten::zero_")
 
 
 def _worker(rank, world, port, args, ckpt):
-    _setup(rank, world, port, max(1, (os.cpu_count() or 2) // world))
+    init_rank(rank, world, port, max(1, (os.cpu_count() or 2) // world), deepspeed=True)
     c = build_contender(args.impl, ckpt, torch.bfloat16, world, loss_chunk=args.loss_chunk)
-    inputs = c.prepare(make_batch(32000, args.seq_len))
+    inputs = c.prepare(make_batch(args.vocab, args.seq_len))
 
     def step():
         c.forward_backward(inputs)
@@ -57,7 +51,7 @@ def _worker(rank, world, port, args, ckpt):
         for e in sorted(prof.key_averages(group_by_input_shape=True), key=lambda e: -e.self_cpu_time_total)[:args.rows]:
             print(f"{e.self_cpu_time_total / 1e3:10.1f} ms  {e.count:5d}x  {e.key[:40]:40s} "
                   f"{str(e.input_shapes)[:100]}")
-    shutdown_distributed(completed=True)
+    return []
 
 
 def main(argv=None):
@@ -67,16 +61,17 @@ def main(argv=None):
     p.add_argument("--world", type=int, default=2)
     p.add_argument("--loss-chunk", type=int, default=2048)
     p.add_argument("--rows", type=int, default=30)
+    add_model_args(p)
     args = p.parse_args(argv)
-    args.preset, args.layers, args.max_position = "bench-44m", 0, args.seq_len
+    check_model_args(args)
+    args.vocab = base_config(args).vocab_size
     world = 1 if args.impl == "ours" else args.world
-    with tempfile.TemporaryDirectory() as d, socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-        s.close()
-        make_checkpoint(args, os.path.join(d, "hf"))
-        mp.start_processes(_worker, args=(world, port, args, os.path.join(d, "hf")), nprocs=world,
-                           start_method="spawn")
+    with tempfile.TemporaryDirectory() as d:
+        ckpt = os.path.join(d, "hf")
+        write_checkpoint(args, ckpt, args.seq_len)
+        _, err = spawn_group(_worker, world, args=(args, ckpt))
+    if err:
+        sys.exit(f"profile_step: {err}")
 
 
 if __name__ == "__main__":

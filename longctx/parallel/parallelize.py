@@ -8,17 +8,15 @@
 
     engine = parallel_engine(model, mesh, cfg.parallel, device=device, optimizer=opt, ds_config=ds)
 
-A later training stage changes only what a stage may change: set_stage gives the model the
-stage's RoPE and maximum length and, when its cp size differs, that mesh's attention.
+A later training stage changes only what a stage may change: the trainer gives the model the
+stage's RoPE and maximum length (`model.set_context`) and, when its cp size differs, that mesh's
+attention (`attention_for`, installed with `model.set_attention`).
 """
 from __future__ import annotations
-
-from typing import Optional
 
 import torch
 
 from longctx.attention import AttentionFn, get_attention
-from longctx.model.config import ModelConfig
 from longctx.model.llama import Transformer
 from longctx.parallel.checkpointing import apply_activation_checkpointing
 from longctx.parallel.compiled import compile_pointwise
@@ -49,11 +47,3 @@ def parallel_engine(model: Transformer, mesh: Mesh, par, *, device: torch.device
     compile_pointwise(model, par.compile)
     engine, _ = initialize_engine(model, optimizer, ds_config)
     return engine
-
-
-def set_stage(model: Transformer, config: ModelConfig, attention: Optional[AttentionFn] = None) -> None:
-    """Enter a training stage: the stage's RoPE and maximum length (`config`), and `attention`
-    when the stage's cp size is not the current one (None keeps the model's attention)."""
-    model.set_context(config)
-    if attention is not None:
-        model.set_attention(attention)

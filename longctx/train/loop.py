@@ -22,7 +22,7 @@ from longctx.launch_env import read_env
 from longctx.model.consolidate import checkpoint_record
 from longctx.model.hf import save_hf_weights
 from longctx.parallel.mesh import build_mesh, init_distributed, shutdown_distributed
-from longctx.parallel.parallelize import attention_for, parallel_engine, set_stage
+from longctx.parallel.parallelize import attention_for, parallel_engine
 from longctx.parallel.zero import full_state_dict
 from longctx.progress import Progress
 from longctx.train import run_lock
@@ -48,8 +48,6 @@ from longctx.train.checkpoint import (
 from longctx.train.continuation import continue_from, nothing_left_notice
 from longctx.train.metrics import (
     MetricsWriter,
-    flops_per_token,
-    measure_cpu_limits,
     peak_flops_per_device,
     progress_fields,
 )
@@ -61,7 +59,7 @@ from longctx.train.signals import PREEMPTED_EXIT_CODE, PREEMPTED_MARKER, Preempt
 from longctx.train.stages import build_stage_loader, check_sources
 from longctx.train.state import TrainState
 from longctx.train.step import StepSetup, train_step
-from longctx.train.step_metrics import StepRates, step_record
+from longctx.train.step_metrics import stage_rates, step_record
 from longctx.train.summary import RunTotals, end_summary, layout_line, rope_line
 
 log = logging.getLogger("longctx.train")
@@ -235,16 +233,13 @@ class Trainer:
         self._announce(rope_line(where, self.plan.origin if index == 0 else self.model.config, model_cfg))
         cp = stage.parallel.cp_size
         mesh = self._mesh(cp)
-        set_stage(self.model, model_cfg, attention_for(mesh, stage.parallel, self.device) if cp != self.cp else None)
+        self.model.set_context(model_cfg)  # the stage's RoPE and maximum length
+        if cp != self.cp:
+            self.model.set_attention(attention_for(mesh, stage.parallel, self.device))
         self.cp, self.mesh = cp, mesh
-        # CPU: GEMM and attention rates at the stage's shapes, on every rank at once, for cpu_mfu
-        cpu_limits = (measure_cpu_limits(model_cfg, stage.seq_len, cp_size=cp, dtype=self.dtype, seconds=0.25,
-                                         micro_batch_size=stage.data.micro_batch_size,
-                                         loss_chunk_size=self.cfg.train.loss_chunk_size)
-                      if self.device.type == "cpu" else None)
         self.setup = StepSetup(mesh, self.world, self.device, self.cfg.train.grad_accum, stage.data.micro_batch_size,
                                stage.seq_len, self.cfg.train.loss_chunk_size)
-        self.rates = StepRates(flops_per_token(model_cfg, stage.seq_len), self.peak, cpu_limits)
+        self.rates = stage_rates(model_cfg, self.setup, self.dtype, self.peak)
 
     def _stage_loader(self, stage: RunStage, tokenizer, loader_state: Optional[dict]):
         """The stage's loader of model inputs, at `loader_state` when resuming inside the stage.

@@ -5,7 +5,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
-from longctx.train.metrics import cpu_limit_fraction, peak_memory_bytes
+import torch
+
+from longctx.model.config import ModelConfig
+from longctx.train.metrics import cpu_limit_fraction, flops_per_token, measure_cpu_limits, peak_memory_bytes
 from longctx.train.step import StepResult, StepSetup
 
 
@@ -15,6 +18,15 @@ class StepRates:
     flops_per_token: float
     peak_flops: float
     cpu_limits: Optional[dict]  # CPU: this machine's GEMM / attention rates at the stage's shapes
+
+
+def stage_rates(model_cfg: ModelConfig, setup: StepSetup, dtype: torch.dtype, peak_flops: float) -> StepRates:
+    """A stage's rates: its FLOPs per token, the device's peak and, on CPU, this machine's GEMM
+    and attention-kernel rates at the stage's shapes, measured on every rank at once."""
+    cpu_limits = (measure_cpu_limits(model_cfg, setup.seq_len, cp_size=setup.mesh.cp_size, dtype=dtype, seconds=0.25,
+                                     micro_batch_size=setup.micro_batch_size, loss_chunk_size=setup.loss_chunk_size)
+                  if setup.device.type == "cpu" else None)
+    return StepRates(flops_per_token(model_cfg, setup.seq_len), peak_flops, cpu_limits)
 
 
 def step_record(result: StepResult, setup: StepSetup, rates: StepRates) -> dict:

@@ -1,18 +1,15 @@
 """The correctness and summary helpers of benchmarks/bench_peers.py (pure functions, tiny tensors),
-and the CPU machine-limit measurement in longctx.train.metrics."""
-import sys
+and the CPU machine-limit measurement in longctx.train.metrics. benchmarks/ is on pytest's
+pythonpath (pyproject.toml): `benchlib` and the scripts import by name."""
 from pathlib import Path
 
 import pytest
 import torch
+from benchlib.peer_checks import GRAD_TOLERANCE, compare_grads, correctness_row, ratio_table, speed_summary
+from benchlib.peer_contenders import build_order, make_batch, shifted_labels
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
-
-from peer_checks import GRAD_TOLERANCE, compare_grads, correctness_row, interleaved_order, ratio_table, speed_summary  # noqa: E402
-from peer_contenders import build_order, make_batch, shifted_labels  # noqa: E402
-
-from longctx.model import get_preset  # noqa: E402
-from longctx.train.metrics import (  # noqa: E402
+from longctx.model import get_preset
+from longctx.train.metrics import (
     best_limits,
     cpu_limit_fraction,
     flops_per_token,
@@ -53,9 +50,7 @@ def test_speed_summary_median_and_slowest():
     assert s["tokens_per_s_median"] == 4.0 and s["tokens_per_s_min"] == 2.0 and s["tokens_per_s_fastest"] == 8.0
 
 
-def test_interleaving_alternates_order_and_alst_builds_last():
-    assert interleaved_order(["a", "b", "c"], 0) == ["a", "b", "c"]
-    assert interleaved_order(["a", "b", "c"], 1) == ["c", "b", "a"]
+def test_alst_builds_last():
     assert build_order(["alst", "hf", "ring", "alst-tiled", "ours"]) == ["hf", "ring", "ours", "alst", "alst-tiled"]
 
 
@@ -159,8 +154,8 @@ def _hf_dir(tmp_path, layers=2):
 
 
 def test_init_from_takes_the_directorys_shape_and_weights(tmp_path):
-    import bench_model
     import bench_peers
+    from benchlib import model as bench_model
 
     from longctx.model.hf import load_pretrained, read_hf_config
 
@@ -211,15 +206,17 @@ def test_init_from_without_weights_names_the_option(tmp_path, capsys):
 
 def test_bench_train_sides_load_the_same_weights(tmp_path):
     """ours and transformers from one --init-from checkpoint: the same first loss."""
-    import bench_model
     import bench_train
+    from benchlib import model as bench_model
 
     src, _ = _hf_dir(tmp_path)
     args = bench_train.parse(["--init-from", src, "--seq-lens", "64"])
     ckpt = str(tmp_path / "ckpt")
     bench_model.write_checkpoint(args, ckpt, 64)
-    ours = bench_train.worker("ours", 64, 1, 0, ckpt=ckpt)
-    hf = bench_train.worker("hf", 64, 1, 0, ckpt=ckpt)
+    sides = {impl: bench_train.TrainStep(impl, 64, ckpt=ckpt) for impl in ("ours", "hf")}
+    for side in sides.values():
+        side.step()
+    ours, hf = (sides[impl].summary() for impl in ("ours", "hf"))
     assert ours["layers"] == hf["layers"] == 2
     assert ours["loss"] == pytest.approx(hf["loss"], rel=2e-2)  # bf16
 

@@ -1,17 +1,12 @@
 """Chunked cross-entropy: same loss and gradients as the plain one, far less memory."""
-import sys
-from pathlib import Path
-
 import pytest
 import torch
 import torch.nn.functional as F
+from bench_loss import measure  # the benchmark's subprocess measurement of peak RSS (benchmarks/ on pythonpath)
 
 from helpers.model import tiny_model
 from longctx.model import loss as loss_module
 from longctx.model.loss import chunked_cross_entropy
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
-from bench_loss import measure  # noqa: E402  (the benchmark's subprocess measurement of peak RSS)
 
 
 @pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.bfloat16, 2e-2)])

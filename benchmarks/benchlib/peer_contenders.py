@@ -14,6 +14,7 @@ then stepped many times; `forward_backward` + `optimizer_step` make one training
 """
 from __future__ import annotations
 
+import argparse
 import math
 import types
 from contextlib import contextmanager
@@ -32,6 +33,25 @@ ALST = ("alst", "alst-tiled")
 CP = ("ring", "ulysses", "allgather")
 ALL_IMPLS = SINGLE + ALST + CP
 OPTIM = dict(lr=1e-4, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.0, offload=False)
+
+
+def add_contender_args(p: argparse.ArgumentParser) -> None:
+    """The command-line settings of the contenders (bench_peers.py, peak_tensors.py)."""
+    p.add_argument("--loss-chunk", type=int, default=2048, help="longctx chunked-loss tokens per chunk")
+    p.add_argument("--alst-loss-shard-tokens", type=int, default=0,
+                   help="tokens per TiledFusedLogitsLoss shard (0: ALST's default of ~1 GiB of fp32 logits)")
+    p.add_argument("--recompute-attention", action="store_true",
+                   help="longctx: replay the attention kernel in backward instead of keeping its tensors "
+                        "(parallel.recompute_attention=true: less memory per token, one more attention forward)")
+    p.add_argument("--mlp-tile-tokens", type=int, default=0,
+                   help="longctx: run each MLP in sequence tiles of this many tokens "
+                        "(parallel.mlp_tile_tokens: the backward holds one tile's MLP activations)")
+
+
+def contender_options(args) -> dict:
+    """The settings add_contender_args parsed, as build_contender's keywords (each takes its own)."""
+    return {"loss_chunk": args.loss_chunk, "loss_shard_tokens": args.alst_loss_shard_tokens,
+            "recompute_attention": args.recompute_attention, "mlp_tile_tokens": args.mlp_tile_tokens}
 
 
 def make_batch(vocab_size: int, seq_len: int, seed: int = 0) -> dict:

@@ -51,11 +51,6 @@ def speed_summary(step_times: list[float], tokens: int) -> dict:
             "tokens_per_s_fastest": tokens / min(step_times), "tokens_per_s_min": tokens / max(step_times)}
 
 
-def interleaved_order(names: list[str], round_index: int) -> list[str]:
-    """A/B/A/B with the order reversed every other round, so no contender always runs first."""
-    return list(names) if round_index % 2 == 0 else list(reversed(names))
-
-
 def correctness_table(rows: list[dict]) -> str:
     lines = ["| impl | loss | loss - ref | grad norm / ref | max grad rel. err (tensor) | "
              "max grad-norm rel. err (tensor) "
