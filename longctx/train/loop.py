@@ -241,7 +241,7 @@ class Trainer:
                                stage.seq_len, self.cfg.train.loss_chunk_size)
         self.rates = stage_rates(model_cfg, self.setup, self.dtype, self.peak)
 
-    def _stage_loader(self, stage: RunStage, tokenizer, loader_state: Optional[dict]):
+    def _training_loader(self, stage: RunStage, tokenizer, loader_state: Optional[dict]):
         """The stage's loader of model inputs, at `loader_state` when resuming inside the stage.
         Unscored row tails are dropped in the stage's trim multiple (config.run_plan.trim_multiple)."""
         collate = ModelInputs(stage.data.document_masking, self.cfg.train.answer_loss_weight,
@@ -286,7 +286,7 @@ class Trainer:
         si = state.stage
         stage = self.stages[si]
         self._enter_stage(si)
-        loader = self._stage_loader(stage, tokenizer, loader_state)
+        loader = self._training_loader(stage, tokenizer, loader_state)
         batches = iter(loader)
         while state.stage_step < stage.steps:
             record = self._step(self.engine, batches, stage, state)
