@@ -238,7 +238,7 @@ class Trainer:
             self.model.set_attention(attention_for(mesh, stage.parallel, self.device))
         self.cp, self.mesh = cp, mesh
         self.setup = StepSetup(mesh, self.world, self.device, self.cfg.train.grad_accum, stage.data.micro_batch_size,
-                               stage.seq_len, self.cfg.train.loss_chunk_size)
+                               stage.seq_len, self.cfg.train.loss_chunk_size, self.device.type == "cpu")
         self.rates = stage_rates(model_cfg, self.setup, self.dtype, self.peak)
 
     def _training_loader(self, stage: RunStage, tokenizer, loader_state: Optional[dict]):

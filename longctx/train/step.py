@@ -13,7 +13,7 @@ import contextlib
 import math
 import time
 from dataclasses import dataclass
-from typing import Iterator
+from typing import Iterator, Optional
 
 import torch
 import torch.distributed as dist
@@ -37,6 +37,7 @@ class StepSetup:
     micro_batch_size: int
     seq_len: int
     loss_chunk_size: int
+    count_attention_pairs: bool = False  # for cpu_mfu: its attention limit scales with the pairs
 
 
 @dataclass
@@ -50,7 +51,7 @@ class StepResult:
     elapsed_s: float
     data_wait_s: float
     computed: float  # share of the columns run (unscored row tails are cut)
-    attention_fraction: float  # share of a full row's causal pairs computed (document masking)
+    attention_fraction: Optional[float]  # share of a full row's causal pairs computed (when counted)
     micro_batches: int
 
 
@@ -127,13 +128,14 @@ def train_step(engine, model: nn.Module, batches: Iterator[dict], lr: float, set
     elapsed = time.perf_counter() - t0
     if grad_norm is None:
         grad_norm = engine.get_global_grad_norm()
-    pairs = sum(attention_pair_fraction(inputs.get("segment_ids"), inputs["labels"].shape[1], setup.seq_len)
-                for inputs in micro)
+    pairs = (sum(attention_pair_fraction(inputs.get("segment_ids"), inputs["labels"].shape[1], setup.seq_len)
+                 for inputs in micro) if setup.count_attention_pairs else None)
     return StepResult(loss=global_loss / total_weight, lr=lr,
                       grad_norm=float(grad_norm) if grad_norm is not None else float("nan"), tokens=int(round(real)),
                       update_applied=not dropped and engine.was_step_applied(), elapsed_s=elapsed,
                       data_wait_s=t_data, computed=columns / (setup.seq_len * len(micro)),
-                      attention_fraction=pairs / len(micro), micro_batches=len(micro))
+                      attention_fraction=None if pairs is None else pairs / len(micro),
+                      micro_batches=len(micro))
 
 
 def real_tokens(inputs: dict, setup: StepSetup) -> float:
