@@ -79,7 +79,8 @@ def measure_matmul_flops(dtype: torch.dtype, n: int = 1024, seconds: float = 0.3
 # shape the step calls, in the same process and at the same time as the other ranks (which share
 # the cores). "CPU MFU" = that limit time / the step's time: a fraction of work the step itself
 # does (recomputation, norms, RoPE and the optimizer are extra), so it is <= 1 up to the machine
-# being faster during the step than while measuring. See docs/training.md.
+# being faster during the step than while measuring (train/stage_limits.py then measures again).
+# See docs/training.md.
 
 
 def step_flops(cfg: ModelConfig, seq_len: int, cp_size: int = 1) -> tuple[float, float]:

@@ -8,7 +8,8 @@ from typing import Optional
 import torch
 
 from longctx.model.config import ModelConfig
-from longctx.train.metrics import cpu_limit_fraction, flops_per_token, measure_cpu_limits, peak_memory_bytes
+from longctx.train.metrics import flops_per_token, peak_memory_bytes
+from longctx.train.stage_limits import StageLimits
 from longctx.train.step import StepResult, StepSetup
 
 
@@ -17,15 +18,13 @@ class StepRates:
     """What a stage's metrics are measured against."""
     flops_per_token: float
     peak_flops: float
-    cpu_limits: Optional[dict]  # CPU: this machine's GEMM / attention rates at the stage's shapes
+    cpu_limits: Optional[StageLimits]  # CPU: this machine's best times of the stage's operations
 
 
 def stage_rates(model_cfg: ModelConfig, setup: StepSetup, dtype: torch.dtype, peak_flops: float) -> StepRates:
     """A stage's rates: its FLOPs per token, the device's peak and, on CPU, this machine's GEMM
     and attention-kernel rates at the stage's shapes, measured on every rank at once."""
-    cpu_limits = (measure_cpu_limits(model_cfg, setup.seq_len, cp_size=setup.mesh.cp_size, dtype=dtype, seconds=0.25,
-                                     micro_batch_size=setup.micro_batch_size, loss_chunk_size=setup.loss_chunk_size)
-                  if setup.device.type == "cpu" else None)
+    cpu_limits = StageLimits(model_cfg, setup, dtype) if setup.device.type == "cpu" else None
     return StepRates(flops_per_token(model_cfg, setup.seq_len), peak_flops, cpu_limits)
 
 
@@ -34,9 +33,8 @@ def step_record(result: StepResult, setup: StepSetup, rates: StepRates) -> dict:
     record = {"loss": result.loss, "lr": result.lr, "grad_norm": result.grad_norm, "tokens": result.tokens,
               **throughput(setup, rates, result.elapsed_s, result.data_wait_s, result.computed),
               "update_applied": result.update_applied}
-    if rates.cpu_limits is not None:  # cpu_mfu, gemm_limit_s, attention_limit_s
-        record.update(cpu_limit_fraction(rates.cpu_limits, result.elapsed_s, micro_batches=result.micro_batches,
-                                         computed=result.computed, attention_fraction=result.attention_fraction))
+    if rates.cpu_limits is not None:  # collective: every rank may re-measure the limits (train/stage_limits.py)
+        record.update(rates.cpu_limits.fraction_for(result))
     return record
 
 
