@@ -11,7 +11,7 @@ weights (`--random-weights`: its shape alone; benchmarks/benchlib/model.py); eve
 trains on the same batch. The run, in one group of `--world` gloo processes:
   1. correctness (fp32, one step at --check-len): loss and per-tensor gradients of each contender
      vs one process of transformers (the multi-rank gradients are DeepSpeed's reduced ones);
-  2. speed (bf16, ZeRO-1 for the multi-rank contenders, full activation checkpointing): for each
+  2. speed (--dtype, default bf16, ZeRO-1 for the multi-rank contenders, full activation checkpointing): for each
      length every contender is built and stepped once, warmed up (--warmup), then timed in
      interleaved rounds (A B C A B C ..., benchlib.timing) so drifts in machine load hit all alike; tokens/s at the
      median and the slowest step. Thread policy (`--threads-per-rank N`, default 1, recorded as
@@ -42,6 +42,7 @@ import time
 
 import torch
 import torch.distributed as dist
+from benchlib.machine import machine_facts
 from benchlib.memory import peak_rss_bytes, reset_peak, rss_bytes
 from benchlib.model import add_model_args, base_config, check_model_args, model_source, write_checkpoint
 from benchlib.peer_checks import correctness_row, correctness_table, ratio_table, speed_summary, speed_table
@@ -64,6 +65,7 @@ from longctx.model.hf import read_hf_config
 from longctx.train.metrics import best_limits, cpu_limit_fraction, measure_cpu_limits
 
 GiB = 2**30
+DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
 OVER_BUDGET = 3  # a probe's exit code when its watchdog stopped it
 
 
@@ -130,7 +132,8 @@ def _speed(args, ckpt, rank, world, threads, T):
             if cp == 1 and (rank != 0 or not any(n in SINGLE for n in args.impls)):
                 continue
             torch.set_num_threads(threads)  # the same policy as the steps
-            new = measure_cpu_limits(cfg, T, cp, seconds=args.limit_seconds, loss_chunk_size=args.loss_chunk)
+            new = measure_cpu_limits(cfg, T, cp, dtype=args.dtype, seconds=args.limit_seconds,
+                                     loss_chunk_size=args.loss_chunk)
             limits[key] = best_limits(limits.get(key), new)
 
     measure_limits()
@@ -140,7 +143,7 @@ def _speed(args, ckpt, rank, world, threads, T):
         dist.barrier()
         rss0 = rss_bytes()
         try:
-            built[name] = build_contender(name, ckpt, torch.bfloat16, world, **contender_options(args))
+            built[name] = build_contender(name, ckpt, args.dtype, world, **contender_options(args))
             inputs[name] = built[name].prepare(batch)
             dt, loss, growth, seen = _run_step(built[name], inputs[name], rank)
             results[name] = {"growth": [], "loss": loss, "warmup_s": dt, "threads": set(seen or ())}
@@ -209,7 +212,7 @@ def _probe(args, ckpt, rank, world, threads, name, T):
             time.sleep(0.02)
 
     threading.Thread(target=watch, daemon=True).start()
-    c = build_contender(name, ckpt, torch.bfloat16, world, **contender_options(args))
+    c = build_contender(name, ckpt, args.dtype, world, **contender_options(args))
     dt, loss, _, _ = _run_step(c, c.prepare(make_batch(args.vocab, T)), rank)
     return [{"impl": name, "seq_len": T, "rank": rank, "peak_rss_gb": peak_rss_bytes() / GiB, "step_s": dt,
              "loss": loss}]
@@ -311,7 +314,7 @@ def print_report(report: dict) -> None:
         print("\nCorrectness: one fp32 step vs one process of transformers\n")
         print(correctness_table(report["correctness"]))
     if report.get("speed"):
-        print("\nSpeed: bf16, full activation checkpointing\n")
+        print(f"\nSpeed: {report.get('dtype', 'bfloat16')}, full activation checkpointing\n")
         print(speed_table(report["speed"]))
         print("\nlongctx (best of ring / ulysses / allgather) vs ALST (best of alst / alst-tiled)\n")
         print(ratio_table(report["speed"], CP, ALST))
@@ -355,6 +358,9 @@ def parse(argv=None):
     p.add_argument("--steps", type=int, default=DEFAULT_STEPS, help="timed steps per contender and length")
     p.add_argument("--warmup", type=int, default=DEFAULT_WARMUP,
                    help="untimed steps per contender after its first (building) step")
+    p.add_argument("--dtype", choices=sorted(DTYPES), default="bfloat16",
+                   help="dtype of the speed and --max-len steps (fp32 master weights under bf16); the report's "
+                        "`machine` says whether this CPU has bf16 instructions")
     p.add_argument("--check-len", type=int, default=1024, help="sequence length of the fp32 correctness step")
     p.add_argument("--no-check", action="store_true")
     add_model_args(p)
@@ -374,6 +380,7 @@ def parse(argv=None):
     args = p.parse_args(argv)
     args.lengths = [int(x) for x in args.lengths.split(",")]
     args.impls = args.impls.split(",")
+    args.dtype_name, args.dtype = args.dtype, DTYPES[args.dtype]
     bad = [n for n in args.impls if n not in ALL_IMPLS]
     if bad:
         p.error(f"--impls: unknown {', '.join(bad)}; valid: {', '.join(ALL_IMPLS)}")
@@ -398,7 +405,8 @@ def main(argv=None):
         return
     log = lambda msg: print(msg, file=sys.stderr, flush=True)  # noqa: E731
     report = {"world": args.world, "preset": args.preset, "layers": args.layers, "cores": os.cpu_count(),
-              "model": model_source(args), "thread_policy": thread_policy(args),
+              "model": model_source(args), "dtype": args.dtype_name, "thread_policy": thread_policy(args),
+              "machine": machine_facts(),
               "command": "python benchmarks/bench_peers.py " + " ".join(sys.argv[1:] if argv is None else argv)}
     with tempfile.TemporaryDirectory() as d:
         ckpt = os.path.join(d, "hf")

@@ -46,6 +46,7 @@ from longctx.train.checkpoint import (
     set_rng_state,
 )
 from longctx.train.continuation import continue_from, nothing_left_notice
+from longctx.train.cpu_dtype import slow_dtype_note
 from longctx.train.metrics import (
     MetricsWriter,
     peak_flops_per_device,
@@ -134,6 +135,8 @@ class Trainer:
         self.writer = MetricsWriter(self.out, self.rank == 0, cfg.log.tensorboard, start_step=start_step,
                                     notify=self._announce)
         self.peak, self.peak_src = peak_flops_per_device(cfg.log.peak_tflops, self.dtype)
+        if self.rank == 0 and (note := slow_dtype_note(self.dtype, self.device)):
+            self._announce(note)
         self.flag = PreemptionFlag().install()
         self.progress = Progress(sum(s.steps for s in self.stages), "train", "step", initial=start_step,
                                  enabled=self.rank == 0 and cfg.log.progress)
