@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import signal
 import sys
 from pathlib import Path
@@ -36,6 +37,12 @@ def run(args: argparse.Namespace) -> int:
         raise UserError(f"--seed: must be >= 0, got {args.seed}")
     check_out_dir(Path(args.out), MARKER)  # before anything is replaced, created or signalled
     demo = demo_config("fast" if args.fast else "full")
+    if demo.dtype == "auto":
+        from longctx.train.cpu_dtype import auto_dtype
+
+        dtype, why = auto_dtype()
+        print(f"demo: dtype {dtype}: {why}", file=sys.stderr)
+        demo = dataclasses.replace(demo, dtype=dtype)
     # SIGTERM (kill, a job scheduler) unwinds like Ctrl-C, so the running training job is
     # stopped too (jobs.stop_job) instead of being left behind
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))

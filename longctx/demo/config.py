@@ -6,7 +6,8 @@ same pipeline, far fewer steps and samples, accuracy meaningless). `longctx.demo
 DemoConfig into the TrainConfigs of its jobs. The measurements behind each choice are in
 docs/demo.md.
 
-- Model: 3 layers, d256, 4 heads of 64, byte vocabulary, bf16: small enough for a 2-core CPU.
+- Model: 3 layers, d256, 4 heads of 64, byte vocabulary, bf16 (float32 on a CPU without fast
+  bf16): small enough for a 2-core CPU.
   A BPE would hold several times more text per token, which makes the short lengths too easy
   and the long ones too hard for this model.
 - Base training at 256 tokens with a length curriculum (128 -> 192 -> 256; the short stages
@@ -67,7 +68,9 @@ class DemoConfig:
     head_dim: int = 64
     intermediate_size: int = 688
     rope_theta: float = 10000.0
-    dtype: str = "bfloat16"
+    # bfloat16, float32, or auto: bfloat16 unless this CPU's bf16 GEMMs run > 2x slower than
+    # float32's (AVX2-only CPUs: ~30-50x), then float32 (train/cpu_dtype.auto_dtype)
+    dtype: str = "auto"
     # step 1: base training at a short context
     train_len: int = 256
     base_stages: List[DemoStage] = field(default_factory=_curriculum)

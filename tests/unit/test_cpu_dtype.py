@@ -43,3 +43,13 @@ def test_float32_runs_and_other_devices_measure_nothing(rates):
 def test_the_real_measurement_gives_a_line_or_none():
     note = cpu_dtype.slow_dtype_note(torch.bfloat16, torch.device("cpu"), n=64, seconds=0.01)
     assert note is None or "x slower" in note
+
+
+@pytest.mark.parametrize("half, want", [(1.6e9, "float32"), (30e9, "bfloat16"), (96e9, "bfloat16")])
+def test_auto_dtype_is_bf16_unless_its_gemms_lag_float32(rates, monkeypatch, half, want):
+    table, _ = rates
+    table.update({torch.float32: 48e9, torch.bfloat16: half})
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    dtype, why = cpu_dtype.auto_dtype()
+    assert dtype == want
+    assert ("30x slower" in why) == (want == "float32")
