@@ -233,3 +233,23 @@ def test_thread_policy_is_one_stated_setting(capsys):
     with pytest.raises(SystemExit) as e:
         bench_peers.parse(["--threads-per-rank", "0"])
     assert e.value.code == 2 and "--threads-per-rank: 0; valid: an integer >= 1" in capsys.readouterr().err
+
+
+def test_dtype_is_a_stated_setting_and_the_report_records_the_machine(capsys):
+    import bench_peers
+    import torch
+    from benchlib.machine import machine_facts
+
+    assert bench_peers.parse([]).dtype is torch.bfloat16
+    args = bench_peers.parse(["--dtype", "float32"])
+    assert args.dtype is torch.float32 and args.dtype_name == "float32"
+    with pytest.raises(SystemExit) as e:
+        bench_peers.parse(["--dtype", "fp8"])
+    assert e.value.code == 2 and "--dtype" in capsys.readouterr().err
+    threads = torch.get_num_threads()
+    facts = machine_facts(n=64, seconds=0.01)
+    assert torch.get_num_threads() == threads  # measured at one thread, then restored
+    assert set(facts["gemm_gflops_1_thread"]) == {"float32", "bfloat16"}
+    assert all(rate > 0 for rate in facts["gemm_gflops_1_thread"].values())
+    assert facts["torch_cpu_capability"] == torch.backends.cpu.get_cpu_capability() and facts["cpu"]
+    assert set(facts["cpu_flags"]) <= {"avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile"}
