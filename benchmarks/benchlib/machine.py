@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import platform
+from importlib.metadata import PackageNotFoundError, version
 
 import torch
 
@@ -34,9 +35,21 @@ def cpu_flags(wanted=("avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile"))
     return [w for w in wanted if w in flags]
 
 
+def package_versions(names=("torch", "deepspeed", "transformers", "accelerate")) -> dict:
+    """Installed versions of the libraries the contenders run on (None: not installed): a
+    peer's behaviour, its gradients included, changes between their releases."""
+    found = {}
+    for name in names:
+        try:
+            found[name] = version(name)
+        except PackageNotFoundError:
+            found[name] = None
+    return found
+
+
 def machine_facts(dtypes=(torch.float32, torch.bfloat16), n: int = 1024, seconds: float = 0.3) -> dict:
-    """The CPU, torch's kernel level, and each dtype's best GEMM rate (GFLOP/s) at one intra-op
-    thread (the thread count is restored)."""
+    """The CPU, torch's kernel level, each dtype's best GEMM rate (GFLOP/s) at one intra-op
+    thread (the thread count is restored), and the libraries' versions."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
@@ -46,4 +59,4 @@ def machine_facts(dtypes=(torch.float32, torch.bfloat16), n: int = 1024, seconds
         torch.set_num_threads(threads)
     return {"cpu": cpu_model(), "cores": os.cpu_count(), "cpu_flags": cpu_flags(),
             "torch": torch.__version__, "torch_cpu_capability": torch.backends.cpu.get_cpu_capability(),
-            "gemm_gflops_1_thread": rates}
+            "gemm_gflops_1_thread": rates, "versions": package_versions()}

@@ -1,6 +1,7 @@
 """The correctness and summary helpers of benchmarks/bench_peers.py (pure functions, tiny tensors),
 and the CPU machine-limit measurement in longctx.train.metrics. benchmarks/ is on pytest's
 pythonpath (pyproject.toml): `benchlib` and the scripts import by name."""
+from importlib.metadata import version
 from pathlib import Path
 
 import pytest
@@ -238,7 +239,7 @@ def test_thread_policy_is_one_stated_setting(capsys):
 def test_dtype_is_a_stated_setting_and_the_report_records_the_machine(capsys):
     import bench_peers
     import torch
-    from benchlib.machine import machine_facts
+    from benchlib.machine import machine_facts, package_versions
 
     assert bench_peers.parse([]).dtype is torch.bfloat16
     args = bench_peers.parse(["--dtype", "float32"])
@@ -253,3 +254,5 @@ def test_dtype_is_a_stated_setting_and_the_report_records_the_machine(capsys):
     assert all(rate > 0 for rate in facts["gemm_gflops_1_thread"].values())
     assert facts["torch_cpu_capability"] == torch.backends.cpu.get_cpu_capability() and facts["cpu"]
     assert set(facts["cpu_flags"]) <= {"avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile"}
+    assert facts["versions"]["torch"] == version("torch") and "deepspeed" in facts["versions"]
+    assert package_versions(("no-such-package-longctx",)) == {"no-such-package-longctx": None}
