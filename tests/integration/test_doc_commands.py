@@ -133,6 +133,24 @@ NOT_RUN = {  # command (DocCommand.key) -> why it is not run
     ".venv/bin/python benchmarks/peak_tensors.py --impl ulysses --seq-len 32768": BENCH,
     ".venv/bin/python benchmarks/bench_peers.py --render a.json b.json --out docs/bench_peers.json":
         "needs saved benchmark runs (a.json, b.json) and rewrites docs/bench_peers.json",
+    ".venv/bin/python benchmarks/bench_peers.py --world 2 --impls alst,alst-tiled,ulysses --lengths 1024 "
+    "--check-len 1024 --steps 1 --warmup 0 --dtype float32": f"{BENCH} (~2 min)",
+    ".venv/bin/python benchmarks/bench_peers.py --world 2 --impls alst,alst-tiled,ring,ulysses --lengths 16384 "
+    "--no-check --alst-loss-shard-tokens 1024 --dtype float32 --steps 3 --warmup 0": f"{BENCH} (~20 min)",
+    "OMP_NUM_THREADS=1 .venv/bin/torchrun --nproc_per_node 2 -m longctx train out_dir=runs/b44-16k "
+    "model.preset=bench-44m data.seq_len=16384 data.document_masking=false "
+    "'data.sources=[{name: py, path: long.jsonl}]' train.steps=3 train.dtype=float32 parallel.cp_size=2 "
+    "parallel.cp_impl=ulysses parallel.zero_stage=1 parallel.activation_checkpointing=full "
+    "train.loss_chunk_size=2048": f"{TRAINS} (~3 min); needs a long.jsonl of long text rows",
+    ".venv/bin/python benchmarks/bench_peers.py --init-from models/smollm2-135m-instruct --world 1 --impls hf,ours "
+    "--lengths 4096,8192 --dtype float32 --threads-per-rank 2 --steps 3 --warmup 0":
+        f"{BENCH} (~45 min); needs scripts/smollm2.py's download",
+    ".venv/bin/python benchmarks/bench_peers.py --init-from models/smollm2-135m-instruct --world 2 "
+    "--impls alst,ring,ulysses --lengths 4096 --dtype float32 --steps 3 --warmup 0 --check-len 1024":
+        f"{BENCH} (~15 min); needs scripts/smollm2.py's download",
+    ".venv/bin/python benchmarks/bench_peers.py --init-from models/smollm2-135m-instruct --world 3 "
+    "--impls alst,ulysses --lengths 3072 --dtype float32 --steps 3 --warmup 0 --check-len 1536":
+        f"{BENCH} (~10 min); needs scripts/smollm2.py's download",
     # plan.md
     "python benchmarks/bench_plan.py --out docs/bench_plan.json": f"{BENCH} (~15 min); rewrites docs/bench_plan.json",
     "python benchmarks/bench_plan.py --from-json docs/bench_plan.json": "rewrites docs/bench_plan.json",
