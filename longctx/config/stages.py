@@ -24,6 +24,7 @@ from longctx.errors import UserError
 from longctx.model.config import ModelConfig, get_preset
 from longctx.model.hf_config import read_hf_config
 from longctx.model.rope_parameters import normalize_rope_parameters, require_explicit_fields
+from longctx.parallel.zigzag import check_seq_len
 
 # RoPE types whose frequencies do not depend on max_position_embeddings (scaled ones, once
 # original_max_position_embeddings is set): a stage longer than it raises it to its length
@@ -54,6 +55,8 @@ class RunStage:
         require_at_least(self.field_names["warmup_steps"], self.optim.warmup_steps, 0)
         require_at_least(self.field_names["seq_len"], self.seq_len, 2)
         require_at_least(self.field_names["cp_size"], self.parallel.cp_size, 1)
+        check_seq_len(self.seq_len, self.parallel.cp_size, seq_len_field=self.field_names["seq_len"],
+                      cp_size_field=self.field_names["cp_size"])
 
 
 def resolve_stages(cfg: TrainConfig) -> list[RunStage]:

@@ -211,6 +211,17 @@ def test_plan_cli_bad_input():
         _run_plan(["--gpus", "0"])
 
 
+def test_plan_refuses_a_length_the_zigzag_layout_cannot_split(capsys):
+    """The trainer's length rule (a multiple of 2 x cp) holds in the plan too, naming the stage's fields."""
+    with pytest.raises(UserError, match=r"^data.seq_len=30004 must be divisible by 2\*parallel.cp_size=8 .*"
+                                        r"valid nearby: 30000, 30008"):
+        _run_plan(["--gpus", "8", "model.preset=debug-tiny", "data.seq_len=30004", "parallel.cp_size=4"])
+    with pytest.raises(UserError, match=r"^stages\[1\].seq_len=1000 must be divisible by 2\*stages\[1\].cp_size=16"):
+        _run_plan(["--gpus", "8", "model.preset=debug-tiny",
+                   "stages=[{seq_len: 1024, steps: 1}, {seq_len: 1000, steps: 1, cp_size: 8}]"])
+    assert capsys.readouterr().out == ""  # refused before any estimate is printed
+
+
 def test_plan_recipe_on_fewer_gpus_than_a_stage_needs(capsys):
     """The 128k stage of the Llama 3 recipe uses cp 16: on 8 GPUs it is reported, and the advice
     answers the question for 8 GPUs anyway."""
