@@ -161,12 +161,25 @@ def _linear_run(shape: tuple, dtype: torch.dtype):
     return run
 
 
+HEAD_WEIGHT_STD = 0.02  # a language model's head (the usual initializer_range): logits of a few units
+
+
+def head_inputs(shape: tuple, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A head call's (hidden, weight, labels) at a model's scale: unit-RMS hidden states (the
+    final norm's output) and a head of std HEAD_WEIGHT_STD. Unit-variance weights would give
+    logits of std sqrt(d): most of the softmax's exp arguments then lie below float32's range,
+    which the CPU's vectorized exp computes on a slow path, and the limit would be no limit."""
+    tokens, d, vocab, _ = shape
+    h = torch.randn(tokens, d, dtype=dtype, requires_grad=True)  # (N, d)
+    w = (torch.randn(vocab, d, dtype=dtype) * HEAD_WEIGHT_STD).requires_grad_()  # (V, d)
+    y = torch.randint(0, vocab, (tokens,))  # (N,)
+    return h, w, y
+
+
 def _head_run(shape: tuple, dtype: torch.dtype):
     """The chunked cross-entropy's forward and backward over `tokens` rows (one chunk)."""
-    tokens, d, vocab, chunk = shape
-    h = torch.randn(tokens, d, dtype=dtype, requires_grad=True)  # (N, d)
-    w = torch.randn(vocab, d, dtype=dtype, requires_grad=True)  # (V, d)
-    y = torch.randint(0, vocab, (tokens,))  # (N,)
+    chunk = shape[3]
+    h, w, y = head_inputs(shape, dtype)
 
     def run():
         h.grad = w.grad = None

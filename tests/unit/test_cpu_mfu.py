@@ -10,6 +10,7 @@ at the MLP's shape, the attention at another head count) exceeds 1 on the same m
 from __future__ import annotations
 
 import json
+import math
 import random
 
 import pytest
@@ -26,6 +27,7 @@ from longctx.train.metrics import (
     _linear_run,
     attention_pair_fraction,
     cpu_limit_fraction,
+    head_inputs,
     limit_ops,
     measure_cpu_limits,
     step_flops,
@@ -129,6 +131,27 @@ def test_cpu_mfu_of_the_step_is_at_most_one(cfg, B, T, chunk, dtype):
     assert frac["cpu_mfu"] == pytest.approx(1.0, rel=1e-9)
     assert cpu_limit_fraction(limits, step_s * 1.5)["cpu_mfu"] < 1.0
     assert frac["gemm_limit_s"] > 0 and frac["attention_limit_s"] > 0
+
+
+def _lowest_exp_argument(h: torch.Tensor, w: torch.Tensor) -> float:
+    """The softmax's smallest exp argument (logit - row max) over the head's rows."""
+    logits = h.detach() @ w.detach().T  # (N, V)
+    return float((logits - logits.max(dim=1, keepdim=True).values).min())
+
+
+def test_the_head_limit_runs_on_logits_at_a_models_scale():
+    """The head is timed on logits a model has: every exp argument of its softmax in float32's
+    normal range. Unit-variance weights (logits of std sqrt(d)) push most of them below it,
+    where the CPU's vectorized exp takes a slow path, and the limit exceeds the real step."""
+    torch.manual_seed(0)
+    shape = (256, 576, 49152, 256)  # SmolLM2's hidden size and vocabulary
+    h, w, _ = head_inputs(shape, torch.float32)
+    lowest_normal = math.log(torch.finfo(torch.float32).tiny)  # ~ -87.3
+    assert _lowest_exp_argument(h, w) > lowest_normal
+    model_head = Transformer(ModelConfig(vocab_size=49152, hidden_size=576, intermediate_size=64, num_hidden_layers=1,
+                                         num_attention_heads=9, num_key_value_heads=3)).output_weight
+    assert float(w.std()) == pytest.approx(float(model_head.std()), rel=0.05)  # a model's head at initialisation
+    assert _lowest_exp_argument(h, torch.randn_like(w)) < lowest_normal  # control: the unit-variance head
 
 
 def test_document_masking_counts_the_pairs_the_kernel_runs():
