@@ -183,11 +183,16 @@ def evaluate(model, tokenizer, cfg: EvalConfig, *, cp_group=None, meta: Optional
         return _run_plan(model, tokenizer, cfg, plan, cp_group, meta, warnings_, predictor, stop)
 
 
+def _device_type(model) -> str:
+    """"cpu" or "cuda": where the model's weights are ("none" without a model)."""
+    param = next(model.parameters(), None) if model is not None else None
+    return param.device.type if param is not None else "none"
+
+
 def _layout(engine: Engine, model, length: int, cp_impl: str) -> dict:
     """How a cell was computed (recorded in it, not part of its key)."""
-    param = next(model.parameters(), None) if model is not None else None
     layout = {"batch_size": engine.batch_for(length), "cp": engine.cp_size, "dp": dp_layout(engine.cp_size)[0],
-              "device": param.device.type if param is not None else "none"}
+              "device": _device_type(model)}
     if engine.cp_size > 1:
         layout["cp_impl"] = cp_impl
     return layout
@@ -293,7 +298,8 @@ def _run_ppl(model, tokenizer, cfg: EvalConfig, plan: Plan, cp_group, stop, stop
             if _is_main() and plan.store is not None:
                 plan.store.write(cell, {k: prior[k] for k in ("row", "notes", "source")}, complete=True, stats={},
                                  seconds=prior["seconds"], layout={"cp": dist.get_world_size(cp_group)
-                                                                   if cp_group is not None else 1})
+                                                                   if cp_group is not None else 1,
+                                                                   "device": _device_type(model)})
             plan.done[cell.rel] = prior
             computed += 1
             stopping = stop is not None and stop.agreed()

@@ -25,6 +25,7 @@ from longctx.eval.end_summary import end_summary
 from longctx.eval.model_io import (
     check_lengths,
     check_pair,
+    eval_device,
     load_model,
     load_tokenizer_for,
     parse_dtype,
@@ -104,6 +105,7 @@ def _load_and_evaluate(cfg: EvalConfig, world: int, flag: PreemptionFlag, model_
                        override: tuple) -> dict:
     """override: (the overridden ModelConfig or None, the overridden fields as the model runs with them)."""
     model = load_model(model_dir, dtype=parse_dtype(cfg.dtype), config=override[0]).eval()
+    model.to(eval_device(cfg.device, read_env().local_rank))
     check_pair(tokenizer, model.config)
     notes = _length_warnings(cfg, model.config, plan.run)
     cp_group = None

@@ -14,6 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, List
 
+import torch
+
 from longctx.config import check_out_dir
 from longctx.data.tokenizer import check_tokenizer_spec
 from longctx.errors import UserError
@@ -26,6 +28,7 @@ from longctx.parallel.layout import DECODE_CP_IMPLS
 SUITES = ("ruler", "niah", "passkey", "ppl")
 DEFAULT_DEPTHS = [i / 10 for i in range(11)]
 DEFAULT_LENGTHS = ["4096"]  # eval.lengths unset (with ruler_data: the data's lengths instead)
+DEVICES = ("auto", "cpu", "cuda")
 PATH_FIELDS = ("essay", "squad", "hotpotqa", "ppl_data", "ruler_data", "words")  # must exist
 
 TOKENIZER_FIELD = "eval.tokenizer"  # the field tokenizer errors name in an evaluation
@@ -50,6 +53,7 @@ class EvalConfig(EvalFields):
             raise UserError(f"eval.threshold: must be a finite number in [0, 100], got {self.threshold}")
         select(self)
         check_dtype_name(self.dtype)
+        _check_device(self.device, self.cp)
         if self.cp_impl not in DECODE_CP_IMPLS:
             raise UserError(f"eval.cp_impl: {self.cp_impl!r} is not valid; valid: {', '.join(DECODE_CP_IMPLS)}")
         _check_cp(self.cp, world_size)
@@ -159,3 +163,13 @@ def _number(value: str, field: str) -> float:
     if not math.isfinite(number):
         raise UserError(f"{field}: must be a finite number, got {value!r}")
     return number
+
+
+def _check_device(device: str, cp: int) -> None:
+    if device not in DEVICES:
+        raise UserError(f"eval.device: {device!r} is not valid; valid: {', '.join(DEVICES)}")
+    if device == "cuda" and not torch.cuda.is_available():
+        raise UserError("eval.device: cuda, but this process sees no CUDA device; valid here: auto, cpu")
+    if device == "cpu" and cp > 1 and torch.cuda.is_available():
+        raise UserError(f"eval.device: cpu with eval.cp={cp} on a machine with CUDA: the ranks talk over NCCL, "
+                        "which needs GPU tensors; valid: auto, cuda")

@@ -35,6 +35,7 @@ class EvalFields:
     out: Optional[str] = option("eval_out", "output directory (null: write nothing)")
     seed: int = option(0, "data seed")
     dtype: str = option("auto", "auto (as stored) | fp32 | bf16 | fp16")
+    device: str = option("auto", "auto (this rank's GPU when CUDA is available, else the CPU) | cpu | cuda")
     batch_size: Optional[int] = option(None, "fixed decoding batch size (default: from max_batch_tokens)")
     max_batch_tokens: int = option(16384, "prompt tokens per batch when batch_size is unset")
     cp: int = option(1, "context-parallel size for prefill/decoding (under torchrun)")

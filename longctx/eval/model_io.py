@@ -21,7 +21,7 @@ from longctx.model.consolidate import CheckpointModel, recorded_model, trainer_s
 # resolve_model_dir: an HF directory, or a training checkpoint whose weights are only in ds/
 from longctx.model.loading import is_ds_only_checkpoint, load_model_dir, resolve_model_dir
 
-__all__ = ["DTYPES", "check_lengths", "check_pair", "load_model", "load_tokenizer_for", "parse_dtype",
+__all__ = ["DTYPES", "check_lengths", "check_pair", "eval_device", "load_model", "load_tokenizer_for", "parse_dtype",
            "resolve_model_dir", "tokenizer_spec_for", "trained_model", "is_ds_only_checkpoint"]
 
 DTYPES = {name: getattr(torch, torch_name) for name, torch_name in TORCH_NAMES.items()}
@@ -31,6 +31,14 @@ _TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "tokenizer_config.json"
 def parse_dtype(name: Optional[str]) -> Optional[torch.dtype]:
     check_dtype_name(name)
     return None if name is None or name == "auto" else DTYPES[name]
+
+
+def eval_device(name: str, local_rank: int) -> torch.device:
+    """Where a rank evaluates: eval.device cpu or cuda, or auto: this rank's GPU (by its local
+    rank) when CUDA is available, else the CPU."""
+    if name == "cpu" or (name == "auto" and not torch.cuda.is_available()):
+        return torch.device("cpu")
+    return torch.device("cuda", local_rank % torch.cuda.device_count())
 
 
 def _stage_trained(state: dict) -> int:

@@ -154,6 +154,9 @@ NOT_RUN = {  # command (DocCommand.key) -> why it is not run
     ".venv/bin/python benchmarks/bench_head_limit.py --shapes 2048x512x32000,2048x576x49152,1024x576x49152 "
     "--threads 1,2 --init-from models/smollm2-135m-instruct --out docs/bench_head_limit.json":
         f"{BENCH} (~4 min); needs scripts/smollm2.py's download; rewrites docs/bench_head_limit.json",
+    # gpu.md
+    "GGUF=SmolLM2-135M-Instruct.Q4_1.gguf WHEELS=.whl TRAIN_S=200 EVAL_S=90 RULER_SAMPLES=6 "
+    "bash scripts/gpu_smollm2_32k.sh gpu_out": "needs a CUDA GPU, the GGUF and the text (~10 min)",
     # plan.md
     "python benchmarks/bench_plan.py --out docs/bench_plan.json": f"{BENCH} (~15 min); rewrites docs/bench_plan.json",
     "python benchmarks/bench_plan.py --from-json docs/bench_plan.json": "rewrites docs/bench_plan.json",

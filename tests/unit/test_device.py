@@ -5,6 +5,7 @@ checks on CPU, which is how they are kept honest between GPU runs. On CUDA the `
 backend calls `F.scaled_dot_product_attention` (flash / memory-efficient kernels) and the
 block kernel falls back to fp32 math: both are compared here with the fp32 CPU reference.
 """
+import json
 import os
 
 import pytest
@@ -12,9 +13,11 @@ import torch
 
 from helpers.attention import CASES, assert_close, make_qkv, packed_ids, reference
 from helpers.model import hf_twin, tiny_config, tiny_model
+from longctx import cli
 from longctx.attention import eager_attention, get_kernel, kernel_attention, sdpa_attention
-from longctx.model import build_model
+from longctx.model import build_model, get_preset
 from longctx.model.generate import generate
+from longctx.model.hf import save_pretrained
 from longctx.parallel.checkpointing import apply_activation_checkpointing, model_key
 
 DEVICE = os.environ.get("LONGCTX_TEST_DEVICE") or ("cuda" if torch.cuda.is_available() else None)
@@ -164,3 +167,16 @@ def test_chunked_loss_on_device_matches_plain_fp32(dtype, tol):
     for name, got, want in (("grad_hidden", hd.grad, hr.grad), ("grad_weight", Wd.grad, Wr.grad)):
         assert got.dtype == dtype
         assert_close(name, got.cpu(), want, tol * max(1.0, want.abs().max().item()))
+
+
+def test_longctx_eval_runs_on_the_device(tmp_path):
+    """`longctx eval --device auto` evaluates on this rank's GPU (the CPU without one): every
+    cell records where it ran."""
+    model_dir, out = tmp_path / "model", tmp_path / "eval"
+    save_pretrained(build_model(get_preset("debug-tiny", max_position_embeddings=1024), seed=1), model_dir)
+    assert cli.main(["eval", "--model", str(model_dir), "--tokenizer", "byte", "--suite", "ppl", "--tasks", "passkey",
+                     "--lengths", "512", "--samples", "2", "--style", "compact", "--max-new-tokens", "8",
+                     "--ppl-windows", "1", "--out", str(out), "--no-progress",
+                     "--device", "auto" if DEVICE == "cuda" else DEVICE]) == 0
+    cells = [json.loads(p.read_text()) for p in (out / "cells").rglob("*.json")]
+    assert len(cells) == 2 and all(c["computed_with"][-1]["device"] == torch.device(DEVICE).type for c in cells)

@@ -3,12 +3,14 @@
 from pathlib import Path
 
 import pytest
+import torch
 
 from longctx.cli import build_parser
 from longctx.commands.eval import config_from_args
 from longctx.config import load_structured
 from longctx.errors import UserError
 from longctx.eval.config import EvalConfig, select
+from longctx.eval.model_io import eval_device
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = sorted((ROOT / "configs" / "eval").glob("*.yaml"))
@@ -54,3 +56,30 @@ def test_bad_values_name_the_eval_field(overrides, message):
     with pytest.raises(UserError) as e:
         load_structured(EvalConfig, None, overrides, prefix="eval.")
     assert str(e.value).startswith(message)
+
+
+def _validated(*overrides, world=1):
+    cfg = load_structured(EvalConfig, None, ["model=m", "out=null", *overrides], prefix="eval.")
+    cfg.validate(world)
+    return cfg
+
+
+@pytest.mark.parametrize("cuda, overrides, message", [
+    (False, ["device=gpu"], "eval.device: 'gpu' is not valid; valid: auto, cpu, cuda"),
+    (False, ["device=cuda"], "eval.device: cuda, but this process sees no CUDA device; valid here: auto, cpu"),
+    (True, ["device=cpu", "cp=2"], "eval.device: cpu with eval.cp=2 on a machine with CUDA"),
+])
+def test_the_device_is_checked_before_any_work(cuda, overrides, message, monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: cuda)
+    with pytest.raises(UserError) as e:
+        _validated(*overrides, world=2)
+    assert str(e.value).startswith(message)
+
+
+def test_auto_evaluates_on_this_ranks_gpu_when_there_is_one(monkeypatch):
+    assert eval_device("auto", 3) == torch.device("cpu") == eval_device("cpu", 0)  # this machine has no GPU
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    assert eval_device("auto", 3) == torch.device("cuda", 1) == eval_device("cuda", 1)
+    assert eval_device("cpu", 3) == torch.device("cpu")
+    assert _validated("device=cuda").device == "cuda"
