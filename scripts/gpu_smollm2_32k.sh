@@ -10,7 +10,9 @@
 # made from GGUF=path/to/SmolLM2-135M-Instruct.Q4_1.gguf by scripts/smollm2.py when missing) and
 # DATA (default data/longtext: train.jsonl, short.jsonl, heldout.jsonl; .jsonl.xz files there are
 # decompressed first). Wheels in WHEELS (default .whl) are installed to /tmp/site first (a
-# machine without network: docs/gpu.md). TRAIN_OVERRIDES: more key=value for longctx train. Budgets in seconds: TRAIN_S (default 240), EVAL_S (per evaluation, 120).
+# machine without network: docs/gpu.md). TRAIN_OVERRIDES: more key=value for longctx train.
+# Budgets in seconds: TRAIN_S (default 240), EVAL_S (per evaluation, 120; SIGTERM finishes the
+# cell in progress, then 20 s more before SIGKILL).
 # RULER_TASKS (default niah_single_1,niah_multikey_1,vt,fwe), RULER_SAMPLES (default 8), LEN (default
 # 32768: the RULER length and the longest perplexity window), PPL_LENGTHS (default 8k,16k,LEN),
 # GRAD_ACCUM (default 4: 131k tokens per step on one GPU).
@@ -45,10 +47,10 @@ ls -l "$data" | tee "$out/data.txt"
 
 evaluate() {  # name, model dir, extra eval args...
   local name=$1 dir=$2; shift 2
-  timeout "${EVAL_S:-120}" $py -m longctx eval --model "$dir" --out "$out/$name-ppl" --dtype fp32 --no-progress \
+  timeout -k 20 "${EVAL_S:-120}" $py -m longctx eval --model "$dir" --out "$out/$name-ppl" --dtype fp32 --no-progress \
     --suite ppl --ppl-data "$data/heldout.jsonl" --lengths "${PPL_LENGTHS:-8k,16k,$len}" --ppl-windows 2 "$@" > "$out/$name-ppl.log" 2>&1
   echo "$name ppl rc=$?"; tail -4 "$out/$name-ppl.log"
-  timeout "${EVAL_S:-120}" $py -m longctx eval --model "$dir" --out "$out/$name-ruler" --dtype fp32 --no-progress \
+  timeout -k 20 "${EVAL_S:-120}" $py -m longctx eval --model "$dir" --out "$out/$name-ruler" --dtype fp32 --no-progress \
     --tasks "$tasks" --lengths $len --samples "$samples" "$@" > "$out/$name-ruler.log" 2>&1
   echo "$name ruler rc=$?"; tail -4 "$out/$name-ruler.log"
 }
