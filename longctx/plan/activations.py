@@ -71,6 +71,10 @@ def _attention(m, lay: Layout, device: str, document_masking: bool, b: int, t: i
     # (backward) plus boolean masks for the tiles a document boundary crosses (about 2 rows of
     # tiles per boundary; a few documents per row assumed) and one additive mask tile.
     masked = document_masking and (device == "cpu" or lay.attention_backend in ("sdpa", "eager"))
+    # sdpa on a GPU without cp hands F.scaled_dot_product_attention a dense (B, 1, T, S) boolean
+    # keep-mask, which it turns into an additive bias of the compute dtype: both live while a
+    # block's attention runs (forward, and its backward after the recomputation)
+    dense = masked and device == "gpu" and cp == 1 and lay.attention_backend == "sdpa"
     B = lay.micro_batch_size
     tile = 1024
     rows = t // B  # queries of one kernel call
@@ -80,7 +84,9 @@ def _attention(m, lay: Layout, device: str, document_masking: bool, b: int, t: i
         rows = keys = lay.seq_len * shards.degree // cp
     else:
         keys = rows
-    if masked:
+    if dense:
+        mask = B * rows * keys * (1 + b)
+    elif masked:
         boundaries = 2
         mask = B * (boundaries * 2 * max(rows, keys) * min(tile, keys) + tile * tile * b)
         attn_fwd += B * rows * (Hq if shards is None else shards.max_heads) * m.head_dim * 4

@@ -95,6 +95,33 @@ def test_activation_policies_and_cp_scale_activations():
     assert cp2.activations == pytest.approx(cp1.activations / 2, rel=0.02)
 
 
+def test_sdpa_on_a_gpu_plans_the_dense_document_mask():
+    """sdpa on a GPU (no cp) gives SDPA a dense (B, 1, T, T) keep-mask, which becomes an additive
+    bias of the compute dtype: 3 bytes per (query, key) pair in bf16 while a block's attention
+    runs. flash-attn's variable-length kernel (what auto plans for) needs no mask."""
+    def plan(backend, masking=True):
+        cfg, stage, m = _layout(preset="smollm2-135m", **{"train.dtype": "bfloat16", "data.seq_len": 32768,
+                                                           "parallel.attention_backend": backend,
+                                                           "parallel.activation_checkpointing": "full"})
+        return estimate_layout(m, layout_of(cfg, stage, 1), document_masking=masking)
+
+    flash, sdpa = plan("auto"), plan("sdpa")
+    assert sdpa.phase == "backward_attention" and sdpa.attention >= 3 * 32768**2
+    assert sdpa.peak - flash.peak >= 3 * 32768**2 * 0.9
+    assert plan("sdpa", masking=False).attention < 0.1 * GiB  # one document per row: no mask
+    cfg, stage, m = _layout(preset="smollm2-135m", **{"data.seq_len": 32768, "parallel.attention_backend": "sdpa"})
+    cpu = estimate_layout(m, layout_of(cfg, stage, 1), device="cpu")
+    assert cpu.attention < 0.1 * sdpa.attention  # the CPU kernel tiles the mask
+
+
+def test_a_gpu_plan_with_auto_says_what_it_assumes(capsys):
+    assert cli.main(["plan", "--gpus", "1", "model.preset=smollm2-135m", "data.seq_len=32768"]) == 0
+    assert "note: parallel.attention_backend auto plans for flash-attn's variable-length kernel" in \
+        capsys.readouterr().out
+    assert cli.main(["plan", "--gpus", "1", "model.preset=smollm2-135m", "parallel.attention_backend=sdpa"]) == 0
+    assert "variable-length" not in capsys.readouterr().out
+
+
 def test_mlp_tiles_shrink_the_mlp_backward_and_cost_one_mlp_forward():
     def plan(tile):
         cfg, stage, m = _layout(**{"train.dtype": "bfloat16", "data.seq_len": 131072, "parallel.cp_size": 8,
