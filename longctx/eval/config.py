@@ -14,8 +14,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, List
 
-import torch
-
 from longctx.config import check_out_dir
 from longctx.data.tokenizer import check_tokenizer_spec
 from longctx.errors import UserError
@@ -168,6 +166,10 @@ def _number(value: str, field: str) -> float:
 def _check_device(device: str, cp: int) -> None:
     if device not in DEVICES:
         raise UserError(f"eval.device: {device!r} is not valid; valid: {', '.join(DEVICES)}")
+    if device == "auto":
+        return
+    import torch  # the device probe: config checks load no torch otherwise (tests/unit/test_cli.py)
+
     if device == "cuda" and not torch.cuda.is_available():
         raise UserError("eval.device: cuda, but this process sees no CUDA device; valid here: auto, cpu")
     if device == "cpu" and cp > 1 and torch.cuda.is_available():
