@@ -66,15 +66,18 @@ def _attention(m, lay: Layout, device: str, document_masking: bool, b: int, t: i
         attn_fwd = 2 * t * q * 4 + t * q * b  # fp32 output accumulator + merge temporaries, block output
         attn_bwd = t * q * 4 + t * (q + 2 * kv) * b  # fp32 dq accumulator + block gradients
     # Document masks: flash-attn (GPU default) runs packed documents as variable-length
-    # sequences. The sdpa/eager kernels (CPU, or chosen on GPU) tile a call that has several
+    # sequences. The sdpa/eager kernels (CPU, or chosen on GPU with cp) tile a call that has several
     # documents into 1024 x 1024 blocks: fp32 accumulators for out/lse (forward) and dq/dk/dv
     # (backward) plus boolean masks for the tiles a document boundary crosses (about 2 rows of
     # tiles per boundary; a few documents per row assumed) and one additive mask tile.
-    masked = document_masking and (device == "cpu" or lay.attention_backend in ("sdpa", "eager"))
-    # sdpa on a GPU without cp hands F.scaled_dot_product_attention a dense (B, 1, T, S) boolean
-    # keep-mask, which it turns into an additive bias of the compute dtype: both live while a
-    # block's attention runs (forward, and its backward after the recomputation)
-    dense = masked and device == "gpu" and cp == 1 and lay.attention_backend == "sdpa"
+    # sdpa on a GPU without cp runs one causal SDPA call per document (no mask): the calls'
+    # outputs and their concatenation, and in the backward each call's gradients beside the
+    # whole dq/dk/dv they are copied into
+    runs = document_masking and device == "gpu" and cp == 1 and lay.attention_backend == "sdpa"
+    masked = document_masking and not runs and (device == "cpu" or lay.attention_backend in ("sdpa", "eager"))
+    if runs:
+        attn_fwd += t * q * b
+        attn_bwd += t * (q + 2 * kv) * b
     B = lay.micro_batch_size
     tile = 1024
     rows = t // B  # queries of one kernel call
@@ -84,9 +87,7 @@ def _attention(m, lay: Layout, device: str, document_masking: bool, b: int, t: i
         rows = keys = lay.seq_len * shards.degree // cp
     else:
         keys = rows
-    if dense:
-        mask = B * rows * keys * (1 + b)
-    elif masked:
+    if masked:
         boundaries = 2
         mask = B * (boundaries * 2 * max(rows, keys) * min(tile, keys) + tile * tile * b)
         attn_fwd += B * rows * (Hq if shards is None else shards.max_heads) * m.head_dim * 4

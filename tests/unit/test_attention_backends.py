@@ -1,4 +1,6 @@
 """Local attention backends against the materialized reference (eager autograd math)."""
+import random
+
 import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -16,7 +18,7 @@ from longctx.attention import (
     sdpa_attention,
 )
 from longctx.attention.flash import cu_seqlens_from_segment_ids
-from longctx.attention.sdpa import SdpaKernel
+from longctx.attention.sdpa import SdpaKernel, document_runs_attention
 from longctx.errors import UserError
 
 
@@ -213,3 +215,28 @@ def test_eager_kernel_row_chunks_are_exact():
     for name, a, b in zip("dq dk dv".split(), chunked.backward(dout, q, k, v, out, lse, **kw),
                           whole.backward(dout, q, k, v, out, lse, **kw)):
         assert_close(name, a, b, 1e-5)
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_document_runs_attention_matches_the_masked_reference(seed):
+    """The GPU sdpa path for packed documents (one causal SDPA call per document run, no mask)
+    equals masked attention in forward and backward (fp32 1e-5); here on CPU's SDPA kernels."""
+    rng = random.Random(seed)
+    B, T = rng.randint(1, 3), rng.randint(2, 48)
+    Hq, Hkv = rng.choice([(4, 4), (4, 2), (9, 3), (3, 1)])
+    q, k, v = make_qkv(B=B, Hq=Hq, Hkv=Hkv, T=T, S=T, seed=seed)
+    cuts = sorted(rng.sample(range(1, T), min(T - 1, rng.randint(0, 5))))  # 1-token documents included
+    ids = packed_ids(B, T, cuts)
+    out_r, _, dout, dq_r, dk_r, dv_r = reference(q, k, v, causal=True, segment_ids=ids)
+    out, dq, dk, dv = run_fn(lambda a, b, c, **kw: document_runs_attention(a, b, c, ids), q, k, v, dout)
+    for name, got, want in (("out", out, out_r), ("dq", dq, dq_r), ("dk", dk, dk_r), ("dv", dv, dv_r)):
+        assert_close(name, got, want, 1e-5)
+
+
+def test_document_runs_attention_declines_a_document_split_in_two_runs():
+    """A row where one document id appears in two separate runs cannot be cut into independent
+    causal calls: the function says so (None) and sdpa_attention masks instead."""
+    q, k, v = make_qkv(B=1, Hq=4, Hkv=2, T=12, S=12)
+    ids = torch.tensor([[0] * 4 + [1] * 4 + [0] * 4])
+    assert document_runs_attention(q, k, v, ids) is None
+    assert document_runs_attention(q, k, v, torch.tensor([[0] * 4 + [1] * 4 + [2] * 4])) is not None
