@@ -1,8 +1,10 @@
-"""Document-masked attention through torch SDPA, forward + backward, two ways: a dense (B, 1, T, T)
-keep-mask (what F.scaled_dot_product_attention needs for packed documents) against one causal
-call per document run (longctx.attention.sdpa.document_runs_attention, the sdpa backend's path
-on a GPU). Plain causal attention over the whole row is the floor. Each row of the table first
-states how far the two outputs and gradients are apart, then the times.
+"""Document-masked attention through torch SDPA, forward + backward: a dense (B, 1, T, T) keep-mask
+(what F.scaled_dot_product_attention needs for packed documents) against
+longctx.attention.sdpa.document_runs_attention, the sdpa backend's path on a GPU (a causal call
+per long document, a masked call per group of short ones), and against the same with one call
+per document (no groups). Plain causal attention over the whole row is the floor. Each row of
+the table first states how far the outputs and gradients are from the dense mask's, then the
+times.
 
     python benchmarks/bench_doc_attention.py --device cuda --dtype bfloat16 --lengths 32768 \\
         --docs 1,4,16,64 --heads 9,3 --head-dim 64 --out doc_attention.json
@@ -53,10 +55,14 @@ def contenders(ids: torch.Tensor) -> dict:
     def runs(q, k, v):
         return document_runs_attention(q, k, v, ids)
 
+    def per_document(q, k, v):
+        return document_runs_attention(q, k, v, ids, group_tokens=1)
+
     def causal_floor(q, k, v):
         return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=q.shape[1] != k.shape[1])
 
-    return {"dense mask": dense, "document runs": runs, "causal, no documents (floor)": causal_floor}
+    return {"dense mask": dense, "document runs": runs, "one call per document": per_document,
+            "causal, no documents (floor)": causal_floor}
 
 
 def sync(device: torch.device) -> None:
@@ -134,9 +140,9 @@ def measure(lengths, docs, B, heads, D, dtype, device, repeats) -> list[dict]:
     """Every (length, docs) row, printed as a markdown table while it runs."""
     Hq, Hkv = heads
     rows = []
-    print("| tokens | docs | max abs diff (out, grads) | dense mask ms | document runs ms | floor ms | "
-          "speedup | peak GiB dense / runs |")
-    print("|---:|---:|---:|---:|---:|---:|---:|---|")
+    print("| tokens | docs | max abs diff (out, grads) | dense mask ms | document runs ms | one call per document ms "
+          "| floor ms | speedup | peak GiB dense / runs |")
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|---|")
     for T in lengths:
         g = torch.Generator().manual_seed(T)
         q, k, v, dout = (torch.randn(B, h, T, D, generator=g).to(device, dtype) for h in (Hq, Hkv, Hkv, Hq))
@@ -144,7 +150,8 @@ def measure(lengths, docs, B, heads, D, dtype, device, repeats) -> list[dict]:
             ids = document_ids(B, T, n, seed=n).to(device)
             results = {name: timed(fn, q, k, v, dout, repeats) for name, fn in contenders(ids).items()}
             dense, runs = results["dense mask"], results["document runs"]
-            diff = max((a.float() - b.float()).abs().max().item() for a, b in zip(dense[2], runs[2]))
+            diff = max((a.float() - b.float()).abs().max().item()
+                       for other in (runs, results["one call per document"]) for a, b in zip(dense[2], other[2]))
             row = {"tokens": T, "docs": n, "batch": B, "heads": heads, "head_dim": D, "max_abs_diff": diff,
                    **{f"{name} s": r[0] for name, r in results.items()},
                    **{f"{name} peak_gib": r[1] for name, r in results.items()},
@@ -152,6 +159,7 @@ def measure(lengths, docs, B, heads, D, dtype, device, repeats) -> list[dict]:
             rows.append(row)
             peaks = "-" if dense[1] is None else f"{dense[1]:.2f} / {runs[1]:.2f}"
             print(f"| {T} | {n} | {diff:.1e} | {dense[0] * 1e3:.1f} | {runs[0] * 1e3:.1f} | "
+                  f"{results['one call per document'][0] * 1e3:.1f} | "
                   f"{results['causal, no documents (floor)'][0] * 1e3:.1f} | {row['speedup']:.2f}x | {peaks} |",
                   flush=True)
     return rows

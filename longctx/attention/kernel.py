@@ -149,7 +149,7 @@ def _document_row(qa: int, qb: int, S: int, off: int, causal: bool, segment_ids:
     return row
 
 
-def _row_runs(ids: Tensor) -> List[List[Tuple[int, int, int]]]:
+def row_runs(ids: Tensor) -> List[List[Tuple[int, int, int]]]:
     """(B, n) segment ids -> per row, [(start, end, id)] of its constant runs."""
     B, n = ids.shape
     starts: List[List[int]] = [[0] for _ in range(B)]
@@ -199,7 +199,7 @@ def plan_document_tiles(
     if segment_ids is None:
         q_runs, k_runs = [[(0, T, 0)]] * B, [[(0, S, 0)]] * B
     else:
-        q_runs, k_runs = _row_runs(segment_ids.expand(B, T)), _row_runs(kv_segment_ids.expand(B, S))
+        q_runs, k_runs = row_runs(segment_ids.expand(B, T)), row_runs(kv_segment_ids.expand(B, S))
     tiles: List[Tile] = []
     for b in range(B):
         keys: dict = {}

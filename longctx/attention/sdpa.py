@@ -4,9 +4,10 @@ On CPU `sdpa_attention` runs SdpaKernel, PyTorch's flash kernel with an explicit
 backward: GQA without repeating K/V, no T x S mask for plain causal attention, document masks
 only on key blocks that actually straddle a document boundary. On other devices it calls
 `F.scaled_dot_product_attention` (torch picks flash / memory-efficient kernels); packed
-documents there run as one causal call per document (`document_runs_attention`), so no T x T
-mask exists and no cross-document pair is computed: what flash-attn's variable-length kernel
-does, without flash-attn.
+documents there run as one causal call per long document and one masked call per group of
+short neighbours (`document_runs_attention`), so no T x T mask exists and cross-document pairs
+are computed only inside a short group: close to flash-attn's variable-length kernel, without
+flash-attn.
 
 SdpaKernel: `aten._scaled_dot_product_flash_attention_for_cpu` returns (out, lse) and
 `..._for_cpu_backward` takes the (possibly merged) out/lse back, which is exactly what block
@@ -19,7 +20,7 @@ says so once in the log); on CUDA prefer the `flash` backend for context paralle
 from __future__ import annotations
 
 import logging
-from typing import Optional
+from typing import List, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -27,10 +28,13 @@ import torch.nn.functional as F
 from longctx.attention.core import build_mask
 from longctx.attention.eager import EagerKernel
 from longctx.attention.function import kernel_attention
-from longctx.attention.kernel import AttentionKernel, float_mask, plan_document_tiles, tiles_disjoint
+from longctx.attention.kernel import AttentionKernel, float_mask, row_runs
 
 log = logging.getLogger(__name__)
 _aten = torch.ops.aten
+# documents shorter than this share one masked SDPA call with their neighbours: a row of many
+# short files then costs a few calls, not one per file, and each group's mask stays small
+DOCUMENT_GROUP_TOKENS = 512
 
 
 class SdpaKernel(AttentionKernel):
@@ -100,6 +104,24 @@ def sdpa_attention(
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=gqa)
 
 
+def document_groups(runs: List[Tuple[int, int, int]], group_tokens: int) -> List[Tuple[int, int, int]]:
+    """A row's document runs [(start, end, id)] -> [(start, end, documents)]: a document of at
+    least `group_tokens` tokens alone, shorter neighbours packed together up to that length."""
+    groups: List[Tuple[int, int, int]] = []
+    open_group = None
+    for a, e, _ in runs:
+        if e - a >= group_tokens:
+            groups += [open_group] if open_group else []
+            groups.append((a, e, 1))
+            open_group = None
+        elif open_group and e - open_group[0] <= group_tokens:
+            open_group = (open_group[0], e, open_group[2] + 1)
+        else:
+            groups += [open_group] if open_group else []
+            open_group = (a, e, 1)
+    return groups + ([open_group] if open_group else [])
+
+
 def document_runs_attention(
     q: torch.Tensor,  # (B, Hq, T, D)
     k: torch.Tensor,  # (B, Hkv, T, D)
@@ -107,22 +129,30 @@ def document_runs_attention(
     segment_ids: torch.Tensor,  # (B, T) or (1, T)
     *,
     scale: Optional[float] = None,
+    group_tokens: int = DOCUMENT_GROUP_TOKENS,
 ) -> Optional[torch.Tensor]:
-    """Causal attention over packed documents as one unmasked causal SDPA call per document run
-    of each row (autograd through torch's kernels) -> out (B, Hq, T, D); None when a document
-    appears in more than one run of a row (its runs would need merging: the caller masks)."""
+    """Causal attention over packed documents without a T x T mask -> out (B, Hq, T, D), autograd
+    through torch's kernels: one unmasked causal SDPA call per long document and one masked call
+    per group of short neighbours (document_groups); None when a document appears in more than
+    one run of a row (its runs would need merging: the caller masks the whole row)."""
     B, T = q.shape[0], q.shape[2]
-    tiles = plan_document_tiles(B, T, T, causal=True, segment_ids=segment_ids, kv_segment_ids=None)
-    if not tiles_disjoint(tiles):
+    ids = segment_ids.expand(B, T)
+    runs = row_runs(ids)
+    if any(len({doc for _, _, doc in row}) < len(row) for row in runs):
         return None
     gqa = q.shape[1] != k.shape[1]
     rows = []
-    for b in range(B):
-        # causal squares (a 1-token document: one plain pair) tiling [0, T)
-        runs = sorted((t for t in tiles if t.row == b), key=lambda t: t.q0)
-        pieces = [F.scaled_dot_product_attention(q[b:b + 1, :, t.q0:t.q1], k[b:b + 1, :, t.k0:t.k1],
-                                                 v[b:b + 1, :, t.k0:t.k1], is_causal=t.is_causal, scale=scale,
-                                                 enable_gqa=gqa)
-                  for t in runs]  # each (1, Hq, n_i, D)
+    # unbind and split, not slicing: their backward writes each gradient once (a slice's would
+    # add a whole-size zero tensor per document)
+    for b, (qb, kb, vb) in enumerate(zip(q.unbind(0), k.unbind(0), v.unbind(0))):  # (H, T, D) each
+        groups = document_groups(runs[b], group_tokens)
+        sizes = [e - a for a, e, _ in groups]
+        pieces = []
+        for (a, e, documents), qg, kg, vg in zip(groups, qb.split(sizes, 1), kb.split(sizes, 1), vb.split(sizes, 1)):
+            mask = None if documents == 1 else build_mask(e - a, e - a, causal=True, segment_ids=ids[b:b + 1, a:e],
+                                                          kv_segment_ids=None, device=q.device)  # (1, 1, n, n)
+            pieces.append(F.scaled_dot_product_attention(qg[None], kg[None], vg[None], attn_mask=mask,
+                                                         is_causal=mask is None, scale=scale,
+                                                         enable_gqa=gqa))  # (1, Hq, n, D)
         rows.append(pieces[0] if len(pieces) == 1 else torch.cat(pieces, dim=2))
     return rows[0] if B == 1 else torch.cat(rows, dim=0)  # (B, Hq, T, D)

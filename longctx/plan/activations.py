@@ -3,6 +3,8 @@ from __future__ import annotations
 
 from longctx.plan.layout import Layout, head_shards, uneven_factors
 
+DOCUMENT_GROUP_TOKENS = 512  # longctx.attention.sdpa's (planning imports no torch; a test keeps them equal)
+
 
 def activation_bytes(m, lay: Layout, device: str, document_masking: bool = True) -> dict:
     """Bytes of saved activations and the transient workspaces of one stage."""
@@ -70,9 +72,10 @@ def _attention(m, lay: Layout, device: str, document_masking: bool, b: int, t: i
     # documents into 1024 x 1024 blocks: fp32 accumulators for out/lse (forward) and dq/dk/dv
     # (backward) plus boolean masks for the tiles a document boundary crosses (about 2 rows of
     # tiles per boundary; a few documents per row assumed) and one additive mask tile.
-    # sdpa on a GPU without cp runs one causal SDPA call per document (no mask): the calls'
-    # outputs and their concatenation, and in the backward each call's gradients beside the
-    # whole dq/dk/dv they are copied into
+    # sdpa on a GPU without cp runs one causal SDPA call per long document and a masked call per
+    # group of short ones (no T x T mask): the calls' outputs and their concatenation, a group's
+    # mask and its additive bias, and in the backward each call's gradients beside the whole
+    # dq/dk/dv they are copied into
     runs = document_masking and device == "gpu" and cp == 1 and lay.attention_backend == "sdpa"
     masked = document_masking and not runs and (device == "cpu" or lay.attention_backend in ("sdpa", "eager"))
     if runs:
@@ -93,7 +96,7 @@ def _attention(m, lay: Layout, device: str, document_masking: bool, b: int, t: i
         attn_fwd += B * rows * (Hq if shards is None else shards.max_heads) * m.head_dim * 4
         attn_bwd += t * (q + 2 * kv) * 4
     else:
-        mask = 0
+        mask = DOCUMENT_GROUP_TOKENS**2 * (1 + b) if runs else 0  # one group's mask and bias
     if lay.attention_backend == "eager":  # materialized fp32 scores and probabilities per tile/call
         mask += 2 * B * Hq * (min(rows, tile) * min(keys, tile) if masked else rows * keys) * 4
     return {"attn_fwd": attn_fwd, "attn_bwd": attn_bwd, "mask": mask}

@@ -18,7 +18,7 @@ from longctx.attention import (
     sdpa_attention,
 )
 from longctx.attention.flash import cu_seqlens_from_segment_ids
-from longctx.attention.sdpa import SdpaKernel, document_runs_attention
+from longctx.attention.sdpa import SdpaKernel, document_groups, document_runs_attention
 from longctx.errors import UserError
 
 
@@ -217,10 +217,12 @@ def test_eager_kernel_row_chunks_are_exact():
         assert_close(name, a, b, 1e-5)
 
 
+@pytest.mark.parametrize("group_tokens", [1, 8, 2048])
 @pytest.mark.parametrize("seed", range(12))
-def test_document_runs_attention_matches_the_masked_reference(seed):
-    """The GPU sdpa path for packed documents (one causal SDPA call per document run, no mask)
-    equals masked attention in forward and backward (fp32 1e-5); here on CPU's SDPA kernels."""
+def test_document_runs_attention_matches_the_masked_reference(seed, group_tokens):
+    """The GPU sdpa path for packed documents (unmasked causal calls for long documents, masked
+    calls for groups of short ones, no T x T mask) equals masked attention in forward and
+    backward (fp32 1e-5); here on CPU's SDPA kernels."""
     rng = random.Random(seed)
     B, T = rng.randint(1, 3), rng.randint(2, 48)
     Hq, Hkv = rng.choice([(4, 4), (4, 2), (9, 3), (3, 1)])
@@ -228,7 +230,8 @@ def test_document_runs_attention_matches_the_masked_reference(seed):
     cuts = sorted(rng.sample(range(1, T), min(T - 1, rng.randint(0, 5))))  # 1-token documents included
     ids = packed_ids(B, T, cuts)
     out_r, _, dout, dq_r, dk_r, dv_r = reference(q, k, v, causal=True, segment_ids=ids)
-    out, dq, dk, dv = run_fn(lambda a, b, c, **kw: document_runs_attention(a, b, c, ids), q, k, v, dout)
+    out, dq, dk, dv = run_fn(lambda a, b, c, **kw: document_runs_attention(a, b, c, ids, group_tokens=group_tokens),
+                             q, k, v, dout)
     for name, got, want in (("out", out, out_r), ("dq", dq, dq_r), ("dk", dk, dk_r), ("dv", dv, dv_r)):
         assert_close(name, got, want, 1e-5)
 
@@ -240,3 +243,13 @@ def test_document_runs_attention_declines_a_document_split_in_two_runs():
     ids = torch.tensor([[0] * 4 + [1] * 4 + [0] * 4])
     assert document_runs_attention(q, k, v, ids) is None
     assert document_runs_attention(q, k, v, torch.tensor([[0] * 4 + [1] * 4 + [2] * 4])) is not None
+
+
+def test_document_groups_keep_long_documents_alone_and_pack_short_neighbours():
+    runs = [(0, 3, 0), (3, 5, 1), (5, 15, 2), (15, 16, 3), (16, 18, 4), (18, 22, 5), (22, 24, 6)]
+    assert document_groups(runs, 4) == [(0, 3, 1), (3, 5, 1), (5, 15, 1), (15, 18, 2), (18, 22, 1), (22, 24, 1)]
+    assert document_groups(runs, 100) == [(0, 24, 7)]
+    assert document_groups(runs, 1) == [(a, e, 1) for a, e, _ in runs]
+    groups = document_groups(runs, 6)
+    assert [g[:2] for g in groups] == [(0, 5), (5, 15), (15, 18), (18, 24)]  # covering [0, 24) in order
+    assert all(e - a <= 6 or n == 1 for a, e, n in groups)  # a group of several stays within the limit

@@ -12,6 +12,7 @@ import torch
 
 from helpers.recipes import CPU_RECIPES, RECIPES, cluster
 from longctx import cli
+from longctx.attention import sdpa as sdpa_module
 from longctx.config import load_config, resolve_stages, stage_model_config
 from longctx.errors import UserError
 from longctx.model import build_model, count_parameters, get_preset
@@ -27,7 +28,7 @@ from longctx.plan import (
     parse_size,
     relative_time_per_token,
 )
-from longctx.plan.activations import activation_bytes
+from longctx.plan.activations import DOCUMENT_GROUP_TOKENS, activation_bytes
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -97,9 +98,10 @@ def test_activation_policies_and_cp_scale_activations():
 
 
 def test_sdpa_on_a_gpu_plans_one_call_per_document():
-    """sdpa on a GPU (no cp) runs one causal SDPA call per document: no mask, only the calls'
-    outputs and gradients beside the whole ones, so it plans within a few local-activation
-    copies of flash-attn's variable-length kernel (what auto plans for)."""
+    """sdpa on a GPU (no cp) runs a causal SDPA call per long document and a masked one per group
+    of short documents: no T x T mask, the calls' outputs and gradients beside the whole ones, so
+    it plans within a few local-activation copies of flash-attn's variable-length kernel (what
+    auto plans for)."""
     def act(backend, masking=True, cp=1):
         cfg, stage, m = _layout(preset="smollm2-135m", **{"train.dtype": "bfloat16", "data.seq_len": 32768,
                                                            "parallel.attention_backend": backend,
@@ -109,7 +111,8 @@ def test_sdpa_on_a_gpu_plans_one_call_per_document():
 
     flash, sdpa, one_doc = act("auto"), act("sdpa"), act("sdpa", masking=False)
     q_bytes = 32768 * 576 * 2  # one bf16 copy of a layer's queries
-    assert sdpa["mask"] == 0  # no (T, T) mask
+    assert DOCUMENT_GROUP_TOKENS == sdpa_module.DOCUMENT_GROUP_TOKENS
+    assert sdpa["mask"] == DOCUMENT_GROUP_TOKENS**2 * 3  # no (T, T) mask: one short-document group's and its bf16 bias
     assert sdpa["attn_fwd"] == flash["attn_fwd"] + q_bytes  # the calls' outputs and their concatenation
     assert sdpa["attn_bwd"] == flash["attn_bwd"] + q_bytes * 5 // 3  # each call's dq, dk, dv (3 kv heads of 9)
     assert one_doc == flash  # one document per row: one plain call
