@@ -34,9 +34,10 @@ def _saved(m, lay: Layout, device: str, document_masking: bool, b: int, t: int) 
     # a checkpointed block keeps its input and, unless parallel.recompute_attention, the
     # attention kernel's output and LSE (selective activation checkpointing keeps the fused
     # kernel's results so the recomputation never reruns attention or its cp communication).
-    # CPU kernels tile multi-document calls: about two kernel calls (outputs) per query row.
+    # CPU kernels tile multi-document calls: about two kernel calls (outputs) per query row
+    # (sdpa on a GPU without cp: document calls whose outputs are concatenated, one output kept).
     calls = 2 if (document_masking and cp == 1
-                  and (device == "cpu" or lay.attention_backend in ("sdpa", "eager"))) else 1
+                  and (device == "cpu" or lay.attention_backend == "eager")) else 1
     attn_kept = 0 if lay.recompute_attention else calls * t * (q * b + 4 * Hq)
     kept = [block_input + attn_kept if w else per_layer for w in is_wrapped]
     saved = sum(kept) + rope + final  # at the end of the forward

@@ -175,8 +175,8 @@ def _plan(cfg, stages: list[RunStage], machine: Machine, notes: list) -> RunPlan
         notes.append(note)
     if machine.device == "gpu" and cfg.data.document_masking and cfg.parallel.attention_backend == "auto":
         notes.append("parallel.attention_backend auto plans for flash-attn's variable-length kernel; where flash-attn "
-                     "is not installed the run uses sdpa, one call per document: plan it with "
-                     "parallel.attention_backend=sdpa")
+                     "is not installed the run uses sdpa's per-document calls (parallel.attention_backend=sdpa "
+                     "plans those)")
     deepspeed = planned_deepspeed(cfg.parallel.deepspeed_config)
     return derive_plan(cfg, machine.processes, stages=stages, deepspeed=deepspeed)
 
