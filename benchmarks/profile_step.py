@@ -4,8 +4,9 @@ op and input shapes that caused it.
 
     .venv/bin/python benchmarks/profile_step.py --impl ring --seq-len 8192 --world 2
 
-The step is bf16, full activation checkpointing, the bench-44m shape (or `--preset`, `--init-from`),
-after one warm-up step. A profile, not a timing: one step, under the profiler.
+The step is bf16 (or `--dtype float32`, for CPUs without fast bf16), full activation
+checkpointing, the bench-44m shape (or `--preset`, `--init-from`), after one warm-up step. A
+profile, not a timing: one step, under the profiler.
 """
 from __future__ import annotations
 
@@ -25,7 +26,7 @@ COPY_OPS = ("aten::copy_", "aten::clone", "aten::contiguous", "aten::_to_copy", 
 
 def _worker(rank, world, port, args, ckpt):
     init_rank(rank, world, port, max(1, (os.cpu_count() or 2) // world), deepspeed=True)
-    c = build_contender(args.impl, ckpt, torch.bfloat16, world, loss_chunk=args.loss_chunk)
+    c = build_contender(args.impl, ckpt, getattr(torch, args.dtype), world, loss_chunk=args.loss_chunk)
     inputs = c.prepare(make_batch(args.vocab, args.seq_len))
 
     def step():
@@ -61,6 +62,7 @@ def main(argv=None):
     p.add_argument("--world", type=int, default=2)
     p.add_argument("--loss-chunk", type=int, default=2048)
     p.add_argument("--rows", type=int, default=30)
+    p.add_argument("--dtype", choices=("bfloat16", "float32"), default="bfloat16")
     add_model_args(p)
     args = p.parse_args(argv)
     check_model_args(args)

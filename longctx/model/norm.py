@@ -31,7 +31,10 @@ class _RMSNorm(torch.autograd.Function):
         for a, b in _blocks(*tokens.shape):
             xf = tokens[a:b].float()
             rstd[a:b] = torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
-            out[a:b] = weight * (xf * rstd[a:b]).to(x.dtype)
+            if out.dtype == x.dtype == torch.float32:  # weight * (xf * rstd), written in place
+                torch.mul(xf, rstd[a:b], out=out[a:b]).mul_(weight)
+            else:
+                out[a:b] = weight * (xf * rstd[a:b]).to(x.dtype)
         ctx.save_for_backward(x, weight, rstd)
         return out.view(*x.shape[:-1], out.shape[-1])
 
@@ -45,12 +48,13 @@ class _RMSNorm(torch.autograd.Function):
         for a, b in _blocks(*tokens.shape):
             xf, r, g = tokens[a:b].float(), rstd[a:b], grads[a:b]
             if needs_weight:
-                dweight += (g * (xf * r).to(x.dtype)).sum(0, dtype=torch.float32)
+                dweight += (xf * r).to(x.dtype).mul_(g).sum(0, dtype=torch.float32)  # n rounded as the forward's
             if needs_x:
                 dn = (g * weight).to(x.dtype).float()  # d(normalized), rounded as autograd rounds it
                 # n = xf * r, r = (mean(xf^2) + eps)^-1/2: the two paths by which xf reaches n
                 dsquare = (dn * xf).sum(-1, keepdim=True) * (-0.5 * r.pow(3)) / x.shape[-1]  # (n, 1)
-                dx[a:b] = dn * r + dsquare * (2 * xf)
+                # dn * r + dsquare * (2 * xf), in place on two temporaries (the same roundings)
+                dx[a:b] = dn.mul_(r).add_((2 * xf).mul_(dsquare))
         return (None if dx is None else dx.view(x.shape),
                 None if dweight is None else dweight.to(weight.dtype), None)
 
