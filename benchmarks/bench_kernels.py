@@ -6,6 +6,8 @@
   the boolean mask (what a plain implementation runs);
 * RoPE (forward + backward, bf16 q in the model's strided layout): the autograd function vs
   the textbook `x * cos + rotate_half(x) * sin` in fp32;
+* RMSNorm (forward + backward, fp32, SmolLM2's 8192 x 576 tokens): the autograd function (keeps
+  the input and 1/rms only) vs the textbook `weight * x * rsqrt(mean(x^2) + eps)` under autograd;
 * AdamW step on the demo model's fp32 parameters: fused vs the per-tensor loop;
 * the demo model's forward + backward (bf16, 8 x 256 tokens, one document per row) with its
   norms and MLPs compiled (`parallel.compile=norms_mlp`) vs eager; the compile time is printed.
@@ -31,6 +33,7 @@ from longctx.attention import kernel_attention
 from longctx.attention.core import build_mask
 from longctx.attention.sdpa import SdpaKernel
 from longctx.model import ModelConfig, build_model
+from longctx.model.norm import RMSNorm
 from longctx.model.rope import RotaryEmbedding, apply_rotary, rotate_reference
 
 
@@ -73,6 +76,20 @@ def rope_fns(B, H, T, D, gen):
         return lambda: fn(x.view(B, T, H, D).transpose(1, 2), cos, sin).backward(grad)
 
     return {"textbook": run(rotate_reference), "autograd function": run(apply_rotary)}
+
+
+def rmsnorm_fns(N, d, gen):
+    x = torch.randn(1, N, d, generator=gen).requires_grad_()
+    grad = torch.randn(1, N, d, generator=gen)
+    norm = RMSNorm(d, 1e-5)
+    with torch.no_grad():
+        norm.weight.copy_(1 + 0.1 * torch.randn(d, generator=gen))
+
+    def textbook():
+        variance = x.pow(2).mean(-1, keepdim=True)
+        (norm.weight * (x * torch.rsqrt(variance + norm.eps))).backward(grad)
+
+    return {"textbook": textbook, "autograd function": lambda: norm(x).backward(grad)}
 
 
 def adam_fns():
@@ -145,6 +162,7 @@ def main() -> None:
         report(f"attention fwd+bwd, bf16, (B={B}, H=4, T={T}, D=64), {docs} document(s) per row",
                timed(attention_fns(B, 4, T, 64, docs, gen), args.iters), tables)
     report("RoPE fwd+bwd, bf16 q (8, 4, 256, 64)", timed(rope_fns(8, 4, 256, 64, gen), args.iters * 5), tables)
+    report("RMSNorm fwd+bwd, fp32 (8192, 576)", timed(rmsnorm_fns(8192, 576, gen), args.iters * 2), tables)
     report("AdamW step, 2.5M fp32 parameters in 30 tensors", timed(adam_fns(), args.iters * 5), tables)
     report("demo model fwd+bwd, bf16, 8 x 256 tokens", timed(compiled_step_fns(gen), args.iters * 2), tables)
     if args.json:
