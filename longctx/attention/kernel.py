@@ -211,7 +211,7 @@ def plan_document_tiles(
     return tiles
 
 
-def tiles_disjoint(tiles: List[Tile]) -> bool:
+def _disjoint(tiles: List[Tile]) -> bool:
     """True when no two tiles share a query or a key of the same row (each output and each
     gradient entry comes from at most one tile: no merging, no fp32 accumulators)."""
     for lo, hi in (("q0", "q1"), ("k0", "k1")):
@@ -272,7 +272,7 @@ class AttentionKernel:
             t = tiles[0]  # the common case: one call, no accumulators
             out, lse = self._fwd(q, k, v, scale, t.is_causal, t.mask)
             return _fix_empty_rows(out, lse.float(), t.mask)
-        direct = tiles_disjoint(tiles)  # each output row from one tile: write it, no merge
+        direct = _disjoint(tiles)  # each output row from one tile: write it, no merge
         out = torch.zeros(B, H, T, D, dtype=q.dtype if direct else torch.float32, device=q.device)
         lse = torch.full((B, H, T), NEG_INF, dtype=torch.float32, device=q.device)
         for t in tiles:
@@ -313,7 +313,7 @@ class AttentionKernel:
         if _whole(tiles, T, S):
             t = tiles[0]
             return self._bwd(dout, q, k, v, out, lse, scale, t.is_causal, t.mask)
-        direct = tiles_disjoint(tiles)  # each gradient entry from one tile: write it in place
+        direct = _disjoint(tiles)  # each gradient entry from one tile: write it in place
         acc = (lambda x: x.dtype) if direct else (lambda x: torch.float32)
         dq = torch.zeros(q.shape, dtype=acc(q), device=q.device)
         dk = torch.zeros(k.shape, dtype=acc(k), device=k.device)

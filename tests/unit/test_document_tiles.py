@@ -10,7 +10,7 @@ import torch
 from helpers.attention import TOL, assert_close, make_qkv, reference, run_fn
 from longctx.attention import EagerKernel, eager_attention, kernel_attention
 from longctx.attention.core import build_mask
-from longctx.attention.kernel import plan_document_tiles, tiles_disjoint
+from longctx.attention.kernel import _disjoint, plan_document_tiles
 from longctx.attention.sdpa import SdpaKernel
 
 
@@ -68,14 +68,14 @@ def test_same_document_layout_gives_one_aligned_square_per_document():
     spans = [(t.row, t.q0, t.q1, t.k0, t.k1, t.is_causal) for t in tiles]
     assert spans == [(0, 0, 5, 0, 5, True), (0, 5, 12, 5, 12, True), (0, 12, 16, 12, 16, True),
                      (1, 0, 16, 0, 16, True)]
-    assert tiles_disjoint(tiles)
+    assert _disjoint(tiles)
 
 
 def test_without_documents_one_tile_per_row():
     tiles = plan_document_tiles(3, 6, 10, causal=True, segment_ids=None, kv_segment_ids=None)
     assert [(t.row, t.q0, t.q1, t.k0, t.k1, t.is_causal) for t in tiles] == [
         (b, q0, 6, k0, k1, c) for b in range(3) for q0, k0, k1, c in ((0, 0, 4, False), (0, 4, 10, True))]
-    assert not tiles_disjoint(tiles)  # prefix and square share their queries: outputs are merged
+    assert not _disjoint(tiles)  # prefix and square share their queries: outputs are merged
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
