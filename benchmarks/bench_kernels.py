@@ -4,6 +4,9 @@
   default on CPU: per row, each document against itself, unmasked) vs the masked tiles it
   used before (one call with a document mask) vs torch's `scaled_dot_product_attention` with
   the boolean mask (what a plain implementation runs);
+* the CPU flash kernel's backward at SmolLM2's heads (9 query / 3 kv, fp32, one causal row of
+  4096 tokens): one call vs thread-balanced pieces (the sdpa kernel's default; run with
+  `--threads 2` or more: on one thread both are one call);
 * RoPE (forward + backward, bf16 q in the model's strided layout): the autograd function vs
   the textbook `x * cos + rotate_half(x) * sin` in fp32;
 * RMSNorm (forward + backward, fp32, SmolLM2's 8192 x 576 tokens): the autograd function (keeps
@@ -30,6 +33,7 @@ from benchlib.report import timing_fields, write_json
 from benchlib.timing import DEFAULT_WARMUP, interleaved
 
 from longctx.attention import kernel_attention
+from longctx.attention.balanced import balanced_backward
 from longctx.attention.core import build_mask
 from longctx.attention.sdpa import SdpaKernel
 from longctx.model import ModelConfig, build_model
@@ -65,6 +69,22 @@ def attention_fns(B, H, T, D, docs, gen):
         F.scaled_dot_product_attention(q, k, v, attn_mask=mask).backward(dout)
 
     return {"sdpa + bool mask": plain, "masked tiles": kernel(masked), "document runs": kernel(runs)}
+
+
+def flash_backward_fns(T, gen):
+    q = torch.randn(1, 9, T, 64, generator=gen)  # (1, Hq, T, D)
+    k, v = (torch.randn(1, 3, T, 64, generator=gen) for _ in range(2))  # (1, Hkv, T, D)
+    out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, True)
+    dout = torch.randn(out.shape, generator=gen)
+
+    def call(dout, q, k, v, out, lse, is_causal):
+        return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
+            dout, q, k, v, out, lse, 0.0, is_causal)
+
+    def balanced():
+        balanced_backward(call, dout, q, k, v, out, lse, is_causal=True, threads=torch.get_num_threads())
+
+    return {"one call": lambda: call(dout, q, k, v, out, lse, True), "thread-balanced": balanced}
 
 
 def rope_fns(B, H, T, D, gen):
@@ -161,6 +181,8 @@ def main() -> None:
     for B, T, docs in ((4, 1024, 1), (4, 1024, 2), (4, 1024, 4), (8, 256, 1)):
         report(f"attention fwd+bwd, bf16, (B={B}, H=4, T={T}, D=64), {docs} document(s) per row",
                timed(attention_fns(B, 4, T, 64, docs, gen), args.iters), tables)
+    report(f"flash attention backward, fp32, causal (1, 9 q / 3 kv heads, 4096, 64), {args.threads} thread(s)",
+           timed(flash_backward_fns(4096, gen), args.iters), tables)
     report("RoPE fwd+bwd, bf16 q (8, 4, 256, 64)", timed(rope_fns(8, 4, 256, 64, gen), args.iters * 5), tables)
     report("RMSNorm fwd+bwd, fp32 (8192, 576)", timed(rmsnorm_fns(8192, 576, gen), args.iters * 2), tables)
     report("AdamW step, 2.5M fp32 parameters in 30 tensors", timed(adam_fns(), args.iters * 5), tables)

@@ -14,6 +14,8 @@ SdpaKernel: `aten._scaled_dot_product_flash_attention_for_cpu` returns (out, lse
 attention needs. It handles GQA natively: K/V stay at kv-head count and dK/dV come back at
 kv-head count (no repeat_interleave). Its `is_causal` is top-left aligned, so the planner in
 kernel.py only ever asks for causal on square blocks. Masks are passed additively (0/-inf).
+Unmasked backward calls run thread-balanced (balanced.py): the kernel's backward parallelizes
+over batch rows x kv heads only, which 3 kv heads on 2 threads leave a third idle.
 On other devices the kernel computes blocks with the exact fp32 math of EagerKernel (and
 says so once in the log); on CUDA prefer the `flash` backend for context parallelism.
 """
@@ -25,6 +27,7 @@ from typing import List, Optional, Tuple
 import torch
 import torch.nn.functional as F
 
+from longctx.attention.balanced import balanced_backward
 from longctx.attention.core import build_mask
 from longctx.attention.eager import EagerKernel
 from longctx.attention.function import kernel_attention
@@ -68,11 +71,17 @@ class SdpaKernel(AttentionKernel):
     def _bwd(self, dout, q, k, v, out, lse, scale, is_causal, mask):
         if self._use_fallback(q):
             return self._fallback._bwd(dout, q, k, v, out, lse, scale, is_causal, mask)
-        attn_mask = None if mask is None else float_mask(mask, q.dtype)
-        dq, dk, dv = _aten._scaled_dot_product_flash_attention_for_cpu_backward(
-            dout, q, k, v, out, lse.float().contiguous(), 0.0, is_causal,  # strided dout/out: no copies
-            attn_mask=attn_mask, scale=scale)
-        return dq, dk, dv
+        lse = lse.float().contiguous()
+        if mask is not None:
+            return _aten._scaled_dot_product_flash_attention_for_cpu_backward(
+                dout, q, k, v, out, lse, 0.0, is_causal, attn_mask=float_mask(mask, q.dtype), scale=scale)
+
+        def call(dout, q, k, v, out, lse, is_causal):  # strided dout/out: no copies
+            return _aten._scaled_dot_product_flash_attention_for_cpu_backward(
+                dout, q, k, v, out, lse, 0.0, is_causal, scale=scale)
+
+        return balanced_backward(call, dout, q, k, v, out, lse, is_causal=is_causal,
+                                 threads=torch.get_num_threads())
 
 
 _KERNEL = SdpaKernel()

@@ -68,6 +68,10 @@ def _attention(m, lay: Layout, device: str, document_masking: bool, b: int, t: i
     else:
         attn_fwd = 2 * t * q * 4 + t * q * b  # fp32 output accumulator + merge temporaries, block output
         attn_bwd = t * q * 4 + t * (q + 2 * kv) * b  # fp32 dq accumulator + block gradients
+    if device == "cpu" and lay.attention_backend != "eager":
+        # the CPU flash backward, when its (row, kv head) items do not divide among the threads,
+        # runs stacked query pieces (attention/balanced.py): dout, q, out and repeated k, v
+        attn_bwd += t * (3 * q + 2 * kv) * b
     # Document masks: flash-attn (GPU default) runs packed documents as variable-length
     # sequences. The sdpa/eager kernels (CPU, or chosen on GPU with cp) tile a call that has several
     # documents into 1024 x 1024 blocks: fp32 accumulators for out/lse (forward) and dq/dk/dv

@@ -145,6 +145,9 @@ NOT_RUN = {  # command (DocCommand.key) -> why it is not run
     ".venv/bin/python benchmarks/bench_peers.py --init-from models/smollm2-135m-instruct --world 1 --impls hf,ours "
     "--lengths 4096,8192 --dtype float32 --threads-per-rank 2 --steps 3 --warmup 0":
         f"{BENCH} (~45 min); needs scripts/smollm2.py's download",
+    ".venv/bin/python benchmarks/bench_peers.py --init-from models/smollm2-135m-instruct --world 1 --impls hf,ours "
+    "--lengths 16384 --dtype float32 --threads-per-rank 2 --steps 2 --warmup 0 --check-len 1024 "
+    "--out docs/bench_peers_smollm2_16k.json": f"{BENCH} (~55 min); needs scripts/smollm2.py's download",
     ".venv/bin/python benchmarks/bench_peers.py --init-from models/smollm2-135m-instruct --world 2 "
     "--impls alst,ring,ulysses --lengths 4096 --dtype float32 --steps 3 --warmup 0 --check-len 1024":
         f"{BENCH} (~15 min); needs scripts/smollm2.py's download",
