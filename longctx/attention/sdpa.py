@@ -71,15 +71,15 @@ class SdpaKernel(AttentionKernel):
     def _bwd(self, dout, q, k, v, out, lse, scale, is_causal, mask):
         if self._use_fallback(q):
             return self._fallback._bwd(dout, q, k, v, out, lse, scale, is_causal, mask)
-        lse = lse.float().contiguous()
-        if mask is not None:
-            return _aten._scaled_dot_product_flash_attention_for_cpu_backward(
-                dout, q, k, v, out, lse, 0.0, is_causal, attn_mask=float_mask(mask, q.dtype), scale=scale)
+        attn_mask = None if mask is None else float_mask(mask, q.dtype)
 
         def call(dout, q, k, v, out, lse, is_causal):  # strided dout/out: no copies
             return _aten._scaled_dot_product_flash_attention_for_cpu_backward(
-                dout, q, k, v, out, lse, 0.0, is_causal, scale=scale)
+                dout, q, k, v, out, lse, 0.0, is_causal, attn_mask=attn_mask, scale=scale)
 
+        lse = lse.float().contiguous()
+        if mask is not None:  # a masked tile stays one call (its mask would need cutting too)
+            return call(dout, q, k, v, out, lse, is_causal)
         return balanced_backward(call, dout, q, k, v, out, lse, is_causal=is_causal,
                                  threads=torch.get_num_threads())
 
