@@ -10,13 +10,13 @@ RULER tasks at each length, for the model as shipped and with each scaling appli
 
 Each (variant, phase) is one `longctx eval` into OUT/VARIANT/PHASE; its finished cells are kept,
 so an interrupted run continues where it stopped when the same command is rerun. OUT/table.md
-and OUT/zero_shot.png are rewritten (atomically) from every results.json present after each
-evaluation, so a partial run still has a table of what finished.
+and OUT/zero_shot.png are rewritten (atomically) from every finished cell present after each
+evaluation, so a partial run still has a table of what finished, and runs at other lengths or
+tasks into the same OUT add to the table (results.json holds only its own run's cells).
 """
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
 import subprocess
@@ -31,6 +31,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from longctx import atomic  # noqa: E402
+from longctx.eval.cells import CellStore  # noqa: E402
 
 # name -> (label, rope_parameters override or None); all but dynamic NTK run with max_position_embeddings raised
 VARIANTS = {  # in the order they run
@@ -67,12 +68,18 @@ def eval_command(args, variant: str, phase: str) -> list[str]:
 
 
 def load(out: Path, variant: str, phase: str):
-    path = out / variant / phase / "results.json"
-    return json.loads(path.read_text()) if path.is_file() else None
+    """Every finished cell in OUT/VARIANT/PHASE, from each `longctx eval` run into it, as a
+    results.json would hold them ({"samples": [...], "ppl": {"rows": [...]}}); None when none."""
+    done = [doc for doc in CellStore(out / variant / phase, {}).read(notify=lambda _note: None).values()
+            if doc.get("complete")]
+    if not done:
+        return None
+    return {"samples": [rec for doc in done for rec in doc.get("records", [])],
+            "ppl": {"rows": [doc["row"] for doc in done if "row" in doc]}}
 
 
 def ppl_rows(res) -> dict:
-    """{length: perplexity} from a results.json."""
+    """{length: perplexity} from load()."""
     return {int(r["length"]): float(r["ppl"]) for r in ((res or {}).get("ppl") or {}).get("rows", [])}
 
 

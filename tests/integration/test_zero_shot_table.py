@@ -1,6 +1,6 @@
 """scripts/zero_shot_table.py on a tiny model: every (variant, phase) is a real `longctx eval`
-with the variant's overrides recorded, the table and PNG come from the results, and a rerun
-reuses every finished cell."""
+with the variant's overrides recorded, the table and PNG come from the results, a rerun
+reuses every finished cell, and a run at other lengths adds to the table."""
 from __future__ import annotations
 
 import json
@@ -63,6 +63,16 @@ def test_each_variant_is_an_eval_with_its_overrides_and_a_rerun_reuses_the_cells
             timing = json.loads((out / v / phase / "timing.json").read_text())
             assert timing["cells_computed"] == 0 and timing["cells_reused"] >= 1, (v, phase, timing)
     assert (out / "yarn2" / "ppl" / "results.json").read_bytes() == first
+
+    # another length into the same OUT: its results.json holds only 384; the table keeps 128 and 256
+    wider = run(inputs, out, "--phases", "ppl", "--ppl-lengths", "384")
+    assert wider.returncode == 0, wider.stderr[-3000:]
+    rows = json.loads((out / "yarn2" / "ppl" / "results.json").read_text())["ppl"]["rows"]
+    assert [r["length"] for r in rows] == [384]
+    header = next(line for line in (out / "table.md").read_text().splitlines() if line.startswith("| perplexity"))
+    assert header.split("|")[2:5] == [" 128 ", " 256 ", " 384 "], header
+    row = next(line for line in (out / "table.md").read_text().splitlines() if line.startswith("| YaRN x2 |"))
+    assert f"{ppl['yarn2'][128]:.2f}" in row and f"{rows[0]['ppl']:.2f}" in row
 
 
 def test_bad_arguments_are_one_line_before_any_eval(inputs, tmp_path):
