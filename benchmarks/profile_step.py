@@ -57,7 +57,8 @@ def _worker(rank, world, port, args, ckpt):
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--impl", default="ring", help="ours (one process), ring, ulysses, allgather")
+    p.add_argument("--impl", default="ring",
+                   help="ours (one process), ring, ulysses, allgather; alst, alst-tiled (the peer)")
     p.add_argument("--seq-len", type=int, default=8192)
     p.add_argument("--world", type=int, default=2)
     p.add_argument("--loss-chunk", type=int, default=2048)

@@ -154,6 +154,12 @@ NOT_RUN = {  # command (DocCommand.key) -> why it is not run
     ".venv/bin/python benchmarks/bench_peers.py --init-from models/smollm2-135m-instruct --world 3 "
     "--impls alst,ulysses --lengths 3072 --dtype float32 --steps 3 --warmup 0 --check-len 1536":
         f"{BENCH} (~10 min); needs scripts/smollm2.py's download",
+    ".venv/bin/python benchmarks/bench_peers.py --init-from models/smollm2-135m-instruct --world 3 "
+    "--impls alst,ulysses --lengths 9216 --dtype float32 --steps 3 --warmup 0 --check-len 1536 "
+    "--out docs/bench_peers_smollm2_w3_9k.json": f"{BENCH} (~30 min); needs scripts/smollm2.py's download",
+    ".venv/bin/python benchmarks/bench_peers.py --init-from models/smollm2-135m-instruct --world 3 "
+    "--impls alst,ulysses --lengths 12288 --dtype float32 --steps 2 --warmup 0 --check-len 1536 "
+    "--out docs/bench_peers_smollm2_w3_12k.json": f"{BENCH} (~30 min); needs scripts/smollm2.py's download",
     ".venv/bin/python benchmarks/bench_head_limit.py --shapes 2048x512x32000,2048x576x49152,1024x576x49152 "
     "--threads 1,2 --init-from models/smollm2-135m-instruct --out docs/bench_head_limit.json":
         f"{BENCH} (~4 min); needs scripts/smollm2.py's download; rewrites docs/bench_head_limit.json",
