@@ -102,9 +102,9 @@ def per_task(res) -> dict:
     return {k: sum(v) / len(v) for k, v in _cells(res).items()}
 
 
-def _counts(out: Path) -> str:
+def _counts(ruler_results: dict) -> str:
     """The samples per (task, length) cell the RULER results hold, over every variant ("4", "2-4")."""
-    counts = [len(v) for var in VARIANTS for v in _cells(load(out, var, "ruler")).values()]
+    counts = [len(v) for res in ruler_results.values() for v in _cells(res).values()]
     return str(min(counts)) if min(counts) == max(counts) else f"{min(counts)}-{max(counts)}"
 
 
@@ -133,10 +133,15 @@ def _table(title: str, columns: list, rows: dict, cells) -> list:
     return lines + [""]
 
 
-def render(args) -> str:
-    ppl = {v: ppl_rows(load(args.out, v, "ppl")) for v in VARIANTS}
-    ruler = {v: ruler_rows(load(args.out, v, "ruler")) for v in VARIANTS}
-    tasks = {v: per_task(load(args.out, v, "ruler")) for v in VARIANTS}
+def load_all(out: Path) -> dict:
+    """{phase: {variant: load()}}: each cell file read once per report."""
+    return {phase: {v: load(out, v, phase) for v in VARIANTS} for phase in ("ppl", "ruler")}
+
+
+def render(args, results: dict) -> str:
+    ppl = {v: ppl_rows(res) for v, res in results["ppl"].items()}
+    ruler = {v: ruler_rows(res) for v, res in results["ruler"].items()}
+    tasks = {v: per_task(res) for v, res in results["ruler"].items()}
     plens = sorted({n for r in ppl.values() for n in r})
     rlens = sorted({n for r in ruler.values() for n in r})
     names = sorted({t for r in tasks.values() for t, _ in r})
@@ -144,7 +149,7 @@ def render(args) -> str:
                                          f"{args.ppl_windows}, each the first L tokens of a held-out document)"
                                          if plens else "")
              + (f"; RULER: mean score (0-100) over the tasks {', '.join(names)} (samples per task and length: "
-                f"{_counts(args.out)}), ± its standard error over samples" if rlens else "") + ".", ""]
+                f"{_counts(results['ruler'])}), ± its standard error over samples" if rlens else "") + ".", ""]
     lines += _table("perplexity", [kfmt(n) for n in plens], ppl,
                     lambda row: [f"{row[n]:.2f}" if n in row else "-" for n in plens])
     lines += _table("RULER (mean ± s.e.)", [kfmt(n) for n in rlens], ruler,
@@ -154,14 +159,14 @@ def render(args) -> str:
     return "\n".join(lines)
 
 
-def plot(args, path: Path) -> None:
+def plot(args, results: dict, path: Path) -> None:
     fig, axes = plt.subplots(1, 2, figsize=(11, 4))
     for v, (label, _) in VARIANTS.items():
-        p = ppl_rows(load(args.out, v, "ppl"))
+        p = ppl_rows(results["ppl"][v])
         if p:
             xs = sorted(p)
             axes[0].plot(xs, [p[x] for x in xs], marker="o", label=label)
-        r = ruler_rows(load(args.out, v, "ruler"))
+        r = ruler_rows(results["ruler"][v])
         if r:
             xs = sorted(r)
             axes[1].errorbar(xs, [r[x][0] for x in xs], yerr=[r[x][1] for x in xs], marker="o", capsize=3, label=label)
@@ -183,9 +188,10 @@ def plot(args, path: Path) -> None:
 
 def report(args) -> None:
     args.out.mkdir(parents=True, exist_ok=True)
-    text = render(args)
+    results = load_all(args.out)
+    text = render(args, results)
     atomic.write_text(args.out / "table.md", text)
-    plot(args, args.out / "zero_shot.png")
+    plot(args, results, args.out / "zero_shot.png")
     print(text, flush=True)
 
 

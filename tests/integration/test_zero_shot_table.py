@@ -69,9 +69,10 @@ def test_each_variant_is_an_eval_with_its_overrides_and_a_rerun_reuses_the_cells
     assert wider.returncode == 0, wider.stderr[-3000:]
     rows = json.loads((out / "yarn2" / "ppl" / "results.json").read_text())["ppl"]["rows"]
     assert [r["length"] for r in rows] == [384]
-    header = next(line for line in (out / "table.md").read_text().splitlines() if line.startswith("| perplexity"))
+    lines = (out / "table.md").read_text().splitlines()
+    header = next(line for line in lines if line.startswith("| perplexity"))
     assert header.split("|")[2:5] == [" 128 ", " 256 ", " 384 "], header
-    row = next(line for line in (out / "table.md").read_text().splitlines() if line.startswith("| YaRN x2 |"))
+    row = next(line for line in lines if line.startswith("| YaRN x2 |"))
     assert f"{ppl['yarn2'][128]:.2f}" in row and f"{rows[0]['ppl']:.2f}" in row
 
 
