@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import math
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -74,8 +73,11 @@ def load(out: Path, variant: str, phase: str):
             if doc.get("complete")]
     if not done:
         return None
+    ppl = [doc for doc in done if "row" in doc]
     return {"samples": [rec for doc in done for rec in doc.get("records", [])],
-            "ppl": {"rows": [doc["row"] for doc in done if "row" in doc]}}
+            "ppl": {"rows": [doc["row"] for doc in ppl],
+                    "windows": sorted({doc["cell"]["windows"] for doc in ppl}),
+                    "documents": sorted({name for doc in ppl for name in doc["cell"]["documents"] or {}})}}
 
 
 def ppl_rows(res) -> dict:
@@ -138,6 +140,15 @@ def load_all(out: Path) -> dict:
     return {phase: {v: load(out, v, phase) for v in VARIANTS} for phase in ("ppl", "ruler")}
 
 
+def _ppl_source(args, ppl_results: dict) -> str:
+    """What the perplexity cells read, from the cells themselves (a report needs no --ppl-data)."""
+    ppl = [res["ppl"] for res in ppl_results.values() if res]
+    windows = ", ".join(str(w) for w in sorted({w for p in ppl for w in p["windows"]}))
+    source = (f"`{args.ppl_data}`" if args.ppl_data
+              else ", ".join(f"`{d}`" for d in sorted({d for p in ppl for d in p["documents"]})))
+    return f"; perplexity on {source} (windows per length: {windows}, each the first L tokens of a held-out document)"
+
+
 def render(args, results: dict) -> str:
     ppl = {v: ppl_rows(res) for v, res in results["ppl"].items()}
     ruler = {v: ruler_rows(res) for v, res in results["ruler"].items()}
@@ -145,9 +156,7 @@ def render(args, results: dict) -> str:
     plens = sorted({n for r in ppl.values() for n in r})
     rlens = sorted({n for r in ruler.values() for n in r})
     names = sorted({t for r in tasks.values() for t, _ in r})
-    lines = [f"Model: `{args.model}`" + (f"; perplexity on `{args.ppl_data}` (windows per length: "
-                                         f"{args.ppl_windows}, each the first L tokens of a held-out document)"
-                                         if plens else "")
+    lines = [f"Model: `{args.model}`" + (_ppl_source(args, results["ppl"]) if plens else "")
              + (f"; RULER: mean score (0-100) over the tasks {', '.join(names)} (samples per task and length: "
                 f"{_counts(results['ruler'])}), ± its standard error over samples" if rlens else "") + ".", ""]
     lines += _table("perplexity", [kfmt(n) for n in plens], ppl,
@@ -180,10 +189,9 @@ def plot(args, results: dict, path: Path) -> None:
     if axes[0].get_legend_handles_labels()[0]:  # no legend before the first result
         axes[0].legend(fontsize=7)
     fig.tight_layout()
-    tmp = path.with_name(f".{path.name}.tmp")
-    fig.savefig(tmp, format="png", dpi=110)
+    with atomic.replacing(path) as tmp:  # a unique temporary: two runs may report into one OUT
+        fig.savefig(tmp, format="png", dpi=110)
     plt.close(fig)
-    os.replace(tmp, path)
 
 
 def report(args) -> None:
@@ -229,7 +237,7 @@ def main(argv=None) -> int:
     if not Path(args.model).is_dir():
         print(f"error: --model: {args.model} is not a directory (scripts/smollm2.py makes one)", file=sys.stderr)
         return 2
-    if "ppl" in phases and not args.ppl_data:
+    if "ppl" in phases and not args.ppl_data and not args.report_only:
         print("error: --ppl-data: needed for the ppl phase (scripts/long_text.py makes one)", file=sys.stderr)
         return 2
     if args.ppl_data and not Path(args.ppl_data).exists():

@@ -75,6 +75,14 @@ def test_each_variant_is_an_eval_with_its_overrides_and_a_rerun_reuses_the_cells
     row = next(line for line in lines if line.startswith("| YaRN x2 |"))
     assert f"{ppl['yarn2'][128]:.2f}" in row and f"{rows[0]['ppl']:.2f}" in row
 
+    # a report alone reads no documents: no --ppl-data, the same tables, the documents named from the cells
+    alone = subprocess.run([sys.executable, str(SCRIPT), "--model", str(inputs / "model"), "--out", str(out),
+                            "--report-only", "--pretrained-length", "512"], capture_output=True, text=True, timeout=300)
+    assert alone.returncode == 0, alone.stderr[-3000:]
+    reported = (out / "table.md").read_text().splitlines()
+    assert reported[1:] == lines[1:]
+    assert "perplexity on `heldout.jsonl` (windows per length: 1," in reported[0], reported[0]
+
 
 def test_bad_arguments_are_one_line_before_any_eval(inputs, tmp_path):
     for extra, needle in ((["--variants", "yarn9"], "error: --variants: unknown yarn9"),
