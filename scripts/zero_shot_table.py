@@ -121,6 +121,23 @@ def _mean_se(mean: float, se: float, n: int) -> str:
     return f"{mean:.1f} ± {se:.1f}" if n > 1 else f"{mean:.1f} (1 sample)"
 
 
+def _tasks_at(tasks: dict) -> dict:
+    """{length: the tasks a variant has finished at it} from per_task()."""
+    out: dict = {}
+    for task, length in tasks:
+        out.setdefault(length, set()).add(task)
+    return out
+
+
+def _ruler_cell(row: dict, done: dict, every: dict, n: int) -> str:
+    """A variant's mean at length n, marked when it covers fewer tasks than another variant's
+    (a mean over other tasks is not comparable)."""
+    if n not in row:
+        return "-"
+    text = _mean_se(*row[n])
+    return text if done[n] >= every[n] else f"{text} ({len(done[n])} of {len(every[n])} tasks)"
+
+
 def kfmt(n: int) -> str:
     return f"{n // 1024}k" if n % 1024 == 0 else str(n)
 
@@ -161,8 +178,11 @@ def render(args, results: dict) -> str:
                 f"{_counts(results['ruler'])}), ± its standard error over samples" if rlens else "") + ".", ""]
     lines += _table("perplexity", [kfmt(n) for n in plens], ppl,
                     lambda row: [f"{row[n]:.2f}" if n in row else "-" for n in plens])
-    lines += _table("RULER (mean ± s.e.)", [kfmt(n) for n in rlens], ruler,
-                    lambda row: [_mean_se(*row[n]) if n in row else "-" for n in rlens])
+    done = {v: _tasks_at(t) for v, t in tasks.items()}
+    every = {n: {t for d in done.values() for t in d.get(n, ())} for n in rlens}
+    marked = {v: {"row": ruler[v], "done": done[v]} if ruler[v] else None for v in ruler}
+    lines += _table("RULER (mean ± s.e.)", [kfmt(n) for n in rlens], marked,
+                    lambda m: [_ruler_cell(m["row"], m["done"], every, n) for n in rlens])
     lines += _table("per task", [f"{t} {kfmt(n)}" for n in rlens for t in names], tasks,
                     lambda row: [f"{row[(t, n)]:.0f}" if (t, n) in row else "-" for n in rlens for t in names])
     return "\n".join(lines)
