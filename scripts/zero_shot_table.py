@@ -180,9 +180,8 @@ def render(args, results: dict) -> str:
                     lambda row: [f"{row[n]:.2f}" if n in row else "-" for n in plens])
     done = {v: _tasks_at(t) for v, t in tasks.items()}
     every = {n: {t for d in done.values() for t in d.get(n, ())} for n in rlens}
-    marked = {v: {"row": ruler[v], "done": done[v]} if ruler[v] else None for v in ruler}
-    lines += _table("RULER (mean ± s.e.)", [kfmt(n) for n in rlens], marked,
-                    lambda m: [_ruler_cell(m["row"], m["done"], every, n) for n in rlens])
+    ruler_text = {v: [_ruler_cell(ruler[v], done[v], every, n) for n in rlens] if ruler[v] else None for v in ruler}
+    lines += _table("RULER (mean ± s.e.)", [kfmt(n) for n in rlens], ruler_text, lambda texts: texts)
     lines += _table("per task", [f"{t} {kfmt(n)}" for n in rlens for t in names], tasks,
                     lambda row: [f"{row[(t, n)]:.0f}" if (t, n) in row else "-" for n in rlens for t in names])
     return "\n".join(lines)
@@ -209,7 +208,7 @@ def plot(args, results: dict, path: Path) -> None:
     if axes[0].get_legend_handles_labels()[0]:  # no legend before the first result
         axes[0].legend(fontsize=7)
     fig.tight_layout()
-    with atomic.replacing(path) as tmp:  # a unique temporary: two runs may report into one OUT
+    with atomic.result_file(path) as tmp:  # a unique temporary: two runs may report into one OUT
         fig.savefig(tmp, format="png", dpi=110)
     plt.close(fig)
 
@@ -218,7 +217,7 @@ def report(args) -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     results = load_all(args.out)
     text = render(args, results)
-    atomic.write_text(args.out / "table.md", text)
+    atomic.write_result(args.out / "table.md", text)
     plot(args, results, args.out / "zero_shot.png")
     print(text, flush=True)
 
