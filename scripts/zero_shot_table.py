@@ -129,6 +129,14 @@ def _tasks_at(tasks: dict) -> dict:
     return out
 
 
+def _coverage(tasks: dict) -> tuple:
+    """({variant: {length: its finished tasks}}, {length: every task any variant finished}) from
+    {variant: per_task()}."""
+    done = {v: _tasks_at(t) for v, t in tasks.items()}
+    lengths = {n for d in done.values() for n in d}
+    return done, {n: {t for d in done.values() for t in d.get(n, ())} for n in lengths}
+
+
 def _ruler_cell(row: dict, done: dict, every: dict, n: int) -> str:
     """A variant's mean at length n, marked when it covers fewer tasks than another variant's
     (a mean over other tasks is not comparable)."""
@@ -178,8 +186,7 @@ def render(args, results: dict) -> str:
                 f"{_counts(results['ruler'])}), ± its standard error over samples" if rlens else "") + ".", ""]
     lines += _table("perplexity", [kfmt(n) for n in plens], ppl,
                     lambda row: [f"{row[n]:.2f}" if n in row else "-" for n in plens])
-    done = {v: _tasks_at(t) for v, t in tasks.items()}
-    every = {n: {t for d in done.values() for t in d.get(n, ())} for n in rlens}
+    done, every = _coverage(tasks)
     ruler_text = {v: [_ruler_cell(ruler[v], done[v], every, n) for n in rlens] if ruler[v] else None for v in ruler}
     lines += _table("RULER (mean ± s.e.)", [kfmt(n) for n in rlens], ruler_text, lambda texts: texts)
     lines += _table("per task", [f"{t} {kfmt(n)}" for n in rlens for t in names], tasks,
@@ -189,6 +196,8 @@ def render(args, results: dict) -> str:
 
 def plot(args, results: dict, path: Path) -> None:
     fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    done, every = _coverage({v: per_task(res) for v, res in results["ruler"].items()})
+    partial = False
     for v, (label, _) in VARIANTS.items():
         p = ppl_rows(results["ppl"][v])
         if p:
@@ -197,16 +206,25 @@ def plot(args, results: dict, path: Path) -> None:
         r = ruler_rows(results["ruler"][v])
         if r:
             xs = sorted(r)
-            axes[1].errorbar(xs, [r[x][0] for x in xs], yerr=[r[x][1] for x in xs], marker="o", capsize=3, label=label)
-    for ax, title in zip(axes, ("perplexity on held-out documents", "RULER mean score")):
+            line = axes[1].errorbar(xs, [r[x][0] for x in xs], yerr=[r[x][1] for x in xs], marker="o", capsize=3,
+                                    label=label)[0]
+            # a mean over fewer tasks than another variant's at that length: a hollow marker
+            hollow = [x for x in xs if done[v][x] < every[x]]
+            if hollow:
+                partial = True
+                axes[1].plot(hollow, [r[x][0] for x in hollow], linestyle="none", marker="o", markersize=9,
+                             markerfacecolor="white", markeredgecolor=line.get_color())
+    ruler_title = "RULER mean score" + ("\n(hollow: over fewer tasks than another variant)" if partial else "")
+    for ax, title in zip(axes, ("perplexity on held-out documents", ruler_title)):
         ax.set_xscale("log", base=2)
         ax.axvline(args.pretrained_length, color="grey", linestyle=":", linewidth=1)
         ax.set_xlabel("context length (tokens)")
         ax.set_title(title)
     axes[0].set_yscale("log")
     axes[1].set_ylim(-5, 105)
-    if axes[0].get_legend_handles_labels()[0]:  # no legend before the first result
-        axes[0].legend(fontsize=7)
+    legend_axes = [ax for ax in axes if ax.get_legend_handles_labels()[0]]  # none before the first result
+    if legend_axes:
+        legend_axes[0].legend(fontsize=7)
     fig.tight_layout()
     with atomic.result_file(path) as tmp:  # a unique temporary: two runs may report into one OUT
         fig.savefig(tmp, format="png", dpi=110)
