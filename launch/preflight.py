@@ -35,6 +35,14 @@ def global_batch(cfg, world: int, stage) -> int:
     return (world // cp) * cfg.data.micro_batch_size * cfg.train.grad_accum
 
 
+def _keep_batch(cfg, stage, world: int, rows: int) -> str:
+    """The train.grad_accum that keeps a global batch of `rows` at this job's data-parallel size."""
+    rows_per_accum = (world // stage.parallel.cp_size) * cfg.data.micro_batch_size
+    if rows_per_accum and rows % rows_per_accum == 0:
+        return f"train.grad_accum={rows // rows_per_accum} keeps the global batch of {rows} rows"
+    return "raise train.grad_accum to keep the global batch"
+
+
 def check(world: int, config: str | None, overrides: list[str], gpu_mem: str | None, weights: bool = True) -> str:
     from longctx.config import load_config, resolve_stages, validate_config
     from longctx.errors import UserError
@@ -50,12 +58,13 @@ def check(world: int, config: str | None, overrides: list[str], gpu_mem: str | N
             raise UserError(f"{config}: cannot read its '# cluster:' line {shape} "
                             "(expected e.g. '# cluster: nodes=8 gpus_per_node=8')") from None
         if world < wanted and os.environ.get("LONGCTX_ALLOW_FEWER_GPUS") != "1":
-            theirs = global_batch(cfg, wanted, stages[0])
+            recipe = load_config(config, [])  # the recipe's own batch, not the one the overrides make
+            theirs = global_batch(recipe, wanted, resolve_stages(recipe)[0])
             raise UserError(
                 f"{config} is written for {wanted} GPUs (nodes={shape.get('nodes', 1)} x gpus_per_node="
-                f"{shape['gpus_per_node']}, global batch {theirs}) but this job has {world}; submit with "
+                f"{shape['gpus_per_node']}, global batch {theirs} rows) but this job has {world}; submit with "
                 f"--nodes={shape.get('nodes', 1)} --gpus-per-node={shape['gpus_per_node']}, or set "
-                "LONGCTX_ALLOW_FEWER_GPUS=1 to run it smaller (raise train.grad_accum to keep the global batch)")
+                f"LONGCTX_ALLOW_FEWER_GPUS=1 to run it smaller ({_keep_batch(cfg, stages[0], world, theirs)})")
     for stage in stages:
         cp = stage.parallel.cp_size
         if cp > world:

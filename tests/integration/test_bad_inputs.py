@@ -286,6 +286,11 @@ PREFLIGHT = [  # launch/preflight.py, in-process (argv without the script)
     ("config error", ["--world-size", "2", "--", RUN, "optim.eps=0"], "optim.eps"),
     ("cp above the world", ["--world-size", "2", "--", RUN, "parallel.cp_size=4"],
      "parallel.cp_size: 4 needs at least 4 GPUs"),
+    ("recipe for more GPUs", ["--world-size", "2", "--", "--config", "configs/smollm2-135m-32k.yaml", RUN,
+                              "parallel.cp_size=2", "train.grad_accum=1"],
+     "is written for 8 GPUs (nodes=1 x gpus_per_node=8, global batch 32 rows) but this job has 2; submit with "
+     "--nodes=1 --gpus-per-node=8, or set LONGCTX_ALLOW_FEWER_GPUS=1 to run it smaller "
+     "(train.grad_accum=32 keeps the global batch of 32 rows)"),  # the recipe's batch, not the overrides'
     ("eval option", ["--world-size", "2", "--command", "eval", "--", "--model", "{w}/model", "--samples", "0"],
      "eval.samples"),
     ("eval cp vs world", ["--world-size", "3", "--command", "eval", "--", "--model", "{w}/model", "--cp", "2"],

@@ -132,8 +132,9 @@ def test_unwritable_log_dir_is_a_clear_error(tmp_path):
 def test_recipe_needing_more_gpus_than_the_job_has_stops_before_srun(tmp_path):
     res = _run_script(tmp_path, "slurm/train.sbatch", ["configs/yarn-llama2-7b-128k.yaml"], **SLURM_ENV)
     assert res.returncode == 2, res.stderr
-    assert ("configs/yarn-llama2-7b-128k.yaml is written for 64 GPUs (nodes=8 x gpus_per_node=8, global batch 64) "
-            "but this job has 2; submit with --nodes=8 --gpus-per-node=8") in res.stderr
+    assert ("configs/yarn-llama2-7b-128k.yaml is written for 64 GPUs (nodes=8 x gpus_per_node=8, global batch 64 rows) "
+            "but this job has 2; submit with --nodes=8 --gpus-per-node=8, or set LONGCTX_ALLOW_FEWER_GPUS=1 to run "
+            "it smaller (raise train.grad_accum to keep the global batch)") in res.stderr
     assert not (tmp_path / "state" / "srun.log").exists()
     # a plain config whose cp exceeds the job
     res = _run_script(tmp_path, "slurm/train.sbatch", [str(_config(tmp_path, 2)), "parallel.cp_size=4",
