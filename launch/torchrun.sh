@@ -20,7 +20,8 @@
 # Signals: torchrun's agent forwards SIGTERM/SIGINT to its workers but not SIGUSR1. This script
 # forwards SIGUSR1 (SLURM's pre-timeout warning, delivered by srun to every task) to the worker
 # processes directly, so the trainer finishes its step, saves a checkpoint, writes
-# <out_dir>/PREEMPTED and exits with code 85.
+# <out_dir>/PREEMPTED and exits with code 85; this script then exits 85 too (torchrun itself
+# reports 1). A time budget for a run: timeout --foreground --signal=USR1 90m launch/torchrun.sh ...
 set -euo pipefail
 
 usage() { sed -n '2,10p' "$0" | sed 's/^# \{0,1\}//'; }
@@ -69,8 +70,10 @@ longctx_env_defaults "$nproc"
 PY=$LONGCTX_PYTHON
 world=$(( nnodes * nproc ))
 
+out_dir=""  # a train's absolute out_dir, from the preflight: where a preemption leaves PREEMPTED
 if (( preflight )) && [[ $1 == train || $1 == eval ]]; then
-    "$PY" "$HERE/preflight.py" --world-size "$world" --command "$1" -- "${@:2}" >/dev/null || exit 2
+    checked=$("$PY" "$HERE/preflight.py" --world-size "$world" --command "$1" -- "${@:2}") || exit 2
+    [[ $1 == train ]] && out_dir=$checked
 fi
 
 args=(--nnodes "$nnodes" --nproc-per-node "$nproc" --max-restarts 0)
@@ -92,6 +95,7 @@ fi
 
 echo "[torchrun.sh on $(hostname)] $nnodes node(s) x $nproc processes${endpoint:+, rendezvous $endpoint}" >&2
 longctx_print_env >&2
+started=$(date +%s)
 "$PY" -m torch.distributed.run "${args[@]}" -m longctx "$@" &
 agent=$!
 
@@ -112,4 +116,11 @@ while true; do
     if (( rc > 128 )) && kill -0 "$agent" 2>/dev/null; then continue; fi
     break
 done
+# torchrun reports a worker's preemption exit (85) as a failure (1); a PREEMPTED marker this run
+# wrote says the trainer saved a checkpoint and stopped as asked: exit 85, as the trainer does
+marker=${out_dir:+$out_dir/PREEMPTED}
+if (( rc != 0 )) && [[ -n $marker && -f $marker ]] && (( $(stat -c %Y "$marker") >= started )); then
+    echo "[torchrun.sh] preempted: checkpoint saved at step $(cat "$marker"); the same command resumes it" >&2
+    exit 85
+fi
 exit "$rc"

@@ -202,6 +202,9 @@ NOT_RUN = {  # command (DocCommand.key) -> why it is not run
     "--seed 0 --max-batch-tokens 16384 --no-progress --tasks niah_single_1 --lengths 4k,8k,16k --samples 4":
         f"{TRAINED}: the run above (~30 min on 2 cores)",
     # training.md
+    "timeout --foreground --signal=USR1 90m launch/torchrun.sh --nproc-per-node 8 -- train --config configs/x.yaml":
+        f"{GPUS}; configs/x.yaml is the reader's own (tests/integration/test_launcher_preemption.py signals the "
+        "launcher)",
     "longctx train --config configs/cpu/yarn-llama2-7b-128k.yaml parallel.cp_size=1 out_dir=runs/one":
         f"{TRAINS} (~40 s on 2 cores; tests/integration/test_resume_zero3.py trains its layout)",
     "torchrun --nproc_per_node 2 -m longctx train --config configs/cpu/yarn-llama2-7b-128k.yaml":

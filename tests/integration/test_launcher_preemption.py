@@ -1,0 +1,71 @@
+"""launch/torchrun.sh under a time budget: a USR1 to the launcher (as `timeout --foreground
+--signal=USR1` sends it) reaches the workers, the trainer saves a checkpoint, and the launcher
+exits 85 with one line naming the step, not torchrun's 1; a stale PREEMPTED marker from an
+earlier run does not turn a failure into a preemption."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+from helpers.recipes import ROOT
+from helpers.train import env
+from longctx.locks import this_process, try_take
+from longctx.train.run_lock import lock_path
+
+RECIPE = ROOT / "configs" / "cpu" / "smollm2-135m-32k.yaml"
+
+
+def _start(out, log_path, *overrides):
+    e = env()
+    e["LONGCTX_PYTHON"] = sys.executable
+    with open(log_path, "w") as log:
+        return subprocess.Popen([str(ROOT / "launch" / "torchrun.sh"), "--nproc-per-node", "2", "--", "train",
+                                 "--config", str(RECIPE), f"out_dir={out}", "log.progress=false", *overrides],
+                                stdout=log, stderr=subprocess.STDOUT, env=e, cwd=ROOT, start_new_session=True)
+
+
+def _steps(out) -> int:
+    path = out / "metrics.jsonl"
+    return len(path.read_text().splitlines()) if path.exists() else 0
+
+
+def test_usr1_to_the_launcher_checkpoints_and_exits_85(tmp_path):
+    out = tmp_path / "run"
+    launcher = _start(out, tmp_path / "launch.log", "train.steps=100000")
+    try:
+        deadline = time.monotonic() + 300  # against a hang only
+        while _steps(out) < 2 and launcher.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert launcher.poll() is None, (tmp_path / "launch.log").read_text()[-3000:]
+        launcher.send_signal(signal.SIGUSR1)
+        rc = launcher.wait(timeout=300)
+    finally:
+        if launcher.poll() is None:
+            os.killpg(launcher.pid, signal.SIGKILL)
+    log = (tmp_path / "launch.log").read_text()
+    assert rc == 85, log[-3000:]
+    step = int((out / "PREEMPTED").read_text())
+    assert log.strip().splitlines()[-1] == (
+        f"[torchrun.sh] preempted: checkpoint saved at step {step}; the same command resumes it")
+    assert (out / "checkpoints" / f"step_{step:07d}" / "COMPLETE").exists()
+    assert [json.loads(line)["step"] for line in (out / "metrics.jsonl").read_text().splitlines()] == \
+        list(range(1, step + 1))
+
+
+def test_a_stale_marker_does_not_make_a_failure_a_preemption(tmp_path):
+    out = tmp_path / "run"
+    out.mkdir()
+    marker = out / "PREEMPTED"
+    marker.write_text("7\n")
+    os.utime(marker, (time.time() - 3600, time.time() - 3600))  # an earlier run's
+    # the workers fail after the preflight, before the trainer clears stale markers: this live
+    # process holds the run directory's lock
+    assert try_take(lock_path(out), this_process())
+    launcher = _start(out, tmp_path / "launch.log", "train.steps=2")
+    rc = launcher.wait(timeout=300)
+    log = (tmp_path / "launch.log").read_text()
+    assert rc not in (0, 85), log[-3000:]
+    assert "is in use by another training job" in log
+    assert "[torchrun.sh] preempted" not in log
