@@ -37,7 +37,7 @@ def global_batch(cfg, world: int, stage) -> int:
 
 def _keep_batch(cfg, stage, world: int, rows: int) -> str:
     """The train.grad_accum that keeps a global batch of `rows` at this job's data-parallel size."""
-    rows_per_accum = (world // stage.parallel.cp_size) * cfg.data.micro_batch_size
+    rows_per_accum = global_batch(cfg, world, stage) // cfg.train.grad_accum  # rows per accumulation step
     if rows_per_accum and rows % rows_per_accum == 0:
         return f"train.grad_accum={rows // rows_per_accum} keeps the global batch of {rows} rows"
     return "raise train.grad_accum to keep the global batch"

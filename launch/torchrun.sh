@@ -21,7 +21,8 @@
 # forwards SIGUSR1 (SLURM's pre-timeout warning, delivered by srun to every task) to the worker
 # processes directly, so the trainer finishes its step, saves a checkpoint, writes
 # <out_dir>/PREEMPTED and exits with code 85; this script then exits 85 too (torchrun itself
-# reports 1). A time budget for a run: timeout --foreground --signal=USR1 90m launch/torchrun.sh ...
+# reports 1). A time budget for a run (docs/training.md):
+#   timeout --foreground --preserve-status --signal=USR1 90m launch/torchrun.sh ...
 set -euo pipefail
 
 usage() { sed -n '2,10p' "$0" | sed 's/^# \{0,1\}//'; }
@@ -73,7 +74,7 @@ world=$(( nnodes * nproc ))
 out_dir=""  # a train's absolute out_dir, from the preflight: where a preemption leaves PREEMPTED
 if (( preflight )) && [[ $1 == train || $1 == eval ]]; then
     checked=$("$PY" "$HERE/preflight.py" --world-size "$world" --command "$1" -- "${@:2}") || exit 2
-    [[ $1 == train ]] && out_dir=$checked
+    if [[ $1 == train ]]; then out_dir=$checked; fi
 fi
 
 args=(--nnodes "$nnodes" --nproc-per-node "$nproc" --max-restarts 0)
