@@ -20,8 +20,9 @@
 # Signals: torchrun's agent forwards SIGTERM/SIGINT to its workers but not SIGUSR1. This script
 # forwards SIGUSR1 (SLURM's pre-timeout warning, delivered by srun to every task) to the worker
 # processes directly, so the trainer finishes its step, saves a checkpoint, writes
-# <out_dir>/PREEMPTED and exits with code 85; this script then exits 85 too (torchrun itself
-# reports 1). A time budget for a run (docs/training.md):
+# <out_dir>/PREEMPTED and exits with code 85 (an eval finishes its batch, keeps its cells and
+# writes <out>/PREEMPTED); this script then exits 85 too (torchrun itself reports 1). A time
+# budget for a run (docs/training.md):
 #   timeout --foreground --preserve-status --signal=USR1 90m launch/torchrun.sh ...
 set -euo pipefail
 
@@ -71,10 +72,9 @@ longctx_env_defaults "$nproc"
 PY=$LONGCTX_PYTHON
 world=$(( nnodes * nproc ))
 
-out_dir=""  # a train's absolute out_dir, from the preflight: where a preemption leaves PREEMPTED
+out_dir=""  # a train's out_dir or an eval's --out (absolute, from the preflight): where a preemption leaves PREEMPTED
 if (( preflight )) && [[ $1 == train || $1 == eval ]]; then
-    checked=$("$PY" "$HERE/preflight.py" --world-size "$world" --command "$1" -- "${@:2}") || exit 2
-    if [[ $1 == train ]]; then out_dir=$checked; fi
+    out_dir=$("$PY" "$HERE/preflight.py" --world-size "$world" --command "$1" -- "${@:2}") || exit 2
 fi
 
 args=(--nnodes "$nnodes" --nproc-per-node "$nproc" --max-restarts 0)
@@ -118,10 +118,14 @@ while true; do
     break
 done
 # torchrun reports a worker's preemption exit (85) as a failure (1); a PREEMPTED marker this run
-# wrote says the trainer saved a checkpoint and stopped as asked: exit 85, as the trainer does
+# wrote says the trainer saved a checkpoint (the eval its cells) and stopped as asked: exit 85
 marker=${out_dir:+$out_dir/PREEMPTED}
 if (( rc != 0 )) && [[ -n $marker && -f $marker ]] && (( $(stat -c %Y "$marker") >= started )); then
-    echo "[torchrun.sh] preempted: checkpoint saved at step $(cat "$marker"); the same command resumes it" >&2
+    if [[ $1 == train ]]; then
+        echo "[torchrun.sh] preempted: checkpoint saved at step $(cat "$marker"); the same command resumes it" >&2
+    else
+        echo "[torchrun.sh] preempted: $(cat "$marker") done in $out_dir; the same command continues it" >&2
+    fi
     exit 85
 fi
 exit "$rc"

@@ -7,45 +7,16 @@ import os
 import signal
 import subprocess
 import sys
-import textwrap
 import time
 from pathlib import Path
 
 import longctx
+from helpers.slow_eval import slow_batches_env
 from helpers.train import env as plain_env
 from longctx.model import build_model, get_preset
 
 ROOT = Path(__file__).resolve().parents[2]
 STUBS = ROOT / "tests" / "helpers" / "slurm_stubs"
-
-# Loaded by every Python process of the job (PYTHONPATH): once longctx.eval.runner is imported,
-# each decoding batch first touches $BATCH_MARK and takes a second, so the test's signal lands
-# while the eval is running. longctx itself reads nothing of this.
-SLOW_BATCHES = textwrap.dedent("""
-    import importlib.abc, importlib.util, os, pathlib, sys, time
-
-    class _Hook(importlib.abc.MetaPathFinder):
-        def find_spec(self, name, path, target=None):
-            if name != "longctx.eval.runner":
-                return None
-            sys.meta_path.remove(self)
-            spec = importlib.util.find_spec(name)
-            run = spec.loader.exec_module
-
-            def exec_module(module):
-                run(module)
-                complete = module.Engine.complete_with_ids
-
-                def slow(self, samples):
-                    pathlib.Path(os.environ["BATCH_MARK"]).touch()
-                    time.sleep(1.0)
-                    return complete(self, samples)
-                module.Engine.complete_with_ids = slow
-            spec.loader.exec_module = exec_module
-            return spec
-
-    sys.meta_path.insert(0, _Hook())
-""")
 
 
 def _wait(predicate, timeout, what):
@@ -65,17 +36,13 @@ def test_eval_array_task_preempted_by_usr1_requeues_and_ends_with_the_uninterrup
                             capture_output=True, text=True, timeout=600, env=plain_env(), cwd=ROOT)
     assert direct.returncode == 0, direct.stderr[-3000:]
 
-    hooks = tmp_path / "hooks"
-    hooks.mkdir()
-    (hooks / "sitecustomize.py").write_text(SLOW_BATCHES)
-    mark = tmp_path / "batch-started"
     env = {k: v for k, v in os.environ.items()
            if not k.startswith("SLURM") and k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")}
     env.update(PATH=f"{STUBS}:{Path(sys.executable).parent}:{env.get('PATH', '')}",
                SLURM_STUB_STATE=str(tmp_path / "state"),
                LONGCTX_PYTHON=sys.executable, LONGCTX_LOG_DIR=str(tmp_path / "logs"), OMP_NUM_THREADS="1",
-               PYTHONUNBUFFERED="1", LONGCTX_EVAL_LENGTHS="256", PYTHONPATH=f"{hooks}:{env.get('PYTHONPATH', '')}",
-               BATCH_MARK=str(mark))
+               PYTHONUNBUFFERED="1", LONGCTX_EVAL_LENGTHS="256")
+    mark = slow_batches_env(tmp_path, env)
     res = subprocess.run(["sbatch", "--array=0-0", "--gpus-per-node=2", f"--output={tmp_path}/%x-%A_%a.out",
                           "slurm/eval_array.sbatch", str(model_dir), str(tmp_path / "eval"), *args],
                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=30)

@@ -1,7 +1,7 @@
 """launch/torchrun.sh under a time budget: a USR1 to the launcher (as `timeout --foreground
 --signal=USR1` sends it) reaches the workers, the trainer saves a checkpoint, and the launcher
-exits 85 with one line naming the step, not torchrun's 1; a stale PREEMPTED marker from an
-earlier run does not turn a failure into a preemption."""
+exits 85 with one line naming the step, not torchrun's 1 (an eval: its cells kept, the line names
+them); a stale PREEMPTED marker from an earlier run does not turn a failure into a preemption."""
 import json
 import os
 import signal
@@ -9,9 +9,12 @@ import subprocess
 import sys
 import time
 
+import longctx
 from helpers.recipes import ROOT
+from helpers.slow_eval import slow_batches_env
 from helpers.train import env
 from longctx.locks import this_process, try_take
+from longctx.model import build_model, get_preset
 from longctx.train.run_lock import lock_path
 
 RECIPE = ROOT / "configs" / "cpu" / "smollm2-135m-32k.yaml"
@@ -69,3 +72,43 @@ def test_a_stale_marker_does_not_make_a_failure_a_preemption(tmp_path):
     assert rc not in (0, 85), log[-3000:]
     assert "is in use by another training job" in log
     assert "[torchrun.sh] preempted" not in log
+
+
+def test_usr1_to_the_launcher_stops_an_eval_with_its_cells_and_exits_85(tmp_path):
+    model_dir = tmp_path / "model"
+    longctx.save_pretrained(build_model(get_preset("debug-tiny"), seed=0), model_dir)
+    out = tmp_path / "eval"
+    e = env()
+    e["LONGCTX_PYTHON"] = sys.executable
+    mark = slow_batches_env(tmp_path, e)
+    command = [str(ROOT / "launch" / "torchrun.sh"), "--nproc-per-node", "2", "--", "eval", "--model", str(model_dir),
+               "--lengths", "256", "--cp", "1", "--out", str(out), "--tasks", "passkey,niah_single_1",
+               "--depths", "0,1", "--samples", "2", "--style", "compact", "--tokenizer", "byte",
+               "--max-new-tokens", "4", "--batch-size", "1", "--no-progress"]
+    with open(tmp_path / "launch.log", "w") as log:
+        launcher = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=e, cwd=ROOT,
+                                    start_new_session=True)
+    try:
+        deadline = time.monotonic() + 300  # against a hang only
+        while not mark.exists() and launcher.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert launcher.poll() is None, (tmp_path / "launch.log").read_text()[-3000:]
+        launcher.send_signal(signal.SIGUSR1)
+        rc = launcher.wait(timeout=300)
+    finally:
+        if launcher.poll() is None:
+            os.killpg(launcher.pid, signal.SIGKILL)
+    log = (tmp_path / "launch.log").read_text()
+    assert rc == 85, log[-3000:]
+    done = (out / "PREEMPTED").read_text().strip()  # "k of 2 cells", k < 2
+    assert done.endswith(" of 2 cells") and int(done.split()[0]) < 2, done
+    assert log.strip().splitlines()[-1] == (
+        f"[torchrun.sh] preempted: {done} done in {out}; the same command continues it")
+    assert not (out / "results.json").exists()
+
+    again = subprocess.run(command, capture_output=True, text=True, env=e, cwd=ROOT, timeout=600)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "cells already done in" in again.stderr
+    assert not (out / "PREEMPTED").exists()
+    summary = json.loads((out / "results.json").read_text())["summary"]
+    assert summary["tasks"].keys() == {"passkey", "niah_single_1"}
