@@ -7,6 +7,7 @@ RULER tasks at each length, for the model as shipped and with each scaling appli
     python scripts/zero_shot_table.py ... --phases ppl --ppl-lengths 2k,4k,8k,16k   # one part
     python scripts/zero_shot_table.py ... --report-only                             # tables from what exists
     python scripts/zero_shot_table.py ... -- --tokenizer byte --style compact      # more eval options
+    python scripts/zero_shot_table.py --model runs/x --variants as-is ...           # a trained model as it is
 
 Each (variant, phase) is one `longctx eval` into OUT/VARIANT/PHASE; its finished cells are kept,
 so an interrupted run continues where it stopped when the same command is rerun. OUT/table.md
@@ -32,14 +33,18 @@ sys.path.insert(0, str(ROOT))
 from longctx import atomic  # noqa: E402
 from longctx.eval.cells import CellStore  # noqa: E402
 
-# name -> (label, rope_parameters override or None); all but dynamic NTK run with max_position_embeddings raised
+# name -> (label, rope_parameters override or None); all but dynamic NTK and as-is run with
+# max_position_embeddings raised; as-is runs the model with no override (a trained model's own RoPE)
+AS_IS = "as-is"
 VARIANTS = {  # in the order they run
     "shipped": ("as shipped (plain RoPE past the pretraining length)", None),
     "yarn4": ("YaRN x4", {"rope_type": "yarn", "factor": 4.0}),
     "yarn2": ("YaRN x2", {"rope_type": "yarn", "factor": 2.0}),
     "linear4": ("linear PI x4", {"rope_type": "linear", "factor": 4.0}),
     "dynamic4": ("dynamic NTK (factor 4)", {"rope_type": "dynamic", "factor": 4.0}),
+    AS_IS: ("as it is (its own RoPE, no model_overrides)", None),
 }
+DEFAULT_VARIANTS = [v for v in VARIANTS if v != AS_IS]  # as-is of a base model is "shipped" without the raise
 RULER_TASKS = "niah_single_1,niah_single_2,niah_multikey_1,vt,fwe"
 
 
@@ -51,7 +56,7 @@ def eval_command(args, variant: str, phase: str) -> list[str]:
     _, rope = VARIANTS[variant]
     cmd = [sys.executable, "-m", "longctx", "eval", "--model", args.model, "--out", str(args.out / variant / phase),
            "--dtype", args.dtype, "--seed", str(args.seed), "--max-batch-tokens", str(args.max_batch_tokens)]
-    if rope is None or rope["rope_type"] != "dynamic":  # dynamic NTK scales past the stored length itself
+    if variant != AS_IS and (rope is None or rope["rope_type"] != "dynamic"):  # dynamic NTK scales by itself
         cmd.append(f"model_overrides.max_position_embeddings={args.max_positions}")
     if rope is not None:
         cmd.append(f"model_overrides.rope_parameters={flow(rope)}")
@@ -246,7 +251,7 @@ def main(argv=None) -> int:
     p.add_argument("--model", required=True)
     p.add_argument("--ppl-data", help="held-out long documents (.jsonl/.txt); needed for the ppl phase")
     p.add_argument("--out", type=Path, default=Path("eval/zero-shot"))
-    p.add_argument("--variants", default=",".join(VARIANTS), help=f"subset of {', '.join(VARIANTS)}")
+    p.add_argument("--variants", default=",".join(DEFAULT_VARIANTS), help=f"subset of {', '.join(VARIANTS)}")
     p.add_argument("--phases", default="ppl,ruler", help="ppl, ruler or both, in this order")
     p.add_argument("--ppl-lengths", default="2k,4k,8k,16k,32k")
     p.add_argument("--ppl-windows", type=int, default=2)

@@ -84,6 +84,17 @@ def test_each_variant_is_an_eval_with_its_overrides_and_a_rerun_reuses_the_cells
     assert "perplexity on `heldout.jsonl` (windows per length: 1," in reported[0], reported[0]
 
 
+def test_as_is_runs_the_model_without_overrides(inputs, tmp_path):
+    out = tmp_path / "trained"
+    res = run(inputs, out, "--variants", "as-is", "--phases", "ppl", "--ppl-lengths", "128")
+    assert res.returncode == 0, res.stderr[-3000:]
+    meta = json.loads((out / "as-is" / "ppl" / "results.json").read_text())["meta"]
+    assert meta["model_overrides"] == {} and meta["max_position_embeddings"] == 512  # the model's own, not 1024
+    assert [d.name for d in out.iterdir() if d.is_dir()] == ["as-is"]
+    assert any(line.startswith("| as it is (its own RoPE, no model_overrides) | ")
+               for line in (out / "table.md").read_text().splitlines())
+
+
 def test_bad_arguments_are_one_line_before_any_eval(inputs, tmp_path):
     for extra, needle in ((["--variants", "yarn9"], "error: --variants: unknown yarn9"),
                           (["--phases", "ppl,train"], "error: --phases")):
