@@ -20,13 +20,35 @@ from longctx.train.run_lock import lock_path
 RECIPE = ROOT / "configs" / "cpu" / "smollm2-135m-32k.yaml"
 
 
-def _start(out, log_path, *overrides):
+def _launch(longctx_args: list, log_path, e: dict) -> subprocess.Popen:
+    with open(log_path, "w") as log:
+        return subprocess.Popen([str(ROOT / "launch" / "torchrun.sh"), "--nproc-per-node", "2", "--", *longctx_args],
+                                stdout=log, stderr=subprocess.STDOUT, env=e, cwd=ROOT, start_new_session=True)
+
+
+def _launcher_env() -> dict:
     e = env()
     e["LONGCTX_PYTHON"] = sys.executable
-    with open(log_path, "w") as log:
-        return subprocess.Popen([str(ROOT / "launch" / "torchrun.sh"), "--nproc-per-node", "2", "--", "train",
-                                 "--config", str(RECIPE), f"out_dir={out}", "log.progress=false", *overrides],
-                                stdout=log, stderr=subprocess.STDOUT, env=e, cwd=ROOT, start_new_session=True)
+    return e
+
+
+def _start(out, log_path, *overrides):
+    return _launch(["train", "--config", str(RECIPE), f"out_dir={out}", "log.progress=false", *overrides], log_path,
+                   _launcher_env())
+
+
+def _usr1_once(launcher: subprocess.Popen, ready, log_path) -> int:
+    """SIGUSR1 to the launcher once ready() holds (it must still run); its exit code."""
+    try:
+        deadline = time.monotonic() + 300  # against a hang only
+        while not ready() and launcher.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert launcher.poll() is None, log_path.read_text()[-3000:]
+        launcher.send_signal(signal.SIGUSR1)
+        return launcher.wait(timeout=300)
+    finally:
+        if launcher.poll() is None:
+            os.killpg(launcher.pid, signal.SIGKILL)
 
 
 def _steps(out) -> int:
@@ -37,16 +59,7 @@ def _steps(out) -> int:
 def test_usr1_to_the_launcher_checkpoints_and_exits_85(tmp_path):
     out = tmp_path / "run"
     launcher = _start(out, tmp_path / "launch.log", "train.steps=100000")
-    try:
-        deadline = time.monotonic() + 300  # against a hang only
-        while _steps(out) < 2 and launcher.poll() is None and time.monotonic() < deadline:
-            time.sleep(0.5)
-        assert launcher.poll() is None, (tmp_path / "launch.log").read_text()[-3000:]
-        launcher.send_signal(signal.SIGUSR1)
-        rc = launcher.wait(timeout=300)
-    finally:
-        if launcher.poll() is None:
-            os.killpg(launcher.pid, signal.SIGKILL)
+    rc = _usr1_once(launcher, lambda: _steps(out) >= 2, tmp_path / "launch.log")
     log = (tmp_path / "launch.log").read_text()
     assert rc == 85, log[-3000:]
     step = int((out / "PREEMPTED").read_text())
@@ -78,26 +91,12 @@ def test_usr1_to_the_launcher_stops_an_eval_with_its_cells_and_exits_85(tmp_path
     model_dir = tmp_path / "model"
     longctx.save_pretrained(build_model(get_preset("debug-tiny"), seed=0), model_dir)
     out = tmp_path / "eval"
-    e = env()
-    e["LONGCTX_PYTHON"] = sys.executable
+    e = _launcher_env()
     mark = slow_batches_env(tmp_path, e)
-    command = [str(ROOT / "launch" / "torchrun.sh"), "--nproc-per-node", "2", "--", "eval", "--model", str(model_dir),
-               "--lengths", "256", "--cp", "1", "--out", str(out), "--tasks", "passkey,niah_single_1",
-               "--depths", "0,1", "--samples", "2", "--style", "compact", "--tokenizer", "byte",
-               "--max-new-tokens", "4", "--batch-size", "1", "--no-progress"]
-    with open(tmp_path / "launch.log", "w") as log:
-        launcher = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=e, cwd=ROOT,
-                                    start_new_session=True)
-    try:
-        deadline = time.monotonic() + 300  # against a hang only
-        while not mark.exists() and launcher.poll() is None and time.monotonic() < deadline:
-            time.sleep(0.1)
-        assert launcher.poll() is None, (tmp_path / "launch.log").read_text()[-3000:]
-        launcher.send_signal(signal.SIGUSR1)
-        rc = launcher.wait(timeout=300)
-    finally:
-        if launcher.poll() is None:
-            os.killpg(launcher.pid, signal.SIGKILL)
+    command = ["eval", "--model", str(model_dir), "--lengths", "256", "--cp", "1", "--out", str(out),
+               "--tasks", "passkey,niah_single_1", "--depths", "0,1", "--samples", "2", "--style", "compact",
+               "--tokenizer", "byte", "--max-new-tokens", "4", "--batch-size", "1", "--no-progress"]
+    rc = _usr1_once(_launch(command, tmp_path / "launch.log", e), mark.exists, tmp_path / "launch.log")
     log = (tmp_path / "launch.log").read_text()
     assert rc == 85, log[-3000:]
     done = (out / "PREEMPTED").read_text().strip()  # "k of 2 cells", k < 2
@@ -106,7 +105,8 @@ def test_usr1_to_the_launcher_stops_an_eval_with_its_cells_and_exits_85(tmp_path
         f"[torchrun.sh] preempted: {done} done in {out}; the same command continues it")
     assert not (out / "results.json").exists()
 
-    again = subprocess.run(command, capture_output=True, text=True, env=e, cwd=ROOT, timeout=600)
+    again = subprocess.run([str(ROOT / "launch" / "torchrun.sh"), "--nproc-per-node", "2", "--", *command],
+                           capture_output=True, text=True, env=e, cwd=ROOT, timeout=600)
     assert again.returncode == 0, again.stderr[-3000:]
     assert "cells already done in" in again.stderr
     assert not (out / "PREEMPTED").exists()
