@@ -3,9 +3,6 @@ checkpoint and exit with PREEMPTED_EXIT_CODE, which the SLURM script turns into 
 
 A second signal while saving only sets the flag again: the save is never interrupted
 (and checkpoints are atomic anyway, so even SIGKILL cannot leave a partial one that counts).
-A SIGUSR1 that arrives after the work finished (a time budget or SLURM's warning just too late)
-is ignored while the process exits: its default action would kill a finished run, and the
-launcher would report it as failed.
 """
 from __future__ import annotations
 
@@ -38,10 +35,7 @@ class PreemptionFlag:
                 signal.signal(sig, signal.SIG_IGN)
             return
         for sig, handler in self._previous.items():
-            # SIGUSR1 only warns of a stop; with the work done, its default action (terminate) would
-            # turn a finished run into a failure during the process's teardown
-            late_warning = sig == signal.SIGUSR1 and handler == signal.SIG_DFL
-            signal.signal(sig, signal.SIG_IGN if late_warning else handler)
+            signal.signal(sig, handler)
         self._previous.clear()
 
     def _handle(self, signum, frame) -> None:  # noqa: ARG002
