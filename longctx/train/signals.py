@@ -3,6 +3,9 @@ checkpoint and exit with PREEMPTED_EXIT_CODE, which the SLURM script turns into 
 
 A second signal while saving only sets the flag again: the save is never interrupted
 (and checkpoints are atomic anyway, so even SIGKILL cannot leave a partial one that counts).
+A SIGUSR1 that arrives after the work finished (a time budget or SLURM's warning just too late)
+does nothing while the process exits: its default action would kill a finished run, and the
+launcher would report it as failed.
 """
 from __future__ import annotations
 
@@ -35,7 +38,12 @@ class PreemptionFlag:
                 signal.signal(sig, signal.SIG_IGN)
             return
         for sig, handler in self._previous.items():
-            signal.signal(sig, handler)
+            # SIGUSR1 only warns of a stop: with the work done, its default action (terminate) would
+            # turn a finished run into a failure during teardown. A Python handler, not SIG_IGN:
+            # exec resets handlers to the default but keeps SIG_IGN, and a shell started with
+            # SIGUSR1 ignored cannot trap it (the launchers' time budgets rely on that trap).
+            late_warning = sig == signal.SIGUSR1 and handler == signal.SIG_DFL
+            signal.signal(sig, _after_the_work if late_warning else handler)
         self._previous.clear()
 
     def _handle(self, signum, frame) -> None:  # noqa: ARG002
@@ -49,3 +57,7 @@ class PreemptionFlag:
                 flag = flag.cuda()
             dist.all_reduce(flag, op=dist.ReduceOp.MAX)
         return bool(flag.item() > 0)
+
+
+def _after_the_work(signum, frame) -> None:  # noqa: ARG001
+    """SIGUSR1 once the work finished: nothing left to stop."""

@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 import longctx
-from helpers.slow_eval import slow_batches_env
+from helpers.process_hooks import slow_batches_env
 from helpers.train import env as plain_env
 from longctx.model import build_model, get_preset
 

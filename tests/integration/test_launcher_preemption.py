@@ -1,7 +1,8 @@
 """launch/torchrun.sh under a time budget: a USR1 to the launcher (as `timeout --foreground
 --signal=USR1` sends it) reaches the workers, the trainer saves a checkpoint, and the launcher
 exits 85 with one line naming the step, not torchrun's 1 (an eval: its cells kept, the line names
-them); a stale PREEMPTED marker from an earlier run does not turn a failure into a preemption."""
+them); a USR1 that arrives once the work finished leaves a complete run's exit code 0; a stale
+PREEMPTED marker from an earlier run does not turn a failure into a preemption."""
 import json
 import os
 import signal
@@ -9,9 +10,11 @@ import subprocess
 import sys
 import time
 
+import psutil
+
 import longctx
+from helpers.process_hooks import held_after_work_env, slow_batches_env
 from helpers.recipes import ROOT
-from helpers.slow_eval import slow_batches_env
 from helpers.train import env
 from longctx.locks import this_process, try_take
 from longctx.model import build_model, get_preset
@@ -37,6 +40,23 @@ def _start(out, log_path, *overrides):
                    _launcher_env())
 
 
+def _kill_all(launcher: subprocess.Popen) -> None:
+    """SIGKILL to a launcher that still runs and to everything under it: torchrun's workers run
+    in sessions of their own, out of reach of a kill to the launcher's process group."""
+    if launcher.poll() is not None:
+        return
+    try:
+        tree = [launcher.pid, *(p.pid for p in psutil.Process(launcher.pid).children(recursive=True))]
+    except psutil.NoSuchProcess:
+        return
+    for pid in tree:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    launcher.wait(timeout=60)
+
+
 def _usr1_once(launcher: subprocess.Popen, ready, log_path) -> int:
     """SIGUSR1 to the launcher once ready() holds (it must still run); its exit code."""
     try:
@@ -47,8 +67,7 @@ def _usr1_once(launcher: subprocess.Popen, ready, log_path) -> int:
         launcher.send_signal(signal.SIGUSR1)
         return launcher.wait(timeout=300)
     finally:
-        if launcher.poll() is None:
-            os.killpg(launcher.pid, signal.SIGKILL)
+        _kill_all(launcher)
 
 
 def _steps(out) -> int:
@@ -70,6 +89,43 @@ def test_usr1_to_the_launcher_checkpoints_and_exits_85(tmp_path):
         list(range(1, step + 1))
 
 
+def _tiny_eval_command(tmp_path) -> tuple[list, object]:
+    """A two-task debug-tiny eval (one cell per task) and its --out."""
+    model_dir = tmp_path / "model"
+    longctx.save_pretrained(build_model(get_preset("debug-tiny"), seed=0), model_dir)
+    out = tmp_path / "eval"
+    return ["eval", "--model", str(model_dir), "--lengths", "256", "--cp", "1", "--out", str(out),
+            "--tasks", "passkey,niah_single_1", "--depths", "0,1", "--samples", "2", "--style", "compact",
+            "--tokenizer", "byte", "--max-new-tokens", "4", "--batch-size", "1", "--no-progress"], out
+
+
+def test_a_usr1_after_the_work_finished_leaves_exit_code_0(tmp_path):
+    # a time budget or SLURM's warning that comes just too late: both workers have finished the
+    # eval and are held in their teardown when the launcher forwards the signal
+    command, out = _tiny_eval_command(tmp_path)
+    e = _launcher_env()
+    mark, release = held_after_work_env(tmp_path, e)
+    log_path = tmp_path / "launch.log"
+    launcher = _launch(command, log_path, e)
+    try:
+        finished = [mark.with_name(f"{mark.name}.{rank}") for rank in (0, 1)]
+        deadline = time.monotonic() + 300  # against a hang only
+        while not all(f.exists() for f in finished) and launcher.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert launcher.poll() is None, log_path.read_text()[-3000:]
+        launcher.send_signal(signal.SIGUSR1)
+        time.sleep(1.0)  # forwarded and delivered while both are held
+        release.touch()
+        rc = launcher.wait(timeout=300)
+    finally:
+        _kill_all(launcher)
+    log = log_path.read_text()
+    assert rc == 0, log[-3000:]
+    assert "preempted" not in log
+    assert not (out / "PREEMPTED").exists()
+    assert json.loads((out / "results.json").read_text())["summary"]["tasks"].keys() == {"passkey", "niah_single_1"}
+
+
 def test_a_stale_marker_does_not_make_a_failure_a_preemption(tmp_path):
     out = tmp_path / "run"
     out.mkdir()
@@ -88,14 +144,9 @@ def test_a_stale_marker_does_not_make_a_failure_a_preemption(tmp_path):
 
 
 def test_usr1_to_the_launcher_stops_an_eval_with_its_cells_and_exits_85(tmp_path):
-    model_dir = tmp_path / "model"
-    longctx.save_pretrained(build_model(get_preset("debug-tiny"), seed=0), model_dir)
-    out = tmp_path / "eval"
+    command, out = _tiny_eval_command(tmp_path)
     e = _launcher_env()
     mark = slow_batches_env(tmp_path, e)
-    command = ["eval", "--model", str(model_dir), "--lengths", "256", "--cp", "1", "--out", str(out),
-               "--tasks", "passkey,niah_single_1", "--depths", "0,1", "--samples", "2", "--style", "compact",
-               "--tokenizer", "byte", "--max-new-tokens", "4", "--batch-size", "1", "--no-progress"]
     rc = _usr1_once(_launch(command, tmp_path / "launch.log", e), mark.exists, tmp_path / "launch.log")
     log = (tmp_path / "launch.log").read_text()
     assert rc == 85, log[-3000:]
@@ -105,10 +156,9 @@ def test_usr1_to_the_launcher_stops_an_eval_with_its_cells_and_exits_85(tmp_path
         f"[torchrun.sh] preempted: {done} done in {out}; the same command continues it")
     assert not (out / "results.json").exists()
 
-    again = subprocess.run([str(ROOT / "launch" / "torchrun.sh"), "--nproc-per-node", "2", "--", *command],
-                           capture_output=True, text=True, env=e, cwd=ROOT, timeout=600)
-    assert again.returncode == 0, again.stderr[-3000:]
-    assert "cells already done in" in again.stderr
+    again = _launch(command, tmp_path / "again.log", e)
+    assert again.wait(timeout=600) == 0, (tmp_path / "again.log").read_text()[-3000:]
+    assert "cells already done in" in (tmp_path / "again.log").read_text()
     assert not (out / "PREEMPTED").exists()
     summary = json.loads((out / "results.json").read_text())["summary"]
     assert summary["tasks"].keys() == {"passkey", "niah_single_1"}

@@ -1,0 +1,80 @@
+"""Sitecustomize hooks for tests that signal a run started by a script (slurm/,
+launch/torchrun.sh) at a chosen moment: every Python process started with the env these helpers
+return patches one longctx module as it is imported. longctx itself reads nothing of this.
+
+- `slow_batches_env`: each `longctx eval` decoding batch touches $BATCH_MARK, then waits a second.
+- `held_after_work_env`: once a PreemptionFlag is uninstalled with no signal (the work finished),
+  the process touches $AFTER_WORK_MARK.<rank> and waits for $RELEASE before it goes on to exit.
+"""
+import textwrap
+from pathlib import Path
+
+# {module} is imported through the hook; {patch} runs on it right after
+TEMPLATE = """
+import importlib.abc, importlib.util, os, pathlib, sys, time
+
+class _Hook(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path, target=None):
+        if name != "{module}":
+            return None
+        sys.meta_path.remove(self)
+        spec = importlib.util.find_spec(name)
+        run = spec.loader.exec_module
+
+        def exec_module(module):
+            run(module)
+{patch}
+        spec.loader.exec_module = exec_module
+        return spec
+
+sys.meta_path.insert(0, _Hook())
+"""
+
+SLOW_BATCHES = """
+complete = module.Engine.complete_with_ids
+
+def slow(self, samples):
+    pathlib.Path(os.environ["BATCH_MARK"]).touch()
+    time.sleep(1.0)
+    return complete(self, samples)
+module.Engine.complete_with_ids = slow
+"""
+
+HELD_AFTER_WORK = """
+uninstall = module.PreemptionFlag.uninstall
+
+def held(self):
+    uninstall(self)
+    if self.received is None:
+        pathlib.Path(os.environ["AFTER_WORK_MARK"] + "." + os.environ.get("RANK", "0")).touch()
+        deadline = time.monotonic() + 120  # against a hang only
+        while not pathlib.Path(os.environ["RELEASE"]).exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+module.PreemptionFlag.uninstall = held
+"""
+
+
+def _hook_env(tmp_path: Path, env: dict, module: str, patch: str) -> None:
+    hooks = tmp_path / "hooks"
+    hooks.mkdir()
+    code = TEMPLATE.format(module=module, patch=textwrap.indent(patch.strip("\n"), " " * 12))
+    (hooks / "sitecustomize.py").write_text(code)
+    env["PYTHONPATH"] = f"{hooks}:{env.get('PYTHONPATH', '')}"
+
+
+def slow_batches_env(tmp_path: Path, env: dict) -> Path:
+    """Adds the slow-batch hook to env and sets BATCH_MARK; returns the mark file, which exists
+    once the first decoding batch has started."""
+    _hook_env(tmp_path, env, "longctx.eval.runner", SLOW_BATCHES)
+    mark = tmp_path / "batch-started"
+    env["BATCH_MARK"] = str(mark)
+    return mark
+
+
+def held_after_work_env(tmp_path: Path, env: dict) -> tuple[Path, Path]:
+    """Adds the after-work hook to env; returns (mark prefix, release file): rank r has finished
+    its work once `<mark prefix>.r` exists, and waits until the release file exists."""
+    _hook_env(tmp_path, env, "longctx.train.signals", HELD_AFTER_WORK)
+    mark, release = tmp_path / "after-work", tmp_path / "release"
+    env.update(AFTER_WORK_MARK=str(mark), RELEASE=str(release))
+    return mark, release
