@@ -211,6 +211,9 @@ NOT_RUN = {  # command (DocCommand.key) -> why it is not run
     "OMP_NUM_THREADS=1 nice .venv/bin/python scripts/zero_shot_table.py --model runs/smollm2-16k-cpu "
     "--out eval/smollm2-cpt/ruler-4k11 --phases ruler --ruler-lengths 4k --variants as-is --quiet "
     "--tasks " + ELEVEN_TASKS: f"{TRAINED}: the run above (~40 min on one core)",
+    "OMP_NUM_THREADS=1 nice .venv/bin/python scripts/zero_shot_table.py --model runs/smollm2-16k-cpu "
+    "--out eval/smollm2-cpt/ruler-2k --phases ruler --ruler-lengths 2k --variants as-is --quiet":
+        f"{TRAINED}: the run above (~6 min on one core)",
     "OMP_NUM_THREADS=1 nice .venv/bin/python -m longctx eval --model runs/smollm2-16k-cpu --out "
     "eval/smollm2-cpt/ruler-a --dtype fp32 --seed 0 --max-batch-tokens 16384 --no-progress --tasks niah_single_1,vt "
     "--lengths 16k --samples 4": f"{TRAINED}: the run above (~22 min on one core)",
