@@ -57,14 +57,15 @@ def _kill_all(launcher: subprocess.Popen) -> None:
     launcher.wait(timeout=60)
 
 
-def _usr1_once(launcher: subprocess.Popen, ready, log_path) -> int:
-    """SIGUSR1 to the launcher once ready() holds (it must still run); its exit code."""
+def _usr1_once(launcher: subprocess.Popen, ready, log_path, then=lambda: None) -> int:
+    """SIGUSR1 to the launcher once ready() holds (it must still run), then `then()`; its exit code."""
     try:
         deadline = time.monotonic() + 300  # against a hang only
         while not ready() and launcher.poll() is None and time.monotonic() < deadline:
             time.sleep(0.1)
         assert launcher.poll() is None, log_path.read_text()[-3000:]
         launcher.send_signal(signal.SIGUSR1)
+        then()
         return launcher.wait(timeout=300)
     finally:
         _kill_all(launcher)
@@ -106,19 +107,14 @@ def test_a_usr1_after_the_work_finished_leaves_exit_code_0(tmp_path):
     e = _launcher_env()
     mark, release = held_after_work_env(tmp_path, e)
     log_path = tmp_path / "launch.log"
-    launcher = _launch(command, log_path, e)
-    try:
-        finished = [mark.with_name(f"{mark.name}.{rank}") for rank in (0, 1)]
-        deadline = time.monotonic() + 300  # against a hang only
-        while not all(f.exists() for f in finished) and launcher.poll() is None and time.monotonic() < deadline:
-            time.sleep(0.1)
-        assert launcher.poll() is None, log_path.read_text()[-3000:]
-        launcher.send_signal(signal.SIGUSR1)
+    finished = [mark.with_name(f"{mark.name}.{rank}") for rank in (0, 1)]
+
+    def release_after_delivery():
         time.sleep(1.0)  # forwarded and delivered while both are held
         release.touch()
-        rc = launcher.wait(timeout=300)
-    finally:
-        _kill_all(launcher)
+
+    rc = _usr1_once(_launch(command, log_path, e), lambda: all(f.exists() for f in finished), log_path,
+                    then=release_after_delivery)
     log = log_path.read_text()
     assert rc == 0, log[-3000:]
     assert "preempted" not in log
