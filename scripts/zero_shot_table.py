@@ -8,17 +8,27 @@ RULER tasks at each length, for the model as shipped and with each scaling appli
     python scripts/zero_shot_table.py ... --report-only                             # tables from what exists
     python scripts/zero_shot_table.py ... -- --tokenizer byte --style compact      # more eval options
     python scripts/zero_shot_table.py --model runs/x --variants as-is ...           # a trained model as it is
+    python scripts/zero_shot_table.py ... --variants yarn2 --tasks vt --part b       # beside a yarn2 run
+    python scripts/zero_shot_table.py ... --report-only --from eval/other-run       # one table from two OUTs
 
 Each (variant, phase) is one `longctx eval` into OUT/VARIANT/PHASE; its finished cells are kept,
 so an interrupted run continues where it stopped when the same command is rerun. OUT/table.md
 and OUT/zero_shot.png are rewritten (atomically) from every finished cell present after each
 evaluation, so a partial run still has a table of what finished, and runs at other lengths or
 tasks into the same OUT add to the table (results.json holds only its own run's cells).
+`--part NAME` evaluates into OUT/VARIANT/PHASE.NAME, which has its own lock: a second process of
+the same variant (other tasks or lengths) runs beside the first, and the table reads every part.
+`--from DIR` adds the cells of another OUT to the table (it is read, never written). A (task,
+length) of one variant present twice counts once when both are the same measurement (the same
+cell key) and is an error when they differ, as is one variant computed from two models or with
+two sets of overrides.
 """
 from __future__ import annotations
 
 import argparse
+import json
 import math
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -31,6 +41,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from longctx import atomic  # noqa: E402
+from longctx.errors import UserError  # noqa: E402
 from longctx.eval.cells import CellStore  # noqa: E402
 
 # name -> (label, rope_parameters override or None); all but dynamic NTK and as-is run with
@@ -54,7 +65,8 @@ def flow(mapping: dict) -> str:
 
 def eval_command(args, variant: str, phase: str) -> list[str]:
     _, rope = VARIANTS[variant]
-    cmd = [sys.executable, "-m", "longctx", "eval", "--model", args.model, "--out", str(args.out / variant / phase),
+    cmd = [sys.executable, "-m", "longctx", "eval", "--model", args.model, "--out",
+           str(args.out / variant / (f"{phase}.{args.part}" if args.part else phase)),
            "--dtype", args.dtype, "--seed", str(args.seed), "--max-batch-tokens", str(args.max_batch_tokens)]
     if variant != AS_IS and (rope is None or rope["rope_type"] != "dynamic"):  # dynamic NTK scales by itself
         cmd.append(f"model_overrides.max_position_embeddings={args.max_positions}")
@@ -71,11 +83,42 @@ def eval_command(args, variant: str, phase: str) -> list[str]:
     return cmd
 
 
-def load(out: Path, variant: str, phase: str):
-    """Every finished cell in OUT/VARIANT/PHASE, from each `longctx eval` run into it, as a
+def phase_dirs(roots: list, variant: str, phase: str) -> list[Path]:
+    """ROOT/VARIANT/PHASE and its parts ROOT/VARIANT/PHASE.NAME, for each OUT in roots, that exist."""
+    dirs = []
+    for root in roots:
+        dirs += [root / variant / phase] + sorted((root / variant).glob(f"{phase}.*"))
+    return [d for d in dirs if d.is_dir()]
+
+
+def finished_cells(roots: list, variant: str, phase: str) -> list[dict]:
+    """The finished cells of (variant, phase) in every OUT of roots and every part, each
+    measurement once (by its key). UserError when two differ for one (task, length), or when the
+    variant's cells come from two models or two sets of overrides: they would not be one row."""
+    by_cell: dict = {}  # (task, length) -> (cell, its directory)
+    for where in phase_dirs(roots, variant, phase):
+        for doc in CellStore(where, {}).read(notify=lambda _note: None).values():
+            if not doc.get("complete"):
+                continue
+            name = (doc["task"], int(doc["length"]))
+            seen = by_cell.setdefault(name, (doc, where))
+            if seen[0]["key"] != doc["key"]:
+                raise UserError(f"--from/--part: {variant}'s {name[0]} at {kfmt(name[1])} is in {seen[1]} and in "
+                                f"{where}, computed from different samples, models or overrides; report them "
+                                "from separate --out directories")
+    docs = [doc for doc, _where in by_cell.values()]
+    for field in ("model", "model_overrides"):
+        values = {json.dumps(doc["identity"].get(field), sort_keys=True): where for doc, where in by_cell.values()}
+        if len(values) > 1:
+            raise UserError(f"--from/--part: {variant}'s {phase} cells under {' and '.join(map(str, values.values()))}"
+                            f" differ in their {field.replace('_', ' ')}; one row holds one model and one scaling")
+    return docs
+
+
+def load(roots: list, variant: str, phase: str):
+    """Every finished cell of (variant, phase) under roots (OUT, then each --from), as a
     results.json would hold them ({"samples": [...], "ppl": {"rows": [...]}}); None when none."""
-    done = [doc for doc in CellStore(out / variant / phase, {}).read(notify=lambda _note: None).values()
-            if doc.get("complete")]
+    done = finished_cells(roots, variant, phase)
     if not done:
         return None
     ppl = [doc for doc in done if "row" in doc]
@@ -165,9 +208,9 @@ def _table(title: str, columns: list, rows: dict, cells) -> list:
     return lines + [""]
 
 
-def load_all(out: Path) -> dict:
+def load_all(roots: list) -> dict:
     """{phase: {variant: load()}}: each cell file read once per report."""
-    return {phase: {v: load(out, v, phase) for v in VARIANTS} for phase in ("ppl", "ruler")}
+    return {phase: {v: load(roots, v, phase) for v in VARIANTS} for phase in ("ppl", "ruler")}
 
 
 def _ppl_source(args, ppl_results: dict) -> str:
@@ -238,7 +281,7 @@ def plot(args, results: dict, path: Path) -> None:
 
 def report(args) -> None:
     args.out.mkdir(parents=True, exist_ok=True)
-    results = load_all(args.out)
+    results = load_all([args.out, *args.sources])
     text = render(args, results)
     atomic.write_result(args.out / "table.md", text)
     plot(args, results, args.out / "zero_shot.png")
@@ -265,6 +308,10 @@ def main(argv=None) -> int:
     p.add_argument("--max-batch-tokens", type=int, default=16384)
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     p.add_argument("--report-only", action="store_true", help="write the table and plot from the results present")
+    p.add_argument("--part", help="evaluate into OUT/VARIANT/PHASE.PART: a second process beside a run of the same "
+                                  "variant (letters, digits, - and _)")
+    p.add_argument("--from", dest="sources", type=Path, action="append", default=[], metavar="DIR",
+                   help="another OUT whose cells join the table (read only; repeatable)")
     p.add_argument("eval_args", nargs="*", help="after --: options passed to every longctx eval")
     args = p.parse_args(argv)
     variants = [v.strip() for v in args.variants.split(",") if v.strip()]
@@ -285,6 +332,22 @@ def main(argv=None) -> int:
     if args.ppl_data and not Path(args.ppl_data).exists():
         print(f"error: --ppl-data: {args.ppl_data} does not exist (scripts/long_text.py makes one)", file=sys.stderr)
         return 2
+    if args.part is not None and not re.fullmatch(r"[A-Za-z0-9_-]+", args.part):
+        print(f"error: --part: {args.part!r}; valid: letters, digits, - and _", file=sys.stderr)
+        return 2
+    missing = [str(d) for d in args.sources if not d.is_dir()]
+    if missing:
+        print(f"error: --from: {', '.join(missing)} is not a directory (an --out of this script)", file=sys.stderr)
+        return 2
+    try:
+        load_all([args.out, *args.sources])  # the cells agree, before any evaluation
+        return run(args, variants, phases)
+    except UserError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+
+
+def run(args, variants: list, phases: list) -> int:
     if not args.report_only:
         for phase in phases:
             for v in variants:

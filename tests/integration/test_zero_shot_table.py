@@ -1,9 +1,12 @@
 """scripts/zero_shot_table.py on a tiny model: every (variant, phase) is a real `longctx eval`
 with the variant's overrides recorded, the table and PNG come from the results, a rerun
-reuses every finished cell, and a run at other lengths adds to the table."""
+reuses every finished cell, a run at other lengths adds to the table, and so do a --part
+beside a run and the cells of another OUT (--from), one measurement counted once and two
+different ones for one cell refused."""
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -95,9 +98,68 @@ def test_as_is_runs_the_model_without_overrides(inputs, tmp_path):
                for line in (out / "table.md").read_text().splitlines())
 
 
+def report_only(inputs: Path, out: Path, *sources: Path) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, str(SCRIPT), "--model", str(inputs / "model"), "--out", str(out), "--report-only",
+           "--pretrained-length", "512"]
+    for source in sources:
+        cmd += ["--from", str(source)]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+
+
+def per_task_row(out: Path, label: str) -> list:
+    """The per-task table's cells of the row whose label starts with `label`."""
+    lines = (out / "table.md").read_text().splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("| per task"))
+    row = next(line for line in lines[start:] if line.startswith(f"| {label}"))
+    return [c.strip() for c in row.split("|")[2:-1]]
+
+
+def test_a_part_and_another_out_join_the_table(inputs, tmp_path):
+    out, other = tmp_path / "zs", tmp_path / "other"
+    ruler = ("--phases", "ruler")
+    assert run(inputs, out, *ruler, "--variants", "yarn2").returncode == 0
+    # a second yarn2 process beside the first: its own directory and lock, the same table
+    part = run(inputs, out, *ruler, "--variants", "yarn2", "--ruler-lengths", "384", "--part", "b")
+    assert part.returncode == 0, part.stderr[-3000:]
+    assert (out / "yarn2" / "ruler.b" / "cells" / "384" / "passkey.json").is_file()
+    assert not (out / "yarn2" / "ruler" / "cells" / "384").exists()
+    header = next(line for line in (out / "table.md").read_text().splitlines() if line.startswith("| per task"))
+    assert "passkey 256" in header and "passkey 384" in header, header
+    assert "-" not in per_task_row(out, "YaRN x2")
+
+    # another OUT's cells join a report, which writes nothing there
+    assert run(inputs, other, *ruler, "--variants", "shipped").returncode == 0
+    before = sorted(str(p) for p in other.rglob("*"))
+    joined = report_only(inputs, out, other)
+    assert joined.returncode == 0, joined.stderr[-3000:]
+    assert per_task_row(out, "as shipped")[0] != "-"
+    assert sorted(str(p) for p in other.rglob("*")) == before
+
+    # the same measurement in two places counts once
+    copy = tmp_path / "copy"
+    shutil.copytree(out / "yarn2", copy / "yarn2")
+    assert report_only(inputs, out, other, copy).returncode == 0
+    assert "(samples per task and length: 1)" in (out / "table.md").read_text()
+
+    # two different measurements of one cell (2 samples, not 1): one error line, the table kept
+    twice = tmp_path / "twice"
+    assert run(inputs, twice, *ruler, "--variants", "yarn2", "--samples", "2").returncode == 0
+    table = (out / "table.md").read_bytes()
+    refused = report_only(inputs, out, twice)
+    assert refused.returncode == 2
+    assert refused.stderr.startswith("error: --from/--part: yarn2's passkey at 256 is in ") \
+        and len(refused.stderr.strip().splitlines()) == 1, refused.stderr
+    assert (out / "table.md").read_bytes() == table
+    # ... and refused before an evaluation runs
+    again = run(inputs, out, *ruler, "--variants", "yarn2", "--from", str(twice))
+    assert again.returncode == 2 and "[yarn2 ruler]" not in again.stdout, again.stdout
+
+
 def test_bad_arguments_are_one_line_before_any_eval(inputs, tmp_path):
     for extra, needle in ((["--variants", "yarn9"], "error: --variants: unknown yarn9"),
-                          (["--phases", "ppl,train"], "error: --phases")):
+                          (["--phases", "ppl,train"], "error: --phases"),
+                          (["--part", "a/b"], "error: --part: 'a/b'"),
+                          (["--from", str(tmp_path / "nowhere")], "error: --from: ")):
         res = run(inputs, tmp_path / "bad", *extra)
         assert res.returncode == 2 and res.stderr.strip().startswith(needle), res.stderr
         assert not (tmp_path / "bad").exists()
