@@ -279,9 +279,14 @@ def plot(args, results: dict, path: Path) -> None:
     plt.close(fig)
 
 
+def roots(args) -> list:
+    """The OUT directories a table reads: OUT, then each --from."""
+    return [args.out, *args.sources]
+
+
 def report(args) -> None:
+    results = load_all(roots(args))  # a UserError here leaves OUT as it was
     args.out.mkdir(parents=True, exist_ok=True)
-    results = load_all([args.out, *args.sources])
     text = render(args, results)
     atomic.write_result(args.out / "table.md", text)
     plot(args, results, args.out / "zero_shot.png")
@@ -340,7 +345,8 @@ def main(argv=None) -> int:
         print(f"error: --from: {', '.join(missing)} is not a directory (an --out of this script)", file=sys.stderr)
         return 2
     try:
-        load_all([args.out, *args.sources])  # the cells agree, before any evaluation
+        if not args.report_only:
+            load_all(roots(args))  # the cells agree, before any evaluation (a report checks that itself)
         return run(args, variants, phases)
     except UserError as e:
         print(f"error: {e}", file=sys.stderr)
