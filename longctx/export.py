@@ -143,7 +143,7 @@ def _sigterm_unwinds() -> Iterator[None]:
 def run(args: argparse.Namespace) -> int:
     src, out = Path(args.checkpoint), Path(args.out)
     check_out_dir(src, out, args.overwrite)
-    model_dir = resolve_model_dir(src)  # a checkpoint must be COMPLETE and match its manifest
+    model_dir = resolve_model_dir(src, field="--checkpoint")  # a checkpoint: COMPLETE, matching its manifest
     try:
         with _sigterm_unwinds():
             _locked_export(src, out, model_dir, args)

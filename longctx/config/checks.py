@@ -17,6 +17,7 @@ from longctx.config.stages import RunStage, resolve_stages
 from longctx.data.config import validate_data_config
 from longctx.data.tokenizer import check_local_tokenizer_vocab
 from longctx.errors import UserError
+from longctx.hub import MODEL_FILES, hub_or_local
 from longctx.model.config import ModelConfig
 from longctx.parallel.layout import CPFields, ulysses_degree, validate_cp
 
@@ -59,8 +60,11 @@ def _validate_on_this_machine(cfg: TrainConfig, weights: bool) -> Optional[dict]
     attention backend, the DeepSpeed JSON, a resume path, cache directories (data sources and
     the tokenizer: per stage). Returns the DeepSpeed JSON, parsed (None when not set)."""
     m, par, ck = cfg.model, cfg.parallel, cfg.checkpoint
-    if m.init_from is not None and (weights or Path(m.init_from).exists()):
-        _check_init_from(Path(m.init_from), weights)
+    if m.init_from is not None:
+        # a Hub id downloads here (weights), or is read from the HF cache when there (a dry run)
+        local = hub_or_local(m.init_from, "model.init_from", MODEL_FILES, revision=m.revision, download=weights)
+        if weights or local is not None:
+            _check_init_from(local or Path(m.init_from), weights)
     check_backend_available(par.attention_backend, "parallel.attention_backend")
     deepspeed = None
     if par.deepspeed_config is not None:
@@ -80,8 +84,8 @@ def _check_init_from(path: Path, weights: bool) -> None:
     expected = "expected a Hugging Face Llama directory: config.json and model.safetensors(.index.json)"
     if not path.exists():
         raise UserError(f"model.init_from: {path} does not exist ({expected}); download the model there, or set "
-                        "model.init_from=DIR (the dry run and --print-config take the architecture from "
-                        "model.preset without it)")
+                        "model.init_from=DIR or a Hub id org/name (the dry run and --print-config take the "
+                        "architecture from model.preset without it)")
     if not (path / "config.json").is_file():
         raise UserError(f"model.init_from: {path} has no config.json ({expected})")
     if weights and not any((path / name).is_file() for name in WEIGHT_FILES):

@@ -47,7 +47,8 @@ def require_finite(where: str, value: float, *, positive: bool) -> None:
 @dataclass
 class ModelSection:
     preset: str = "debug-tiny"
-    init_from: Optional[str] = None  # HF Llama directory to start from (continued pretraining)
+    init_from: Optional[str] = None  # HF Llama directory or Hub id ("org/name") to start from (longctx/hub.py)
+    revision: Optional[str] = None  # the Hub revision of init_from (branch, tag or commit; default main)
     rope_parameters: Optional[Dict[str, Any]] = None  # replaces the preset's / checkpoint's RoPE
     max_position_embeddings: Optional[int] = None
     overrides: Dict[str, Any] = field(default_factory=dict)  # any other ModelConfig field

@@ -21,6 +21,7 @@ from longctx.config.sections import (
 )
 from longctx.data.config import DataConfig
 from longctx.errors import UserError
+from longctx.hub import CONFIG_FILES, hub_or_local
 from longctx.model.config import ModelConfig, get_preset
 from longctx.model.hf_config import read_hf_config
 from longctx.model.rope_parameters import normalize_rope_parameters, require_explicit_fields
@@ -103,10 +104,18 @@ def _resolve(cfg: TrainConfig, index: int, stage: StageSection, staged: bool) ->
 def missing_weights_note(model: ModelSection) -> Optional[str]:
     """A note when model.init_from does not exist (yet): the architecture is model.preset's
     until the weights are there (training itself stops on the missing directory)."""
-    if model.init_from is None or Path(model.init_from).exists():
+    if model.init_from is None or init_from_dir(model) is not None:
         return None
-    return (f"model.init_from {model.init_from} does not exist yet: architecture from model.preset={model.preset} "
-            "(training checks the weights when it starts)")
+    return (f"model.init_from {model.init_from} does not exist yet (nor in the Hugging Face cache): architecture from "
+            f"model.preset={model.preset} (training checks the weights, or downloads them, when it starts)")
+
+
+def init_from_dir(model: ModelSection) -> Optional[Path]:
+    """model.init_from's directory here: the path itself, or a Hub id's snapshot in the HF cache
+    (no network: validate_config downloads it before a run); None when neither is there."""
+    if model.init_from is None:
+        return None
+    return hub_or_local(model.init_from, "model.init_from", CONFIG_FILES, revision=model.revision, download=False)
 
 
 def missing_data_note(stages: list[RunStage]) -> Optional[str]:
@@ -124,9 +133,8 @@ def origin_config(model: ModelSection) -> ModelConfig:
     """The architecture before the model section's changes: model.init_from's config.json (the
     preset's when that directory does not exist yet, see missing_weights_note). Reads only
     config.json; validate_config reads it once for the whole run (RunPlan.origin)."""
-    if model.init_from is not None and Path(model.init_from).exists():
-        return read_hf_config(model.init_from)
-    return get_preset(model.preset)
+    local = init_from_dir(model)
+    return read_hf_config(local) if local is not None else get_preset(model.preset)
 
 
 def stage_model_config(stage: RunStage, base: Optional[ModelConfig] = None) -> ModelConfig:

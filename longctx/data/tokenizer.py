@@ -17,7 +17,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import re
 from typing import List, Optional, Sequence, Tuple
 
 import numpy as np
@@ -25,6 +24,7 @@ from tokenizers import Tokenizer
 
 from longctx.data.pieces import PIECE_CHARS, encode_long
 from longctx.errors import UserError
+from longctx.hub import HUB_ID, TOKENIZER_FILES, fetch
 
 Spans = Sequence[Tuple[int, int]]  # [start, end) character offsets
 
@@ -218,9 +218,6 @@ def _from_file(path: str, name: str, specials: dict, source: str, field: str) ->
                        source=source, add_bos_token=specials.get("add_bos_token"), field=field)
 
 
-HUB_ID = re.compile(r"^[A-Za-z0-9][\w.\-]*/[\w.\-]+$")
-
-
 # the files any of which gives a tokenizer directory its vocabulary (fast, or converted by transformers)
 VOCABULARY_FILES = (("tokenizer.json",), ("tokenizer.model",), ("spiece.model",), ("sentencepiece.bpe.model",),
                     ("vocab.json", "merges.txt"), ("vocab.txt",))
@@ -255,12 +252,15 @@ def check_tokenizer_spec(spec: str, field: str = "data.tokenizer") -> None:
 
 
 def load_tokenizer(spec: str, field: str = "data.tokenizer"):
-    """`"byte"`, a path to tokenizer.json, an HF tokenizer directory, or a hub id (network);
+    """`"byte"`, a path to tokenizer.json, an HF tokenizer directory, or a hub id (its files from the
+    HF cache, downloaded there unless HF_HUB_OFFLINE is set);
     errors name `field`, the config field that gave `spec`."""
     if spec is None or spec == "byte":
         return ByteTokenizer()
     check_tokenizer_spec(spec, field)
     path = os.path.expanduser(spec)
+    if not os.path.exists(path):  # a hub id: its tokenizer files, fetched into the HF cache (longctx/hub.py)
+        path = str(fetch(spec, field, TOKENIZER_FILES))
     if os.path.isfile(path):
         return _from_file(path, spec, _read_special_tokens(os.path.dirname(os.path.abspath(path)), field), path, field)
     if os.path.isdir(path):
@@ -284,14 +284,7 @@ def load_tokenizer(spec: str, field: str = "data.tokenizer"):
             raise UserError(f"{field}: {spec} could not be converted to a fast tokenizer")
         return HFTokenizer(hf.backend_tokenizer, spec, hf.bos_token, hf.eos_token, hf.pad_token, source=path,
                            add_bos_token=specials.get("add_bos_token"), field=field)
-    try:  # a hub id
-        tok = Tokenizer.from_pretrained(spec)
-    except Exception as e:
-        raise UserError(
-            f"{field}: could not fetch {spec!r} from the hub ({str(e).splitlines()[0]}); "
-            "pass a local tokenizer.json or directory"
-        ) from None
-    return HFTokenizer(tok, spec, field=field)
+    raise UserError(f"{field}: {spec} is neither a tokenizer.json nor a directory")
 
 
 def check_vocab(tokenizer, model_vocab_size: int) -> None:

@@ -46,7 +46,7 @@ def check(cfg: EvalConfig, world_size: int) -> typing.Optional[Path]:
     cfg.validate(world_size)
     if not cfg.model:
         return None
-    model_dir = resolve_model_dir(cfg.model)  # UserError for a missing/invalid path, before the weights
+    model_dir = resolve_model_dir(cfg.model, cfg.revision)  # UserError for a bad path or Hub id, before the weights
     apply_overrides(base_model_config(model_dir), cfg.model_overrides)
     check_tokenizer_spec(tokenizer_spec_for(model_dir, cfg.tokenizer), TOKENIZER_FIELD)
     return model_dir
@@ -88,7 +88,7 @@ def run(cfg: EvalConfig, *, overwrite: bool = False) -> int:
 def _evaluate(cfg: EvalConfig, world: int, flag: PreemptionFlag, *, overwrite: bool) -> dict:
     """Plan (samples, cells, what --out already has) before the weights load; then evaluate,
     holding --out's lock (rank 0) from the plan to the last write."""
-    model_dir = resolve_model_dir(cfg.model)
+    model_dir = resolve_model_dir(cfg.model, cfg.revision)
     model_config, overrides = apply_overrides(base_model_config(model_dir), cfg.model_overrides)  # config.json only
     spec = tokenizer_spec_for(model_dir, cfg.tokenizer)
     tokenizer = load_tokenizer_for(model_dir, cfg.tokenizer)

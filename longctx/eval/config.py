@@ -39,7 +39,8 @@ class EvalConfig(EvalFields):
     def validate(self, world_size: int) -> None:
         """Every check that needs no weights or process group, for `world_size` processes."""
         if not self.model and self.write_data is None:
-            raise UserError("eval.model: required (--model DIR: an HF directory, checkpoint or run directory)")
+            raise UserError("eval.model: required (--model DIR: an HF directory, checkpoint or run directory, or a "
+                            "Hub id org/name)")
         if not self.model and self.tokenizer is None:
             raise UserError("eval.tokenizer: write_data without a model needs the tokenizer that fits the lengths "
                             "(--tokenizer byte, a tokenizer.json or a tokenizer directory)")

@@ -25,7 +25,9 @@ def option(default, help_text: str):
 class EvalFields:
     """Every option of `longctx eval`, its default and its help; EvalConfig (eval/config.py) adds the checks."""
 
-    model: Optional[str] = option(None, "HF directory, training checkpoint or run directory (required)")
+    model: Optional[str] = option(None, "HF directory, training checkpoint, run directory or Hub id org/name "
+                                        "(required)")
+    revision: Optional[str] = option(None, "Hub revision of --model when it is a Hub id (branch, tag or commit)")
     tokenizer: Optional[str] = option(None, "'byte', tokenizer.json or tokenizer dir (default: the model's own)")
     suite: List[str] = option(["ruler"], "suites: ruler, niah, passkey, ppl")
     tasks: Optional[List[str]] = option(None, "task names (replaces the suite's tasks)")

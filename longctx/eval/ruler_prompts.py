@@ -20,7 +20,7 @@ from longctx.eval.ruler_format import DATA_FILE, write_ruler_data
 
 def _tokenizer(cfg: EvalConfig):
     if cfg.model:
-        return load_tokenizer_for(resolve_model_dir(cfg.model), cfg.tokenizer)
+        return load_tokenizer_for(resolve_model_dir(cfg.model, cfg.revision), cfg.tokenizer)
     return load_tokenizer(cfg.tokenizer, field=TOKENIZER_FIELD)
 
 

@@ -17,6 +17,7 @@ import torch
 from longctx import manifest
 from longctx.attention import AttentionFn
 from longctx.errors import UserError
+from longctx.hub import MODEL_FILES, hub_or_local
 from longctx.manifest import COMPLETE
 from longctx.model.consolidate import CheckpointModel, has_export, load_consolidated, recorded_model
 from longctx.model.hf import load_pretrained
@@ -57,9 +58,11 @@ def _in_run(run: Path) -> Optional[Path]:
     return _verified(complete[-1]) if complete else None
 
 
-def resolve_model_dir(path: str | Path) -> Path:
-    """An HF directory, or a verified checkpoint without model/ (load it with load_model_dir)."""
-    path = Path(path)
+def resolve_model_dir(path: str | Path, revision: Optional[str] = None, field: str = "eval.model",
+                      revision_field: str = "eval.revision") -> Path:
+    """An HF directory, or a verified checkpoint without model/ (load it with load_model_dir);
+    a Hub id ("org/name", not a path here) is its snapshot in the HF cache, downloaded if need be."""
+    path = Path(hub_or_local(str(path), field, MODEL_FILES, revision=revision, revision_field=revision_field) or path)
     if not path.exists():
         raise UserError(f"{path}: model path does not exist")
     if not path.is_dir():

@@ -11,6 +11,7 @@ import torch
 from torch import nn
 
 from longctx.config import RunPlan, TrainConfig, validate_config
+from longctx.config.stages import init_from_dir
 from longctx.model.config import ModelConfig
 from longctx.model.hf import load_pretrained
 from longctx.model.llama import Transformer, build_model, count_parameters
@@ -28,11 +29,14 @@ def build_plain_model(cfg, model_cfg: ModelConfig, device: torch.device) -> tupl
     architecture initialised from train.seed. Returns (model, the line that says where the
     weights come from)."""
     m = cfg.model
+    source = m.init_from
     if m.init_from:
-        model = load_pretrained(m.init_from, config=model_cfg, device=device)
+        local = init_from_dir(m) or Path(m.init_from)  # a Hub id: its snapshot, downloaded by validate_config
+        model = load_pretrained(local, config=model_cfg, device=device)
+        source = m.init_from if str(local) == m.init_from else f"{m.init_from} ({local})"
     else:
         model = build_model(model_cfg, device=device, seed=cfg.train.seed)
-    line = weights_line(m.init_from, m.preset, len(model.state_dict()), count_parameters(model), cfg.train.seed)
+    line = weights_line(source, m.preset, len(model.state_dict()), count_parameters(model), cfg.train.seed)
     return model.to(train_dtype(cfg)), line
 
 

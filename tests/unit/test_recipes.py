@@ -4,6 +4,7 @@ is inspected (--print-config, --dry-run) without its weights, which training its
 import math
 import re
 
+import huggingface_hub
 import pytest
 
 from helpers.recipes import CPU_RECIPES, PRESET_OF, RECIPES, ROOT, cluster
@@ -99,8 +100,11 @@ def test_a_recipe_is_inspected_without_its_weights_and_training_asks_for_them(tm
     """No checkpoints/ here: --print-config and --dry-run take the architecture from model.preset
     and say so in one note; training stops with one error line naming model.init_from before
     out_dir exists."""
-    monkeypatch.chdir(tmp_path)  # the recipes' checkpoints/<model> paths are relative
+    monkeypatch.chdir(tmp_path)  # a recipe's local models/<model> path is relative
     monkeypatch.delenv("WORLD_SIZE", raising=False)
+    # the recipes' Hub ids against an empty Hugging Face cache, offline (huggingface_hub's own settings)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
     path, out = str(ROOT / "configs" / name), tmp_path / "run"
     cfg = load_config(path)
     assert cfg.model.preset == PRESET_OF[name]
@@ -108,11 +112,12 @@ def test_a_recipe_is_inspected_without_its_weights_and_training_asks_for_them(tm
         assert main(["train", "--config", path, flag, "--world-size", "64", f"out_dir={out}"]) == 0
         captured = capsys.readouterr()
         notes = [line for line in captured.err.splitlines() if "model.init_from" in line]
-        assert notes == [f"note: model.init_from {cfg.model.init_from} does not exist yet: architecture from "
-                         f"model.preset={PRESET_OF[name]} (training checks the weights when it starts)"]
+        assert notes == [f"note: model.init_from {cfg.model.init_from} does not exist yet (nor in the Hugging Face "
+                         f"cache): architecture from model.preset={PRESET_OF[name]} (training checks the weights, "
+                         "or downloads them, when it starts)"]
     preset_params = count_parameters(build_model(get_preset(PRESET_OF[name]), device="meta"))
     assert f"params {preset_params:,}" in captured.out and "memory per GPU" in captured.out
     assert main(["train", "--config", path, f"out_dir={out}"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert err[-1].startswith(f"error: model.init_from: {cfg.model.init_from} does not exist")
+    assert err[-1].startswith(f"error: model.init_from: {cfg.model.init_from} is not in the Hugging Face cache")
     assert not out.exists()
