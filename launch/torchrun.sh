@@ -97,7 +97,9 @@ fi
 echo "[torchrun.sh on $(hostname)] $nnodes node(s) x $nproc processes${endpoint:+, rendezvous $endpoint}" >&2
 longctx_print_env >&2
 started=$(date +%s)
-"$PY" -m torch.distributed.run "${args[@]}" -m longctx "$@" &
+# the agent is SIGKILLed when this script is (die_with_parent.py), and its workers die with it
+# (longctx/launcher_tie.py): a `kill -9` of this script leaves nothing running
+"$PY" "$HERE/die_with_parent.py" "$PY" -m torch.distributed.run "${args[@]}" -m longctx "$@" &
 agent=$!
 
 # shellcheck disable=SC2317  # invoked by the traps below
@@ -122,7 +124,12 @@ done
 marker=${out_dir:+$out_dir/PREEMPTED}
 if (( rc != 0 )) && [[ -n $marker && -f $marker ]] && (( $(stat -c %Y "$marker") >= started )); then
     if [[ $1 == train ]]; then
-        echo "[torchrun.sh] preempted: checkpoint saved at step $(cat "$marker"); the same command resumes it" >&2
+        step=$(cat "$marker")
+        if [[ $step == 0 ]]; then  # stopped during start-up, before any checkpoint
+            echo "[torchrun.sh] preempted before the first step; the same command starts the run" >&2
+        else
+            echo "[torchrun.sh] preempted: checkpoint saved at step $step; the same command resumes it" >&2
+        fi
     else
         echo "[torchrun.sh] preempted: $(cat "$marker") done in $out_dir; the same command continues it" >&2
     fi

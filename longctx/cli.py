@@ -15,7 +15,7 @@ import re
 import sys
 from typing import NoReturn, Optional
 
-from longctx import __version__, recipes
+from longctx import __version__, recipes, startup
 from longctx.errors import UserError
 from longctx.third_party_logs import quiet_other_ranks
 
@@ -101,6 +101,8 @@ def build_parser(command: Optional[str] = None) -> argparse.ArgumentParser:
 
 
 def main(argv: Optional[list[str]] = None) -> int:
+    if argv is None:  # the process's entry point (not a call from Python): see longctx/startup.py
+        startup.begin(sys.argv[1:])
     quiet_other_ranks()  # third-party warnings on rank 0 only: before a command module imports torch or DeepSpeed
     argv = sys.argv[1:] if argv is None else argv
     command = chosen_command(argv)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import signal
 import sys
 import time
 from pathlib import Path
@@ -69,6 +70,16 @@ log = logging.getLogger("longctx.train")
 class Trainer:
     def __init__(self, cfg: TrainConfig, plan: Optional[RunPlan] = None):
         self.start_time = time.monotonic()  # the end summary's wall time
+        # from here a SIGTERM/SIGUSR1 stops the run at its next safe point (before the process's
+        # first statement too: longctx/startup.py recorded it); start-up checks in run()
+        self.flag = PreemptionFlag().install()
+        try:
+            self._set_up(cfg, plan)
+        except BaseException:
+            self.flag.uninstall()
+            raise
+
+    def _set_up(self, cfg: TrainConfig, plan: Optional[RunPlan]) -> None:
         self.cfg = cfg
         self.env = read_env()
         self.plan = plan_for(cfg, plan, self.env.world_size)
@@ -91,22 +102,30 @@ class Trainer:
         self._source_fingerprints: dict[int, list] = {}
         self.last_checkpoint: Optional[Path] = None
         # built by run(): the engine and its model, the current stage's cp size, mesh and step setup, the outputs
-        self.engine = self.model = self.mesh = self.setup = self.rates = self.writer = self.flag = self.progress = None
+        self.engine = self.model = self.mesh = self.setup = self.rates = self.writer = self.progress = None
         self.cp, self.peak, self.peak_src = 0, 0.0, ""
 
     # ------------------------------------------------------------------------ the job
     def run(self) -> int:
         cfg = self.cfg
+        if self._preempted_in_startup():  # a signal during the imports, the rendezvous or the lock
+            return PREEMPTED_EXIT_CODE
         self.resume_from = self.last_checkpoint = choose_resume(self.resume_candidates, cfg.checkpoint.resume)
         self.restart_sources = changed_resumed_sources(self.resume_from, self.stages)
+        if self._preempted_in_startup():  # ... during the checkpoint's verification
+            return PREEMPTED_EXIT_CODE
         write_run_files(self.out, self.rank, cfg)
         continuation = self._continuation()
         if continuation is not None and continuation.stage == len(self.stages):
             return 0  # nothing left to train (the notice is printed)
         torch.manual_seed(cfg.train.seed)
         tokenizer = self._build_engine()
+        if self._preempted_in_startup():  # ... while the model and the engine were built
+            return PREEMPTED_EXIT_CODE
         state = TrainState()
         loader_state = self._restore(state, continuation) if continuation is not None else None
+        if self._preempted_in_startup():  # ... while the checkpoint loaded (from here: the step loop's check)
+            return PREEMPTED_EXIT_CODE
         totals = RunTotals(first_step=state.step, first_tokens=state.tokens)
         self._open_outputs(state.step)
         rc = 0
@@ -137,7 +156,6 @@ class Trainer:
         self.peak, self.peak_src = peak_flops_per_device(cfg.log.peak_tflops, self.dtype)
         if self.rank == 0 and (note := slow_dtype_note(self.dtype, self.device)):
             self._announce(note)
-        self.flag = PreemptionFlag().install()
         self.progress = Progress(sum(s.steps for s in self.stages), "train", "step", initial=start_step,
                                  enabled=self.rank == 0 and cfg.log.progress)
 
@@ -145,7 +163,6 @@ class Trainer:
         self.progress.close()
         self.progress = None
         self.writer.close()
-        self.flag.uninstall()
 
     def _print_summary(self, totals: RunTotals, preempted: bool) -> None:
         """The run's last lines on rank 0: steps, final loss, times, throughput, where its
@@ -270,6 +287,7 @@ class Trainer:
         """Release out_dir's lock, then the DeepSpeed engine's hooks and buffers (its documented
         cleanup): without it a ZeRO >= 1 engine, its model and its process groups outlive the
         job in this process. Never raises: teardown must not replace the job's result."""
+        self.flag.uninstall()
         if self.lock is not None:
             run_lock.release_lock(self.out, self.lock)
             self.lock = None
@@ -332,6 +350,24 @@ class Trainer:
         if record["skipped"] or state.step % self.cfg.log.every == 0 or state.stage_step == stage.steps:
             record.update(step=state.step, stage=si, tokens_seen=state.tokens, peak_flops_source=self.peak_src)
             self.writer.write(record)
+
+    def _preempted_in_startup(self) -> bool:
+        """Collective, before the first step: True on every rank when any rank was signalled.
+        Rank 0 then writes PREEMPTED with the step the next start continues from (0: none), so
+        launchers requeue; nothing else was written that the next start would find."""
+        if not self.flag.agreed():
+            return False
+        resumes = self.resume_from or next(iter(self.resume_candidates), None)
+        step = read_trainer_state(resumes)["step"] if resumes is not None else 0
+        name = signal.Signals(self.flag.received).name if self.flag.received else "a signal on another rank"
+        after = f"resumes from step {step}" if step else "starts the run"
+        log.warning("preemption signal %s during start-up: stopping before the first step, exit %d",
+                    name, PREEMPTED_EXIT_CODE)
+        if self.rank == 0:
+            (self.out / PREEMPTED_MARKER).write_text(f"{step}\n")
+            print(f"preempted ({name}) during start-up, before the first step: nothing trained; exit code "
+                  f"{PREEMPTED_EXIT_CODE}; the same command {after}", file=sys.stderr, flush=True)
+        return True
 
     def _report_preemption(self, step: int) -> None:
         log.warning("preemption signal %s: checkpoint saved at step %d, exiting with %d",

@@ -15,9 +15,11 @@ from typing import Optional
 import torch
 import torch.distributed as dist
 
+from longctx import startup
+
 PREEMPTED_EXIT_CODE = 85
 PREEMPTED_MARKER = "PREEMPTED"  # written in the run directory (holds the saved step)
-HANDLED = (signal.SIGUSR1, signal.SIGTERM)
+HANDLED = startup.HANDLED
 
 
 class PreemptionFlag:
@@ -28,6 +30,8 @@ class PreemptionFlag:
     def install(self) -> "PreemptionFlag":
         for sig in HANDLED:
             self._previous[sig] = signal.signal(sig, self._handle)
+        if self.received is None:  # a signal during start-up, recorded since the first statement
+            self.received = startup.received()
         return self
 
     def uninstall(self) -> None:
