@@ -2,7 +2,7 @@
 sequence parallelism, with and without TiledMLP + TiledFusedLogitsLoss), longctx context
 parallelism (ring, ulysses, allgather), and one process of transformers and of longctx.
 
-    .venv/bin/python benchmarks/bench_peers.py --lengths 8192 --world 2 --out docs/bench_peers.json
+    .venv/bin/python benchmarks/bench_peers.py --lengths 8192 --world 2 --out docs/results/bench_peers.json
     .venv/bin/python benchmarks/bench_peers.py --max-len --budget-gb 8 --world 2
 
 One HF checkpoint is loaded by every contender: the bench-44m shape with random weights (made

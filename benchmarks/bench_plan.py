@@ -9,9 +9,10 @@ with the CPU calibration: one fixed per-process runtime overhead, measured once 
 script as the peak RSS of the same trainer with the `debug-tiny` model (0.1M parameters, 256
 tokens), where model states and activations are negligible. Nothing else is fitted.
 
-    python benchmarks/bench_plan.py --out docs/bench_plan.json            # measure + predict
-    python benchmarks/bench_plan.py --from-json docs/bench_plan.json      # re-predict, no training
-    python benchmarks/bench_plan.py --from-json docs/bench_plan.json --only "T4k cp1 z0 none" --out docs/bench_plan.json
+    python benchmarks/bench_plan.py --out docs/results/bench_plan.json            # measure + predict
+    python benchmarks/bench_plan.py --from-json docs/results/bench_plan.json      # re-predict, no training
+    python benchmarks/bench_plan.py --from-json docs/results/bench_plan.json --only "T4k cp1 z0 none" \
+        --out docs/results/bench_plan.json
                                                                           # re-measure some, keep the rest
 """
 from __future__ import annotations

@@ -12,7 +12,7 @@ resident while the other steps). Reported: median and min step time, tokens/s at
 and peak RSS growth over the process baseline after the model and optimizer exist (peak RSS,
 VmHWM, - RSS before the first step), with big blocks mmapped so freed tensors leave RSS.
 
-    python benchmarks/bench_train.py --seq-lens 16384,32768,65536 --out docs/bench_train.json
+    python benchmarks/bench_train.py --seq-lens 16384,32768,65536 --out docs/results/bench_train.json
 
 On a GPU (`--device cuda`): the same comparison with peak CUDA memory (max_memory_allocated
 after the first step's start) instead of RSS, and TF32 left at torch's defaults; `--preset`

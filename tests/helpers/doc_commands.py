@@ -1,4 +1,4 @@
-"""The shell commands of README.md and docs/*.md as a reader copies them: found in the fenced
+"""The shell commands of README.md, docs/*.md and docs/results/*.md as a reader copies them: found in the fenced
 ```bash blocks, and run the way a reader runs them (a fresh directory, the venv's bin on PATH,
 no terminal).
 
@@ -9,6 +9,11 @@ of any other block must be listed there as not run, with the reason.
 A command is one logical line (`\\` continuations joined, comment lines skipped). A line that
 only assigns a variable (`J=RULER/...`, `S=$(mktemp -d)`) is not a command: it is set before
 each later command of its block.
+
+Keys: a command is named by its text alone (`DocCommand.key`: one line, comments and repeated
+blanks removed), never by its file or line, so editing the prose around a command, moving it
+within a doc or to another doc, or re-wrapping its continuation lines changes nothing; only a
+change to the command itself needs its entry (or its run) updated. Test ids use the key too.
 """
 from __future__ import annotations
 
@@ -52,7 +57,13 @@ class DocCommand:
 
     @property
     def where(self) -> str:
+        """Where it is now (for messages only: it moves when prose around it changes)."""
         return f"{self.doc}:{self.line}"
+
+    @property
+    def test_id(self) -> str:
+        """A pytest id that survives prose edits: the doc and the command's key."""
+        return f"{self.doc}::{self.key}"
 
     @property
     def in_checkout(self) -> bool:
@@ -69,7 +80,9 @@ class Block:
 
 
 def doc_files(root: Path = ROOT) -> list[Path]:
-    return [root / "README.md", *sorted((root / "docs").glob("*.md"))]
+    """README.md, the manuals (docs/*.md) and the dated reports (docs/results/*.md)."""
+    docs = root / "docs"
+    return [root / "README.md", *sorted(docs.glob("*.md")), *sorted((docs / "results").glob("*.md"))]
 
 
 def strip_comment(line: str) -> str:

@@ -1,4 +1,4 @@
-"""Every shell command of README.md and docs/*.md works as written, or is listed here as not run
+"""Every shell command of README.md, docs/*.md and docs/results/*.md works as written, or is listed here as not run
 and why. A block marked `<!-- doc-test: run -->` (tests/helpers/doc_commands.py) runs each of
 its commands in a fresh directory, the venv's bin on PATH, without a terminal: exit code 0 and
 no traceback. The commands of every other ```bash block are keys of NOT_RUN below (or run in a
@@ -133,10 +133,11 @@ NOT_RUN = {  # command (DocCommand.key) -> why it is not run
     ".venv/bin/python benchmarks/bench_peers.py ... --recompute-attention": ELLIPSIS,
     ".venv/bin/python benchmarks/bench_peers.py ... --mlp-tile-tokens 2048": ELLIPSIS,
     ".venv/bin/python benchmarks/peak_tensors.py --impl ulysses --seq-len 32768": BENCH,
-    ".venv/bin/python benchmarks/bench_peers.py --render a.json b.json --out docs/bench_peers.json":
-        "needs saved benchmark runs (a.json, b.json) and rewrites docs/bench_peers.json",
+    ".venv/bin/python benchmarks/bench_peers.py --render a.json b.json --out docs/results/bench_peers.json":
+        "needs saved benchmark runs (a.json, b.json) and rewrites docs/results/bench_peers.json",
     ".venv/bin/python benchmarks/bench_peers.py --world 2 --impls alst,alst-tiled,ulysses --lengths 1024 "
-    "--check-len 1024 --steps 1 --warmup 0 --dtype float32": f"{BENCH} (~2 min)",
+    "--check-len 1024 --steps 1 --warmup 0 --dtype float32 --out docs/results/bench_peers_check_1024.json":
+        f"{BENCH} (~2 min); rewrites docs/results/bench_peers_check_1024.json",
     ".venv/bin/python benchmarks/bench_peers.py --world 2 --impls alst,alst-tiled,ring,ulysses --lengths 16384 "
     "--no-check --alst-loss-shard-tokens 1024 --dtype float32 --steps 3 --warmup 0": f"{BENCH} (~20 min)",
     "OMP_NUM_THREADS=1 .venv/bin/torchrun --nproc_per_node 2 -m longctx train out_dir=runs/b44-16k "
@@ -149,7 +150,7 @@ NOT_RUN = {  # command (DocCommand.key) -> why it is not run
         f"{BENCH} (~45 min); needs scripts/smollm2.py's download",
     ".venv/bin/python benchmarks/bench_peers.py --init-from models/smollm2-135m-instruct --world 1 --impls hf,ours "
     "--lengths 16384 --dtype float32 --threads-per-rank 2 --steps 2 --warmup 0 --check-len 1024 "
-    "--out docs/bench_peers_smollm2_16k.json": f"{BENCH} (~55 min); needs scripts/smollm2.py's download",
+    "--out docs/results/bench_peers_smollm2_16k.json": f"{BENCH} (~55 min); needs scripts/smollm2.py's download",
     ".venv/bin/python benchmarks/bench_peers.py --init-from models/smollm2-135m-instruct --world 2 "
     "--impls alst,ring,ulysses --lengths 4096 --dtype float32 --steps 3 --warmup 0 --check-len 1024":
         f"{BENCH} (~15 min); needs scripts/smollm2.py's download",
@@ -158,19 +159,20 @@ NOT_RUN = {  # command (DocCommand.key) -> why it is not run
         f"{BENCH} (~10 min); needs scripts/smollm2.py's download",
     ".venv/bin/python benchmarks/bench_peers.py --init-from models/smollm2-135m-instruct --world 3 "
     "--impls alst,ulysses --lengths 9216 --dtype float32 --steps 3 --warmup 0 --check-len 1536 "
-    "--out docs/bench_peers_smollm2_w3_9k.json": f"{BENCH} (~30 min); needs scripts/smollm2.py's download",
+    "--out docs/results/bench_peers_smollm2_w3_9k.json": f"{BENCH} (~30 min); needs scripts/smollm2.py's download",
     ".venv/bin/python benchmarks/bench_peers.py --init-from models/smollm2-135m-instruct --world 3 "
     "--impls alst,ulysses --lengths 12288 --dtype float32 --steps 2 --warmup 0 --check-len 1536 "
-    "--out docs/bench_peers_smollm2_w3_12k.json": f"{BENCH} (~30 min); needs scripts/smollm2.py's download",
+    "--out docs/results/bench_peers_smollm2_w3_12k.json": f"{BENCH} (~30 min); needs scripts/smollm2.py's download",
     ".venv/bin/python benchmarks/bench_head_limit.py --shapes 2048x512x32000,2048x576x49152,1024x576x49152 "
-    "--threads 1,2 --init-from models/smollm2-135m-instruct --out docs/bench_head_limit.json":
-        f"{BENCH} (~4 min); needs scripts/smollm2.py's download; rewrites docs/bench_head_limit.json",
+    "--threads 1,2 --init-from models/smollm2-135m-instruct --out docs/results/bench_head_limit.json":
+        f"{BENCH} (~4 min); needs scripts/smollm2.py's download; rewrites docs/results/bench_head_limit.json",
     # gpu.md
     "GGUF=SmolLM2-135M-Instruct.Q4_1.gguf WHEELS=.whl TRAIN_S=200 EVAL_S=90 RULER_SAMPLES=6 "
     "bash scripts/gpu_smollm2_32k.sh gpu_out": "needs a CUDA GPU, the GGUF and the text (~10 min)",
     # plan.md
-    "python benchmarks/bench_plan.py --out docs/bench_plan.json": f"{BENCH} (~15 min); rewrites docs/bench_plan.json",
-    "python benchmarks/bench_plan.py --from-json docs/bench_plan.json": "rewrites docs/bench_plan.json",
+    "python benchmarks/bench_plan.py --out docs/results/bench_plan.json":
+        f"{BENCH} (~15 min); rewrites docs/results/bench_plan.json",
+    "python benchmarks/bench_plan.py --from-json docs/results/bench_plan.json": "rewrites docs/results/bench_plan.json",
     # real_model.md
     "nice .venv/bin/python scripts/zero_shot_table.py --model models/smollm2-135m-instruct --ppl-data "
     "data/longtext/heldout.jsonl --out eval/smollm2-zero-shot --phases ppl --ppl-lengths 2k,4k,8k,16k,32k "
@@ -245,6 +247,23 @@ NOT_RUN = {  # command (DocCommand.key) -> why it is not run
                                                                       "resumes on other layouts)",
     "torchrun --nproc_per_node 4 -m longctx train --config run.yaml checkpoint.resume=auto train.grad_accum=2":
         f"{GPUS}; resumes the line above's run",
+    # training.md and docs/results/2026-11-29-train-step-cpu.md
+    "python benchmarks/bench_train.py --seq-lens 16384,32768,65536 --out docs/results/bench_train.json":
+        f"{BENCH} (~30 min); rewrites docs/results/bench_train.json",
+    **{f"python benchmarks/bench_train.py --seq-lens {t} --impls {impls} --steps 1 --warmup 0": f"{BENCH} (minutes)"
+       for t, impls in (("16384", "ours,hf,ours-recompute-all"), ("32768", "ours,hf"), ("65536", "ours"))},
+    # docs/results/2026-12-01-peers-bench44m-world2.md
+    ".venv/bin/python benchmarks/bench_peers.py --lengths 4096,8192 --check-len 1024": BENCH,
+    ".venv/bin/python benchmarks/bench_peers.py --lengths 32768 --no-check --impls alst,alst-tiled,ring,ulysses": BENCH,
+    ".venv/bin/python benchmarks/bench_peers.py --max-len --budget-gb 1.5 --max-len-start 98304 --max-len-cap 131072 "
+    "--impls ulysses --recompute-attention --mlp-tile-tokens 2048 --loss-chunk 1024 --probe-timeout 900": BENCH,
+    ".venv/bin/python benchmarks/bench_peers.py --max-len --budget-gb 1.5 --max-len-start 65536 --max-len-cap 98304 "
+    "--impls alst-tiled --alst-loss-shard-tokens 1024 --probe-timeout 900": BENCH,
+    # docs/results/2026-12-05-eval-runner.md
+    ".venv/bin/python benchmarks/bench_eval.py --json docs/results/bench_eval.json":
+        f"{BENCH} (~25 s); rewrites docs/results/bench_eval.json",
+    ".venv/bin/python benchmarks/bench_eval.py --quick --json docs/results/bench_eval_quick.json":
+        f"{BENCH} (~25 s); rewrites docs/results/bench_eval_quick.json",
 }
 
 COMMANDS = shell_commands()
@@ -272,7 +291,7 @@ def test_every_doc_command_is_run_or_listed(capsys):
               f"repeating a command that is run, {len(COMMANDS)} in all")
 
 
-@pytest.mark.parametrize("cmd", RUN, ids=[c.where for c in RUN])
+@pytest.mark.parametrize("cmd", RUN, ids=[c.test_id for c in RUN])
 def test_doc_command(cmd, tmp_path):
     cwd = workdir(cmd, tmp_path)
     res = run_command(cmd, cwd, reader_env(VENV_BIN, tmp_path), TIMEOUT)

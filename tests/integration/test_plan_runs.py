@@ -22,8 +22,8 @@ def test_train_dry_run_prints_the_breakdown():
 
 
 def test_planner_within_20_percent_of_a_real_run(tmp_path):
-    """One configuration of benchmarks/bench_plan.py measured for real (the full table is in docs/plan.md);
-    benchmarks/ is on pytest's pythonpath."""
+    """One configuration of benchmarks/bench_plan.py measured for real (the full table is in
+    docs/results/2026-11-29-plan-accuracy.md); benchmarks/ is on pytest's pythonpath."""
     import bench_plan
 
     from longctx.plan import RUNTIME_GB
