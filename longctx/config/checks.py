@@ -20,6 +20,7 @@ from longctx.errors import UserError
 from longctx.hub import MODEL_FILES, hub_or_local
 from longctx.model.config import ModelConfig
 from longctx.parallel.layout import CPFields, ulysses_degree, validate_cp
+from longctx.wandb_log import check_installed
 
 WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin")  # what load_pretrained reads
 
@@ -66,6 +67,8 @@ def _validate_on_this_machine(cfg: TrainConfig, weights: bool) -> Optional[dict]
         if weights or local is not None:
             _check_init_from(local or Path(m.init_from), weights)
     check_backend_available(par.attention_backend, "parallel.attention_backend")
+    if cfg.log.wandb is not None:
+        check_installed("log.wandb")
     deepspeed = None
     if par.deepspeed_config is not None:
         deepspeed = load_deepspeed_json(par.deepspeed_config)

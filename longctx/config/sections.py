@@ -18,6 +18,7 @@ from longctx.data.config import DataConfig, SourceConfig
 from longctx.errors import UserError
 from longctx.model.config import PRESETS
 from longctx.parallel.layout import CP_IMPLS
+from longctx.wandb_log import check_mode
 
 DTYPES = ("float32", "bfloat16")
 SCHEDULES = ("cosine", "linear", "constant")
@@ -65,7 +66,7 @@ class ParallelSection:
     cp_size: int = 1
     cp_impl: str = "ring"  # ring | allgather | ulysses | hybrid
     ulysses_size: int = 1  # hybrid: Ulysses degree inside each cp group (ring degree = cp_size / this); 0: auto
-    attention_backend: str = "auto"  # auto | flash | sdpa | eager
+    attention_backend: str = "auto"  # auto | sdpa | flash | fa4 | varlen | flex | eager
     zero_stage: int = 0  # DeepSpeed ZeRO stage 0..3, sharded over all dp x cp ranks
     offload_optimizer: bool = False
     offload_params: bool = False  # stage 3 only
@@ -165,14 +166,32 @@ class CheckpointSection:
 
 
 @dataclass
+class WandbSection:
+    """log.wandb: Weights & Biases logging beside TensorBoard (longctx/wandb_log.py); unset: off."""
+
+    project: str = "longctx"
+    entity: Optional[str] = None  # W&B's default entity of the logged-in user when null
+    name: Optional[str] = None  # the run's display name (default: out_dir's name)
+    mode: str = "online"  # online | offline (written under out_dir/wandb, uploaded later by `wandb sync`)
+
+    def validate(self) -> None:
+        check_mode("log.wandb.mode", self.mode)
+        if not self.project:
+            raise UserError("log.wandb.project: must name a W&B project, got an empty string")
+
+
+@dataclass
 class LogSection:
     every: int = 1
     tensorboard: bool = True
+    wandb: Optional[WandbSection] = None  # e.g. log.wandb.project=NAME (log.wandb.mode=offline)
     progress: bool = True
     peak_tflops: Optional[float] = None  # per device, for MFU; null: known GPU table / measured on CPU
 
     def validate(self) -> None:
         require_at_least("log.every", self.every, 1)
+        if self.wandb is not None:
+            self.wandb.validate()
         if self.peak_tflops is not None and not (math.isfinite(self.peak_tflops) and self.peak_tflops > 0):
             raise UserError(f"log.peak_tflops: must be null or a finite number > 0, got {self.peak_tflops}")
 

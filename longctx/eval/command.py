@@ -34,6 +34,7 @@ from longctx.eval.model_io import (
 )
 from longctx.eval.model_overrides import apply_overrides, base_model_config
 from longctx.eval.ruler_prompts import write_prompts
+from longctx.eval.wandb_table import log_results
 from longctx.launch_env import read_env
 from longctx.manifest import gather_objects
 from longctx.parallel.mesh import build_mesh, init_distributed, shutdown_distributed
@@ -79,6 +80,8 @@ def run(cfg: EvalConfig, *, overwrite: bool = False) -> int:
         for note in (result["ppl"] or {}).get("notes", []):
             print(f"warning: {note}", file=sys.stderr)
         _print_summary(result)
+        if cfg.wandb_project is not None and read_env().rank == 0:
+            log_results(cfg, result)
         if result["comparability"] and not result["comparability"]["ruler_comparable"]:
             print(warning_line(result["comparability"]), file=sys.stderr)
         print(end_summary(result, time.monotonic() - start))

@@ -22,6 +22,7 @@ from longctx.eval.fields import EvalFields
 from longctx.eval.model_overrides import check_keys
 from longctx.eval.tasks import NIAH_GRID_TASK, RULER_TASKS, TaskOptions, get_task
 from longctx.parallel.layout import DECODE_CP_IMPLS
+from longctx.wandb_log import check_installed, check_mode
 
 SUITES = ("ruler", "niah", "passkey", "ppl")
 DEFAULT_DEPTHS = [i / 10 for i in range(11)]
@@ -65,6 +66,11 @@ class EvalConfig(EvalFields):
         if self.tokenizer is not None:
             check_tokenizer_spec(self.tokenizer, TOKENIZER_FIELD)
         check_keys(self.model_overrides)
+        if self.wandb_project is not None:
+            check_mode("eval.wandb_mode", self.wandb_mode)
+            if self.out is None:
+                raise UserError("eval.wandb_project: W&B writes its files in --out; set --out")
+            check_installed("eval.wandb_project")
 
     def task_options(self) -> TaskOptions:
         return TaskOptions(style=self.style, max_new_tokens=self.max_new_tokens, essay_path=self.essay,

@@ -61,5 +61,9 @@ class EvalFields:
     ruler_data: Optional[str] = option(None, "a RULER prepared-data directory to evaluate")
     write_data: Optional[str] = option(None, "write our prompts in RULER's data layout (no model needed)")
     words: Optional[str] = option(None, "RULER's english_words.json (cwe)")
+    wandb_project: Optional[str] = option(None, "log the results to this W&B project as a table (needs wandb)")
+    wandb_entity: Optional[str] = option(None, "W&B entity (default: the logged-in user's)")
+    wandb_name: Optional[str] = option(None, "W&B run name (default: --out's name)")
+    wandb_mode: str = option("online", "online | offline (W&B files under --out/wandb, uploaded by `wandb sync`)")
     # a mapping: set as key=value only (model_overrides.max_position_embeddings=32768), no flag
     model_overrides: Dict[str, Any] = option({}, "ModelConfig fields replaced at eval time (zero-shot RoPE)")

@@ -63,6 +63,7 @@ from longctx.train.state import TrainState
 from longctx.train.step import StepSetup, train_step
 from longctx.train.step_metrics import stage_rates, step_record
 from longctx.train.summary import RunTotals, end_summary, layout_line, rope_line
+from longctx.wandb_log import open_run
 
 log = logging.getLogger("longctx.train")
 
@@ -152,12 +153,19 @@ class Trainer:
         (a bar on a terminal, a plain line every 30 s or 10% of the steps elsewhere)."""
         cfg = self.cfg
         self.writer = MetricsWriter(self.out, self.rank == 0, cfg.log.tensorboard, start_step=start_step,
-                                    notify=self._announce)
+                                    notify=self._announce, wandb_run=self._wandb_run())
         self.peak, self.peak_src = peak_flops_per_device(cfg.log.peak_tflops, self.dtype)
         if self.rank == 0 and (note := slow_dtype_note(self.dtype, self.device)):
             self._announce(note)
         self.progress = Progress(sum(s.steps for s in self.stages), "train", "step", initial=start_step,
                                  enabled=self.rank == 0 and cfg.log.progress)
+
+    def _wandb_run(self):
+        """Rank 0's W&B run (log.wandb), with the resolved config; a resumed run keeps its id."""
+        w = self.cfg.log.wandb
+        if w is None or self.rank != 0:
+            return None
+        return open_run(self.out, w.project, w.entity, w.name, w.mode, dataclasses.asdict(self.cfg), keep_id=True)
 
     def _close_outputs(self) -> None:
         self.progress.close()

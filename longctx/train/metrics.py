@@ -27,6 +27,7 @@ from longctx import atomic
 from longctx.attention import sdpa_attention
 from longctx.model.config import ModelConfig
 from longctx.model.loss import chunked_cross_entropy
+from longctx.wandb_log import log_scalars
 
 GPU_PEAK_TFLOPS = {"H200": 989.0, "H100": 989.0, "A100": 312.0, "L40S": 362.0, "A10": 125.0, "V100": 125.0}
 
@@ -356,9 +357,10 @@ class MetricsWriter:
     is told to purge them (its `purge_step`)."""
 
     def __init__(self, out_dir: Path, enabled: bool, tensorboard: bool, *, start_step: int = 0,
-                 notify=None):
+                 notify=None, wandb_run=None):
         self.enabled = enabled
         self._file = self._tb = None
+        self._wandb = wandb_run  # a W&B run (longctx/wandb_log.py) given the same scalars, or None
         if not enabled:
             return
         dropped = trim_metrics(out_dir, start_step)
@@ -380,9 +382,13 @@ class MetricsWriter:
             for key, value in record.items():
                 if isinstance(value, (int, float)) and key != "step":
                     self._tb.add_scalar(f"train/{key}", value, record["step"])
+        if self._wandb is not None:
+            log_scalars(self._wandb, record)
 
     def close(self) -> None:
         if self._file:
             self._file.close()
         if self._tb is not None:
             self._tb.close()
+        if self._wandb is not None:
+            self._wandb.finish()

@@ -1,0 +1,34 @@
+"""An evaluation's results as a W&B table (--wandb-project): one row per task and length (the
+score), the average per length, and perplexity per length; the run's config is the eval config."""
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+from longctx.wandb_log import log_table, open_run
+
+COLUMNS = ["task", "length", "metric", "value"]
+
+
+def result_rows(result: dict) -> list[list]:
+    summary, rows = result.get("summary") or {}, []
+    for name, task in (summary.get("tasks") or {}).items():
+        rows += [[name, int(length), "score", float(score)] for length, score in task["scores"].items()]
+    averages = summary.get("average_by_length") or {}
+    rows += [["average", int(length), "score", float(v)] for length, v in averages.items()]
+    ppl = (result.get("ppl") or {}).get("rows", [])
+    rows += [["ppl", int(r["length"]), "perplexity", float(r["ppl"])] for r in ppl]
+    return rows
+
+
+def log_results(cfg, result: dict) -> None:
+    """A W&B run in cfg.out/wandb holding the results table (key eval/results) and the effective length."""
+    run = open_run(Path(cfg.out), cfg.wandb_project, cfg.wandb_entity, cfg.wandb_name, cfg.wandb_mode,
+                   dataclasses.asdict(cfg), keep_id=False)
+    try:
+        log_table(run, "eval/results", COLUMNS, result_rows(result))
+        effective = (result.get("summary") or {}).get("effective_length")
+        if effective is not None:
+            run.summary["eval/effective_length"] = effective
+    finally:
+        run.finish()
