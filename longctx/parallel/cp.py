@@ -21,7 +21,7 @@ from typing import Optional, Tuple
 import torch
 import torch.distributed as dist
 
-from longctx.attention import get_kernel, resolve_backend
+from longctx.attention import get_kernel
 from longctx.attention.kernel import AttentionKernel, resolve_scale
 from longctx.errors import require
 from longctx.parallel.allgather import AllGatherSpec, allgather_backward, allgather_forward
@@ -164,12 +164,14 @@ cp_attention_op.register_autograd(_cp_backward, setup_context=_cp_setup_context)
 
 def make_cp_attention(group: Optional[dist.ProcessGroup] = None, impl: str = "ring",
                       ulysses_size: Optional[int] = None, backend: str = "auto", overlap: bool = True,
-                      device: Optional[torch.device | str] = None) -> ContextParallelAttention:
+                      device: Optional[torch.device | str] = None,
+                      kernel: Optional[AttentionKernel] = None) -> ContextParallelAttention:
     """Attention function for the model that runs context-parallel over `group` (default: world).
 
     The CP size is the group's size; no collective is issued here. backend picks the block
-    kernel (auto | flash | sdpa | eager); overlap=False waits for each ring transfer before
-    computing (for benchmarking the overlap).
+    kernel (see attention/backends.py), or `kernel` gives one (e.g. VarlenKernel over a
+    stand-in); overlap=False waits for each ring transfer before computing (for benchmarking
+    the overlap).
     """
     if not dist.is_available() or not dist.is_initialized():
         raise RuntimeError("make_cp_attention needs an initialized torch.distributed process group")
@@ -178,7 +180,7 @@ def make_cp_attention(group: Optional[dist.ProcessGroup] = None, impl: str = "ri
         backend_dev = "cuda" if dist.get_backend(group) == "nccl" else "cpu"
     else:
         backend_dev = device
-    kernel = get_kernel(backend, backend_dev)
+    kernel = kernel if kernel is not None else get_kernel(backend, backend_dev)
     attn = ContextParallelAttention(group, layout, kernel, overlap)
-    log.info("context parallel attention: %s (backend %s)", attn, resolve_backend(backend, backend_dev))
+    log.info("context parallel attention: %s (block kernel %r)", attn, kernel)
     return attn

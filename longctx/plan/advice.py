@@ -174,9 +174,9 @@ def _plan(cfg, stages: list[RunStage], machine: Machine, notes: list) -> RunPlan
     if note:
         notes.append(note)
     if machine.device == "gpu" and cfg.data.document_masking and cfg.parallel.attention_backend == "auto":
-        notes.append("parallel.attention_backend auto plans for flash-attn's variable-length kernel; where flash-attn "
-                     "is not installed the run uses sdpa's per-document calls (parallel.attention_backend=sdpa "
-                     "plans those)")
+        notes.append("parallel.attention_backend auto plans for a variable-length kernel (FlashAttention-4, "
+                     "flash-attn or torch's own; documents averaging 8k+ tokens take per-document calls instead, "
+                     "which parallel.attention_backend=sdpa plans)")
     deepspeed = planned_deepspeed(cfg.parallel.deepspeed_config)
     return derive_plan(cfg, machine.processes, stages=stages, deepspeed=deepspeed)
 

@@ -9,7 +9,7 @@ import torch
 
 from helpers.attention import TOL, packed_ids
 from helpers.cp import check_all, max_err, run_distributed
-from longctx.attention import eager_attention
+from longctx.attention import ReferenceVarlen, VarlenKernel, eager_attention
 from longctx.parallel import make_cp_attention, shard_sequence
 
 # (8, 4): two kv heads per Ulysses member at world 2, so its backward runs by head groups
@@ -19,7 +19,10 @@ HEADS = {"gqa4": (8, 2), "gqa2": (8, 4), "mqa": (4, 1)}
 def _attention_worker(rank, world, impls, L, boundaries, backend):
     B, D = 2, 8
     checks = []
-    cps = {name: make_cp_attention(None, impl=impl, ulysses_size=u, backend=backend)
+    # "varlen-reference": the CUDA varlen kernels' plumbing (cu_seqlens per block, LSE merge) over
+    # an exact CPU stand-in with their API
+    kernel = VarlenKernel(ReferenceVarlen()) if backend == "varlen-reference" else None
+    cps = {name: make_cp_attention(None, impl=impl, ulysses_size=u, backend=backend, kernel=kernel)
            for name, (impl, u) in impls.items()}
     for dtype, causal, heads, docs in itertools.product(TOL, (True, False), HEADS, (False, True)):
         Hq, Hkv = HEADS[heads]
@@ -64,6 +67,16 @@ def test_cp_attention_world4_and_hybrid_2x2():
     # L=32 -> 8 chunks of 4; a document spanning chunks 2..5 (ranks 2, 3, 3, 2), cuts at 6 and 8
     res = run_distributed(_attention_worker, 4, impls, 32, [6, 8, 21], "sdpa")
     check_all(res, min_checks=len(impls) * N_VARIANTS * 4)
+
+
+def test_cp_attention_varlen_plumbing_world2_and_hybrid_world4():
+    """Every CP impl over VarlenKernel (the CUDA kernels' cu_seqlens plan and LSE merge) with the
+    exact stand-in: documents inside chunks, on shard boundaries and spanning ranks."""
+    impls = {"ring": ("ring", None), "allgather": ("allgather", None), "ulysses": ("ulysses", None)}
+    res = run_distributed(_attention_worker, 2, impls, 24, [4, 6, 15, 18], "varlen-reference")
+    check_all(res, min_checks=len(impls) * N_VARIANTS * 4)
+    res = run_distributed(_attention_worker, 4, {"hybrid2x2": ("hybrid", 2)}, 32, [6, 8, 21], "varlen-reference")
+    check_all(res, min_checks=N_VARIANTS * 4)
 
 
 def test_cp_ring_eager_kernel_and_no_overlap_world2():

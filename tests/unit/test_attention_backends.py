@@ -142,10 +142,14 @@ def test_backend_selection():
     assert resolve_backend("auto", "cpu") == "sdpa"
     assert get_attention("eager", "cpu") is eager_attention
     assert get_attention("auto", "cpu") is sdpa_attention
-    with pytest.raises(UserError, match="valid: auto, flash, sdpa, eager"):
+    with pytest.raises(UserError, match="valid: auto, sdpa, flash, fa4, varlen, flex, eager"):
         resolve_backend("xformers")
-    with pytest.raises(UserError, match="flash"):
-        get_kernel("flash", "cpu")
+    for name, package in (("flash", "pip install flash-attn,"), ("fa4", "pip install flash-attn-4,"),
+                          ("varlen", "needs a CUDA device"), ("flex", "needs a CUDA device")):
+        with pytest.raises(UserError, match=f"attention backend: '{name}' needs .*no CUDA device.*"):
+            get_kernel(name, "cpu")
+        with pytest.raises(UserError, match=package):
+            get_attention(name, "cpu")
 
 
 def test_kernel_attention_no_grad_decode_matches():
