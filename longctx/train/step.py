@@ -6,6 +6,11 @@ number of real (weighted) label tokens in the whole optimizer step, summed over 
 micro-batches, each rank backpropagates  loss_sum_rank_micro * world * grad_accum / N.
 DeepSpeed divides by grad_accum and averages over the world, so the applied gradient is the
 gradient of  sum(all token losses) / N  -- the single-device mean.
+
+Host synchronisation: the step's numbers stay on the device while its micro-batches run. It
+reads the host twice per optimizer step: the all-reduced label weight before the first
+forward (the loss scale is a number DeepSpeed's backward takes) and the all-reduced loss
+after the update (plus the gradient norm at the boundary), never once per micro-batch.
 """
 from __future__ import annotations
 
@@ -55,8 +60,9 @@ class StepResult:
     micro_batches: int
 
 
-def all_reduce_sum(values: list[float]) -> list[float]:
-    t = torch.tensor(values, dtype=torch.float64)
+def all_reduce_sum(values: torch.Tensor) -> list[float]:
+    """Sum a 1-D tensor over the world and read it once (one host sync for all its entries)."""
+    t = values.detach().to(torch.float64)
     if dist.get_backend() == "nccl":
         t = t.cuda()
     dist.all_reduce(t)
@@ -82,18 +88,19 @@ def to_rank(inputs: dict, setup: StepSetup) -> dict:
     return inputs
 
 
-def label_weight(inputs: dict) -> float:
-    """This shard's real label tokens, weighted by loss_weights when present."""
-    valid = (inputs["labels"] != IGNORE_INDEX).float()  # (B, T)
+def label_weight(inputs: dict) -> torch.Tensor:
+    """This shard's real label tokens, weighted by loss_weights when present: a 0-d tensor on
+    the shard's device (read with the step's other numbers, not here)."""
+    valid = (inputs["labels"] != IGNORE_INDEX).to(torch.float64)  # (B, T)
     weights = inputs.get("loss_weights")
-    return float((valid * weights).sum() if weights is not None else valid.sum())
+    return (valid * weights).sum() if weights is not None else valid.sum()
 
 
 def forward_backward(engine, model: nn.Module, shards: list[dict], scale: float, loss_chunk_size: int):
     """Backward of every micro-batch's loss_sum * scale, then the engine's step. Returns
-    (this rank's summed loss, the gradient norm when the engine does not report it, whether
-    the update was dropped for a non-finite gradient)."""
-    loss_total, grad_norm, dropped = 0.0, None, False
+    (this rank's summed loss as a device tensor, the gradient norm when the engine does not
+    report it, whether the update was dropped for a non-finite gradient)."""
+    loss_total, grad_norm, dropped = None, None, False
     for inputs in shards:
         loss_sum, _ = engine(inputs["input_ids"], position_ids=inputs["position_ids"],
                              segment_ids=inputs.get("segment_ids"), labels=inputs["labels"],
@@ -105,7 +112,8 @@ def forward_backward(engine, model: nn.Module, shards: list[dict], scale: float,
             dropped = not math.isfinite(grad_norm) and not (engine.bfloat16_enabled() or engine.fp16_enabled())
         with optimizer_step_skipped(engine.optimizer) if dropped else contextlib.nullcontext():
             engine.step()
-        loss_total += float(loss_sum.detach())
+        loss = loss_sum.detach().to(torch.float64)
+        loss_total = loss if loss_total is None else loss_total + loss
     return loss_total, grad_norm, dropped
 
 
@@ -119,12 +127,13 @@ def train_step(engine, model: nn.Module, batches: Iterator[dict], lr: float, set
     shards = [to_rank(inputs, setup) for inputs in micro]
     # every rank of a cp group holds the same rows: the world's sum counts each row cp times
     real = sum(real_tokens(inputs, setup) for inputs in micro) / setup.mesh.cp_size
-    total_weight, real = all_reduce_sum([sum(label_weight(s) for s in shards), real])
+    weight = torch.stack([label_weight(s) for s in shards]).sum()
+    total_weight, real = all_reduce_sum(torch.stack([weight, weight.new_tensor(real)]))
     if total_weight <= 0:
         raise UserError("data: a whole optimizer step has no label tokens (all labels ignored)")
     scale = setup.world * setup.grad_accum / total_weight
     loss_total, grad_norm, dropped = forward_backward(engine, model, shards, scale, setup.loss_chunk_size)
-    global_loss, = all_reduce_sum([loss_total])
+    global_loss, = all_reduce_sum(loss_total.reshape(1))
     elapsed = time.perf_counter() - t0
     if grad_norm is None:
         grad_norm = engine.get_global_grad_norm()
