@@ -6,4 +6,6 @@ startup.begin(sys.argv[1:])  # before the slow imports: preemption signals recor
 
 from longctx.cli import main  # noqa: E402
 
-sys.exit(main())
+code = main()
+startup.end()  # the result is decided: a late signal must not change it
+sys.exit(code)

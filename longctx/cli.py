@@ -103,6 +103,14 @@ def build_parser(command: Optional[str] = None) -> argparse.ArgumentParser:
 def main(argv: Optional[list[str]] = None) -> int:
     if argv is None:  # the process's entry point (not a call from Python): see longctx/startup.py
         startup.begin(sys.argv[1:])
+        try:
+            return _main(None)
+        finally:
+            startup.end()
+    return _main(argv)
+
+
+def _main(argv: Optional[list[str]]) -> int:
     quiet_other_ranks()  # third-party warnings on rank 0 only: before a command module imports torch or DeepSpeed
     argv = sys.argv[1:] if argv is None else argv
     command = chosen_command(argv)

@@ -45,6 +45,16 @@ def begin(argv: list[str]) -> None:
             signal.signal(sig, _record)
 
 
+def end() -> None:
+    """As the command returns its exit code: preemption signals are ignored from here, because the
+    interpreter's shutdown resets Python handlers to the default, fatal action, and a signal in
+    that window would turn a finished (or cleanly preempted) run into a failure. Nothing is
+    started after this, so no child inherits the ignored signals."""
+    if _begun:
+        for sig in HANDLED:
+            signal.signal(sig, signal.SIG_IGN)
+
+
 def received() -> Optional[int]:
     """The preemption signal that arrived before the command's own handler, or None."""
     return _received

@@ -1,0 +1,386 @@
+"""A chaos soak: drive tiny train and eval runs to their end through N random, seeded faults,
+then check each against an uninterrupted run.
+
+    python scripts/chaos_soak.py --faults 100 --seed 1 --out docs/results/chaos.json --md chaos.md
+    python scripts/chaos_soak.py --faults 10 --seed 3 --configs 1          # one train configuration
+
+Faults, at random moments (start-up, after a step, while a checkpoint is being written):
+SIGKILL of one worker, of the whole job, of the launcher alone (its workers must be gone within
+30 s); SIGTERM and SIGUSR1 (preemption). Between starts: the newest checkpoint truncated or one bit
+flipped, a half-written temporary checkpoint, a run lock or a data-cache lock left by a dead pid,
+a full disk during a save (each run's directory is a size-limited tmpfs; root only, else not
+drawn), a data file edited without data.allow_changed_sources (the start must stop with one
+line; the file is then restored). After each fault the same command is started again
+(checkpoint.resume=auto) until the run ends. Checks per run: exit 0 at the last step; every
+step's loss and the final weights equal to an uninterrupted run's (fp32, <= 1e-6); an
+evaluation's files byte-identical to an uninterrupted evaluation's; metrics.jsonl lists steps
+1..N once each (strict JSON); no temporaries, locks, markers or processes left. Exit code 0 when
+every run passes, 1 otherwise; 2 for bad options.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import chaos_kit as kit  # noqa: E402
+
+DURING = ["SIGKILL a worker", "SIGKILL the whole job", "SIGKILL the launcher alone", "SIGTERM", "SIGUSR1"]
+MOMENTS = ["start-up", "mid-run", "mid-save"]
+EDITED_DATA, FULL_DISK = "edited data file", "full disk during a save"
+EVAL_FAULTS = ["SIGKILL", "SIGTERM", "SIGUSR1"]
+WORKERS_GONE_S = 30.0
+TMPFS_SIZE = "512m"
+
+
+class Soak:
+    def __init__(self, work: Path, seed: int, configs: list[int], eval_share: float):
+        self.work, self.rng, self.configs, self.eval_share = work, random.Random(seed), configs, eval_share
+        self.refs: dict = {}
+        self.rows: list[dict] = []
+        self.runs: list[dict] = []
+        self.root = os.geteuid() == 0
+        kit.write_inputs(work, seed)
+
+    # ----------------------------------------------------------------- references
+    def train_ref(self, ci: int) -> dict:
+        if ci not in self.refs:
+            cfg = kit.TRAIN_CONFIGS[ci]
+            out = self.work / "refs" / f"train{ci}" / "run"
+            out.parent.mkdir(parents=True)
+            start = kit.Start(self.command(cfg, out), out.parent / "log", self.work)
+            first = None
+            while start.proc.poll() is None:
+                if first is None and kit.logged_step(out, start.began):
+                    first = time.time() - start.began
+                time.sleep(0.05)
+            if start.wait() != 0:
+                raise SystemExit(f"error: the uninterrupted run of {cfg.name} failed: {start.log}")
+            self.refs[ci] = {"losses": [r["loss"] for r in kit.strict_metrics(out)],
+                             "weights": kit.final_weights(out), "startup_s": first or 5.0}
+        return self.refs[ci]
+
+    def eval_ref(self) -> dict:
+        if "eval" not in self.refs:
+            model = self.work / "model"
+            code = ("import sys, longctx; from longctx.model import build_model, get_preset; "
+                    "longctx.save_pretrained(build_model(get_preset('debug-tiny'), seed=0), sys.argv[1])")
+            subprocess.run([kit.PY, "-c", code, str(model)], check=True, env=kit.env(), capture_output=True)
+            out = self.work / "refs" / "eval"
+            out.parent.mkdir(parents=True, exist_ok=True)
+            began = time.time()
+            start = kit.Start(self.eval_command(out), self.work / "refs" / "eval.log", self.work)
+            if start.wait() != 0:
+                raise SystemExit(f"error: the uninterrupted evaluation failed: {start.log}")
+            self.refs["eval"] = {"out": out, "seconds": time.time() - began}
+        return self.refs["eval"]
+
+    def command(self, cfg: kit.TrainConfig, out: Path) -> list[str]:
+        args = cfg.args(out, self.work)
+        if cfg.launcher == "torchrun.sh":
+            return [str(kit.ROOT / "launch" / "torchrun.sh"), "--nproc-per-node", str(cfg.nproc), "--", *args]
+        return [kit.PY, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(cfg.nproc),
+                "-m", "longctx", *args]
+
+    def eval_command(self, out: Path) -> list[str]:
+        return [kit.PY, "-m", "longctx", "eval", "--model", str(self.work / "model"), "--out", str(out),
+                *kit.EVAL_ARGS]
+
+    # -------------------------------------------------------------------- a run
+    def run(self, faults: int) -> int:
+        """One run to its end through up to `faults` faults; returns how many landed."""
+        index = len(self.runs)
+        run_dir = self.work / "runs" / f"{index:03d}"
+        logs = self.work / "runs" / f"{index:03d}-logs"
+        run_dir.mkdir(parents=True)
+        logs.mkdir()
+        mounted = self.root and subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={TMPFS_SIZE}", "tmpfs",
+                                                str(run_dir)], capture_output=True).returncode == 0
+        began = time.time()
+        try:
+            if self.rng.random() < self.eval_share:
+                record = self.eval_run(index, run_dir, logs, faults)
+            else:
+                record = self.train_run(index, run_dir, logs, faults, mounted)
+            left = kit.leftover_processes(str(run_dir))
+            if left:
+                record["problems"].append(f"processes left running: {', '.join(left)}")
+        finally:
+            if mounted:
+                subprocess.run(["umount", "-l", str(run_dir)], capture_output=True)
+        record.update(index=index, seconds=round(time.time() - began, 1), ok=not record["problems"])
+        self.runs.append(record)
+        mark = "ok" if record["ok"] else "FAILED: " + "; ".join(record["problems"])
+        print(f"run {index} ({record['config']}): {record['faults']} faults, {record['starts']} starts, "
+              f"{record['seconds']} s: {mark}", flush=True)
+        return record["faults"]
+
+    def row(self, index: int, config: str, kind: str, when: str, rc, detail: str = "") -> dict:
+        row = {"run": index, "config": config, "kind": kind, "when": when, "exit": rc, "detail": detail,
+               "next_exit": None, "next_said": ""}
+        self.rows.append(row)
+        return row
+
+    def train_run(self, index: int, run_dir: Path, logs: Path, faults: int, mounted: bool) -> dict:
+        ci = self.rng.choice(self.configs)
+        cfg, ref = kit.TRAIN_CONFIGS[ci], self.train_ref(ci)
+        out = run_dir / "run"
+        kinds = DURING * 3 + list(kit.EDITS) + [EDITED_DATA] * cfg.data_file + [FULL_DISK] * mounted
+        if not cfg.cache:
+            kinds.remove("stale cache lock")
+        problems, waiting, starts, landed, rc = [], [], 0, 0, None
+        while True:
+            kind = self.rng.choice(kinds) if landed < faults else None
+            if kind in kit.EDITS:
+                detail = kit.EDITS[kind](out, self.rng)
+                if detail is not None:
+                    waiting.append(self.row(index, cfg.name, kind, "between starts", None, detail))
+                    landed += 1
+                continue
+            if kind in (EDITED_DATA, FULL_DISK) and kit.newest_step(out) == 0:
+                continue  # needs a checkpoint: an edit before one is just other data, a save needs a size
+            start = kit.Start(self.command(cfg, out), logs / f"start{starts:02d}.log", self.work)
+            starts += 1
+            if kind == EDITED_DATA:
+                rc, row = self.edited_data(start, index, cfg.name, problems)
+            elif kind == FULL_DISK:
+                rc, row = self.full_disk(start, run_dir, out, index, cfg.name, problems)
+            elif kind is not None:
+                rc, row = self.during(start, out, kind, index, cfg, ref, problems)
+            else:
+                rc, row = start.wait(), None
+            for w in waiting:
+                w.update(next_exit=rc, next_said=start.said())
+            waiting = [row] if row is not None else []
+            if row is not None and row["when"] != "missed":
+                landed += 1
+            if rc == 0 and kit.logged_step(out, 0) == kit.STEPS:
+                break
+            if starts > 4 * faults + 10:
+                problems.append(f"gave up after {starts} starts")
+                break
+        verdict = kit.check_train(out, ref, rc)
+        return {"kind": "train", "config": cfg.name, "faults": landed, "starts": starts,
+                "problems": problems + verdict.problems, "max_loss_diff": verdict.max_loss_diff,
+                "max_weight_diff": verdict.max_weight_diff}
+
+    def during(self, start: kit.Start, out: Path, kind: str, index: int, cfg: kit.TrainConfig, ref: dict,
+               problems: list):
+        when = kit.wait_moment(start, out, self.rng.choice(MOMENTS), self.rng, ref["startup_s"])
+        if not when:
+            rc = start.wait()
+            return rc, self.row(index, cfg.name, kind, "missed", rc, "the start ended first (not counted)")
+        detail = ""
+        workers = start.workers()
+        if kind == "SIGKILL a worker":
+            deadline = time.time() + 60
+            while not workers and start.proc.poll() is None and time.time() < deadline:
+                time.sleep(0.05)
+                workers = start.workers()
+            if workers:
+                victim = self.rng.choice(workers)
+                victim.kill()
+                detail = f"worker pid {victim.pid} of {len(workers)}"
+        elif kind == "SIGKILL the whole job":
+            kit.kill_everything(start)
+        elif kind == "SIGKILL the launcher alone":
+            tree = start.tree()
+            start.proc.kill()
+            t0 = time.time()
+            while kit.alive(tree) and time.time() - t0 < WORKERS_GONE_S + 10:
+                time.sleep(0.1)
+            still = kit.alive(tree)
+            detail = f"{len(tree)} processes under it, all gone in {time.time() - t0:.1f} s" if not still else \
+                f"{len(still)} of {len(tree)} still running after {time.time() - t0:.0f} s"
+            if still or time.time() - t0 > WORKERS_GONE_S:
+                problems.append(f"launcher killed ({when}): {detail}")
+                for p in still:
+                    p.kill()
+        else:
+            sig = signal.SIGTERM if kind == "SIGTERM" else signal.SIGUSR1
+            if sig == signal.SIGUSR1 and cfg.launcher == "torchrun":
+                for w in workers or [psutil_proc(start.proc.pid)]:  # as srun delivers it to every task
+                    try:
+                        w.send_signal(sig)
+                    except Exception:  # noqa: BLE001  (already gone)
+                        pass
+                detail = f"to {len(workers)} workers"
+            else:
+                start.proc.send_signal(sig)
+                detail = f"to {cfg.launcher}"
+        rc = start.wait()
+        marker = out / "PREEMPTED"
+        if marker.exists():
+            detail += f"; PREEMPTED {marker.read_text().strip()}"
+        return rc, self.row(index, cfg.name, kind, when, rc, detail.strip("; "))
+
+    def edited_data(self, start: kit.Start, index: int, config: str, problems: list):
+        data = self.work / "data.jsonl"
+        original, stat = data.read_bytes(), data.stat()
+        start.proc.kill()  # started before the edit: restart after it
+        start.proc.wait()
+        data.write_bytes(original.replace(b"river", b"rover", 1))  # same size, one word changed
+        os.utime(data, ns=(stat.st_atime_ns, stat.st_mtime_ns))  # as cp -p leaves it
+        try:
+            start.__init__(start.cmd, start.log, self.work)
+            rc = start.wait()
+        finally:
+            data.write_bytes(original)
+            os.utime(data, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+        errors = [ln for ln in start.log.read_text().splitlines() if ln.startswith("error:")]
+        if rc == 0 or not errors or "changed since the checkpoint" not in errors[0]:
+            problems.append(f"edited data: exit {rc}, {errors[:1]}")
+        return rc, self.row(index, config, EDITED_DATA, "between starts", rc, errors[0][:160] if errors else "")
+
+    def full_disk(self, start: kit.Start, run_dir: Path, out: Path, index: int, config: str, problems: list):
+        start.proc.kill()
+        start.proc.wait()
+        newest = max(d for d in (out / "checkpoints").glob("step_*") if (d / "COMPLETE").exists())
+        size = sum(p.stat().st_size for p in newest.rglob("*") if p.is_file())
+        used = shutil.disk_usage(run_dir).used
+        subprocess.run(["mount", "-o", f"remount,size={used + size // 2}", str(run_dir)], check=True)
+        try:
+            start.__init__(start.cmd, start.log, self.work)
+            rc = start.wait()
+        finally:
+            subprocess.run(["mount", "-o", f"remount,size={TMPFS_SIZE}", str(run_dir)], check=True)
+        errors = [ln for ln in start.log.read_text().splitlines() if ln.startswith("error:")]
+        if rc == 0 and kit.logged_step(out, 0) == kit.STEPS:
+            detail = "the run ended before it needed the space"
+        elif not errors:
+            problems.append(f"full disk: exit {rc} without an error line")
+            detail = ""
+        else:
+            detail = errors[0][:200]
+        return rc, self.row(index, config, FULL_DISK, f"a save ({kit.atomic_size(size // 2)} free)", rc, detail)
+
+    def eval_run(self, index: int, run_dir: Path, logs: Path, faults: int) -> dict:
+        ref = self.eval_ref()
+        out = run_dir / "eval"
+        problems, waiting, starts, landed, rc = [], [], 0, 0, None
+        while True:
+            kind = self.rng.choice(EVAL_FAULTS) if landed < faults else None
+            start = kit.Start(self.eval_command(out), logs / f"start{starts:02d}.log", self.work)
+            starts += 1
+            row = None
+            if kind is not None:
+                time.sleep(self.rng.uniform(0.3, ref["seconds"]))
+                cells = len(list((out / "cells").glob("*"))) if (out / "cells").is_dir() else 0
+                if start.proc.poll() is None:
+                    start.proc.send_signal(getattr(signal, kind))
+                    when = f"{time.time() - start.began:.1f} s in, {cells} cell files on disk"
+                else:
+                    when = "missed"
+                rc = start.wait()
+                row = self.row(index, "eval, 1 proc", kind, when, rc)
+            else:
+                rc = start.wait()
+            for w in waiting:
+                w.update(next_exit=rc, next_said=start.said())
+            waiting = [row] if row is not None else []
+            if row is not None and row["when"] != "missed":
+                landed += 1
+            if rc == 0 and (out / "results.json").exists():  # done: faults left go to the next run
+                break
+            if starts > 4 * faults + 10:
+                problems.append(f"gave up after {starts} starts")
+                break
+        verdict = kit.check_eval(out, ref["out"], rc)
+        return {"kind": "eval", "config": "eval, 1 proc", "faults": landed, "starts": starts,
+                "problems": problems + verdict.problems}
+
+
+def psutil_proc(pid: int):
+    import psutil
+    return psutil.Process(pid)
+
+
+# ----------------------------------------------------------------------- the report
+def markdown(soak: Soak, seconds: float, argv: list[str]) -> str:
+    rows, runs = [r for r in soak.rows if r["when"] != "missed"], soak.runs
+    ok = all(r["ok"] for r in runs)
+    by_kind = Counter(r["kind"] for r in rows)
+    lines = [f"command: `python scripts/chaos_soak.py {' '.join(argv)}`", "",
+             f"{len(rows)} faults over {len(runs)} runs ({sum(r['starts'] for r in runs)} starts), "
+             f"wall time {seconds / 60:.1f} min; every run's checks: {'passed' if ok else 'FAILED'}.", "",
+             "| fault | count |", "|---|---:|", *[f"| {k} | {n} |" for k, n in sorted(by_kind.items())], "",
+             "| run | configuration | faults | starts | seconds | max loss diff | max weight diff | checks |",
+             "|---:|---|---:|---:|---:|---:|---:|---|"]
+    for r in runs:
+        diffs = (f"{r['max_loss_diff']:.1e} | {r['max_weight_diff']:.1e}" if r["kind"] == "train"
+                 else "bytes | identical" if r["ok"] else "- | -")
+        lines.append(f"| {r['index']} | {r['config']} | {r['faults']} | {r['starts']} | {r['seconds']} | {diffs} | "
+                     f"{'ok' if r['ok'] else '; '.join(r['problems'])} |")
+    lines += ["", "| run | fault | when | exit | detail | next start: exit | next start said |",
+              "|---:|---|---|---|---|---|---|"]
+    for r in rows:
+        said = r["next_said"].replace("|", "\\|")
+        detail = r["detail"].replace("|", "\\|")
+        lines.append(f"| {r['run']} | {r['kind']} | {r['when']} | {'' if r['exit'] is None else r['exit']} | "
+                     f"{detail} | {'' if r['next_exit'] is None else r['next_exit']} | {said} |")
+    return "\n".join(lines) + "\n"
+
+
+def parse(argv: list[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--faults", type=int, default=100, help="faults in all (default 100)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--configs", default=None,
+                   help="train configurations to draw from, comma-separated indices (default: all): " +
+                        "; ".join(f"{i}: {c.name}" for i, c in enumerate(kit.TRAIN_CONFIGS)))
+    p.add_argument("--eval-share", type=float, default=0.2, help="share of runs that are evaluations (default 0.2)")
+    p.add_argument("--faults-per-run", default="3,6", help="MIN,MAX faults of one run (default 3,6)")
+    p.add_argument("--work", default=None, help="working directory (default: a new temporary one, removed)")
+    p.add_argument("--json", default=None, help="write the rows and runs here")
+    p.add_argument("--md", default=None, help="write the tables here (markdown)")
+    args = p.parse_args(argv)
+    try:
+        args.configs = ([int(c) for c in args.configs.split(",")] if args.configs
+                        else list(range(len(kit.TRAIN_CONFIGS))))
+        lo, hi = (int(x) for x in args.faults_per_run.split(","))
+    except ValueError:
+        p.exit(2, f"error: --configs / --faults-per-run: expected integers, got {args.configs!r} / "
+                  f"{args.faults_per_run!r}\n")
+    if args.faults < 1 or not 1 <= lo <= hi or not all(0 <= c < len(kit.TRAIN_CONFIGS) for c in args.configs) \
+            or not 0 <= args.eval_share <= 1:
+        p.exit(2, f"error: --faults >= 1, 1 <= MIN <= MAX, configs in 0-{len(kit.TRAIN_CONFIGS) - 1} and "
+                  "0 <= --eval-share <= 1 are required\n")
+    args.per_run = (lo, hi)
+    return args
+
+
+def main(argv: list[str]) -> int:
+    args = parse(argv)
+    work = Path(args.work) if args.work else Path(tempfile.mkdtemp(prefix="chaos-soak-"))
+    began = time.time()
+    soak = Soak(work, args.seed, args.configs, args.eval_share)
+    done = 0
+    try:
+        while done < args.faults:
+            done += soak.run(min(soak.rng.randint(*args.per_run), args.faults - done))
+    finally:
+        seconds = time.time() - began
+        text = markdown(soak, seconds, argv)
+        if args.md:
+            Path(args.md).write_text(text)
+        if args.json:
+            Path(args.json).write_text(json.dumps({"argv": argv, "seconds": round(seconds, 1), "rows": soak.rows,
+                                                   "runs": soak.runs}, indent=1) + "\n")
+        print(text)
+        if not args.work:
+            shutil.rmtree(work, ignore_errors=True)
+    return 0 if all(r["ok"] for r in soak.runs) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
