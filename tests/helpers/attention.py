@@ -58,3 +58,53 @@ CASES = [
     (4, 1, 24, 24, False, [9]),       # packed documents, non-causal
     (8, 2, 24, 24, True, [0]),        # single document (mask dropped by the planner)
 ]
+
+DOC_CASES = CASES + [
+    (8, 2, 24, 24, True, [3, 4, 5, 20]),  # one-token documents
+    (8, 2, 10, 24, True, [5, 17]),  # T < S with documents: keys carry their own ids
+]
+
+
+def document_ids(B, T, S, bounds):
+    """(query ids, key ids) of a DOC_CASES row: None without documents; key ids only when T != S
+    (the queries are the last T of the S keys)."""
+    if bounds is None:
+        return None, None
+    if T == S:
+        return packed_ids(B, T, bounds), None
+    kv = packed_ids(B, S, bounds)
+    return kv[:, S - T:], kv
+
+
+def blocks_vs_whole(kernel, dtype, device, B=2, Hq=8, Hkv=2, L=32, c0=12):
+    """Ring attention's use of a block kernel, in one process: queries [c0, L) against the earlier
+    keys (fully visible) and their own chunk (causal), packed documents, each block's (out, lse)
+    merged in fp32; then each block's backward given the final out/lse, summed. Returns the max
+    abs error of out, dq, dk, dv against fp32 eager attention over the whole sequence."""
+    from longctx.attention.lse import merge_attention
+
+    q, k, v = (x.to(device) for x in make_qkv(B=B, Hq=Hq, Hkv=Hkv, T=L, S=L, dtype=dtype))
+    seg = packed_ids(B, L, [5, 14, 20]).to(device)
+    dout = (0.5 * torch.randn(B, Hq, L, q.shape[-1], generator=torch.Generator().manual_seed(3))).to(device)
+    dout[:, :, :c0] = 0  # only the chunk's rows contribute
+    qr, kr, vr = (x.detach().float().cpu().requires_grad_() for x in (q, k, v))
+    ref = eager_attention(qr, kr, vr, causal=True, segment_ids=seg.cpu())
+    ref.backward(dout.float().cpu())
+    qc, sc, dc = q[:, :, c0:], seg[:, c0:], dout[:, :, c0:].to(dtype)
+    blocks = [(slice(0, c0), False), (slice(c0, L), True)]  # (keys, causal)
+    out = lse = None
+    for keys, causal in blocks:
+        o, block_lse = kernel.forward(qc, k[:, :, keys], v[:, :, keys], causal=causal, segment_ids=sc,
+                                      kv_segment_ids=seg[:, keys])
+        out, lse = merge_attention(out, lse, o, block_lse)
+    gq = torch.zeros(qc.shape, dtype=torch.float32, device=device)
+    gk, gv = (torch.zeros(x.shape, dtype=torch.float32, device=device) for x in (k, v))
+    for keys, causal in blocks:
+        a, b, c = kernel.backward(dc, qc, k[:, :, keys], v[:, :, keys], out.to(dtype), lse, causal=causal,
+                                  segment_ids=sc, kv_segment_ids=seg[:, keys])
+        gq += a.float()
+        gk[:, :, keys] += b.float()
+        gv[:, :, keys] += c.float()
+    err = lambda got, want: (got.float().cpu() - want.float()).abs().max().item()  # noqa: E731
+    return {"out": err(out, ref[:, :, c0:]), "dq": err(gq, qr.grad[:, :, c0:]), "dk": err(gk, kr.grad),
+            "dv": err(gv, vr.grad)}

@@ -1,9 +1,12 @@
 """The model, attention backends, checkpointing and generation on an accelerator.
 
 Skipped unless CUDA is available (CI has none). `LONGCTX_TEST_DEVICE=cpu` runs the same
-checks on CPU, which is how they are kept honest between GPU runs. On CUDA the `sdpa`
-backend calls `F.scaled_dot_product_attention` (flash / memory-efficient kernels) and the
-block kernel falls back to fp32 math: both are compared here with the fp32 CPU reference.
+checks on CPU, which is how they are kept honest between GPU runs. Every CUDA kernel that
+imports here (SDPA, torch's varlen, flash-attn, FlashAttention-4, FlexAttention, and `auto`)
+runs forward and backward against the fp32 CPU reference, with packed documents and as a
+context-parallel block kernel (ring-style blocks merged by LSE, in one process); a kernel
+that cannot run here is skipped with the reason. Tolerances: 1e-4 for fp32 (other summation
+orders than the CPU), 2e-2 for bf16 (inputs rounded alike, O(1) gradients).
 """
 import json
 import os
@@ -11,10 +14,22 @@ import os
 import pytest
 import torch
 
-from helpers.attention import CASES, assert_close, make_qkv, packed_ids, reference
+from helpers.attention import (
+    CASES,
+    DOC_CASES,
+    assert_close,
+    blocks_vs_whole,
+    document_ids,
+    make_qkv,
+    packed_ids,
+    reference,
+)
 from helpers.model import hf_twin, tiny_config, tiny_model
 from longctx import cli
-from longctx.attention import eager_attention, get_kernel, kernel_attention, sdpa_attention
+from longctx.attention import eager_attention, get_attention, get_kernel, kernel_attention, sdpa_attention
+from longctx.attention.flex import flex_available, flex_document_attention
+from longctx.attention.varlen import VarlenKernel, make_varlen_attention
+from longctx.attention.varlen_ops import make_varlen_ops, varlen_problem
 from longctx.model import build_model, get_preset
 from longctx.model.generate import generate
 from longctx.model.hf import save_pretrained
@@ -68,6 +83,70 @@ def test_attention_on_device_matches_cpu_reference(case, path, dtype):
     assert out.device.type == torch.device(DEVICE).type and out.dtype == dtype
     for name, got, want in (("out", out, want_out), ("dq", gq, dq), ("dk", gk, dk), ("dv", gv, dv)):
         assert_close(f"{path} {name}", got.cpu(), want, TOL[dtype])
+
+
+def _varlen_ops(name):
+    problem = varlen_problem(name, DEVICE)
+    if problem is not None:
+        pytest.skip(f"{name}: {problem}")
+    return make_varlen_ops(name)
+
+
+@pytest.mark.parametrize("name", ["varlen", "flash", "fa4"])
+@pytest.mark.parametrize("case", DOC_CASES, ids=[f"c{i}" for i in range(len(DOC_CASES))])
+def test_varlen_kernels_on_device_match_cpu_reference(case, name):
+    """bf16 (the flash kernels' dtype): documents, GQA, bottom-right causal, decode."""
+    fn = make_varlen_attention(_varlen_ops(name))
+    Hq, Hkv, T, S, causal, bounds = case
+    q, k, v = make_qkv(B=2, Hq=Hq, Hkv=Hkv, T=T, S=S, D=64, dtype=torch.bfloat16)
+    seg, kv_seg = document_ids(2, T, S, bounds)
+    kw = dict(causal=causal, segment_ids=seg, kv_segment_ids=kv_seg)
+    want_out, _, dout, dq, dk, dv = reference(q, k, v, **kw)
+    dev = {key: (x.to(DEVICE) if isinstance(x, torch.Tensor) else x) for key, x in kw.items()}
+    out, gq, gk, gv = _grads(fn, q, k, v, dout, **dev)
+    for what, got, want in (("out", out, want_out), ("dq", gq, dq), ("dk", gk, dk), ("dv", gv, dv)):
+        assert_close(f"{name} {what}", got.cpu(), want, TOL[torch.bfloat16])
+
+
+@pytest.mark.parametrize("name", ["varlen", "flash", "fa4"])
+def test_varlen_kernels_on_device_as_context_parallel_blocks(name):
+    """The block kernel every CP impl uses: per-block cu_seqlens, LSE merged in fp32, each
+    block's backward from the final out/lse."""
+    errors = blocks_vs_whole(VarlenKernel(_varlen_ops(name)), torch.bfloat16, DEVICE)
+    assert all(err <= TOL[torch.bfloat16] for err in errors.values()), errors
+
+
+def test_flex_on_device_matches_cpu_reference():
+    problem = flex_available(DEVICE)
+    if problem is not None:
+        pytest.skip(f"flex: {problem}")
+    q, k, v = make_qkv(B=2, Hq=8, Hkv=2, T=512, S=512, D=64, dtype=torch.bfloat16)
+    seg = packed_ids(2, 512, [5, 130, 300, 301])
+    want_out, _, dout, dq, dk, dv = reference(q, k, v, causal=True, segment_ids=seg)
+
+    def fn(a, b, c, segment_ids):
+        return flex_document_attention(a, b, c, segment_ids)
+
+    out, gq, gk, gv = _grads(fn, q, k, v, dout, segment_ids=seg.to(DEVICE))
+    for what, got, want in (("out", out, want_out), ("dq", gq, dq), ("dk", gk, dk), ("dv", gv, dv)):
+        assert_close(f"flex {what}", got.cpu(), want, TOL[torch.bfloat16] * max(1.0, want.abs().max()))
+
+
+@pytest.mark.parametrize("docs", [None, [100, 300, 301, 700]], ids=["whole-rows", "documents"])
+@pytest.mark.parametrize("heads", [(9, 3, 64), (8, 2, 128)], ids=["smollm2", "llama3"])
+def test_auto_attention_on_device_matches_cpu_reference(docs, heads):
+    """`auto` with the kernel its rule picks for these shapes (named in the failure message)."""
+    Hq, Hkv, D = heads
+    attn = get_attention("auto", DEVICE)
+    q, k, v = make_qkv(B=2, Hq=Hq, Hkv=Hkv, T=1024, S=1024, D=D, dtype=torch.bfloat16)
+    seg = None if docs is None else packed_ids(2, 1024, docs)
+    want_out, _, dout, dq, dk, dv = reference(q, k, v, causal=True, segment_ids=seg)
+    seg_dev = None if seg is None else seg.to(DEVICE)
+    out, gq, gk, gv = _grads(attn, q, k, v, dout, causal=True, segment_ids=seg_dev)
+    method = attn.method(q.to(DEVICE), k.to(DEVICE), True, seg_dev, None) if hasattr(attn, "method") else "sdpa"
+    for what, got, want in (("out", out, want_out), ("dq", gq, dq), ("dk", gk, dk), ("dv", gv, dv)):
+        # dk/dv sum over up to 1024 queries x the group: bf16 rounding grows with their magnitude
+        assert_close(f"auto ({method}) {what}", got.cpu(), want, TOL[torch.bfloat16] * max(1.0, want.abs().max()))
 
 
 @pytest.mark.parametrize("rope", ["default", "yarn", "llama3", "longrope", "dynamic"])

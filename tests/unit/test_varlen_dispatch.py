@@ -5,27 +5,21 @@ LSE), FlexAttention's document block mask (forward; torch has no flex backward o
 import pytest
 import torch
 
-from helpers.attention import CASES, assert_close, make_qkv, packed_ids, reference, run_fn
+from helpers.attention import (
+    DOC_CASES,
+    assert_close,
+    blocks_vs_whole,
+    document_ids,
+    make_qkv,
+    packed_ids,
+    reference,
+    run_fn,
+)
 from longctx.attention import eager_attention
 from longctx.attention.dispatch import AutoAttention, DocumentStats, choose, document_stats
 from longctx.attention.flex import document_block_mask, flex_document_attention
-from longctx.attention.lse import merge_attention
 from longctx.attention.varlen import VarlenKernel, build_plan, make_varlen_attention
 from longctx.attention.varlen_ops import ReferenceVarlen, VarlenOps
-
-DOC_CASES = CASES + [
-    (8, 2, 24, 24, True, [3, 4, 5, 20]),  # one-token documents
-    (8, 2, 10, 24, True, [5, 17]),  # T < S with documents: keys carry their own ids
-]
-
-
-def _ids(B, T, S, bounds):
-    if bounds is None:
-        return None, None
-    if T == S:
-        return packed_ids(B, T, bounds), None
-    kv = packed_ids(B, S, bounds)
-    return kv[:, S - T:], kv
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
@@ -33,7 +27,7 @@ def _ids(B, T, S, bounds):
 def test_varlen_attention_matches_reference(case, dtype):
     Hq, Hkv, T, S, causal, bounds = case
     q, k, v = make_qkv(B=2, Hq=Hq, Hkv=Hkv, T=T, S=S, dtype=dtype)
-    seg, kv_seg = _ids(2, T, S, bounds)
+    seg, kv_seg = document_ids(2, T, S, bounds)
     kw = dict(causal=causal, segment_ids=seg, kv_segment_ids=kv_seg)
     want_out, want_lse, dout, dq, dk, dv = reference(q, k, v, **kw)
     out, gq, gk, gv = run_fn(make_varlen_attention(ReferenceVarlen()), q, k, v, dout, **kw)
@@ -64,34 +58,8 @@ def test_ring_style_blocks_merge_to_the_whole_attention():
     """A query chunk against earlier keys (fully visible) and its own chunk (causal), each block
     through VarlenKernel with the block's ids, merged by LSE; the backward of each block given the
     final out/lse sums to the whole gradient (what ring attention does per step)."""
-    B, Hq, Hkv, L, c0 = 2, 8, 2, 32, 12
-    q, k, v = make_qkv(B=B, Hq=Hq, Hkv=Hkv, T=L, S=L)
-    seg = packed_ids(B, L, [5, 14, 20])
-    want_out, _, dout, dq, dk, dv = reference(q, k, v, causal=True, segment_ids=seg)
-    kernel = VarlenKernel(ReferenceVarlen())
-    qc, sc = q[:, :, c0:], seg[:, c0:]
-    blocks = [(slice(0, c0), False), (slice(c0, L), True)]  # (keys, causal)
-    out = lse = None
-    for keys, causal in blocks:
-        o, block_lse = kernel.forward(qc, k[:, :, keys], v[:, :, keys], causal=causal, segment_ids=sc,
-                                      kv_segment_ids=seg[:, keys])
-        out, lse = merge_attention(out, lse, o, block_lse)
-    assert_close("out", out, want_out[:, :, c0:], 1e-5)
-    gq = torch.zeros_like(qc)
-    gk, gv = torch.zeros_like(k), torch.zeros_like(v)
-    for keys, causal in blocks:
-        a, b, c = kernel.backward(dout[:, :, c0:], qc, k[:, :, keys], v[:, :, keys], out, lse, causal=causal,
-                                  segment_ids=sc, kv_segment_ids=seg[:, keys])
-        gq += a
-        gk[:, :, keys] += b
-        gv[:, :, keys] += c
-    # the reference gradients of the rows c0.. alone: rerun with dout zero before c0
-    part = dout.clone()
-    part[:, :, :c0] = 0
-    qr, kr, vr = (x.detach().float().requires_grad_() for x in (q, k, v))
-    eager_attention(qr, kr, vr, causal=True, segment_ids=seg).backward(part)
-    for name, got, want in (("dq", gq, qr.grad[:, :, c0:]), ("dk", gk, kr.grad), ("dv", gv, vr.grad)):
-        assert_close(name, got, want, 1e-5)
+    for name, err in blocks_vs_whole(VarlenKernel(ReferenceVarlen()), torch.float32, "cpu").items():
+        assert err <= 1e-5, (name, err)
 
 
 def test_plan_is_one_call_over_the_documents():
