@@ -189,10 +189,11 @@ def wait_moment(start: Start, out: Path, when: str, rng: random.Random, startup_
     """Wait for the moment `when` (start-up | mid-run | mid-save) of this start; returns what it
     was when it came ('' when the start ended first)."""
     deadline = time.time() + 600
-    if when == "start-up":
+    first = newest_step(out) + 1  # the first step this start trains
+    if when == "start-up" or first > STEPS - 1:
         time.sleep(rng.uniform(0.2, startup_s))
     elif when == "mid-run":
-        target = rng.randint(newest_step(out) + 1, STEPS - 1)
+        target = rng.randint(first, STEPS - 1)
         while logged_step(out, start.began) < target and start.proc.poll() is None and time.time() < deadline:
             time.sleep(0.05)
     else:  # mid-save: a checkpoint's temporary directory exists
