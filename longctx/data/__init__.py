@@ -6,9 +6,10 @@ from longctx.lazy_exports import exported_names, lazy_exports
 
 _EXPORTS = {
     "check": ["check_data"],
-    "config": ["DataConfig", "SourceConfig", "SyntheticConfig", "UpsampleBucket", "validate_data_config"],
+    "config": ["DataConfig", "SourceConfig", "SyntheticConfig", "UpsampleBucket", "as_data_config",
+               "validate_data_config"],
     "fingerprint": ["changed_sources", "compare_sources", "fingerprint_sources"],
-    "loader": ["DataLoader", "as_data_config", "build_loader"],
+    "loader": ["DataLoader", "build_loader"],
     "synthetic": ["SyntheticCorpus", "SyntheticDocument", "generate_document"],
     "tokenizer": ["ByteTokenizer", "HFTokenizer", "check_vocab", "load_tokenizer"],
 }

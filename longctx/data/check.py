@@ -14,8 +14,8 @@ import itertools
 import os
 
 from longctx.data.cache import cache_path
-from longctx.data.config import DataConfig, resolve_kind, validate_data_config
-from longctx.data.loader import as_data_config, check_special_tokens
+from longctx.data.config import DataConfig, as_data_config, resolve_kind, validate_data_config
+from longctx.data.loader import check_special_tokens
 from longctx.data.sources import open_table
 from longctx.data.tokenizer import load_tokenizer
 

@@ -7,11 +7,14 @@ synthetic retrieval corpus (see synthetic.py) read with the byte tokenizer. Each
 """
 from __future__ import annotations
 
+import dataclasses
 import glob
 import math
 import os
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Tuple
+
+from omegaconf import DictConfig, OmegaConf
 
 from longctx.data.filler import FILLER_KINDS
 from longctx.data.peek import KIND_EXTS, list_files, peek_files
@@ -378,3 +381,46 @@ def validate_data_config(cfg: DataConfig, model_vocab_size: Optional[int] = None
                          sources_field: str = "data.sources") -> None:
     """`cfg.validate(...)`: the entry point of the trainer's config check and the loader."""
     cfg.validate(model_vocab_size, files, sources_field)
+
+
+def _dc(cls, value, name: str):
+    if isinstance(value, cls):
+        return value
+    if isinstance(value, dict):
+        try:
+            return cls(**value)
+        except TypeError as e:
+            raise UserError(f"{name}: {e}") from None
+    raise UserError(f"{name}: expected a mapping, got {type(value).__name__}")
+
+
+def _normalized(cfg: DataConfig) -> DataConfig:
+    """Nested plain dicts (sources, upsample buckets, synthetic) → their dataclasses."""
+    sources = []
+    for i, src in enumerate(cfg.sources):
+        src = _dc(SourceConfig, src, f"data.sources[{i}]")
+        src = dataclasses.replace(
+            src,
+            upsample=[_dc(UpsampleBucket, b, f"data.sources[{i}].upsample[{j}]") for j, b in enumerate(src.upsample)],
+            synthetic=_dc(SyntheticConfig, src.synthetic, f"data.sources[{i}].synthetic"),
+        )
+        sources.append(src)
+    return dataclasses.replace(cfg, sources=sources)
+
+
+def as_data_config(cfg) -> DataConfig:
+    """A DataConfig from a DataConfig, an omegaconf DictConfig or a plain dict."""
+    if isinstance(cfg, DataConfig):
+        return _normalized(cfg)
+    if isinstance(cfg, DictConfig):
+        obj = OmegaConf.to_object(cfg)
+        if isinstance(obj, DataConfig):
+            return _normalized(obj)
+        cfg = obj
+    if isinstance(cfg, dict):
+        try:
+            merged = OmegaConf.merge(OmegaConf.structured(DataConfig), cfg)
+        except Exception as e:  # omegaconf's ValidationError / ConfigKeyError
+            raise UserError(f"data: {str(e).splitlines()[0]}") from None
+        return _normalized(OmegaConf.to_object(merged))
+    raise TypeError(f"expected a DataConfig, got {type(cfg).__name__}")

@@ -23,7 +23,7 @@ import os
 from typing import Dict, List, Optional, Tuple
 
 from longctx import atomic
-from longctx.data.config import DataConfig, SourceConfig, has_glob, resolve_kind, source_label
+from longctx.data.config import DataConfig, SourceConfig, as_data_config, has_glob, resolve_kind, source_label
 from longctx.data.peek import list_files
 from longctx.errors import UserError
 
@@ -173,8 +173,6 @@ def content_key(src: SourceConfig, i: int) -> str:
 
 def fingerprint_sources(data_cfg: DataConfig) -> List[dict]:
     """One fingerprint per source of `data_cfg` (see fingerprint_source)."""
-    from longctx.data.loader import as_data_config  # loader imports the caches, which import us
-
     cfg = as_data_config(data_cfg)
     return [fingerprint_source(src, i) for i, src in enumerate(cfg.sources)]
 

@@ -17,20 +17,16 @@ mixture and the loader ends when all have, the last batch completed with padding
 from __future__ import annotations
 
 import copy
-import dataclasses
 import queue
 import threading
 from dataclasses import dataclass
 from typing import Iterable, Iterator, List, Optional
 
-from omegaconf import DictConfig, OmegaConf
-
 from longctx.data.cache import CachedRows, open_cache
 from longctx.data.config import (
     DataConfig,
     SourceConfig,
-    SyntheticConfig,
-    UpsampleBucket,
+    as_data_config,
     resolve_kind,
     validate_data_config,
 )
@@ -41,49 +37,6 @@ from longctx.data.sources import open_table
 from longctx.errors import UserError
 
 STATE_VERSION = 1
-
-
-def _dc(cls, value, name: str):
-    if isinstance(value, cls):
-        return value
-    if isinstance(value, dict):
-        try:
-            return cls(**value)
-        except TypeError as e:
-            raise UserError(f"{name}: {e}") from None
-    raise UserError(f"{name}: expected a mapping, got {type(value).__name__}")
-
-
-def _normalized(cfg: DataConfig) -> DataConfig:
-    """Nested plain dicts (sources, upsample buckets, synthetic) → their dataclasses."""
-    sources = []
-    for i, src in enumerate(cfg.sources):
-        src = _dc(SourceConfig, src, f"data.sources[{i}]")
-        src = dataclasses.replace(
-            src,
-            upsample=[_dc(UpsampleBucket, b, f"data.sources[{i}].upsample[{j}]") for j, b in enumerate(src.upsample)],
-            synthetic=_dc(SyntheticConfig, src.synthetic, f"data.sources[{i}].synthetic"),
-        )
-        sources.append(src)
-    return dataclasses.replace(cfg, sources=sources)
-
-
-def as_data_config(cfg) -> DataConfig:
-    """A DataConfig from a DataConfig, an omegaconf DictConfig or a plain dict."""
-    if isinstance(cfg, DataConfig):
-        return _normalized(cfg)
-    if isinstance(cfg, DictConfig):
-        obj = OmegaConf.to_object(cfg)
-        if isinstance(obj, DataConfig):
-            return _normalized(obj)
-        cfg = obj
-    if isinstance(cfg, dict):
-        try:
-            merged = OmegaConf.merge(OmegaConf.structured(DataConfig), cfg)
-        except Exception as e:  # omegaconf's ValidationError / ConfigKeyError
-            raise UserError(f"data: {str(e).splitlines()[0]}") from None
-        return _normalized(OmegaConf.to_object(merged))
-    raise TypeError(f"expected a DataConfig, got {type(cfg).__name__}")
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,7 @@ from longctx.config import check_out_dir
 from longctx.data.tokenizer import check_tokenizer_spec
 from longctx.errors import UserError
 from longctx.eval.dtypes import check_dtype_name
-from longctx.eval.fields import EvalFields
+from longctx.eval.fields import TOKENIZER_FIELD, EvalFields
 from longctx.eval.model_overrides import check_keys
 from longctx.eval.tasks import NIAH_GRID_TASK, RULER_TASKS, TaskOptions, get_task
 from longctx.parallel.layout import DECODE_CP_IMPLS
@@ -29,8 +29,6 @@ DEFAULT_DEPTHS = [i / 10 for i in range(11)]
 DEFAULT_LENGTHS = ["4096"]  # eval.lengths unset (with ruler_data: the data's lengths instead)
 DEVICES = ("auto", "cpu", "cuda")
 PATH_FIELDS = ("essay", "squad", "hotpotqa", "ppl_data", "ruler_data", "words")  # must exist
-
-TOKENIZER_FIELD = "eval.tokenizer"  # the field tokenizer errors name in an evaluation
 
 
 @dataclass

@@ -11,6 +11,8 @@ from typing import Any, Dict, List, Optional
 
 from longctx.eval.scoring import DEFAULT_THRESHOLD
 
+TOKENIZER_FIELD = "eval.tokenizer"  # the field tokenizer errors name in an evaluation
+
 
 def option(default, help_text: str):
     """A field with its command-line help (commands/eval.py makes a flag of every field)."""

@@ -13,8 +13,8 @@ from longctx.config import load_config, resolve_stages, stage_model_config
 from longctx.data.tokenizer import load_tokenizer
 from longctx.errors import UserError
 from longctx.eval import sequence_rope
-from longctx.eval.config import TOKENIZER_FIELD
 from longctx.eval.dtypes import TORCH_NAMES, check_dtype_name
+from longctx.eval.fields import TOKENIZER_FIELD
 from longctx.model.config import ModelConfig
 from longctx.model.consolidate import CheckpointModel, recorded_model, trainer_state
 

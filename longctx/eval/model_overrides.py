@@ -50,7 +50,8 @@ def check_keys(overrides: Mapping[str, Any]) -> None:
 
 def base_model_config(model_dir: Path) -> ModelConfig:
     """The configuration the model directory loads with (config.json, or a checkpoint's record)."""
-    from longctx.eval.model_io import is_ds_only_checkpoint, trained_model  # model_io imports this module
+    # loads torch: eval/config.py, which needs only check_keys, stays free of it (`--help` is fast)
+    from longctx.eval.model_io import is_ds_only_checkpoint, trained_model
 
     model_dir = Path(model_dir)
     return trained_model(model_dir).config if is_ds_only_checkpoint(model_dir) else read_hf_config(model_dir)
