@@ -64,7 +64,7 @@ NOT_RUN = {  # command (DocCommand.key) -> why it is not run
     "longctx export --checkpoint CKPT --out hf/x --dtype float32": TRAINED,
     # context_parallel.md
     ".venv/bin/python -m pytest tests/unit/test_attention_backends.py tests/integration/test_cp_attention.py "
-    "tests/integration/test_cp_model.py tests/unit/test_cp_validation.py": SUITE,
+    "tests/integration/test_cp_model.py tests/unit/test_cp_validation.py tests/unit/test_varlen_dispatch.py": SUITE,
     ".venv/bin/python benchmarks/bench_cp.py --seq-len 4096 --iters 3": BENCH,
     # data.md
     ".venv/bin/python benchmarks/bench_data.py --mb 8": BENCH,
@@ -259,6 +259,12 @@ NOT_RUN = {  # command (DocCommand.key) -> why it is not run
     "--impls ulysses --recompute-attention --mlp-tile-tokens 2048 --loss-chunk 1024 --probe-timeout 900": BENCH,
     ".venv/bin/python benchmarks/bench_peers.py --max-len --budget-gb 1.5 --max-len-start 65536 --max-len-cap 98304 "
     "--impls alst-tiled --alst-loss-shard-tokens 1024 --probe-timeout 900": BENCH,
+    # docs/results/2026-12-01-cpu-kernels-and-loss.md
+    "python benchmarks/bench_kernels.py": f"{BENCH} (~5 min)",
+    "python benchmarks/bench_loss.py --tokens 32768 --vocab 32000 --hidden 512": f"{BENCH} (~7 min, 12 GiB)",
+    # docs/results/2026-12-05-gpu-attention-dispatch.md
+    "python benchmarks/bench_doc_attention.py --device cuda --dtype bfloat16 --lengths 32768 --docs 1,16,64 "
+    "--heads 9,3 --head-dim 64 --out docs/results/doc_attention_h100.json": f"{GPUS}; {BENCH}",
     # docs/results/2026-12-05-eval-runner.md
     ".venv/bin/python benchmarks/bench_eval.py --json docs/results/bench_eval.json":
         f"{BENCH} (~25 s); rewrites docs/results/bench_eval.json",
