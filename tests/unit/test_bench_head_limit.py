@@ -23,7 +23,6 @@ def test_rows_say_which_inputs_leave_float32s_exp_range(tmp_path, capsys):
     assert rows["pretrained head"]["below_normal_share"] == 0.0
     assert rows["unit-variance weights"]["below_normal_share"] > 0.0  # logits of std sqrt(512)
     assert all(r["best_s"] > 0 for r in rows.values())
-    assert rows["model scale (the limit's)"]["vs_model_scale"] == 1.0
     assert "| 16x512x256 | 1 | pretrained head |" in capsys.readouterr().out
     assert torch.get_num_threads() == threads  # the caller's thread count is restored
 
