@@ -215,18 +215,19 @@ def test_training_configs_carry_the_measured_recipe(tmp_path):
                                                    FULL.scaled_rope(), byte), tmp_path / "ext.yaml")
     b, e = load_config(str(base)), load_config(str(ext))
     b_syn, e_syn = b.data.sources[0].synthetic, e.data.sources[0].synthetic
-    assert b.optim.lr == FULL.base_lr == 1e-3 and b_syn.length_min_ratio == 0.95 and b_syn.filler == "noise"
-    assert [(s.seq_len, s.steps) for s in b.stages] == [(s.seq_len, s.steps) for s in FULL.base_stages]
-    assert e_syn.length_min_ratio == 0.25 and e_syn.num_keys == FULL.extend_num_keys
-    assert e_syn.queries == FULL.extend_queries == 8 and b_syn.queries == 1  # no room for 2 questions at 256
+    assert b.optim.lr == 1e-3 and b_syn.length_min_ratio == 0.95 and b_syn.filler == "noise"
+    assert [(s.seq_len, s.steps) for s in b.stages] == [(128, 100), (192, 150), (256, 1600)]  # the curriculum
+    assert e_syn.length_min_ratio == 0.25 and e_syn.num_keys == 12 and b_syn.num_keys == 4
+    assert e_syn.queries == 8 and b_syn.queries == 1  # no room for 2 questions at 256
     assert e.data.seq_len == 1024 and e.parallel.cp_size == 2 and e.parallel.zero_stage == 3
     # recall documents drill key matching in both corpora; multi-valued keys only in the extension
-    assert dict(b_syn.tasks) == dict(FULL.tasks) and b_syn.tasks["recall"] > 0 and b_syn.recall_multivalue == 0
-    assert dict(e_syn.tasks) == dict(FULL.extend_tasks) and e_syn.recall_multivalue == FULL.extend_recall_multivalue > 0
+    assert dict(b_syn.tasks) == {"niah": 0.35, "recall": 0.45, "passkey": 0.2} and b_syn.recall_multivalue == 0
+    assert dict(e_syn.tasks) == {"niah": 0.35, "multivalue": 0.25, "passkey": 0.15, "recall": 0.25}
+    assert e_syn.recall_multivalue == 0.3
     assert [dict(s.sources[0].synthetic.tasks) for s in b.stages[:2]] == [{"passkey": 1.0}] * 2  # copying first
     # half the extension's niah/multivalue/passkey documents put needles on lines of their own
-    assert e_syn.line_breaks == FULL.extend_line_breaks == 0.5 and b_syn.line_breaks == FULL.line_breaks == 0
-    assert b.data.micro_batch_size * FULL.base_nproc == FULL.base_batch
+    assert e_syn.line_breaks == 0.5 and b_syn.line_breaks == 0
+    assert b.data.micro_batch_size == 8 and e.data.micro_batch_size == 4  # 16 rows over 2 ranks; 4 rows shared by cp
 
 
 def test_eval_threads_follow_the_cores_other_processes_leave_free():
