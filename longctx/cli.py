@@ -11,7 +11,6 @@ import argparse
 import difflib
 import importlib
 import os
-import re
 import sys
 from typing import NoReturn, Optional
 
@@ -31,48 +30,99 @@ COMMANDS = {
 }
 
 
-_INVALID_CHOICE = re.compile(r"^argument (?P<arg>[^:]+): invalid choice: '(?P<value>.*)' "
-                             r"\(choose from (?P<choices>.*)\)$")
-_ARGUMENT = re.compile(r"^argument (?P<arg>[^:]+): (?P<rest>.*)$")
-_REQUIRED = re.compile(r"^the following arguments are required: (?P<args>.*)$")
-_UNRECOGNIZED = re.compile(r"^unrecognized arguments: (?P<args>.*)$")
+class InvalidChoice(argparse.ArgumentError):
+    """A value outside an argument's choices, with the value and the choices themselves."""
+
+    def __init__(self, action: argparse.Action, value):
+        super().__init__(action, f"invalid choice {value!r}")
+        self.action, self.value = action, value
 
 
-def _split_choices(text: str) -> list[str]:
-    return [c.strip().strip("'\"") for c in text.split(",") if c.strip()]
-
-
-def one_line_error(prog: str, message: str) -> str:
-    """argparse's message as `<argument>: <what is wrong; what is valid>` (one line)."""
-    message = " ".join(message.split())
-    m = _INVALID_CHOICE.match(message)
-    if m:
-        arg, value, choices = m["arg"], m["value"], _split_choices(m["choices"])
-        close = difflib.get_close_matches(value, choices, n=1)
-        what = "unknown command" if arg in ("command", "COMMAND") else "invalid choice"
-        name = prog if what == "unknown command" else arg
-        hint = f"; did you mean {close[0]!r}?" if close else ""
-        return f"{name}: {what} {value!r}{hint} (valid: {', '.join(choices)})"
-    m = _ARGUMENT.match(message)
-    if m:
-        return f"{m['arg']}: {m['rest']} (see `{prog} --help`)"
-    m = _REQUIRED.match(message)
-    if m and m["args"] in ("command", "COMMAND"):
-        return f"{prog}: a command is required (see `{prog} --help`)"
-    if m:
-        return f"{m['args']}: required by {prog} (see `{prog} --help`)"
-    m = _UNRECOGNIZED.match(message)
-    if m:
-        return f"{m['args']}: unrecognized argument(s) for {prog} (see `{prog} --help`)"
-    return f"{prog}: {message} (see `{prog} --help`)"
+def _action_name(action: argparse.Action) -> str:
+    """How an error names an argument: its flags, else its metavar, else its dest (as argparse does)."""
+    if action.option_strings:
+        return "/".join(action.option_strings)
+    return str(action.metavar if action.metavar not in (None, argparse.SUPPRESS) else action.dest)
 
 
 class OneLineParser(argparse.ArgumentParser):
-    """argparse with its errors as one `error: <argument>: <message>` line and exit code 2
-    (argparse itself prints the whole usage first). Used by every longctx command line."""
+    """argparse with its errors as one `error: <argument>: <what is wrong; what is valid>` line and
+    exit code 2 (argparse itself prints the whole usage first). Used by every longctx command line.
+
+    The line is built from what argparse knows, not from its English text: an ArgumentError
+    (exit_on_error=False lets it reach us) names the argument and says what is wrong; a value
+    outside the choices is our InvalidChoice (the `_check_value` hook), with the choices to list
+    and the closest to suggest; a missing required argument is one whose action was never taken
+    (the `_get_values` hook records those that were); unrecognized arguments are the ones
+    parse_known_args leaves over."""
+
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("exit_on_error", False)
+        super().__init__(*args, **kwargs)
+        self._taken: set[argparse.Action] = set()  # the actions the current parse has taken
+        self._reading_option: Optional[str] = None  # the option string argparse is classifying
+
+    def parse_known_args(self, args=None, namespace=None):
+        self._taken, self._reading_option = set(), None
+        try:
+            return super().parse_known_args(args, namespace)
+        except argparse.ArgumentError as e:
+            self._fail(self._argument_line(e) if e.argument_name is not None else self._parser_line(e.message))
+
+    def parse_args(self, args=None, namespace=None):
+        parsed, extra = self.parse_known_args(args, namespace)
+        if extra:
+            self.unrecognized(extra)
+        return parsed
+
+    def unrecognized(self, extra: list[str]) -> NoReturn:
+        """`<arguments>: unrecognized argument(s) for <prog>`: the arguments no option of this parser takes."""
+        self._fail(f"{' '.join(extra)}: unrecognized argument(s) for {self.prog} ({self._see_help})")
 
     def error(self, message: str) -> NoReturn:  # type: ignore[override]
-        print(f"error: {one_line_error(self.prog, message)}", file=sys.stderr)
+        """What argparse reports without an ArgumentError (a missing required argument, an
+        ambiguous option), as one line."""
+        self._fail(self._parser_line(message))
+
+    # argparse's hooks: the actions taken, the choices checked, the option strings read
+    def _get_values(self, action, arg_strings):
+        self._taken.add(action)
+        return super()._get_values(action, arg_strings)
+
+    def _check_value(self, action, value):
+        if action.choices is not None and value not in action.choices:
+            raise InvalidChoice(action, value)
+
+    def _parse_optional(self, arg_string):
+        self._reading_option = arg_string  # left set when argparse fails on it (an ambiguous option)
+        result = super()._parse_optional(arg_string)
+        self._reading_option = None
+        return result
+
+    @property
+    def _see_help(self) -> str:
+        return f"see `{self.prog} --help`"
+
+    def _argument_line(self, e: argparse.ArgumentError) -> str:
+        if isinstance(e, InvalidChoice):
+            choices = [str(c) for c in e.action.choices]
+            close = difflib.get_close_matches(str(e.value), choices, n=1)
+            hint = f"; did you mean {close[0]!r}?" if close else ""
+            if e.action.nargs == argparse.PARSER:  # the command word
+                return f"{self.prog}: unknown command {e.value!r}{hint} (valid: {', '.join(choices)})"
+            return f"{e.argument_name}: invalid choice {e.value!r}{hint} (valid: {', '.join(choices)})"
+        return f"{e.argument_name}: {' '.join(e.message.split())} ({self._see_help})"
+
+    def _parser_line(self, message: str) -> str:
+        missing = [a for a in self._actions if a.required and a not in self._taken]
+        if self._reading_option is None and missing:
+            if any(a.nargs == argparse.PARSER for a in missing):
+                return f"{self.prog}: a command is required ({self._see_help})"
+            return f"{', '.join(_action_name(a) for a in missing)}: required by {self.prog} ({self._see_help})"
+        return f"{self.prog}: {' '.join(message.split())} ({self._see_help})"
+
+    def _fail(self, line: str) -> NoReturn:
+        print(f"error: {line}", file=sys.stderr)
         self.exit(2)
 
 
@@ -121,7 +171,7 @@ def _main(argv: Optional[list[str]]) -> int:
             args.overrides += [e for e in extra if not e.startswith("-")]
             extra = [e for e in extra if e.startswith("-")]
         if extra:  # name the command whose flags these are not
-            args._command_parsers[args.command].error(f"unrecognized arguments: {' '.join(extra)}")
+            args._command_parsers[args.command].unrecognized(extra)
     except SystemExit as e:  # --help (0) or a one-line argparse error (2)
         return e.code if isinstance(e.code, int) else 2
     try:
