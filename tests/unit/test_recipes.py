@@ -27,9 +27,15 @@ def _load(name: str) -> object:
     return load_config(str(ROOT / "configs" / name))
 
 
+def _gpus(name: str) -> int:
+    """The GPUs of the cluster the recipe states it was written for (its `# cluster:` line)."""
+    shape = cluster(ROOT / "configs" / name)
+    return int(shape["nodes"]) * int(shape["gpus_per_node"])
+
+
 def test_yarn_recipe_matches_the_paper():
     cfg = _load("yarn-llama2-7b-128k.yaml")
-    world = 64
+    world = _gpus("yarn-llama2-7b-128k.yaml")
     s16, s32 = resolve_stages(cfg)
     assert (s16.steps, s32.steps) == (400, 200) and s16.seq_len == s32.seq_len == 65536
     assert s16.model.rope_parameters["factor"] == 16 and s32.model.rope_parameters["factor"] == 32
@@ -37,13 +43,15 @@ def test_yarn_recipe_matches_the_paper():
             and s16.model.rope_parameters["original_max_position_embeddings"] == 4096)
     assert (s16.model.max_position_embeddings, s32.model.max_position_embeddings) == (65536, 131072)
     assert cfg.optim.lr == 2e-5 and cfg.optim.weight_decay == 0 and cfg.optim.warmup_steps == 20
-    assert (world // cfg.parallel.cp_size) * cfg.data.micro_batch_size * cfg.train.grad_accum == 64  # global batch
+    # the paper's global batch of 64 sequences, on the recipe's own cluster
+    assert (world // cfg.parallel.cp_size) * cfg.data.micro_batch_size * cfg.train.grad_accum == 64
     m = stage_model_config(s32)
     assert m.rope_type == "yarn" and m.max_position_embeddings == 131072
 
 
 def test_llama3_recipe_stages_and_scaling():
     cfg = _load("llama3-8b-128k.yaml")
+    world = _gpus("llama3-8b-128k.yaml")
     stages = resolve_stages(cfg)
     assert [s.seq_len for s in stages] == [16384, 32768, 65536, 131072]
     m = stage_model_config(stages[-1])
@@ -53,7 +61,7 @@ def test_llama3_recipe_stages_and_scaling():
     # cp grows with the length: the same 8k tokens per GPU and 4M tokens per step in every stage
     for s in stages:
         assert s.seq_len // s.parallel.cp_size == 8192
-        assert (64 // s.parallel.cp_size) * cfg.train.grad_accum * s.seq_len == 4 * 2**20
+        assert (world // s.parallel.cp_size) * cfg.train.grad_accum * s.seq_len == 4 * 2**20
 
 
 def test_prolong_recipe_mixture():
@@ -65,7 +73,8 @@ def test_prolong_recipe_mixture():
     assert cfg.data.document_masking and cfg.data.seq_len == 65536
     assert stage_model_config(resolve_stages(cfg)[0]).rope_parameters["rope_theta"] == 8e6
     assert cfg.optim.lr == 1e-5 and cfg.optim.min_lr_ratio == 0.1 and cfg.optim.schedule == "cosine"
-    assert (64 // cfg.parallel.cp_size) * cfg.train.grad_accum * cfg.data.seq_len == 4 * 2**20  # 4M tokens/step
+    world = _gpus("prolong-llama3-8b-64k.yaml")
+    assert (world // cfg.parallel.cp_size) * cfg.train.grad_accum * cfg.data.seq_len == 4 * 2**20  # 4M tokens/step
 
 
 def test_smollm2_recipe_is_yarn_s4_over_8k_on_a_long_short_mixture():
