@@ -13,7 +13,7 @@ import psutil
 import pytest
 
 from helpers.recipes import ROOT
-from helpers.train import TINY, env, metrics
+from helpers.train import TINY, env, free_port, metrics
 
 GONE_WITHIN_S = 60  # the issue asks for 30 s; a generous guard against a loaded machine
 
@@ -22,7 +22,8 @@ LAUNCHERS = {
                  "-m", "longctx"],
     "torchrun.sh": [str(ROOT / "launch" / "torchrun.sh"), "--nproc-per-node", "2", "--"],
     "accelerate": [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
-                   "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no", "-m", "longctx"],
+                   "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port",
+                   "{port}", "-m", "longctx"],
 }
 
 
@@ -31,7 +32,9 @@ def _env(tmp_path) -> dict:
 
 
 def _start(launcher, out, tmp_path, log_name):
-    cmd = [*LAUNCHERS[launcher], "train", *TINY, f"out_dir={out}", "train.steps=6", "checkpoint.every=2",
+    port = str(free_port())  # accelerate's default 29500 may be taken by another job on this machine
+    launch = [port if a == "{port}" else a for a in LAUNCHERS[launcher]]
+    cmd = [*launch, "train", *TINY, f"out_dir={out}", "train.steps=6", "checkpoint.every=2",
            "checkpoint.resume=auto", "log.every=1"]
     return subprocess.Popen(cmd, stdout=open(tmp_path / log_name, "w"), stderr=subprocess.STDOUT, cwd=ROOT,
                             env=_env(tmp_path), start_new_session=True)
