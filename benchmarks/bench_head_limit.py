@@ -1,6 +1,6 @@
 """The vocabulary head's limit operation (one chunk of chunked cross-entropy, forward +
 backward) timed on three kinds of inputs of the same shape: unit-variance weights (logits of
-std sqrt(d)), the model-scale inputs the CPU limit measures on (longctx.train.metrics.head_inputs),
+std sqrt(d)), the model-scale inputs the CPU limit measures on (benchlib.cpu_limits.head_inputs),
 and, with --init-from, a pretrained model's own head. Its share of exp arguments below float32's
 normal range says why the times differ: the CPU's vectorized exp takes a slow path there.
 
@@ -21,12 +21,12 @@ import time
 from pathlib import Path
 
 import torch
+from benchlib.cpu_limits import head_inputs
 from benchlib.machine import machine_facts
 from safetensors import safe_open
 
 from longctx import atomic
 from longctx.model.loss import chunked_cross_entropy
-from longctx.train.metrics import head_inputs
 
 HEAD_KEYS = ("lm_head.weight", "model.embed_tokens.weight")  # untied head first, else the tied embedding
 

@@ -23,7 +23,7 @@ trains on the same batch. The run, in one group of `--world` gloo processes:
      (mallopt) so freed tensors leave RSS at once. CPU MFU: the time longctx's own operations of the
      step (each linear layer, the chunked loss, the attention kernel, each at its exact shape)
      take at their best on this machine, over the step's measured time
-     (longctx.train.metrics.measure_cpu_limits, on all ranks at once, between rounds).
+     (benchlib.cpu_limits.measure_cpu_limits, on all ranks at once, between rounds).
 `--max-len`: for each contender, the longest T (doubling, then bisection over real one-step
 runs, each a fresh process group) whose peak RSS per rank (VmHWM of the whole process) stays
 within --budget-gb; a rank that crosses the budget is stopped at once by a watchdog.
@@ -42,6 +42,7 @@ import time
 
 import torch
 import torch.distributed as dist
+from benchlib.cpu_limits import best_limits, cpu_limit_fraction, measure_cpu_limits
 from benchlib.machine import machine_facts
 from benchlib.memory import peak_rss_bytes, reset_peak, rss_bytes
 from benchlib.model import add_model_args, base_config, check_model_args, model_source, write_checkpoint
@@ -62,7 +63,6 @@ from benchlib.report import timing_fields, write_json
 from benchlib.timing import DEFAULT_STEPS, DEFAULT_WARMUP, interleaved, slowest_rank
 
 from longctx.model.hf import read_hf_config
-from longctx.train.metrics import best_limits, cpu_limit_fraction, measure_cpu_limits
 
 GiB = 2**30
 DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}

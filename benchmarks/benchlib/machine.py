@@ -10,7 +10,7 @@ from importlib.metadata import PackageNotFoundError, version
 
 import torch
 
-from longctx.train.metrics import measure_matmul_flops
+from longctx.train.mfu import measure_matmul_flops
 
 
 def cpu_model() -> str:

@@ -1,7 +1,8 @@
 """`longctx setup [--check]`: prepare this environment once, after installing longctx.
 
 Builds the DeepSpeed op a run may JIT-build (cpu_adam, for `parallel.offload_optimizer`) into
-torch's extensions cache, so no job pays for it, and reports what is installed. DeepSpeed's
+torch's extensions cache, so no job pays for it, measures this CPU's GEMM rates once (the MFU's
+CPU peak and the slow-bf16 check read them; train/mfu.py), and reports what is installed. DeepSpeed's
 shared-memory comm op is not needed (it serves DeepSpeed's inference only; see
 longctx/parallel/ds_ops.py). scripts/bootstrap.sh (`./run.sh`) runs it.
 """
@@ -31,12 +32,17 @@ def run(args: argparse.Namespace) -> int:
     import torch  # heavy: loaded when the command runs, not for --help
 
     from longctx.parallel import ds_ops
+    from longctx.train import mfu
 
     device = f"CUDA {torch.version.cuda}, {torch.cuda.device_count()} GPU(s)" if torch.cuda.is_available() else "CPU"
     flash = "installed" if importlib.util.find_spec("flash_attn") else "not installed (optional, CUDA only)"
     compiler = shutil.which("c++") or shutil.which("g++") or shutil.which("clang++")
     print(f"torch {torch.__version__} ({device}); deepspeed {_version('deepspeed')}; flash-attn {flash}")
     print(f"C++ compiler: {compiler or 'none (torch.compile and DeepSpeed ops need one)'}")
+    if not args.check and not torch.cuda.is_available():
+        rates = mfu.measure_environment()
+        shown = ", ".join(f"{name}: {rate / 1e9:.1f}" for name, rate in rates.items())
+        print(f"CPU GEMM GFLOP/s (dtype @ threads), cached in {mfu.default_rates_file()}: {shown}")
     print(f"DeepSpeed ops in {ds_ops.extensions_root()}:")
     for name in ds_ops.skip_unused_ops():
         print(f"  {name}: not needed (DeepSpeed inference only)")

@@ -59,11 +59,10 @@ def findings(demo: DemoConfig, tables: dict, noise: float = 5.0) -> list[str]:
     a4, c4 = avg["a"].get(L4), avg.get("c", {}).get(L4)
     if a4 is not None:
         out.append(f"Without extension the model scores {pm('a', L4)} at {demo.factor}x ({L4} tokens) "
-                   f"vs {avg['a'][demo.train_len]:.0f} at its training length (target at {demo.factor}x: <= 30).")
+                   f"vs {avg['a'][demo.train_len]:.0f} at its training length.")
     if c4 is not None:
         out.append(f"After YaRN x{demo.factor} + {demo.extend_steps} steps at {L4} tokens: "
-                   f"{pm('c', L4)} at {demo.factor}x "
-                   f"(target >= 80); at {demo.train_len} tokens {avg['c'][demo.train_len]:.0f} "
+                   f"{pm('c', L4)} at {demo.factor}x; at {demo.train_len} tokens {avg['c'][demo.train_len]:.0f} "
                    f"(base: {avg['a'][demo.train_len]:.0f}).")
         L8 = demo.lengths[-1]
         if L8 > L4:

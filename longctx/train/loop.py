@@ -48,11 +48,8 @@ from longctx.train.checkpoint import (
 )
 from longctx.train.continuation import continue_from, nothing_left_notice
 from longctx.train.cpu_dtype import slow_dtype_note
-from longctx.train.metrics import (
-    MetricsWriter,
-    peak_flops_per_device,
-    progress_fields,
-)
+from longctx.train.metrics import MetricsWriter, progress_fields
+from longctx.train.mfu import peak_flops_per_device
 from longctx.train.nonfinite import NonFiniteGuard, NonFiniteStop, report_stop, weights_finite
 from longctx.train.reshard import Layout, check_resume, engine_record, loader_state, rng_for
 from longctx.train.run_files import changed_resumed_sources, take_run_lock, write_run_files
@@ -266,8 +263,8 @@ class Trainer:
             self.model.set_attention(attention_for(mesh, stage.parallel, self.device))
         self.cp, self.mesh = cp, mesh
         self.setup = StepSetup(mesh, self.world, self.device, self.cfg.train.grad_accum, stage.data.micro_batch_size,
-                               stage.seq_len, self.cfg.train.loss_chunk_size, self.device.type == "cpu")
-        self.rates = stage_rates(model_cfg, self.setup, self.dtype, self.peak)
+                               stage.seq_len, self.cfg.train.loss_chunk_size)
+        self.rates = stage_rates(model_cfg, self.setup, self.peak)
 
     def _training_loader(self, stage: RunStage, tokenizer, loader_state: Optional[dict]):
         """The stage's loader of model inputs, at `loader_state` when resuming inside the stage.

@@ -18,7 +18,7 @@ import contextlib
 import math
 import time
 from dataclasses import dataclass
-from typing import Iterator, Optional
+from typing import Iterator
 
 import torch
 import torch.distributed as dist
@@ -28,7 +28,6 @@ from longctx.errors import UserError
 from longctx.labels import IGNORE_INDEX
 from longctx.parallel.mesh import Mesh
 from longctx.parallel.sharding import shard_batch
-from longctx.train.metrics import attention_pair_fraction
 from longctx.train.nonfinite import backward_factor, optimizer_step_skipped
 
 
@@ -42,7 +41,6 @@ class StepSetup:
     micro_batch_size: int
     seq_len: int
     loss_chunk_size: int
-    count_attention_pairs: bool = False  # for cpu_mfu: its attention limit scales with the pairs
 
 
 @dataclass
@@ -56,7 +54,6 @@ class StepResult:
     elapsed_s: float
     data_wait_s: float
     computed: float  # share of the columns run (unscored row tails are cut)
-    attention_fraction: Optional[float]  # share of a full row's causal pairs computed (when counted)
     micro_batches: int
 
 
@@ -137,13 +134,10 @@ def train_step(engine, model: nn.Module, batches: Iterator[dict], lr: float, set
     elapsed = time.perf_counter() - t0
     if grad_norm is None:
         grad_norm = engine.get_global_grad_norm()
-    pairs = (sum(attention_pair_fraction(inputs.get("segment_ids"), inputs["labels"].shape[1], setup.seq_len)
-                 for inputs in micro) if setup.count_attention_pairs else None)
     return StepResult(loss=global_loss / total_weight, lr=lr,
                       grad_norm=float(grad_norm) if grad_norm is not None else float("nan"), tokens=int(round(real)),
                       update_applied=not dropped and engine.was_step_applied(), elapsed_s=elapsed,
                       data_wait_s=t_data, computed=columns / (setup.seq_len * len(micro)),
-                      attention_fraction=None if pairs is None else pairs / len(micro),
                       micro_batches=len(micro))
 
 

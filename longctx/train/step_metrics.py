@@ -1,41 +1,31 @@
-"""A step's logged record: what train_step measured, with throughput, MFU, memory and on CPU the
-fraction of this machine's measured limit (train/metrics.py) derived from it."""
+"""A step's logged record: what train_step measured, with throughput, MFU and memory derived
+from it. No collective and no measurement: the numbers are the step's own."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
-
-import torch
 
 from longctx.model.config import ModelConfig
-from longctx.train.metrics import flops_per_token, peak_memory_bytes
-from longctx.train.stage_limits import StageLimits
+from longctx.train.metrics import peak_memory_bytes
+from longctx.train.mfu import flops_per_token
 from longctx.train.step import StepResult, StepSetup
 
 
-@dataclass
+@dataclass(frozen=True)
 class StepRates:
     """What a stage's metrics are measured against."""
     flops_per_token: float
     peak_flops: float
-    cpu_limits: Optional[StageLimits]  # CPU: this machine's best times of the stage's operations
 
 
-def stage_rates(model_cfg: ModelConfig, setup: StepSetup, dtype: torch.dtype, peak_flops: float) -> StepRates:
-    """A stage's rates: its FLOPs per token, the device's peak and, on CPU, this machine's GEMM
-    and attention-kernel rates at the stage's shapes, measured on every rank at once."""
-    cpu_limits = StageLimits(model_cfg, setup, dtype) if setup.device.type == "cpu" else None
-    return StepRates(flops_per_token(model_cfg, setup.seq_len), peak_flops, cpu_limits)
+def stage_rates(model_cfg: ModelConfig, setup: StepSetup, peak_flops: float) -> StepRates:
+    return StepRates(flops_per_token(model_cfg, setup.seq_len), peak_flops)
 
 
 def step_record(result: StepResult, setup: StepSetup, rates: StepRates) -> dict:
     """The metrics record of one step (metrics.jsonl, TensorBoard, the progress line)."""
-    record = {"loss": result.loss, "lr": result.lr, "grad_norm": result.grad_norm, "tokens": result.tokens,
-              **throughput(setup, rates, result.elapsed_s, result.data_wait_s, result.computed),
-              "update_applied": result.update_applied}
-    if rates.cpu_limits is not None:  # collective: every rank may re-measure the limits (train/stage_limits.py)
-        record.update(rates.cpu_limits.fraction_for(result))
-    return record
+    return {"loss": result.loss, "lr": result.lr, "grad_norm": result.grad_norm, "tokens": result.tokens,
+            **throughput(setup, rates, result.elapsed_s, result.data_wait_s, result.computed),
+            "update_applied": result.update_applied}
 
 
 def throughput(setup: StepSetup, rates: StepRates, elapsed: float, t_data: float, computed: float) -> dict:

@@ -4,18 +4,14 @@ import os
 import signal
 import time
 
-import pytest
 import torch
 
 import longctx
-from helpers.cp import run_distributed
-from helpers.cpu_limits import FakeMachine, step
 from helpers.train import TINY, losses, metrics, run_train, start_train
 
 METRIC_FIELDS = {"loss", "lr", "grad_norm", "tokens_per_s", "tokens_per_s_per_device", "mfu", "peak_memory_gb",
                  "data_wait_fraction", "step", "tokens_seen", "step_time_s", "seq_len", "cp_size", "dp_size",
-                 "cpu_mfu", "gemm_limit_s", "attention_limit_s", "cpu_limits_stale", "cpu_limit_measurements",
-                 "tokens", "slots"}
+                 "tokens", "slots", "peak_flops_source"}
 
 
 def _ok(res):
@@ -33,9 +29,8 @@ def test_zero3_cp2_trains_and_writes_everything(tmp_path):
         assert METRIC_FIELDS <= set(r), METRIC_FIELDS - set(r)
         assert r["cp_size"] == 2 and r["dp_size"] == 1
         assert all(r[k] == r[k] and r[k] >= 0 for k in ("grad_norm", "mfu", "tokens_per_s"))  # no NaN
-        # a fraction of the limit, or null when the limits were beaten (measured under load)
-        assert 0 < r["cpu_mfu"] <= 1 if r["cpu_mfu"] is not None else r["cpu_limits_stale"], r
-        assert r["cpu_limit_measurements"] >= 1
+        # the CPU peak is this environment's cached GEMM rate: the trainer benchmarks nothing
+        assert r["peak_flops_source"] == "cpu-gemm" and not {"cpu_mfu", "gemm_limit_s"} & set(r)
     first, last = sum(r["loss"] for r in recs[:3]) / 3, sum(r["loss"] for r in recs[-3:]) / 3
     assert last < first - 0.2
     ckpts = sorted(p.name for p in (out / "checkpoints").iterdir())
@@ -50,23 +45,6 @@ def test_zero3_cp2_trains_and_writes_everything(tmp_path):
     # the final HF export is the trained model (not the initial one) and loads
     model = longctx.load_pretrained(out / "hf")
     assert model.config.num_hidden_layers == 2
-
-
-def _remeasure_worker(rank, world):
-    """Only rank 1's first step beats the loaded first measurement; the second step beats none."""
-    fake = FakeMachine([1.0, 0.2]).install()
-    limits = fake.limits()
-    first = limits.fraction_for(step(3.0 if rank == 0 else 1.5))
-    second = limits.fraction_for(step(3.0))
-    return len(fake.calls), first["cpu_mfu"], second["cpu_limit_measurements"]
-
-
-def test_every_rank_remeasures_when_one_beats_its_limit():
-    """The ranks agree (MAX all-reduce): both re-measure at once, though rank 0's 3 s step was
-    within its 2 s limit, and neither again once no step beats the limits."""
-    (calls0, mfu0, count0), (calls1, mfu1, count1) = run_distributed(_remeasure_worker, 2)
-    assert (calls0, count0, calls1, count1) == (2, 2, 2, 2)
-    assert mfu0 == pytest.approx(0.4 / 3.0) and mfu1 == pytest.approx(0.4 / 1.5)
 
 
 LAYOUTS = {

@@ -1,38 +1,30 @@
-"""cpu_mfu is a fraction of a limit measured at the step's own operations, so it cannot exceed 1.
+"""The peer benchmarks' CPU limit (benchmarks/benchlib/cpu_limits.py) is measured at the step's
+own operations, so the step's fraction of it cannot exceed 1.
 
 The invariant is checked against what a real (tiny) model executes, not against the formula
 itself: a synthetic machine (a TorchDispatchMode) charges every GEMM and attention-kernel
 call a time that depends on its exact shapes (some shapes much faster than others), and is
 also the clock the limit measurement reads. The limit is then the step's fraction <= 1 only
-if the measured operations are the very calls the model makes. The old limit (one GEMM rate
-at the MLP's shape, the attention at another head count) exceeds 1 on the same machine.
+if the measured operations are the very calls the model makes.
 """
 from __future__ import annotations
 
-import json
 import math
-import random
 
 import pytest
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
-
-from helpers.cpu_limits import FakeMachine, step
-from longctx.model.config import ModelConfig
-from longctx.model.llama import Transformer
-from longctx.train import stage_limits
-from longctx.train.metrics import (
-    _attention_run,
-    _best_time,
-    _linear_run,
+from benchlib.cpu_limits import (
     attention_pair_fraction,
     cpu_limit_fraction,
     head_inputs,
     limit_ops,
     measure_cpu_limits,
     step_flops,
-    strict_json_record,
 )
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from longctx.model.config import ModelConfig
+from longctx.model.llama import Transformer
 
 aten = torch.ops.aten
 GEMMS = {aten.mm.default, aten.addmm.default, aten.addmm_.default, aten.bmm.default}
@@ -172,115 +164,3 @@ def test_trimmed_rows_default_to_the_quadratic_share():
                                                                           "seconds": 1.0}]}
     frac = cpu_limit_fraction(limits, 10.0, micro_batches=2, computed=0.5)
     assert (frac["attention_limit_s"], frac["gemm_limit_s"]) == (pytest.approx(1.0), pytest.approx(3.0))
-
-
-def old_fraction(cfg, T, step_s, machine, dtype, threads=2) -> float:
-    """The former limit: every GEMM at the MLP up projection's rate, the attention at
-    min(H, threads) heads with as many kv heads, over the step time."""
-    gemm, attn = step_flops(cfg, T)
-    mlp = _best_time(_linear_run((1, T, cfg.hidden_size, cfg.intermediate_size), dtype), 0.0, 1, machine.clock)
-    gemm_rate = 6.0 * T * cfg.hidden_size * cfg.intermediate_size / mlp
-    h = min(cfg.num_attention_heads, threads)
-    att = _best_time(_attention_run((h, h, T, cfg.head_dim), dtype), 0.0, 1, machine.clock)
-    attn_rate = 6.0 * h * cfg.head_dim * T**2 / att
-    return (gemm / gemm_rate + attn / attn_rate) / step_s
-
-
-def test_control_the_old_limit_exceeds_one():
-    """On a machine where the vocabulary head's GEMMs and the GQA kernel are faster than the
-    MLP's GEMM and the MHA kernel, a limit measured at those other shapes reads above 1."""
-    cfg, T = tiny(vocab=2048), 256
-
-    def rate(kind, shapes):
-        if kind == "gemm":
-            return 1e10 if any(cfg.vocab_size in s for s in shapes) else 1e9
-        return 1e9 if shapes[0][1] != shapes[1][1] else 1e8  # GQA (q heads != kv heads) faster
-    limits, step_s = measured_step(cfg, 1, T, 1024, torch.float32, rate)
-    machine = Machine(rate)
-    with machine, torch.enable_grad():
-        old = old_fraction(cfg, T, step_s, machine, torch.float32)
-    assert cpu_limit_fraction(limits, step_s)["cpu_mfu"] == pytest.approx(1.0, rel=1e-9)
-    assert old > 1.0
-
-
-# ------------------------------------------------------------ re-measuring a stage's limits
-@pytest.fixture
-def machine(monkeypatch):
-    """A fake machine whose measurements the test sets (FakeMachine) in place of measure_cpu_limits."""
-    def make(op_seconds, cost=0.0):
-        fake = FakeMachine(op_seconds, cost)
-        monkeypatch.setattr(stage_limits, "measure_cpu_limits", fake.measure)
-        return fake
-    return make
-
-
-def test_a_step_that_beats_a_loaded_measurement_remeasures_once(machine):
-    """Measured loaded (1 s per op: a 2 s limit), quiet later (0.2 s): a 1.5 s step beats the
-    first limit, so the limits are measured again, with the stage's own arguments, once."""
-    fake = machine([1.0, 0.2], cost=0.01)
-    limits = fake.limits()
-    record = limits.fraction_for(step(1.5))
-    assert len(fake.calls) == 2 and fake.calls[0] == fake.calls[1]
-    assert fake.calls[0]["seconds"] == stage_limits.LIMIT_SECONDS
-    assert record["cpu_mfu"] == pytest.approx(0.4 / 1.5) and not record["cpu_limits_stale"]
-    assert record["cpu_limit_measurements"] == 2 and record["gemm_limit_s"] == pytest.approx(0.2)
-    assert limits.fraction_for(step(1.5))["cpu_limit_measurements"] == 2  # below 1 now: no more
-
-
-def test_a_step_below_its_limit_measures_nothing_more(machine):
-    fake = machine([1.0, 0.2])
-    record = fake.limits().fraction_for(step(2.5))
-    assert len(fake.calls) == 1 and record["cpu_mfu"] == pytest.approx(0.8) and not record["cpu_limits_stale"]
-
-
-def test_limits_still_beaten_after_a_remeasure_log_null(machine):
-    """Every measurement loaded: cpu_mfu is null (strict JSON) and flagged, never above 1; the
-    limit times stay."""
-    fake = machine([1.0], cost=0.01)
-    record = fake.limits().fraction_for(step(1.5))
-    assert len(fake.calls) == 2
-    assert record["cpu_mfu"] is None and record["cpu_limits_stale"] is True
-    assert record["gemm_limit_s"] == pytest.approx(1.0) and record["attention_limit_s"] == pytest.approx(1.0)
-    line = json.loads(json.dumps(strict_json_record(record), allow_nan=False))
-    assert line["cpu_mfu"] is None and line["cpu_limit_measurements"] == 2
-
-
-def test_millisecond_steps_never_spend_seconds_remeasuring(machine):
-    """A measurement of 2 s against 10 ms steps: 1000 steps (10 s) allow none (5% of 10 s < 2 s)."""
-    fake = machine([1.0], cost=2.0)
-    limits = fake.limits()
-    records = [limits.fraction_for(step(0.01)) for _ in range(1000)]
-    assert len(fake.calls) == 1
-    assert all(r["cpu_mfu"] is None and r["cpu_limits_stale"] for r in records)
-
-
-def test_remeasures_stay_within_their_share_of_the_step_time(machine):
-    """1 s measurements, 4.1 s steps that always beat the 10 s limit: the n-th re-measure once
-    the stage's step time reaches 20 n s (5%), at steps 5, 10, 15 and 20."""
-    fake = machine([5.0], cost=1.0)
-    limits = fake.limits()
-    counts = [limits.fraction_for(step(4.1))["cpu_limit_measurements"] for _ in range(20)]
-    assert counts == [1] * 4 + [2] * 5 + [3] * 5 + [4] * 5 + [5]
-    assert len(fake.calls) == 5
-
-
-def test_logged_cpu_mfu_is_never_above_one(machine):
-    """Random measurements, costs and step times: each step's cpu_mfu is a number <= 1 or null
-    and flagged stale, and the re-measures never take more than their share of the step time."""
-    rng = random.Random(0)
-    seen = {"null": 0, "remeasured": 0, "number": 0}
-    for _ in range(200):
-        fake = machine([rng.uniform(0.01, 2.0) for _ in range(rng.randint(1, 6))], cost=rng.uniform(0.0, 0.5))
-        limits = fake.limits()
-        step_s = 0.0
-        for _ in range(rng.randint(1, 40)):
-            elapsed = rng.uniform(0.005, 6.0)
-            step_s += elapsed
-            record = limits.fraction_for(step(elapsed))
-            assert (record["cpu_mfu"] is None) == record["cpu_limits_stale"]
-            assert record["cpu_mfu"] is None or 0.0 < record["cpu_mfu"] <= 1.0
-            assert record["cpu_limit_measurements"] == len(fake.calls)
-            assert (len(fake.calls) - 1) * fake.cost <= stage_limits.REMEASURE_BUDGET * step_s + 1e-9
-            seen["null" if record["cpu_mfu"] is None else "number"] += 1
-        seen["remeasured"] += len(fake.calls) > 1
-    assert min(seen.values()) >= 20, seen  # every case exercised

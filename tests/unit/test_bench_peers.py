@@ -1,22 +1,17 @@
 """The correctness and summary helpers of benchmarks/bench_peers.py (pure functions, tiny tensors),
-and the CPU machine-limit measurement in longctx.train.metrics. benchmarks/ is on pytest's
+and the CPU machine-limit measurement in benchlib.cpu_limits. benchmarks/ is on pytest's
 pythonpath (pyproject.toml): `benchlib` and the scripts import by name."""
 from importlib.metadata import version
 from pathlib import Path
 
 import pytest
 import torch
+from benchlib.cpu_limits import best_limits, cpu_limit_fraction, measure_cpu_limits, step_flops
 from benchlib.peer_checks import GRAD_TOLERANCE, compare_grads, correctness_row, ratio_table, speed_summary
 from benchlib.peer_contenders import build_order, make_batch, shifted_labels
 
 from longctx.model import get_preset
-from longctx.train.metrics import (
-    best_limits,
-    cpu_limit_fraction,
-    flops_per_token,
-    measure_cpu_limits,
-    step_flops,
-)
+from longctx.train.mfu import flops_per_token
 
 
 def _grads(seed=0):

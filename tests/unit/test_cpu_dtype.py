@@ -7,13 +7,13 @@ from longctx.train import cpu_dtype
 
 @pytest.fixture
 def rates(monkeypatch):
-    """A fake CPU: GEMM FLOP/s per dtype, and the dtypes measured."""
+    """A fake CPU: GEMM FLOP/s per dtype, and the dtypes read."""
     table, calls = {}, []
 
-    def fake(dtype, n, seconds):
+    def fake(dtype):
         calls.append(dtype)
         return table[dtype]
-    monkeypatch.setattr(cpu_dtype, "measure_matmul_flops", fake)
+    monkeypatch.setattr(cpu_dtype, "cpu_gemm_rate", fake)
     return table, calls
 
 
@@ -41,7 +41,7 @@ def test_float32_runs_and_other_devices_measure_nothing(rates):
 
 
 def test_the_real_measurement_gives_a_line_or_none():
-    note = cpu_dtype.slow_dtype_note(torch.bfloat16, torch.device("cpu"), n=64, seconds=0.01)
+    note = cpu_dtype.slow_dtype_note(torch.bfloat16, torch.device("cpu"))
     assert note is None or "x slower" in note
 
 
