@@ -123,9 +123,9 @@ def train_step(engine, model: nn.Module, batches: Iterator[dict], lr: float, set
     columns = sum(inputs["labels"].shape[1] for inputs in micro)  # after the unscored tails were cut
     shards = [to_rank(inputs, setup) for inputs in micro]
     # every rank of a cp group holds the same rows: the world's sum counts each row cp times
-    real = sum(real_tokens(inputs, setup) for inputs in micro) / setup.mesh.cp_size
+    real = torch.stack([real_tokens(inputs, setup) for inputs in micro]).sum() / setup.mesh.cp_size
     weight = torch.stack([label_weight(s) for s in shards]).sum()
-    total_weight, real = all_reduce_sum(torch.stack([weight, weight.new_tensor(real)]))
+    total_weight, real = all_reduce_sum(torch.stack([weight, real.to(weight.device)]))
     if total_weight <= 0:
         raise UserError("data: a whole optimizer step has no label tokens (all labels ignored)")
     scale = setup.world * setup.grad_accum / total_weight
@@ -141,8 +141,9 @@ def train_step(engine, model: nn.Module, batches: Iterator[dict], lr: float, set
                       micro_batches=len(micro))
 
 
-def real_tokens(inputs: dict, setup: StepSetup) -> float:
-    """A micro-batch's non-padding tokens (all its slots when the batch does not say)."""
+def real_tokens(inputs: dict, setup: StepSetup) -> torch.Tensor:
+    """A micro-batch's non-padding tokens (all its slots when the batch does not say): a float64
+    0-d tensor on the batch's (host) device, read with the step's other numbers."""
     if "real_tokens" in inputs:
-        return float(inputs["real_tokens"].sum())
-    return float(inputs["input_ids"].shape[0] * setup.seq_len)
+        return inputs["real_tokens"].sum().to(torch.float64)
+    return torch.tensor(float(inputs["input_ids"].shape[0] * setup.seq_len), dtype=torch.float64)

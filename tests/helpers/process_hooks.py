@@ -5,6 +5,9 @@ return patches one longctx module as it is imported. longctx itself reads nothin
 - `slow_batches_env`: each `longctx eval` decoding batch touches $BATCH_MARK, then waits a second.
 - `held_after_work_env`: once a PreemptionFlag is uninstalled with no signal (the work finished),
   the process touches $AFTER_WORK_MARK.<rank> and waits for $RELEASE before it goes on to exit.
+- `counted_syncs_env`: each `train_step` appends "<grad_accum> <host reads>" to $SYNC_LOG, the
+  reads being the scalar copies device -> host (`aten._local_scalar_dense`: item(), float(),
+  bool() of a tensor) made while it ran.
 """
 import textwrap
 from pathlib import Path
@@ -53,6 +56,31 @@ def held(self):
 module.PreemptionFlag.uninstall = held
 """
 
+COUNTED_SYNCS = """
+from torch.utils._python_dispatch import TorchDispatchMode
+import torch
+
+class _Reads(TorchDispatchMode):
+    def __init__(self):
+        super().__init__()
+        self.n = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.n += func is torch.ops.aten._local_scalar_dense.default
+        return func(*args, **(kwargs or {}))
+
+step = module.train_step
+
+def counted(engine, model, batches, lr, setup):
+    reads = _Reads()
+    with reads:
+        result = step(engine, model, batches, lr, setup)
+    with open(os.environ["SYNC_LOG"], "a") as f:
+        f.write(f"{setup.grad_accum} {reads.n}\\n")
+    return result
+module.train_step = counted
+"""
+
 
 def _hook_env(tmp_path: Path, env: dict, module: str, patch: str) -> None:
     hooks = tmp_path / "hooks"
@@ -78,3 +106,11 @@ def held_after_work_env(tmp_path: Path, env: dict) -> tuple[Path, Path]:
     mark, release = tmp_path / "after-work", tmp_path / "release"
     env.update(AFTER_WORK_MARK=str(mark), RELEASE=str(release))
     return mark, release
+
+
+def counted_syncs_env(tmp_path: Path, env: dict) -> Path:
+    """Adds the host-read counter around train_step to env; returns the log it appends to."""
+    _hook_env(tmp_path, env, "longctx.train.step", COUNTED_SYNCS)
+    log = tmp_path / "syncs.log"
+    env["SYNC_LOG"] = str(log)
+    return log
