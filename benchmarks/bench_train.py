@@ -118,7 +118,7 @@ class TrainStep:
         recomputation counted, and the device's bf16 peak)."""
         import torch
 
-        from longctx.train.metrics import flops_per_token, peak_flops_per_device
+        from longctx.train.mfu import flops_per_token, peak_flops_per_device
 
         peak = torch.cuda.max_memory_allocated() if self.cuda else peak_rss_bytes()
         return {"impl": self.impl, "seq_len": self.seq_len, "device": self.device, "preset": self.preset,

@@ -26,12 +26,8 @@ from longctx.data.loader import ModelInputs
 from longctx.errors import UserError
 from longctx.parallel.checkpointing import apply_activation_checkpointing
 from longctx.train.build import build_plain_model
+from longctx.train.mfu import flops_per_token, peak_flops_per_device
 from longctx.train.stages import build_stage_loader
-
-try:  # the MFU formula's home moves from train/metrics.py to train/mfu.py
-    from longctx.train.mfu import flops_per_token, peak_flops_per_device
-except ImportError:
-    from longctx.train.metrics import flops_per_token, peak_flops_per_device
 
 
 def parse(argv):
