@@ -2,8 +2,8 @@
 
     cfg = EvalConfig(tasks=["niah_single_1", "passkey"], lengths=["256", "512"], samples=20,
                      style="compact", out="run/eval")
-    result = evaluate(model, tokenizer, cfg)
-    result["summary"]["tasks"]["passkey"]["scores"]["512"]
+    result = evaluate(model, tokenizer, cfg)          # an EvalResult
+    result.summary["tasks"]["passkey"]["scores"]["512"]   # or result["summary"][...], as before
 
 Samples are generated for every (task, length[, depth]) cell *before* the model runs: a cell
 below its task's minimum length is skipped with one notice (in "skipped"), and when no cell is
@@ -25,7 +25,7 @@ import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterator, Optional, Sequence
+from typing import Callable, Iterator, Optional, Sequence, Union
 
 import torch.distributed as dist
 
@@ -84,6 +84,53 @@ def generate_all(tasks: Sequence[str], lengths: Sequence[int], samples: int, tok
 
 
 @dataclass
+class TaskCellState:
+    """A task cell as far as it ran: its records (one per sample, by index), its generation
+    counts and seconds; `complete` once every sample ran. From a cell file, or computed here."""
+
+    records: list = field(default_factory=list)
+    stats: dict = field(default_factory=dict)  # prompt_tokens, new_tokens, peak_cache_bytes
+    seconds: float = 0.0
+    complete: bool = False
+    key: Optional[str] = None  # the cell file's key (None: computed in this process)
+    computed_with: list = field(default_factory=list)  # the layouts of the runs that computed it
+
+    @classmethod
+    def from_file(cls, doc: dict) -> TaskCellState:
+        return cls(records=doc["records"], stats=doc["stats"], seconds=doc["seconds"], complete=bool(doc["complete"]),
+                   key=doc.get("key"), computed_with=doc.get("computed_with", []))
+
+
+@dataclass
+class PplCellState:
+    """A perplexity cell (always complete: it is written only when its windows are done)."""
+
+    row: dict
+    notes: list
+    source: object
+    seconds: float
+    key: Optional[str] = None
+    computed_with: list = field(default_factory=list)
+    complete: bool = True
+
+    @classmethod
+    def from_file(cls, doc: dict) -> PplCellState:
+        return cls(row=doc["row"], notes=doc["notes"], source=doc["source"], seconds=doc["seconds"],
+                   key=doc.get("key"), computed_with=doc.get("computed_with", []), complete=bool(doc["complete"]))
+
+
+CellState = Union[TaskCellState, PplCellState]
+
+
+def _is_complete(state: Optional[CellState]) -> bool:
+    return state is not None and state.complete
+
+
+def _samples_done(state: Optional[CellState]) -> int:
+    return len(state.records) if isinstance(state, TaskCellState) else 0
+
+
+@dataclass
 class Plan:
     """What an evaluation runs, known before any weight is read: its samples, its cells and,
     with a store, the finished (or partial) cells it reuses."""
@@ -93,24 +140,23 @@ class Plan:
     skipped: list
     cells: list  # cells.Cell: the task cells by length, then perplexity's
     store: Optional[CellStore] = None
-    done: dict = field(default_factory=dict)  # {cell file: its stored content}
+    done: dict[str, CellState] = field(default_factory=dict)  # {cell file: the cell so far}
     chat: ChatChoice = field(default_factory=lambda: ChatChoice(None))  # the chat template chosen
     stop_ids: list = field(default_factory=list)  # every token id that ends a generation
 
     def signature(self) -> str:
         """The same on every rank that sees the same cells (ranks compare it)."""
-        seen = sorted((rel, doc.get("key"), doc.get("complete"), len(doc.get("records", ())))
-                      for rel, doc in self.done.items())
+        seen = sorted((rel, state.key, state.complete, _samples_done(state)) for rel, state in self.done.items())
         return json.dumps([len(self.cells), seen])
 
     def resume_line(self) -> Optional[str]:
-        complete = [c for c in self.cells if self.done.get(c.rel, {}).get("complete")]
-        partial = [c for c in self.cells if c.rel in self.done and not self.done[c.rel].get("complete")]
+        complete = [c for c in self.cells if _is_complete(self.done.get(c.rel))]
+        partial = [c for c in self.cells if c.rel in self.done and not self.done[c.rel].complete]
         if not complete and not partial:
             return None
         line = f"resuming: {len(complete)} of {len(self.cells)} cells already done in {self.store.out}"
         if partial:
-            line += " (and " + ", ".join(f"{len(self.done[c.rel]['records'])} of {len(c.samples)} samples of {c.label}"
+            line += " (and " + ", ".join(f"{_samples_done(self.done[c.rel])} of {len(c.samples)} samples of {c.label}"
                                          for c in partial) + ")"
         return line
 
@@ -145,7 +191,10 @@ def prepare(cfg: EvalConfig, tokenizer, *, identity: Optional[dict] = None, mode
     plan = Plan(run, samples, skipped, cells, chat=chat, stop_ids=stops)
     if identity is not None and cfg.out is not None:
         plan.store = CellStore(cfg.out, identity, model_path)
-        plan.done = plan.store.check(cells, overwrite=overwrite, remove=remove, notify=notify)
+        by_rel = {c.rel: c for c in cells}
+        plan.done = {rel: (PplCellState if by_rel[rel].name == PPL else TaskCellState).from_file(doc)
+                     for rel, doc in plan.store.check(cells, overwrite=overwrite, remove=remove,
+                                                      notify=notify).items()}
     return plan
 
 
@@ -160,27 +209,83 @@ def out_lock(out: Optional[str]) -> Iterator[None]:
             release_lock(Path(out), holder)
 
 
-def evaluate(model, tokenizer, cfg: EvalConfig, *, cp_group=None, meta: Optional[dict] = None,
-             warnings_: Sequence[str] = (), predictor: Optional[Callable[[Sample], str]] = None,
-             identity: Optional[dict] = None, overwrite: bool = False, stop=None, plan: Optional[Plan] = None) -> dict:
+@dataclass(frozen=True)
+class EvalContext:
+    """What the eval command knows beyond the config: the context-parallel group of the prefill
+    (None: one process), extra entries of results.json's meta, and warnings for the report."""
+
+    cp_group: object = None
+    meta: dict = field(default_factory=dict)
+    warnings: Sequence[str] = ()
+
+
+@dataclass
+class EvalResult:
+    """What evaluate returns. Its fields read as attributes, or as keys (`res["summary"]`, as
+    docs/eval.md shows). summary, ppl, meta, comparability and timing are None (or empty) when a
+    stop ended the evaluation: then `preempted` says what is done and what is left."""
+
+    summary: Optional[dict]  # report.aggregate: scores by task and length, averages, effective length
+    records: list  # one per sample: prompt-free, sorted by (task, length, index)
+    ppl: Optional[dict]  # {"source", "num_windows", "rows", "notes"}, None without perplexity
+    skipped: list  # one line per task or cell left out, and why
+    files: list  # what was written under cfg.out (rank 0)
+    meta: dict  # results.json's meta
+    comparability: Optional[dict]  # {"ruler_comparable", "departures"}
+    preempted: Optional[dict]  # {"cells_done", "cells", "partial", "out"} when a stop ended it
+    timing: Optional[dict]  # timing.json's seconds and counts
+
+    def __getitem__(self, key: str):
+        if key not in _RESULT_FIELDS:
+            raise KeyError(key)
+        return getattr(self, key)
+
+    def get(self, key: str, default=None):
+        return getattr(self, key) if key in _RESULT_FIELDS else default
+
+    def __contains__(self, key: object) -> bool:
+        return key in _RESULT_FIELDS
+
+    def keys(self) -> tuple[str, ...]:
+        return _RESULT_FIELDS
+
+
+_RESULT_FIELDS = tuple(f.name for f in dataclasses.fields(EvalResult))
+
+
+def evaluate(model, tokenizer, cfg: EvalConfig, *, context: EvalContext = EvalContext(),
+             predictor: Optional[Callable[[Sample], str]] = None, identity: Optional[dict] = None,
+             overwrite: bool = False, stop=None, plan: Optional[Plan] = None) -> EvalResult:
     """Run cfg's tasks (and perplexity) and, with cfg.out, write results.json, report.md and figures.
 
-    cp_group: the context-parallel group of the prefill (None: one process); meta: extra
-    entries of results.json's meta; predictor replaces the model (an oracle or a baseline).
-    identity (cells.run_identity of the model and tokenizer) with cfg.out: every cell is
-    written to cfg.out/cells/ as it finishes and a rerun reuses the finished ones (conflicting
-    cells: a UserError line unless `overwrite`). stop: a PreemptionFlag (or anything with a
-    collective agreed()): when it agrees, the batch in flight finishes, the finished cells and
-    samples are written and the result has "preempted" set (no results.json). plan: from
-    prepare() (the CLI prepares it before loading the weights).
-    Returns {"summary", "records", "ppl", "skipped", "files", "meta", "comparability",
-    "preempted", "timing"}.
+    context: where it runs (the CP group) and what results.json adds (see EvalContext);
+    predictor replaces the model (an oracle or a baseline). identity (cells.run_identity of
+    the model and tokenizer) with cfg.out: every cell is written to cfg.out/cells/ as it
+    finishes and a rerun reuses the finished ones (conflicting cells: a UserError line unless
+    `overwrite`). stop: a PreemptionFlag (or anything with a collective agreed()): when it
+    agrees, the batch in flight finishes, the finished cells and samples are written and the
+    result has `preempted` set (no results.json). plan: from prepare() (the CLI prepares it
+    before loading the weights).
     """
     if plan is not None:
-        return _run_plan(model, tokenizer, cfg, plan, cp_group, meta, warnings_, predictor, stop)
+        return _run_plan(_Evaluation(model, tokenizer, cfg, plan, context, predictor, stop))
     with out_lock(cfg.out if identity is not None else None):
         plan = prepare(cfg, tokenizer, identity=identity, overwrite=overwrite)
-        return _run_plan(model, tokenizer, cfg, plan, cp_group, meta, warnings_, predictor, stop)
+        return _run_plan(_Evaluation(model, tokenizer, cfg, plan, context, predictor, stop))
+
+
+@dataclass
+class _Evaluation:
+    """One evaluation under way: what its steps share."""
+
+    model: object
+    tokenizer: object
+    cfg: EvalConfig
+    plan: Plan
+    context: EvalContext
+    predictor: Optional[Callable[[Sample], str]]
+    stop: object
+    main: bool = field(default_factory=_is_main)  # rank 0: the rank that writes
 
 
 def _device_type(model) -> str:
@@ -203,55 +308,60 @@ def _json_roundtrip(obj):
     return json.loads(json.dumps(obj))
 
 
-def _run_plan(model, tokenizer, cfg: EvalConfig, plan: Plan, cp_group, meta, warnings_, predictor, stop) -> dict:
+def _run_plan(ev: _Evaluation) -> EvalResult:
     t0 = time.monotonic()
-    run, store, main = plan.run, plan.store, _is_main()
-    progress = not cfg.no_progress
-    if main and store is not None:
+    plan = ev.plan
+    if ev.main and plan.store is not None:
         line = plan.resume_line()
         if line:
             print(line, file=sys.stderr, flush=True)
-        (store.out / MARKER).unlink(missing_ok=True)
-    engine = Engine(model, tokenizer, cp_group=cp_group, cp_impl=cfg.cp_impl, batch_size=cfg.batch_size,
-                    max_batch_tokens=cfg.max_batch_tokens, add_bos=run.options.add_bos, stop_ids=plan.stop_ids)
+        (plan.store.out / MARKER).unlink(missing_ok=True)
+    results, stats, computed, stopping = _run_tasks(ev)
+    ppl = None
+    if plan.run.ppl_lengths:
+        ppl, ppl_computed = _run_ppl(ev, stopping)
+        computed += ppl_computed
+    unfinished = [c for c in plan.cells if not _is_complete(plan.done.get(c.rel))]
+    if unfinished:
+        return _preempted(plan, unfinished, ev.main)
+    return _finish(ev, results, stats, ppl, {"wall_seconds": round(time.monotonic() - t0, 3),
+                                             "cells_computed": computed, "cells_reused": len(plan.cells) - computed})
+
+
+def _run_tasks(ev: _Evaluation) -> tuple[dict, list, int, bool]:
+    """The task cells, each written as it finishes: ({cell file: records}, each cell's
+    generation counts, how many cells were computed, whether a stop ended the run)."""
+    cfg, plan, store = ev.cfg, ev.plan, ev.plan.store
+    engine = Engine(ev.model, ev.tokenizer, cp_group=ev.context.cp_group, cp_impl=cfg.cp_impl,
+                    batch_size=cfg.batch_size, max_batch_tokens=cfg.max_batch_tokens,
+                    add_bos=plan.run.options.add_bos, stop_ids=plan.stop_ids)
     task_list = [c for c in plan.cells if c.name != PPL]
-    done_samples = sum(len(plan.done[c.rel]["records"]) for c in task_list if c.rel in plan.done)
-    bar = Progress(len(plan.samples), "eval", "sample", enabled=progress and main and bool(plan.samples),
-                   initial=done_samples)
+    bar = Progress(len(plan.samples), "eval", "sample", enabled=not cfg.no_progress and ev.main and bool(plan.samples),
+                   initial=sum(_samples_done(plan.done.get(c.rel)) for c in task_list))
     results, stats, computed, stopping = {}, [], 0, False
     for cell in task_list:
-        prior = plan.done.get(cell.rel) or {"records": [], "stats": {}, "seconds": 0.0}
-        if prior.get("complete") or stopping:
-            results[cell.rel], cell_stats = prior["records"], prior["stats"]
-        else:
-            have = {r["index"] for r in prior["records"]}
-            ran = run_cell(engine, [s for s in cell.samples if s.index not in have], stop=stop, bar=bar,
-                           predictor=predictor)
-            records = sorted(prior["records"] + _json_roundtrip(ran.records), key=lambda r: r["index"])
-            cell_stats = _add_stats(prior["stats"], ran.stats)
-            results[cell.rel] = records
+        prior = plan.done.get(cell.rel) or TaskCellState()
+        if not (prior.complete or stopping):
+            have = {r["index"] for r in prior.records}
+            ran = run_cell(engine, [s for s in cell.samples if s.index not in have], stop=ev.stop, bar=bar,
+                           predictor=ev.predictor)
+            records = sorted(prior.records + _json_roundtrip(ran.records), key=lambda r: r["index"])
+            state = TaskCellState(records=records, stats=_add_stats(prior.stats, ran.stats),
+                                  seconds=prior.seconds + ran.stats["seconds"], complete=ran.finished,
+                                  computed_with=prior.computed_with)
             computed += 1
-            if main and store is not None:
-                store.write(cell, {"records": records}, complete=ran.finished, stats=cell_stats,
-                            seconds=prior["seconds"] + ran.stats["seconds"],
-                            layout=_layout(engine, model, cell.length, cfg.cp_impl), previous=prior)
-            plan.done[cell.rel] = {"records": records, "complete": ran.finished, "stats": cell_stats,
-                                   "seconds": prior["seconds"] + ran.stats["seconds"]}
+            if ev.main and store is not None:
+                store.write(cell, {"records": state.records}, complete=state.complete, stats=state.stats,
+                            seconds=state.seconds, layout=_layout(engine, ev.model, cell.length, cfg.cp_impl),
+                            computed_with=prior.computed_with)
+            plan.done[cell.rel] = prior = state
             stopping = ran.stop
-        stats.append(cell_stats)
+        results[cell.rel] = prior.records
+        stats.append(prior.stats)
     if not stopping:
         bar.update(bar.total - bar.n)
     bar.close()
-    ppl = None
-    if run.ppl_lengths:
-        ppl, ppl_computed = _run_ppl(model, tokenizer, cfg, plan, cp_group, stop, stopping, progress and main)
-        computed += ppl_computed
-    unfinished = [c for c in plan.cells if not plan.done.get(c.rel, {}).get("complete")]
-    if unfinished:
-        return _preempted(plan, unfinished, main)
-    return _finish(model, tokenizer, cfg, plan, results, stats, ppl, meta, warnings_,
-                   {"wall_seconds": round(time.monotonic() - t0, 3), "cells_computed": computed,
-                    "cells_reused": len(plan.cells) - computed})
+    return results, stats, computed, stopping
 
 
 def _what_ran(plan: Plan, records: Sequence[dict], ppl: Optional[dict]) -> dict:
@@ -277,57 +387,56 @@ def _add_stats(a: dict, b: dict) -> dict:
             "peak_cache_bytes": max(a.get("peak_cache_bytes", 0), b["peak_cache_bytes"])}
 
 
-def _run_ppl(model, tokenizer, cfg: EvalConfig, plan: Plan, cp_group, stop, stopping: bool,
-             progress: bool) -> tuple[dict, int]:
+def _run_ppl(ev: _Evaluation, stopping: bool) -> tuple[dict, int]:
     """Perplexity, one cell per length (each written as it finishes); and how many were computed."""
+    cfg, plan, cp_group = ev.cfg, ev.plan, ev.context.cp_group
     rows, notes, source, computed = [], [], None, 0
     cells = [c for c in plan.cells if c.name == PPL]
-    reused = sum(1 for c in cells if plan.done.get(c.rel, {}).get("complete"))
-    bar = Progress(len(cells) * cfg.ppl_windows, "ppl", "window", enabled=progress, initial=reused * cfg.ppl_windows)
+    reused = sum(1 for c in cells if _is_complete(plan.done.get(c.rel)))
+    bar = Progress(len(cells) * cfg.ppl_windows, "ppl", "window", enabled=not cfg.no_progress and ev.main,
+                   initial=reused * cfg.ppl_windows)
     for cell in cells:
-        prior = plan.done.get(cell.rel)
-        if not (prior and prior.get("complete")):
+        state = plan.done.get(cell.rel)
+        if not _is_complete(state):
             if stopping:
                 continue
             t = time.monotonic()
-            out = perplexity_vs_length(model, tokenizer, [cell.length], num_windows=cfg.ppl_windows,
+            out = perplexity_vs_length(ev.model, ev.tokenizer, [cell.length], num_windows=cfg.ppl_windows,
                                        data_path=cfg.ppl_data, cp_group=cp_group, cp_impl=cfg.cp_impl)
             bar.update(cfg.ppl_windows)
-            prior = _json_roundtrip({"row": out["rows"][0], "notes": out["notes"], "source": out["source"],
-                                     "complete": True, "seconds": time.monotonic() - t})
+            fresh = _json_roundtrip({"row": out["rows"][0], "notes": out["notes"], "source": out["source"]})
+            state = PplCellState(**fresh, seconds=time.monotonic() - t)
             if _is_main() and plan.store is not None:
-                plan.store.write(cell, {k: prior[k] for k in ("row", "notes", "source")}, complete=True, stats={},
-                                 seconds=prior["seconds"], layout={"cp": dist.get_world_size(cp_group)
-                                                                   if cp_group is not None else 1,
-                                                                   "device": _device_type(model)})
-            plan.done[cell.rel] = prior
+                plan.store.write(cell, fresh, complete=True, stats={}, seconds=state.seconds,
+                                 layout={"cp": dist.get_world_size(cp_group) if cp_group is not None else 1,
+                                         "device": _device_type(ev.model)})
+            plan.done[cell.rel] = state
             computed += 1
-            stopping = stop is not None and stop.agreed()
-        rows.append(prior["row"])
-        notes += prior["notes"]
-        source = prior["source"]
+            stopping = ev.stop is not None and ev.stop.agreed()
+        rows.append(state.row)
+        notes += state.notes
+        source = state.source
     bar.close()
     return {"source": source, "num_windows": cfg.ppl_windows, "rows": rows, "notes": notes}, computed
 
 
-def _preempted(plan: Plan, unfinished: list, main: bool) -> dict:
+def _preempted(plan: Plan, unfinished: list, main: bool) -> EvalResult:
     """The result of a stopped evaluation: what is done, what is left (OUT/PREEMPTED says so too)."""
     done = len(plan.cells) - len(unfinished)
-    partial = [f"{len(plan.done[c.rel]['records'])} of {len(c.samples)} samples of {c.label}"
-               for c in unfinished if plan.done.get(c.rel, {}).get("records")]
+    partial = [f"{_samples_done(plan.done[c.rel])} of {len(c.samples)} samples of {c.label}"
+               for c in unfinished if _samples_done(plan.done.get(c.rel))]
     info = {"cells_done": done, "cells": len(plan.cells), "partial": partial,
             "out": str(plan.store.out) if plan.store is not None else None}
     if main and plan.store is not None:
         atomic.write_result(plan.store.out / MARKER, f"{done} of {len(plan.cells)} cells\n")
-    return {"summary": None, "records": [], "ppl": None, "skipped": plan.skipped, "files": [], "meta": {},
-            "comparability": None, "preempted": info, "timing": None}
+    return EvalResult(summary=None, records=[], ppl=None, skipped=plan.skipped, files=[], meta={},
+                      comparability=None, preempted=info, timing=None)
 
 
-def _finish(model, tokenizer, cfg: EvalConfig, plan: Plan, results: dict, stats: list, ppl: Optional[dict],
-            meta: Optional[dict], warnings_: Sequence[str], timing: dict) -> dict:
+def _finish(ev: _Evaluation, results: dict, stats: list, ppl: Optional[dict], timing: dict) -> EvalResult:
     """results.json, report.md, figures and RULER's files from every cell; timing.json apart
     (results.json holds nothing that differs between two runs of the same evaluation)."""
-    run = plan.run
+    cfg, plan, tokenizer = ev.cfg, ev.plan, ev.tokenizer
     records = sorted((r for c in plan.cells if c.name != PPL for r in results[c.rel]),
                      key=lambda r: (r["task"], r["target_length"], r["index"]))
     if cfg.save_inputs:
@@ -340,28 +449,28 @@ def _finish(model, tokenizer, cfg: EvalConfig, plan: Plan, results: dict, stats:
     generation = {"prompt_tokens": sum(s.get("prompt_tokens", 0) for s in stats),
                   "new_tokens": sum(s.get("new_tokens", 0) for s in stats),
                   "peak_cache_bytes": max([s.get("peak_cache_bytes", 0) for s in stats] or [0])}
-    meta = dict(meta or {}, seed=cfg.seed, samples=cfg.samples, style=cfg.style, generation=generation,
+    meta = dict(ev.context.meta, seed=cfg.seed, samples=cfg.samples, style=cfg.style, generation=generation,
                 chat_template=plan.chat.record, stop_ids=plan.stop_ids)
     meta.update(_what_ran(plan, records, ppl))
-    seconds = sum(doc.get("seconds", 0.0) for doc in plan.done.values())
+    seconds = sum(state.seconds for state in plan.done.values())
     timing = dict(timing, generation_seconds=round(seconds, 3))
     if seconds > 0:
         timing["tokens_per_second"] = round((generation["prompt_tokens"] + generation["new_tokens"]) / seconds, 1)
-    comparability = assess(records, run.options, tokenizer=tokenizer, model_dir=meta.get("model"),
+    comparability = assess(records, plan.run.options, tokenizer=tokenizer, model_dir=meta.get("model"),
                            ruler_data=cfg.ruler_data is not None) if records else None
     files: list[str] = []
-    if cfg.out is not None and _is_main():
+    if cfg.out is not None and ev.main:
         out = Path(cfg.out)
         with atomic.user_errors(out):
             out.mkdir(parents=True, exist_ok=True)
-        notes = list(warnings_) + (ppl or {}).get("notes", [])  # and ppl windows cut across documents
+        notes = list(ev.context.warnings) + (ppl or {}).get("notes", [])  # and ppl windows cut across documents
         files = write_outputs(out, meta, summary, records, ppl, plan.skipped, notes,
-                              max_position=getattr(getattr(model, "config", None), "max_position_embeddings", None),
+                              max_position=getattr(getattr(ev.model, "config", None), "max_position_embeddings", None),
                               comparability=comparability, samples=plan.samples,
-                              bos_tokens=int(run.options.add_bos and prepends_bos(tokenizer)))
+                              bos_tokens=int(plan.run.options.add_bos and prepends_bos(tokenizer)))
         atomic.write_result(out / TIMING, json.dumps(timing, indent=1) + "\n")
-    return {"summary": summary, "records": records, "ppl": ppl, "skipped": plan.skipped, "files": files, "meta": meta,
-            "comparability": comparability, "preempted": None, "timing": timing}
+    return EvalResult(summary=summary, records=records, ppl=ppl, skipped=plan.skipped, files=files, meta=meta,
+                      comparability=comparability, preempted=None, timing=timing)
 
 
 def write_outputs(out: Path, meta: dict, summary: dict, records, ppl, skipped, warnings_,

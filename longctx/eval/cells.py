@@ -253,13 +253,13 @@ class CellStore:
         return reuse
 
     def write(self, cell: Cell, result: dict, *, complete: bool, stats: dict, seconds: float, layout: dict,
-              previous: Optional[dict] = None) -> Path:
+              computed_with: Sequence[dict] = ()) -> Path:
         """The cell's file, whole or not at all (a full disk is one line naming it).
 
         result: {"records": [...]} for a task, {"row": ..., "notes": [...], "source": ...} for
         perplexity; stats: generation counts (deterministic); seconds and the layout are for
-        people (not part of any result)."""
-        layouts = list((previous or {}).get("computed_with", []))
+        people (not part of any result); computed_with: the layouts of earlier runs of a partial cell."""
+        layouts = list(computed_with)
         if layout not in layouts:
             layouts.append(layout)
         doc = {"format": FORMAT, "version": 1, "key": cell.key(self.identity), "complete": complete,

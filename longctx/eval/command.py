@@ -17,7 +17,7 @@ import torch
 from longctx import atomic
 from longctx.data.tokenizer import check_tokenizer_spec
 from longctx.errors import UserError
-from longctx.eval.api import evaluate, out_lock, prepare
+from longctx.eval.api import EvalContext, EvalResult, evaluate, out_lock, prepare
 from longctx.eval.cells import run_identity
 from longctx.eval.comparability import warning_line
 from longctx.eval.config import TOKENIZER_FIELD, EvalConfig
@@ -70,25 +70,25 @@ def run(cfg: EvalConfig, *, overwrite: bool = False) -> int:
         result = _evaluate(cfg, world, flag, overwrite=overwrite)
     finally:
         flag.uninstall()
-    if result["preempted"]:
+    if result.preempted:
         if read_env().rank == 0:
-            print(_preempted_line(result["preempted"]), file=sys.stderr, flush=True)
+            print(_preempted_line(result.preempted), file=sys.stderr, flush=True)
         return PREEMPTED_EXIT_CODE
-    if result["files"]:
-        for s in result["skipped"]:
+    if result.files:
+        for s in result.skipped:
             print(s, file=sys.stderr)
-        for note in (result["ppl"] or {}).get("notes", []):
+        for note in (result.ppl or {}).get("notes", []):
             print(f"warning: {note}", file=sys.stderr)
         _print_summary(result)
         if cfg.wandb_project is not None and read_env().rank == 0:
             log_results(cfg, result)
-        if result["comparability"] and not result["comparability"]["ruler_comparable"]:
-            print(warning_line(result["comparability"]), file=sys.stderr)
+        if result.comparability and not result.comparability["ruler_comparable"]:
+            print(warning_line(result.comparability), file=sys.stderr)
         print(end_summary(result, time.monotonic() - start))
     return 0
 
 
-def _evaluate(cfg: EvalConfig, world: int, flag: PreemptionFlag, *, overwrite: bool) -> dict:
+def _evaluate(cfg: EvalConfig, world: int, flag: PreemptionFlag, *, overwrite: bool) -> EvalResult:
     """Plan (samples, cells, what --out already has) before the weights load; then evaluate,
     holding --out's lock (rank 0) from the plan to the last write."""
     model_dir = resolve_model_dir(cfg.model, cfg.revision)
@@ -105,7 +105,7 @@ def _evaluate(cfg: EvalConfig, world: int, flag: PreemptionFlag, *, overwrite: b
 
 
 def _load_and_evaluate(cfg: EvalConfig, world: int, flag: PreemptionFlag, model_dir: Path, tokenizer, plan,
-                       override: tuple) -> dict:
+                       override: tuple) -> EvalResult:
     """override: (the overridden ModelConfig or None, the overridden fields as the model runs with them)."""
     model = load_model(model_dir, dtype=parse_dtype(cfg.dtype), config=override[0]).eval()
     model.to(eval_device(cfg.device, read_env().local_rank))
@@ -121,10 +121,10 @@ def _load_and_evaluate(cfg: EvalConfig, world: int, flag: PreemptionFlag, model_
         _check_ranks_agree(plan)
         torch.manual_seed(0)
         meta = dict(_meta(cfg, model, model_dir, tokenizer, plan.run), model_overrides=override[1])
-        result = evaluate(model, tokenizer, cfg, cp_group=cp_group, meta=meta,
-                          warnings_=notes, plan=plan, stop=flag)
-        if result["preempted"]:  # which signal stopped it (it may have reached another rank only)
-            result["preempted"]["signal"] = next((s for s in gather_objects(flag.received) if s), None)
+        result = evaluate(model, tokenizer, cfg, context=EvalContext(cp_group=cp_group, meta=meta, warnings=notes),
+                          plan=plan, stop=flag)
+        if result.preempted:  # which signal stopped it (it may have reached another rank only)
+            result.preempted["signal"] = next((s for s in gather_objects(flag.received) if s), None)
         completed = True
     finally:
         shutdown_distributed(completed)
@@ -172,8 +172,8 @@ def _meta(cfg: EvalConfig, model, model_dir: Path, tokenizer, selection) -> dict
             "tasks": selection.tasks}
 
 
-def _print_summary(result: dict) -> None:
-    summary = result["summary"]
+def _print_summary(result: EvalResult) -> None:
+    summary = result.summary
     lengths = summary.get("lengths", [])
     if summary.get("tasks"):
         width = max(len(t) for t in summary["tasks"]) + 2
@@ -185,5 +185,5 @@ def _print_summary(result: dict) -> None:
         if se:  # the sampling noise of the average (one standard error over the samples)
             print("± (std err)".ljust(width) + "".join(f"{se.get(str(L), float('nan')):9.1f}" for L in lengths))
         print(f"effective length (> {summary['threshold']}): {summary['effective_length'] or 'none'}")
-    if result.get("ppl"):
-        print("ppl: " + ", ".join(f"{r['length']}: {r['ppl']:.3f}" for r in result["ppl"]["rows"]))
+    if result.ppl:
+        print("ppl: " + ", ".join(f"{r['length']}: {r['ppl']:.3f}" for r in result.ppl["rows"]))

@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import math
 import os
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 from longctx.progress import format_duration
 
+if TYPE_CHECKING:  # the api loads torch; these lines need only the result's fields
+    from longctx.eval.api import EvalResult
 
-def _scored(result: dict) -> str:
-    summary = result["summary"]
+
+def _scored(result: EvalResult) -> str:
+    summary = result.summary
     tasks, lengths = summary.get("tasks", {}), summary.get("lengths", [])
     parts = []
     if tasks:
@@ -18,21 +21,21 @@ def _scored(result: dict) -> str:
         mean = f"{average:.1f}" if average is not None and math.isfinite(average) else "-"
         parts.append(f"{len(tasks)} task{'s' if len(tasks) != 1 else ''} x {len(lengths)} "
                      f"length{'s' if len(lengths) != 1 else ''} ({', '.join(str(L) for L in lengths)}), "
-                     f"{len(result['records'])} samples, mean score {mean}")
-    ppl = result.get("ppl")
+                     f"{len(result.records)} samples, mean score {mean}")
+    ppl = result.ppl
     if ppl:
         parts.append(f"ppl at {', '.join(str(r['length']) for r in ppl['rows'])}")
     return "; ".join(parts) or "nothing scored"
 
 
-def end_summary(result: dict, wall_seconds: float) -> str:
+def end_summary(result: EvalResult, wall_seconds: float) -> str:
     """e.g.
     eval done: 2 tasks x 2 lengths (512, 1024), 44 samples, mean score 12.5; ppl at 512, 1024; wall 0:27
       results: runs/x/eval/results.json, runs/x/eval/report.md
       figures: runs/x/eval/heatmap_passkey.png, runs/x/eval/scores_vs_length.png
       RULER predictions: runs/x/eval/ruler/<length>/pred/"""
     lines = [f"eval done: {_scored(result)}; wall {format_duration(wall_seconds)}"]
-    files = result.get("files", [])
+    files = result.files
     figures = [f for f in files if f.endswith(".png")]
     predictions = [f for f in files if f.endswith("/")]
     reports = [f for f in files if f not in figures and f not in predictions]

@@ -4,30 +4,34 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from longctx.wandb_log import log_table, open_run
+
+if TYPE_CHECKING:  # the api loads torch
+    from longctx.eval.api import EvalResult
 
 COLUMNS = ["task", "length", "metric", "value"]
 
 
-def result_rows(result: dict) -> list[list]:
-    summary, rows = result.get("summary") or {}, []
+def result_rows(result: EvalResult) -> list[list]:
+    summary, rows = result.summary or {}, []
     for name, task in (summary.get("tasks") or {}).items():
         rows += [[name, int(length), "score", float(score)] for length, score in task["scores"].items()]
     averages = summary.get("average_by_length") or {}
     rows += [["average", int(length), "score", float(v)] for length, v in averages.items()]
-    ppl = (result.get("ppl") or {}).get("rows", [])
+    ppl = (result.ppl or {}).get("rows", [])
     rows += [["ppl", int(r["length"]), "perplexity", float(r["ppl"])] for r in ppl]
     return rows
 
 
-def log_results(cfg, result: dict) -> None:
+def log_results(cfg, result: EvalResult) -> None:
     """A W&B run in cfg.out/wandb holding the results table (key eval/results) and the effective length."""
     run = open_run(Path(cfg.out), cfg.wandb_project, cfg.wandb_entity, cfg.wandb_name, cfg.wandb_mode,
                    dataclasses.asdict(cfg), keep_id=False)
     try:
         log_table(run, "eval/results", COLUMNS, result_rows(result))
-        effective = (result.get("summary") or {}).get("effective_length")
+        effective = (result.summary or {}).get("effective_length")
         if effective is not None:
             run.summary["eval/effective_length"] = effective
     finally:
