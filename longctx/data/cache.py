@@ -34,7 +34,7 @@ import numpy as np
 
 from longctx import atomic
 from longctx.data.config import DataConfig, SourceConfig, resolve_kind, source_label
-from longctx.data.documents import DocumentStream
+from longctx.data.documents import DocFraming, DocumentStream, StreamOrder
 from longctx.data.fingerprint import fingerprint_source
 from longctx.data.packers import make_packer
 from longctx.data.packing import Row, segment_ids_from_position_ids
@@ -159,9 +159,10 @@ def _build(directory: str, src: SourceConfig, i: int, cfg: DataConfig, tokenizer
         n_docs[0] += k
         bar.update(k)
 
-    stream = DocumentStream(table, src, i, tokenizer, seed=BUILD_SEED, dp_rank=0, dp_size=1,
-                            window=cfg.shuffle_window, shuffle=cfg.shuffle, epochs=1, add_bos=cfg.add_bos,
-                            add_eos=cfg.add_eos, answer_mask=has_answer, on_doc=on_doc)
+    order = StreamOrder(seed=BUILD_SEED, dp_rank=0, dp_size=1, window=cfg.shuffle_window, shuffle=cfg.shuffle,
+                        epochs=1)
+    framing = DocFraming(add_bos=cfg.add_bos, add_eos=cfg.add_eos, answer_mask=has_answer)
+    stream = DocumentStream(table, src, i, tokenizer, order, framing, on_doc=on_doc)
     packer = make_packer(stream, T, mode=src.packing or cfg.packing, lookahead=cfg.fit_lookahead, pad_id=pad_id,
                          cross_document_labels=cfg.cross_document_labels, final_partial=cfg.final_partial,
                          answer=has_answer)

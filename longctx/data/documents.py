@@ -52,16 +52,38 @@ def _upsample_factor(src: SourceConfig, n_tokens: int) -> float:
     return 1.0
 
 
+@dataclass(frozen=True)
+class StreamOrder:
+    """Which documents a rank reads, and in what order: windows of `window` documents, shuffled
+    within (seeded) when `shuffle`, this rank's share of each (dp_rank of dp_size), `epochs`
+    passes (None: without end)."""
+
+    seed: int
+    dp_rank: int
+    dp_size: int
+    window: int
+    shuffle: bool
+    epochs: Optional[int]
+
+
+@dataclass(frozen=True)
+class DocFraming:
+    """What each document's tokens carry: BOS and EOS, and the answer mask (synthetic sources)."""
+
+    add_bos: bool
+    add_eos: bool
+    answer_mask: bool
+
+
 class DocumentStream:
     """Rank-local stream of tokenized documents of one source, resumable exactly."""
 
-    def __init__(self, table, src: SourceConfig, index: int, tokenizer, *, seed: int, dp_rank: int,
-                 dp_size: int, window: int, shuffle: bool, epochs: Optional[int], add_bos: bool,
-                 add_eos: bool, answer_mask: bool, on_doc: Optional[Callable[[int], None]] = None):
+    def __init__(self, table, src: SourceConfig, index: int, tokenizer, order: StreamOrder, framing: DocFraming,
+                 on_doc: Optional[Callable[[int], None]] = None):
         self.table, self.src, self.index, self.tok = table, src, index, tokenizer
-        self.seed, self.rank, self.world = int(seed), int(dp_rank), int(dp_size)
-        self.W, self.shuffle, self.epochs = int(window), bool(shuffle), epochs
-        self.add_bos, self.add_eos, self.answer_mask = add_bos, add_eos, answer_mask
+        self.seed, self.rank, self.world = int(order.seed), int(order.dp_rank), int(order.dp_size)
+        self.W, self.shuffle, self.epochs = int(order.window), bool(order.shuffle), order.epochs
+        self.add_bos, self.add_eos, self.answer_mask = framing.add_bos, framing.add_eos, framing.answer_mask
         self.on_doc = on_doc
         self.label = source_label(index)
         # position: the next document is self._docs[self.pos] of window self.window

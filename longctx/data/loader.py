@@ -30,7 +30,7 @@ from longctx.data.config import (
     resolve_kind,
     validate_data_config,
 )
-from longctx.data.documents import DocumentStream, uniform
+from longctx.data.documents import DocFraming, DocumentStream, StreamOrder, uniform
 from longctx.data.packers import make_packer
 from longctx.data.packing import Row, empty_row, fold_trailing_padding, rows_to_batch, trim_unscored_tail
 from longctx.data.sources import open_table
@@ -106,10 +106,11 @@ class DataLoader:
             return CachedRows(cache, i, seed=self.seed, dp_rank=self.rank, dp_size=self.world,
                               shuffle=cfg.shuffle, epochs=cfg.epochs, answer=answer)
         table = open_table(src, i, cfg, self.tokenizer)
-        stream = DocumentStream(table, src, i, self.tokenizer, seed=self.seed, dp_rank=self.rank,
-                                dp_size=self.world, window=cfg.shuffle_window, shuffle=cfg.shuffle,
-                                epochs=cfg.epochs, add_bos=cfg.add_bos, add_eos=cfg.add_eos,
-                                answer_mask=answer and resolve_kind(src, i) == "synthetic")
+        order = StreamOrder(seed=self.seed, dp_rank=self.rank, dp_size=self.world, window=cfg.shuffle_window,
+                            shuffle=cfg.shuffle, epochs=cfg.epochs)
+        framing = DocFraming(add_bos=cfg.add_bos, add_eos=cfg.add_eos,
+                             answer_mask=answer and resolve_kind(src, i) == "synthetic")
+        stream = DocumentStream(table, src, i, self.tokenizer, order, framing)
         return make_packer(stream, cfg.seq_len, mode=src.packing or cfg.packing, lookahead=cfg.fit_lookahead,
                            pad_id=self.pad_id, cross_document_labels=cfg.cross_document_labels,
                            final_partial=cfg.final_partial, answer=answer)

@@ -8,7 +8,7 @@ import pytest
 
 from helpers.data import make_texts, rebuild_documents, rows_by_source, write_jsonl, write_parquet
 from longctx.data import ByteTokenizer, DataConfig, SourceConfig, UpsampleBucket, build_loader
-from longctx.data.documents import DocumentStream
+from longctx.data.documents import DocFraming, DocumentStream, StreamOrder
 from longctx.data.sources import open_table
 
 TOK = ByteTokenizer()
@@ -114,8 +114,9 @@ def test_document_stream_windows_shuffle_within_and_reproduce(tmp_path):
     table = open_table(cfg.sources[0], 0, cfg, TOK)
 
     def stream(shuffle):
-        return DocumentStream(table, cfg.sources[0], 0, TOK, seed=1, dp_rank=0, dp_size=1, window=10,
-                              shuffle=shuffle, epochs=2, add_bos=True, add_eos=True, answer_mask=False)
+        return DocumentStream(table, cfg.sources[0], 0, TOK,
+                              StreamOrder(seed=1, dp_rank=0, dp_size=1, window=10, shuffle=shuffle, epochs=2),
+                              DocFraming(add_bos=True, add_eos=True, answer_mask=False))
 
     s = stream(False)
     first = [TOK.decode(s.next_doc().tokens) for _ in range(40)]

@@ -13,6 +13,7 @@ RULER; compact style (tiny models) tops it up with noise words too.
 from __future__ import annotations
 
 import random
+from dataclasses import dataclass
 from typing import Optional
 
 from longctx.eval.haystack import NEEDLE, NOISE, Corpus, distinct_values, get_corpus, random_value, worst_case_value
@@ -39,37 +40,52 @@ def _join_keys(keys: list[str]) -> str:
     return keys[0] if len(keys) == 1 else ", ".join(keys[:-1]) + ", and " + keys[-1]
 
 
+class Distractors:
+    """The key-value needles around the real ones in a haystack of needles: drawn in order from
+    their own generator, so distractor i never depends on how many are drawn; never a sample key."""
+
+    def __init__(self, rng: random.Random, type_k: str, type_v: str, exclude: set, num_digits: int):
+        self._rng, self._type_k, self._type_v = rng, type_k, type_v
+        self._exclude, self._num_digits = exclude, num_digits
+        self._drawn: list[str] = []
+
+    def __getitem__(self, i: int) -> str:
+        while len(self._drawn) <= i:
+            key = random_value(self._rng, self._type_k, self._num_digits)
+            while key in self._exclude:
+                key = random_value(self._rng, self._type_k, self._num_digits)
+            value = random_value(self._rng, self._type_v, self._num_digits)
+            self._drawn.append(NEEDLE.format(type_needle_v=self._type_v, key=key, value=value))
+        return self._drawn[i]
+
+
+@dataclass(frozen=True)
+class Needles:
+    """The needles of one sample and where they go: fracs (one per needle, 0..1) unless a fixed depth."""
+
+    texts: list[str]
+    fracs: list[float]
+    depth: Optional[float]
+
+
 class NiahDraft(Draft):
-    def __init__(self, *, haystack: str, corpus: Optional[Corpus], needles: list[str], fracs: list[float],
-                 depth: Optional[float], template: str, answer_prefix: str, outputs: list[str],
-                 distractor_rng: random.Random, type_k: str, type_v: str, exclude: set, num_digits: int,
-                 filler: bool = True):
-        self.haystack, self.corpus, self.needles, self.fracs, self.depth = haystack, corpus, needles, fracs, depth
+    def __init__(self, *, haystack: str, corpus: Optional[Corpus], needles: Needles, template: str,
+                 answer_prefix: str, outputs: list[str], distractors: Distractors, filler: bool = True):
+        self.haystack, self.corpus, self.needles, self.distractors = haystack, corpus, needles, distractors
         self.filler = filler  # noise words after the units (RULER's needle haystack has none)
         self.template, self.answer_prefix, self.outputs = template, answer_prefix, outputs
-        self._drng, self._type_k, self._type_v, self._exclude = distractor_rng, type_k, type_v, exclude
-        self._num_digits = num_digits
-        self._distractors: list[str] = []
         self.n_min = 0
         self.meta = {"haystack": haystack}
 
-    def _distractor(self, i: int) -> str:
-        while len(self._distractors) <= i:  # drawn in order, so distractor i never depends on n
-            key = random_value(self._drng, self._type_k, self._num_digits)
-            while key in self._exclude:
-                key = random_value(self._drng, self._type_k, self._num_digits)
-            value = random_value(self._drng, self._type_v, self._num_digits)
-            self._distractors.append(NEEDLE.format(type_needle_v=self._type_v, key=key, value=value))
-        return self._distractors[i]
-
     def context(self, n: int, fill: int) -> str:
+        needles = self.needles
         if self.haystack == "essay":
-            return essay_context(self.corpus, n, self.needles, self.fracs, self.depth)
-        units = [NOISE] * n if self.haystack == "noise" else [self._distractor(i) for i in range(n)]
+            return essay_context(self.corpus, n, needles.texts, needles.fracs, needles.depth)
+        units = [NOISE] * n if self.haystack == "noise" else [self.distractors[i] for i in range(n)]
         if fill:  # filler: noise words (cycling through the passage)
             units.append(" ".join((_NOISE_WORDS * 4)[:fill]))
-        idx = unit_indices(n, self.fracs, self.depth)
-        return "\n".join(insert_at(units, list(zip(idx, self.needles))))
+        idx = unit_indices(n, needles.fracs, needles.depth)
+        return "\n".join(insert_at(units, list(zip(idx, needles.texts))))
 
     def render(self, n: int, fill: int) -> str:
         return self.template.replace("{context}", self.context(n, fill))
@@ -127,9 +143,9 @@ class NiahTask(Task):
             prefix = (_SINGULAR_PREFIX if single else _PLURAL_PREFIX).format(tv=tv, query=query)
         corpus = get_corpus(options.essay_path) if self.haystack == "essay" else None
         drng = random.Random(rng.getrandbits(64))
-        return NiahDraft(haystack=self.haystack, corpus=corpus, needles=needles, fracs=fracs, depth=depth,
-                         template=template, answer_prefix=prefix, outputs=outputs, distractor_rng=drng,
-                         type_k=self.type_k, type_v=self.type_v, exclude=set(keys), num_digits=digits,
+        return NiahDraft(haystack=self.haystack, corpus=corpus, needles=Needles(needles, fracs, depth),
+                         template=template, answer_prefix=prefix, outputs=outputs,
+                         distractors=Distractors(drng, self.type_k, self.type_v, set(keys), digits),
                          filler=self.haystack != "needle" or options.style == "compact")
 
 
