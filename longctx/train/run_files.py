@@ -3,6 +3,7 @@ checkpoint recorded, the resolved config and the stale markers of an earlier run
 from __future__ import annotations
 
 import logging
+import shutil
 import sys
 from pathlib import Path
 from typing import Optional
@@ -59,9 +60,13 @@ def changed_resumed_sources(resume_from: Optional[Path], stages: list[RunStage])
 
 
 def write_run_files(out: Path, rank: int, cfg: TrainConfig) -> None:
-    """Rank 0, once the run is known to go ahead: the resolved config, stale markers removed."""
+    """Rank 0, once the run is known to go ahead: the resolved config, stale markers and the
+    temporary checkpoints a killed job left removed (this job holds the lock: none is being written)."""
     if rank == 0:
         atomic.write_text(out / "resolved_config.yaml", resolved_header(cfg) + to_yaml(cfg))
         (out / PREEMPTED_MARKER).unlink(missing_ok=True)
         (out / NONFINITE_MARKER).unlink(missing_ok=True)
+        for stale in sorted((out / "checkpoints").glob(".tmp-step_*")):
+            shutil.rmtree(stale, ignore_errors=True)
+            print(f"note: removed {stale}, a checkpoint a killed job left half-written", file=sys.stderr)
     dist.barrier()
