@@ -19,6 +19,7 @@ head two members share summed in fp32.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Optional, Tuple
 
 import torch
@@ -37,6 +38,19 @@ from longctx.parallel.ulysses import (
 )
 
 Tensor = torch.Tensor
+
+
+@dataclass(frozen=True)
+class _Attention:
+    """How one attention call runs: its Ulysses and ring groups, the local kernel, causal or not,
+    the softmax scale and the natural-order segment ids (B, U*R*T) of packed documents."""
+
+    ulysses: UlyssesSpec
+    ring: RingSpec
+    kernel: AttentionKernel
+    causal: bool
+    scale: float
+    full_seg: Optional[Tensor]
 
 
 def _ring_segments(full_seg: Optional[Tensor], ring: RingSpec):
@@ -63,7 +77,7 @@ def hybrid_forward(q: Tensor, k: Tensor, v: Tensor, *, ulysses: UlyssesSpec, rin
     -> out (B, H, T, D), lse (B, H, T) fp32, both in the local layout."""
     U = ulysses.size
     if U > 1 and not HeadShards(q.shape[1], k.shape[1], U).even:
-        return _uneven_forward(q, k, v, ulysses, ring, kernel, causal, scale, full_seg)
+        return _uneven_forward(q, k, v, _Attention(ulysses, ring, kernel, causal, scale, full_seg))
     q2, k2, v2 = _to_heads(q, k, v, ulysses)
     if ring.size == 1:  # pure Ulysses: the whole sequence in natural order, H/U heads
         out2, lse2 = kernel.forward(q2, k2, v2, causal=causal, scale=scale, segment_ids=full_seg)
@@ -82,19 +96,20 @@ def _group_heads(x: Tensor, U: int, groups: int, g: int) -> Tensor:
     return x.unflatten(1, (U, groups, h))[:, :, g].flatten(1, 2)
 
 
-def _ulysses_backward_by_head_groups(dout, q, k, v, out, lse, ulysses: UlyssesSpec, kernel: AttentionKernel,
-                                     causal: bool, scale: float, full_seg, groups: int):
+def _ulysses_backward_by_head_groups(dout, q, k, v, out, lse, how: _Attention, groups: int):
     """Pure Ulysses backward over `groups` groups of heads in turn (a group: one kv head per member
     and its query heads): the whole sequence's head-sharded tensors exist for one group at a time,
     so the backward's working set is 1/groups of all heads'. Heads are independent: the results
     are those of one pass over all heads."""
+    ulysses = how.ulysses
     U = ulysses.size
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
     for g in range(groups):
         q2, k2, v2, out2, dout2 = (scatter_heads(_group_heads(x, U, groups, g), ulysses)
                                    for x in (q, k, v, out, dout))  # (B, h, U*T, D)
         lse2 = scatter_heads(_group_heads(lse.unsqueeze(-1), U, groups, g), ulysses).squeeze(-1)
-        grads = kernel.backward(dout2, q2, k2, v2, out2, lse2, causal=causal, scale=scale, segment_ids=full_seg)
+        grads = how.kernel.backward(dout2, q2, k2, v2, out2, lse2, causal=how.causal, scale=how.scale,
+                                    segment_ids=how.full_seg)
         del q2, k2, v2, out2, dout2, lse2
         for full, grad in zip((dq, dk, dv), grads):
             h = full.shape[1] // (U * groups)
@@ -107,11 +122,12 @@ def hybrid_backward(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, 
                     full_seg: Optional[Tensor] = None) -> Tuple[Tensor, Tensor, Tensor]:
     U = ulysses.size
     if U > 1 and not HeadShards(q.shape[1], k.shape[1], U).even:
-        return _uneven_backward(dout.to(out.dtype), q, k, v, out, lse, ulysses, ring, kernel, causal, scale, full_seg)
+        return _uneven_backward(dout.to(out.dtype), q, k, v, out, lse,
+                                _Attention(ulysses, ring, kernel, causal, scale, full_seg))
     groups = k.shape[1] // U  # kv heads per member (0 when they are replicated)
     if U > 1 and ring.size == 1 and groups > 1:
-        return _ulysses_backward_by_head_groups(dout.to(out.dtype), q, k, v, out, lse, ulysses, kernel, causal,
-                                                scale, full_seg, groups)
+        return _ulysses_backward_by_head_groups(dout.to(out.dtype), q, k, v, out, lse,
+                                                _Attention(ulysses, ring, kernel, causal, scale, full_seg), groups)
     q2, k2, v2 = _to_heads(q, k, v, ulysses)
     if U > 1:
         out2, dout2 = scatter_heads(out, ulysses), scatter_heads(dout.to(out.dtype), ulysses)
@@ -139,25 +155,25 @@ def hybrid_backward(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, 
 
 
 # ---------------------------------------------------------------- uneven head shards
-def _attend(q2, k2, v2, ring: RingSpec, kernel: AttentionKernel, causal: bool, scale: float, full_seg):
+def _attend(q2, k2, v2, how: _Attention):
     """Forward of head-sharded q2 (B, h, L, D), k2/v2 (B, hkv, L, D) over the ring (or locally)."""
-    if ring.size == 1:
-        return kernel.forward(q2, k2, v2, causal=causal, scale=scale, segment_ids=full_seg)
-    q_seg, kv_segs = _ring_segments(full_seg, ring)
-    return ring_forward(q2, k2, v2, ring, causal, scale, q_seg, kv_segs)
+    if how.ring.size == 1:
+        return how.kernel.forward(q2, k2, v2, causal=how.causal, scale=how.scale, segment_ids=how.full_seg)
+    q_seg, kv_segs = _ring_segments(how.full_seg, how.ring)
+    return ring_forward(q2, k2, v2, how.ring, how.causal, how.scale, q_seg, kv_segs)
 
 
-def _attend_backward(dout2, q2, k2, v2, out2, lse2, ring: RingSpec, kernel: AttentionKernel, causal: bool,
-                     scale: float, full_seg):
-    if ring.size == 1:
-        return kernel.backward(dout2, q2, k2, v2, out2, lse2, causal=causal, scale=scale, segment_ids=full_seg)
-    q_seg, kv_segs = _ring_segments(full_seg, ring)
-    return ring_backward(dout2, q2, k2, v2, out2, lse2, ring, causal, scale, q_seg, kv_segs)
+def _attend_backward(dout2, q2, k2, v2, out2, lse2, how: _Attention):
+    if how.ring.size == 1:
+        return how.kernel.backward(dout2, q2, k2, v2, out2, lse2, causal=how.causal, scale=how.scale,
+                                   segment_ids=how.full_seg)
+    q_seg, kv_segs = _ring_segments(how.full_seg, how.ring)
+    return ring_backward(dout2, q2, k2, v2, out2, lse2, how.ring, how.causal, how.scale, q_seg, kv_segs)
 
 
-def _uneven_forward(q, k, v, ulysses: UlyssesSpec, ring: RingSpec, kernel: AttentionKernel, causal: bool,
-                    scale: float, full_seg):
+def _uneven_forward(q, k, v, how: _Attention):
     """hybrid_forward for a head split HeadShards calls uneven."""
+    ulysses = how.ulysses
     B, H, T, D = q.shape
     shards, u = HeadShards(H, k.shape[1], ulysses.size), ulysses.index
     q_ranges, kv_ranges = shards.q_ranges(), shards.kv_ranges()
@@ -168,8 +184,7 @@ def _uneven_forward(q, k, v, ulysses: UlyssesSpec, ring: RingSpec, kernel: Atten
     q0, k0 = q_ranges[u][0], kv_ranges[u][0]
     for qa, qb, ka, kb in shards.calls(u):  # one uniform GQA call per run
         qs, ks = slice(qa - q0, qb - q0), slice(ka - k0, kb - k0)
-        o, lse_run = _attend(q2[:, qs].contiguous(), k2[:, ks].contiguous(), v2[:, ks].contiguous(), ring, kernel,
-                             causal, scale, full_seg)
+        o, lse_run = _attend(q2[:, qs].contiguous(), k2[:, ks].contiguous(), v2[:, ks].contiguous(), how)
         out2[:, qs], lse2[:, qs] = o, lse_run
     del q2, k2, v2
     out = gather_ranges(out2, q_ranges, ulysses, q.new_empty(B, H, T, D))
@@ -177,11 +192,11 @@ def _uneven_forward(q, k, v, ulysses: UlyssesSpec, ring: RingSpec, kernel: Atten
     return out, lse
 
 
-def _uneven_backward(dout, q, k, v, out, lse, ulysses: UlyssesSpec, ring: RingSpec, kernel: AttentionKernel,
-                     causal: bool, scale: float, full_seg):
+def _uneven_backward(dout, q, k, v, out, lse, how: _Attention):
     """hybrid_backward for an uneven head split, round by round: in round r every member takes
     its r-th run (one kv head and its query heads; none once its runs are done), so the whole
     sequence's head-sharded tensors exist for one kv head per member at a time."""
+    ulysses = how.ulysses
     B, H, T, D = q.shape
     Hkv = k.shape[1]
     shards, U = HeadShards(H, Hkv, ulysses.size), ulysses.size
@@ -196,7 +211,7 @@ def _uneven_backward(dout, q, k, v, out, lse, ulysses: UlyssesSpec, ring: RingSp
         lse2 = scatter_ranges(lse.unsqueeze(-1), q_ranges, ulysses).squeeze(-1)
         k2, v2 = scatter_ranges(k, kv_ranges, ulysses), scatter_ranges(v, kv_ranges, ulysses)  # (B, 0|1, L, D)
         if q2.shape[1]:
-            gq, gk, gv = _attend_backward(dout2, q2, k2, v2, out2, lse2, ring, kernel, causal, scale, full_seg)
+            gq, gk, gv = _attend_backward(dout2, q2, k2, v2, out2, lse2, how)
         else:  # this member is done: it only relays the others' heads
             gq, gk, gv = q2, k2, v2
         del q2, k2, v2, out2, dout2, lse2
