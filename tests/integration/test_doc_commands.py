@@ -46,6 +46,7 @@ NOT_RUN = {  # command (DocCommand.key) -> why it is not run
     # README.md
     "./run.sh demo": f"{NETWORK} on first use, then the demo (~15 min)",
     "./run.sh test": f"{NETWORK} on first use, then the whole suite",
+    "./run.sh test tests/unit": f"{NETWORK} on first use, then the unit tier ({SUITE})",
     "python -m venv .venv && . .venv/bin/activate": "the pip install (the test itself runs in such a venv)",
     "pip install torch --index-url https://download.pytorch.org/whl/cpu": f"{NETWORK}: CPU torch",
     "pip install torch --index-url https://download.pytorch.org/whl/cu124": f"{NETWORK}: CUDA torch",
