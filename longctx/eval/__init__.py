@@ -12,6 +12,7 @@ _EXPORTS = {
     "longctx.eval.api": ("evaluate", "generate_all"),
     "longctx.eval.config": ("DEFAULT_DEPTHS", "EvalConfig", "EvalSelection", "select"),
     "longctx.eval.runner": ("Engine", "run_samples"),
+    "longctx.eval.state": ("EvalContext", "EvalResult"),
     "longctx.eval.scoring": ("DEFAULT_THRESHOLD", "effective_length", "string_match_all", "string_match_part"),
     "longctx.eval.tasks": ("NIAH_GRID_TASK", "RULER_TASKS", "TASKS", "Sample", "TaskOptions", "build_samples",
                            "get_task", "task_min_length"),

@@ -25,7 +25,7 @@ import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterator, Optional, Sequence, Union
+from typing import Callable, Iterator, Optional, Sequence
 
 import torch.distributed as dist
 
@@ -41,6 +41,15 @@ from longctx.eval.ppl import perplexity_vs_length
 from longctx.eval.report import aggregate, render_markdown, write_markdown, write_results
 from longctx.eval.ruler_format import read_ruler_data, write_predictions
 from longctx.eval.runner import Engine, dp_layout, run_cell
+from longctx.eval.state import (
+    CellState,
+    EvalContext,
+    EvalResult,
+    PplCellState,
+    TaskCellState,
+    is_complete,
+    samples_done,
+)
 from longctx.eval.tasks import BelowMinimum, Sample, TaskOptions, build_samples, get_task, no_fit_error, skip_notice
 from longctx.launch_env import read_env
 from longctx.progress import Progress
@@ -84,53 +93,6 @@ def generate_all(tasks: Sequence[str], lengths: Sequence[int], samples: int, tok
 
 
 @dataclass
-class TaskCellState:
-    """A task cell as far as it ran: its records (one per sample, by index), its generation
-    counts and seconds; `complete` once every sample ran. From a cell file, or computed here."""
-
-    records: list = field(default_factory=list)
-    stats: dict = field(default_factory=dict)  # prompt_tokens, new_tokens, peak_cache_bytes
-    seconds: float = 0.0
-    complete: bool = False
-    key: Optional[str] = None  # the cell file's key (None: computed in this process)
-    computed_with: list = field(default_factory=list)  # the layouts of the runs that computed it
-
-    @classmethod
-    def from_file(cls, doc: dict) -> TaskCellState:
-        return cls(records=doc["records"], stats=doc["stats"], seconds=doc["seconds"], complete=bool(doc["complete"]),
-                   key=doc.get("key"), computed_with=doc.get("computed_with", []))
-
-
-@dataclass
-class PplCellState:
-    """A perplexity cell (always complete: it is written only when its windows are done)."""
-
-    row: dict
-    notes: list
-    source: object
-    seconds: float
-    key: Optional[str] = None
-    computed_with: list = field(default_factory=list)
-    complete: bool = True
-
-    @classmethod
-    def from_file(cls, doc: dict) -> PplCellState:
-        return cls(row=doc["row"], notes=doc["notes"], source=doc["source"], seconds=doc["seconds"],
-                   key=doc.get("key"), computed_with=doc.get("computed_with", []), complete=bool(doc["complete"]))
-
-
-CellState = Union[TaskCellState, PplCellState]
-
-
-def _is_complete(state: Optional[CellState]) -> bool:
-    return state is not None and state.complete
-
-
-def _samples_done(state: Optional[CellState]) -> int:
-    return len(state.records) if isinstance(state, TaskCellState) else 0
-
-
-@dataclass
 class Plan:
     """What an evaluation runs, known before any weight is read: its samples, its cells and,
     with a store, the finished (or partial) cells it reuses."""
@@ -146,17 +108,17 @@ class Plan:
 
     def signature(self) -> str:
         """The same on every rank that sees the same cells (ranks compare it)."""
-        seen = sorted((rel, state.key, state.complete, _samples_done(state)) for rel, state in self.done.items())
+        seen = sorted((rel, state.key, state.complete, samples_done(state)) for rel, state in self.done.items())
         return json.dumps([len(self.cells), seen])
 
     def resume_line(self) -> Optional[str]:
-        complete = [c for c in self.cells if _is_complete(self.done.get(c.rel))]
+        complete = [c for c in self.cells if is_complete(self.done.get(c.rel))]
         partial = [c for c in self.cells if c.rel in self.done and not self.done[c.rel].complete]
         if not complete and not partial:
             return None
         line = f"resuming: {len(complete)} of {len(self.cells)} cells already done in {self.store.out}"
         if partial:
-            line += " (and " + ", ".join(f"{_samples_done(self.done[c.rel])} of {len(c.samples)} samples of {c.label}"
+            line += " (and " + ", ".join(f"{samples_done(self.done[c.rel])} of {len(c.samples)} samples of {c.label}"
                                          for c in partial) + ")"
         return line
 
@@ -207,50 +169,6 @@ def out_lock(out: Optional[str]) -> Iterator[None]:
     finally:
         if holder is not None:
             release_lock(Path(out), holder)
-
-
-@dataclass(frozen=True)
-class EvalContext:
-    """What the eval command knows beyond the config: the context-parallel group of the prefill
-    (None: one process), extra entries of results.json's meta, and warnings for the report."""
-
-    cp_group: object = None
-    meta: dict = field(default_factory=dict)
-    warnings: Sequence[str] = ()
-
-
-@dataclass
-class EvalResult:
-    """What evaluate returns. Its fields read as attributes, or as keys (`res["summary"]`, as
-    docs/eval.md shows). summary, ppl, meta, comparability and timing are None (or empty) when a
-    stop ended the evaluation: then `preempted` says what is done and what is left."""
-
-    summary: Optional[dict]  # report.aggregate: scores by task and length, averages, effective length
-    records: list  # one per sample: prompt-free, sorted by (task, length, index)
-    ppl: Optional[dict]  # {"source", "num_windows", "rows", "notes"}, None without perplexity
-    skipped: list  # one line per task or cell left out, and why
-    files: list  # what was written under cfg.out (rank 0)
-    meta: dict  # results.json's meta
-    comparability: Optional[dict]  # {"ruler_comparable", "departures"}
-    preempted: Optional[dict]  # {"cells_done", "cells", "partial", "out"} when a stop ended it
-    timing: Optional[dict]  # timing.json's seconds and counts
-
-    def __getitem__(self, key: str):
-        if key not in _RESULT_FIELDS:
-            raise KeyError(key)
-        return getattr(self, key)
-
-    def get(self, key: str, default=None):
-        return getattr(self, key) if key in _RESULT_FIELDS else default
-
-    def __contains__(self, key: object) -> bool:
-        return key in _RESULT_FIELDS
-
-    def keys(self) -> tuple[str, ...]:
-        return _RESULT_FIELDS
-
-
-_RESULT_FIELDS = tuple(f.name for f in dataclasses.fields(EvalResult))
 
 
 def evaluate(model, tokenizer, cfg: EvalConfig, *, context: EvalContext = EvalContext(),
@@ -321,7 +239,7 @@ def _run_plan(ev: _Evaluation) -> EvalResult:
     if plan.run.ppl_lengths:
         ppl, ppl_computed = _run_ppl(ev, stopping)
         computed += ppl_computed
-    unfinished = [c for c in plan.cells if not _is_complete(plan.done.get(c.rel))]
+    unfinished = [c for c in plan.cells if not is_complete(plan.done.get(c.rel))]
     if unfinished:
         return _preempted(plan, unfinished, ev.main)
     return _finish(ev, results, stats, ppl, {"wall_seconds": round(time.monotonic() - t0, 3),
@@ -337,7 +255,7 @@ def _run_tasks(ev: _Evaluation) -> tuple[dict, list, int, bool]:
                     add_bos=plan.run.options.add_bos, stop_ids=plan.stop_ids)
     task_list = [c for c in plan.cells if c.name != PPL]
     bar = Progress(len(plan.samples), "eval", "sample", enabled=not cfg.no_progress and ev.main and bool(plan.samples),
-                   initial=sum(_samples_done(plan.done.get(c.rel)) for c in task_list))
+                   initial=sum(samples_done(plan.done.get(c.rel)) for c in task_list))
     results, stats, computed, stopping = {}, [], 0, False
     for cell in task_list:
         prior = plan.done.get(cell.rel) or TaskCellState()
@@ -392,12 +310,12 @@ def _run_ppl(ev: _Evaluation, stopping: bool) -> tuple[dict, int]:
     cfg, plan, cp_group = ev.cfg, ev.plan, ev.context.cp_group
     rows, notes, source, computed = [], [], None, 0
     cells = [c for c in plan.cells if c.name == PPL]
-    reused = sum(1 for c in cells if _is_complete(plan.done.get(c.rel)))
+    reused = sum(1 for c in cells if is_complete(plan.done.get(c.rel)))
     bar = Progress(len(cells) * cfg.ppl_windows, "ppl", "window", enabled=not cfg.no_progress and ev.main,
                    initial=reused * cfg.ppl_windows)
     for cell in cells:
         state = plan.done.get(cell.rel)
-        if not _is_complete(state):
+        if not is_complete(state):
             if stopping:
                 continue
             t = time.monotonic()
@@ -423,8 +341,8 @@ def _run_ppl(ev: _Evaluation, stopping: bool) -> tuple[dict, int]:
 def _preempted(plan: Plan, unfinished: list, main: bool) -> EvalResult:
     """The result of a stopped evaluation: what is done, what is left (OUT/PREEMPTED says so too)."""
     done = len(plan.cells) - len(unfinished)
-    partial = [f"{_samples_done(plan.done[c.rel])} of {len(c.samples)} samples of {c.label}"
-               for c in unfinished if _samples_done(plan.done.get(c.rel))]
+    partial = [f"{samples_done(plan.done[c.rel])} of {len(c.samples)} samples of {c.label}"
+               for c in unfinished if samples_done(plan.done.get(c.rel))]
     info = {"cells_done": done, "cells": len(plan.cells), "partial": partial,
             "out": str(plan.store.out) if plan.store is not None else None}
     if main and plan.store is not None:

@@ -17,7 +17,7 @@ import torch
 from longctx import atomic
 from longctx.data.tokenizer import check_tokenizer_spec
 from longctx.errors import UserError
-from longctx.eval.api import EvalContext, EvalResult, evaluate, out_lock, prepare
+from longctx.eval.api import evaluate, out_lock, prepare
 from longctx.eval.cells import run_identity
 from longctx.eval.comparability import warning_line
 from longctx.eval.config import TOKENIZER_FIELD, EvalConfig
@@ -34,6 +34,7 @@ from longctx.eval.model_io import (
 )
 from longctx.eval.model_overrides import apply_overrides, base_model_config
 from longctx.eval.ruler_prompts import write_prompts
+from longctx.eval.state import EvalContext, EvalResult
 from longctx.eval.wandb_table import log_results
 from longctx.launch_env import read_env
 from longctx.manifest import gather_objects

@@ -4,12 +4,10 @@ from __future__ import annotations
 
 import math
 import os
-from typing import TYPE_CHECKING, Optional
+from typing import Optional
 
+from longctx.eval.state import EvalResult
 from longctx.progress import format_duration
-
-if TYPE_CHECKING:  # the api loads torch; these lines need only the result's fields
-    from longctx.eval.api import EvalResult
 
 
 def _scored(result: EvalResult) -> str:

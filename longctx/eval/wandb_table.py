@@ -4,12 +4,9 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
-from typing import TYPE_CHECKING
 
+from longctx.eval.state import EvalResult
 from longctx.wandb_log import log_table, open_run
-
-if TYPE_CHECKING:  # the api loads torch
-    from longctx.eval.api import EvalResult
 
 COLUMNS = ["task", "length", "metric", "value"]
 
