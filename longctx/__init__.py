@@ -12,7 +12,7 @@ def load_pretrained(path, dtype=None, attn_fn=None):
     """Load a Hugging Face Llama directory, a longctx export, a training checkpoint (its
     verified model/, else its consolidated ZeRO shards) or a run directory (its newest
     checkpoint, else hf/) as a longctx model."""
-    from longctx.model.loading import load_any  # torch and the model: loaded on use, not on `import longctx`
+    from longctx.checkpoint.find import load_any  # torch and the model: loaded on use, not on `import longctx`
 
     return load_any(path, dtype=dtype, attn_fn=attn_fn)
 

@@ -14,7 +14,7 @@ rank r of dp' ranks holds after total / dp' rows: the state of an uninterrupted 
 at the same step. With one source, while every rank is inside the same epoch, that is the
 global order continued exactly: the rows 0 .. total-1 of the epoch's order were trained on,
 the new ranks continue at row `total`. Loaders without a cache pack documents per rank, so
-their states cannot be recomputed; the trainer replays those (train/reshard.py).
+their states cannot be recomputed; the trainer replays those (checkpoint/layout.py).
 
 This module mirrors the arithmetic of CachedRows (epoch order, lazy epoch wrap) and of
 DataLoader._pick; tests/unit/test_data_reshard.py checks it against the real loader.

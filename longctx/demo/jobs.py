@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 from typing import Any, Dict, Optional
 
+from longctx.checkpoint.find import tokenizer_spec_for
 from longctx.config import (
     CheckpointSection,
     LogSection,
@@ -29,7 +30,6 @@ from longctx.data.config import DataConfig, SourceConfig, SyntheticConfig
 from longctx.data.hf_tokenizer import TokenizerFiles
 from longctx.demo.config import DemoConfig
 from longctx.errors import UserError
-from longctx.eval.model_io import tokenizer_spec_for
 from longctx.model.hf import load_pretrained, save_pretrained
 from longctx.model.hf_config import read_hf_config
 

@@ -15,6 +15,7 @@ from pathlib import Path
 import torch
 
 from longctx import atomic
+from longctx.checkpoint.manifest import gather_objects
 from longctx.data.tokenizer import check_tokenizer_spec
 from longctx.errors import UserError
 from longctx.eval.api import evaluate, out_lock, prepare
@@ -37,7 +38,6 @@ from longctx.eval.ruler_prompts import write_prompts
 from longctx.eval.state import EvalContext, EvalResult
 from longctx.eval.wandb_table import log_results
 from longctx.launch_env import read_env
-from longctx.manifest import gather_objects
 from longctx.parallel.mesh import build_mesh, init_distributed, shutdown_distributed
 from longctx.train.signals import PREEMPTED_EXIT_CODE, PreemptionFlag
 

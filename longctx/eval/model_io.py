@@ -2,30 +2,26 @@
 from __future__ import annotations
 
 import dataclasses
-import json
 import warnings
 from pathlib import Path
 from typing import Optional
 
 import torch
 
-from longctx.config import load_config, resolve_stages, stage_model_config
+# which model and tokenizer a directory holds (an HF directory, a checkpoint, a run): one place
+from longctx.checkpoint.find import is_ds_only_checkpoint, load_model_dir, resolve_model_dir, tokenizer_spec_for
+from longctx.checkpoint.model import trained_model
 from longctx.data.tokenizer import load_tokenizer
 from longctx.errors import UserError
 from longctx.eval import sequence_rope
 from longctx.eval.dtypes import TORCH_NAMES, check_dtype_name
 from longctx.eval.fields import TOKENIZER_FIELD
 from longctx.model.config import ModelConfig
-from longctx.model.consolidate import CheckpointModel, recorded_model, trainer_state
-
-# resolve_model_dir: an HF directory, or a training checkpoint whose weights are only in ds/
-from longctx.model.loading import is_ds_only_checkpoint, load_model_dir, resolve_model_dir
 
 __all__ = ["DTYPES", "check_lengths", "check_pair", "eval_device", "load_model", "load_tokenizer_for", "parse_dtype",
            "resolve_model_dir", "tokenizer_spec_for", "trained_model", "is_ds_only_checkpoint"]
 
 DTYPES = {name: getattr(torch, torch_name) for name, torch_name in TORCH_NAMES.items()}
-_TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "tokenizer_config.json")
 
 
 def parse_dtype(name: Optional[str]) -> Optional[torch.dtype]:
@@ -41,35 +37,6 @@ def eval_device(name: str, local_rank: int) -> torch.device:
     return torch.device("cuda", local_rank % torch.cuda.device_count())
 
 
-def _stage_trained(state: dict) -> int:
-    """The index of the stage whose weights a checkpoint holds (a save at a stage's end has
-    already moved "stage" on to the next one)."""
-    if "data_stage" in state:
-        return int(state["data_stage"])
-    stage = int(state.get("stage", 0))
-    return stage - 1 if stage > 0 and int(state.get("stage_step", 0)) == 0 else stage
-
-
-def _from_run_config(ckpt: Path) -> CheckpointModel:
-    """A checkpoint that records no model (written before the trainer recorded it): the model of
-    the stage it trained, from its run's resolved_config.yaml."""
-    resolved = ckpt.parent.parent / "resolved_config.yaml"
-    if ckpt.parent.name != "checkpoints" or not resolved.is_file():
-        raise UserError(f"{ckpt}: no model/ export and no model config in trainer_state.json (written before longctx "
-                        f"recorded it), and no run directory with a resolved_config.yaml around it; put it back at "
-                        "<its run>/checkpoints/")
-    cfg = load_config(str(resolved))
-    stages = resolve_stages(cfg)
-    stage = stages[min(_stage_trained(trainer_state(ckpt)), len(stages) - 1)]
-    return CheckpointModel(stage_model_config(stage), cfg.data.tokenizer, getattr(torch, cfg.train.dtype))
-
-
-def trained_model(ckpt: Path) -> CheckpointModel:
-    """Config, tokenizer and training dtype of a checkpoint without model/: as recorded in its
-    trainer_state.json, else from its run's resolved_config.yaml."""
-    return recorded_model(ckpt) or _from_run_config(ckpt)
-
-
 def load_model(model_dir: Path, dtype: Optional[torch.dtype] = None, config: Optional[ModelConfig] = None, **kwargs):
     """Load what resolve_model_dir returned (a checkpoint without model/: its ds/ consolidated);
     `config` replaces the stored configuration (model_overrides.apply_overrides: same shapes).
@@ -82,31 +49,6 @@ def load_model(model_dir: Path, dtype: Optional[torch.dtype] = None, config: Opt
     model = load_model_dir(model_dir, dtype=dtype, recorded=recorded, **kwargs)
     sequence_rope.install(model)
     return model
-
-
-def tokenizer_spec_for(model_dir: Path, spec: Optional[str]) -> str:
-    """--tokenizer wins; else a checkpoint's recorded tokenizer (one without model/); else a
-    "longctx_tokenizer" entry of config.json (how exports record "byte", which ByteTokenizer
-    reads exactly); else the model directory's own tokenizer files."""
-    if spec:
-        return spec
-    if is_ds_only_checkpoint(model_dir):
-        recorded = trained_model(model_dir).tokenizer
-        if recorded:
-            return recorded
-    cfg = model_dir / "config.json"
-    if cfg.is_file():
-        try:
-            recorded = json.loads(cfg.read_text()).get("longctx_tokenizer")
-        except json.JSONDecodeError:
-            recorded = None
-        if recorded:
-            return str(recorded)
-    for d in (model_dir, model_dir.parent):
-        if any((d / f).is_file() for f in _TOKENIZER_FILES):
-            return str(d)
-    raise UserError(f"{TOKENIZER_FIELD}: {model_dir} has no tokenizer files; pass --tokenizer "
-                    "(\"byte\", a tokenizer.json or a tokenizer directory)")
 
 
 def load_tokenizer_for(model_dir: Path, spec: Optional[str]):

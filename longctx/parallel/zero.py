@@ -18,7 +18,7 @@ from longctx.parallel.ds_ops import ensure_built, skip_unused_ops
 
 # deepspeed is imported inside the functions that use it: importing it takes seconds and sets
 # up its accelerator, which `longctx export` and eval do not need (their ZeRO consolidation,
-# longctx/model/consolidate.py, imports it when a checkpoint has no model/).
+# longctx/checkpoint/model.py, imports it when a checkpoint has no model/).
 
 
 def deepspeed_config(*, zero_stage: int, micro_batch_size: int, grad_accum: int, world_size: int,

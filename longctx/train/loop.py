@@ -1,5 +1,6 @@
 """The training job, top to bottom: build (model, parallelize, engine) -> per stage (enter it,
-its loader, its steps) -> checkpoints -> the HF export. The step itself is train/step.py."""
+its loader, its steps) -> checkpoints -> the HF export. The step itself is train/step.py; what
+a checkpoint holds and how a run resumes from one is longctx/checkpoint/ (resume.py)."""
 from __future__ import annotations
 
 import dataclasses
@@ -13,6 +14,9 @@ from typing import Optional
 import torch
 import torch.distributed as dist
 
+from longctx.checkpoint.resume import ResumePoint, choose_resume, restore, resume_candidates, resume_point
+from longctx.checkpoint.state import TrainerState, TrainState
+from longctx.checkpoint.store import CheckpointError, rng_state, run_phase, save_checkpoint
 from longctx.config import RunPlan, RunStage, TrainConfig
 from longctx.data import check_vocab, load_tokenizer
 from longctx.data.fingerprint import fingerprint_sources
@@ -20,7 +24,6 @@ from longctx.data.hf_tokenizer import TokenizerFiles
 from longctx.data.loader import ModelInputs
 from longctx.errors import UserError
 from longctx.launch_env import read_env
-from longctx.model.consolidate import checkpoint_record
 from longctx.model.hf import save_hf_weights
 from longctx.parallel.mesh import build_mesh, init_distributed, shutdown_distributed
 from longctx.parallel.parallelize import attention_for, parallel_engine
@@ -35,34 +38,35 @@ from longctx.train.build import (
     setup_logging,
     train_dtype,
 )
-from longctx.train.checkpoint import (
-    CheckpointError,
-    choose_resume,
-    load_checkpoint,
-    read_trainer_state,
-    resume_candidates,
-    rng_state,
-    run_phase,
-    save_checkpoint,
-    set_rng_state,
-)
-from longctx.train.continuation import continue_from, nothing_left_notice
 from longctx.train.cpu_dtype import slow_dtype_note
 from longctx.train.metrics import MetricsWriter, progress_fields
 from longctx.train.mfu import peak_flops_per_device
 from longctx.train.nonfinite import NonFiniteGuard, NonFiniteStop, report_stop, weights_finite
-from longctx.train.reshard import Layout, check_resume, engine_record, loader_state, rng_for
 from longctx.train.run_files import changed_resumed_sources, take_run_lock, write_run_files
 from longctx.train.schedule import lr_at
 from longctx.train.signals import PREEMPTED_EXIT_CODE, PREEMPTED_MARKER, PreemptionFlag
 from longctx.train.stages import build_stage_loader, check_sources
-from longctx.train.state import TrainState
 from longctx.train.step import StepSetup, train_step
-from longctx.train.step_metrics import stage_rates, step_record
+from longctx.train.step_metrics import StepRates, stage_rates, step_record
 from longctx.train.summary import RunTotals, end_summary, layout_line, rope_line
 from longctx.wandb_log import open_run
 
 log = logging.getLogger("longctx.train")
+
+
+@dataclasses.dataclass(frozen=True)
+class StageRun:
+    """What the steps of one stage run with: its mesh, step setup and metric rates."""
+    mesh: object  # parallel.mesh.Mesh
+    setup: StepSetup
+    rates: StepRates
+
+
+@dataclasses.dataclass(frozen=True)
+class Outputs:
+    """Where a running job reports: the metrics writer and the progress display."""
+    writer: MetricsWriter
+    progress: Progress
 
 
 class Trainer:
@@ -99,9 +103,9 @@ class Trainer:
         self.restart_sources: set = set()
         self._source_fingerprints: dict[int, list] = {}
         self.last_checkpoint: Optional[Path] = None
-        # built by run(): the engine and its model, the current stage's cp size, mesh and step setup, the outputs
-        self.engine = self.model = self.mesh = self.setup = self.rates = self.writer = self.progress = None
-        self.cp, self.peak, self.peak_src = 0, 0.0, ""
+        self.peak, self.peak_src = peak_flops_per_device(cfg.log.peak_tflops, self.dtype)  # a table, or a cache
+        # built by run(), in this order: the engine and its model (_build_engine), then the outputs
+        self.engine = self.model = self.outputs = None
 
     # ------------------------------------------------------------------------ the job
     def run(self) -> int:
@@ -113,15 +117,16 @@ class Trainer:
         if self._preempted_in_startup():  # ... during the checkpoint's verification
             return PREEMPTED_EXIT_CODE
         write_run_files(self.out, self.rank, cfg)
-        continuation = self._continuation()
-        if continuation is not None and continuation.stage == len(self.stages):
+        point = resume_point(self.resume_from, self.stages, model_config=self.plan.model_configs[0],
+                             world_size=self.world, grad_accum=cfg.train.grad_accum, rank=self.rank)
+        if point is not None and point.finished:
             return 0  # nothing left to train (the notice is printed)
         torch.manual_seed(cfg.train.seed)
         tokenizer = self._build_engine()
         if self._preempted_in_startup():  # ... while the model and the engine were built
             return PREEMPTED_EXIT_CODE
         state = TrainState()
-        loader_state = self._restore(state, continuation) if continuation is not None else None
+        loader_state = self._restore(point, state, tokenizer) if point is not None else None
         if self._preempted_in_startup():  # ... while the checkpoint loaded (from here: the step loop's check)
             return PREEMPTED_EXIT_CODE
         totals = RunTotals(first_step=state.step, first_tokens=state.tokens)
@@ -146,16 +151,15 @@ class Trainer:
         return rc
 
     def _open_outputs(self, start_step: int) -> None:
-        """Metrics writer, peak FLOPs for the MFU, the preemption flag, the progress display
-        (a bar on a terminal, a plain line every 30 s or 10% of the steps elsewhere)."""
+        """Metrics writer and the progress display (a bar on a terminal, a plain line every 30 s
+        or 10% of the steps elsewhere)."""
         cfg = self.cfg
-        self.writer = MetricsWriter(self.out, self.rank == 0, cfg.log.tensorboard, start_step=start_step,
-                                    notify=self._announce, wandb_run=self._wandb_run())
-        self.peak, self.peak_src = peak_flops_per_device(cfg.log.peak_tflops, self.dtype)
+        writer = MetricsWriter(self.out, self.rank == 0, cfg.log.tensorboard, start_step=start_step,
+                               notify=self._announce, wandb_run=self._wandb_run())
         if self.rank == 0 and (note := slow_dtype_note(self.dtype, self.device)):
             self._announce(note)
-        self.progress = Progress(sum(s.steps for s in self.stages), "train", "step", initial=start_step,
-                                 enabled=self.rank == 0 and cfg.log.progress)
+        self.outputs = Outputs(writer, Progress(sum(s.steps for s in self.stages), "train", "step", initial=start_step,
+                                                enabled=self.rank == 0 and cfg.log.progress))
 
     def _wandb_run(self):
         """Rank 0's W&B run (log.wandb), with the resolved config; a resumed run keeps its id."""
@@ -165,9 +169,9 @@ class Trainer:
         return open_run(self.out, w.project, w.entity, w.name, w.mode, dataclasses.asdict(self.cfg), keep_id=True)
 
     def _close_outputs(self) -> None:
-        self.progress.close()
-        self.progress = None
-        self.writer.close()
+        outputs, self.outputs = self.outputs, None
+        outputs.progress.close()
+        outputs.writer.close()
 
     def _print_summary(self, totals: RunTotals, preempted: bool) -> None:
         """The run's last lines on rank 0: steps, final loss, times, throughput, where its
@@ -177,22 +181,6 @@ class Trainer:
         log.info("%s", text)
         if self.rank == 0:
             print(text, file=sys.stderr, flush=True)
-
-    def _continuation(self):
-        """Where a resumed run continues (None: a fresh run); prints the notice when nothing is left."""
-        if self.resume_from is None:
-            return None
-        saved = read_trainer_state(self.resume_from)
-        continuation = continue_from(saved, self.stages)
-        if continuation.stage == len(self.stages):
-            if self.rank == 0:
-                print(nothing_left_notice(self.resume_from, saved, self.stages), file=sys.stderr)
-            return continuation
-        # another model shape, or another global batch on another dp size: one line, nothing loaded
-        check_resume(self.resume_from, saved, model_config=self.plan.model_configs[0], world_size=self.world,
-                     stage=self.stages[continuation.stage], grad_accum=self.cfg.train.grad_accum,
-                     loader_continues=continuation.loader_belongs)
-        return continuation
 
     # ------------------------------------------------------------------ building blocks
     def _mesh(self, cp: int):
@@ -207,50 +195,26 @@ class Trainer:
         model, weights = build_plain_model(cfg, self.plan.model_configs[0], self.device)  # init_from or seeded
         self._announce(weights)
         check_vocab(tokenizer, model.config.vocab_size)
-        self.cp, self.mesh = par.cp_size, self._mesh(par.cp_size)
-        self.engine = parallel_engine(model, self.mesh, par, device=self.device,
+        self.engine = parallel_engine(model, self._mesh(par.cp_size), par, device=self.device,
                                       optimizer=optimizer_for(model, cfg.optim, par.offload_optimizer),
                                       ds_config=deepspeed_config_for(cfg, self.world, self.plan.deepspeed))
         self.model = model
-        self._announce(layout_line(self.world, self.world // self.cp, self.cp, par.cp_impl, par.zero_stage,
+        self._announce(layout_line(self.world, self.world // par.cp_size, par.cp_size, par.cp_impl, par.zero_stage,
                                    par.offload_optimizer, cfg.train.dtype, par.activation_checkpointing))
         return tokenizer
 
-    def _restore(self, state: TrainState, continuation) -> Optional[dict]:
-        """Load the resume checkpoint into the engine and `state`; returns the loader state
-        when it belongs to the stage the run continues with. A checkpoint of another layout is
-        resharded (train/reshard.py): engine through DeepSpeed's universal checkpoint, loader
-        states to this dp size, RNG states of rank r mod the old world size."""
-        stage = self.stages[continuation.stage]
-        cp, micro, accum = stage.parallel.cp_size, stage.data.micro_batch_size, self.cfg.train.grad_accum
-        record = engine_record(self.engine)
-        layout = Layout(self.world, cp, self.world // cp, record["zero_stage"], record["offload_optimizer"],
-                        micro * accum)
-        restored = load_checkpoint(self.resume_from, engine=self.engine, model=self.model, layout=layout)
-        saved = restored.trainer_state
-        state.step, state.tokens = saved["step"], saved["tokens"]
-        state.stage, state.stage_step = continuation.stage, continuation.stage_step
-        log.info("resumed from %s at step %d", self.resume_from, state.step)
-        if continuation.note:
-            log.warning("checkpoint.resume: %s", continuation.note)
-        if restored.same_layout:
-            rank_state = restored.rank_states[0]
-            set_rng_state(rank_state["rng"])
-            return rank_state["data"] if continuation.loader_belongs else None
-        set_rng_state(rng_for(restored.rank_states, self.rank))
-        if not continuation.loader_belongs:
-            return None
-        mesh = self._mesh(cp)
-        tokenizer = load_tokenizer(self.cfg.data.tokenizer)
-        data, note = loader_state(
-            restored.rank_states, dp_rank=mesh.dp_rank, dp_size=mesh.dp_size, micro_batch_size=micro,
-            fresh_loader=lambda: build_stage_loader(stage, self.cfg.train.seed, tokenizer, dp_rank=mesh.dp_rank,
-                                                    dp_size=mesh.dp_size))
-        if note:
-            self._announce(note)
-        return data
+    def _restore(self, point: ResumePoint, state: TrainState, tokenizer) -> Optional[dict]:
+        """The checkpoint into the engine and `state` (checkpoint/resume.py); the loader state
+        when it belongs to the stage the run continues with."""
+        stage = self.stages[point.continuation.stage]
+        mesh = self._mesh(stage.parallel.cp_size)
+        return restore(point, engine=self.engine, model=self.model, state=state, stage=stage, world_size=self.world,
+                       rank=self.rank, grad_accum=self.cfg.train.grad_accum, dp_rank=mesh.dp_rank,
+                       dp_size=mesh.dp_size, announce=self._announce,
+                       fresh_loader=lambda: build_stage_loader(stage, self.cfg.train.seed, tokenizer,
+                                                               dp_rank=mesh.dp_rank, dp_size=mesh.dp_size))
 
-    def _enter_stage(self, index: int) -> None:
+    def _enter_stage(self, index: int) -> StageRun:
         """The stage's RoPE / max length, its cp size's mesh and attention, its step setup."""
         stage = self.stages[index]
         model_cfg = self.plan.model_configs[index]
@@ -259,21 +223,20 @@ class Trainer:
         cp = stage.parallel.cp_size
         mesh = self._mesh(cp)
         self.model.set_context(model_cfg)  # the stage's RoPE and maximum length
-        if cp != self.cp:
+        if index > 0:  # the engine was built with stage 0's attention; a resume may enter any stage first
             self.model.set_attention(attention_for(mesh, stage.parallel, self.device))
-        self.cp, self.mesh = cp, mesh
-        self.setup = StepSetup(mesh, self.world, self.device, self.cfg.train.grad_accum, stage.data.micro_batch_size,
-                               stage.seq_len, self.cfg.train.loss_chunk_size)
-        self.rates = stage_rates(model_cfg, self.setup, self.peak)
+        setup = StepSetup(mesh, self.world, self.device, self.cfg.train.grad_accum, stage.data.micro_batch_size,
+                          stage.seq_len, self.cfg.train.loss_chunk_size)
+        return StageRun(mesh, setup, stage_rates(model_cfg, setup, self.peak))
 
-    def _training_loader(self, stage: RunStage, tokenizer, loader_state: Optional[dict]):
+    def _training_loader(self, stage: RunStage, mesh, tokenizer, loader_state: Optional[dict]):
         """The stage's loader of model inputs, at `loader_state` when resuming inside the stage.
         Unscored row tails are dropped in the stage's trim multiple (config.run_plan.trim_multiple)."""
         collate = ModelInputs(stage.data.document_masking, self.cfg.train.answer_loss_weight,
                               trim_multiple=self.plan.trim_multiple(stage.index))
         self._fingerprints(stage.index)  # the files as the loader opens them (hashes remembered per version)
-        loader = build_stage_loader(stage, self.cfg.train.seed, tokenizer, dp_rank=self.mesh.dp_rank,
-                                    dp_size=self.mesh.dp_size, collate=collate)
+        loader = build_stage_loader(stage, self.cfg.train.seed, tokenizer, dp_rank=mesh.dp_rank,
+                                    dp_size=mesh.dp_size, collate=collate)
         if loader_state is not None:
             loader.load_state_dict(loader_state, restart_sources=self.restart_sources)
         return loader
@@ -283,8 +246,8 @@ class Trainer:
         (above the progress bar when one is shown)."""
         log.info("%s", line)
         if self.rank == 0:
-            if self.progress is not None:
-                self.progress.write(line)
+            if self.outputs is not None:
+                self.outputs.progress.write(line)
             else:
                 print(line, file=sys.stderr)
 
@@ -311,11 +274,11 @@ class Trainer:
         preemption (returns PREEMPTED_EXIT_CODE after saving)."""
         si = state.stage
         stage = self.stages[si]
-        self._enter_stage(si)
-        loader = self._training_loader(stage, tokenizer, loader_state)
+        run = self._enter_stage(si)
+        loader = self._training_loader(stage, run.mesh, tokenizer, loader_state)
         batches = iter(loader)
         while state.stage_step < stage.steps:
-            record = self._step(self.engine, batches, stage, state)
+            record = self._step(run, batches, stage, state)
             self._account(record, state, si, stage)
             totals.final_loss = record["loss"]
             stage_done = state.stage_step == stage.steps
@@ -325,7 +288,7 @@ class Trainer:
                 state.stage += 1
                 state.stage_step = 0
             if due or stage_done or preempt:
-                self._save(state, loader.state_dict(), data_stage=si)
+                self._save(state, loader.state_dict(), data_stage=si, cp=run.mesh.cp_size)
             if preempt:
                 self._report_preemption(state.step)
                 return PREEMPTED_EXIT_CODE
@@ -333,12 +296,12 @@ class Trainer:
                 break
         return None
 
-    def _step(self, engine, batches, stage: RunStage, state: TrainState) -> dict:
+    def _step(self, run: StageRun, batches, stage: RunStage, state: TrainState) -> dict:
         """One optimizer step at the stage's learning rate for this step (train/step.py)."""
         opt = stage.optim
         lr = lr_at(state.stage_step, stage.steps, lr=opt.lr, warmup_steps=opt.warmup_steps, schedule=opt.schedule,
                    min_lr_ratio=opt.min_lr_ratio)
-        return step_record(train_step(engine, self.model, batches, lr, self.setup), self.setup, self.rates)
+        return step_record(train_step(self.engine, self.model, batches, lr, run.setup), run.setup, run.rates)
 
     def _account(self, record: dict, state: TrainState, si: int, stage) -> None:
         """Count the step, apply the non-finite policy, advance the progress, log the metrics."""
@@ -347,14 +310,14 @@ class Trainer:
             record["skipped"] = self.guard.observe(state.step, record["loss"], record["grad_norm"],
                                                    record.pop("update_applied"), self.last_checkpoint)
         except NonFiniteStop:
-            self.writer.write(dict(record, step=state.step, stage=si, skipped=True))
+            self.outputs.writer.write(dict(record, step=state.step, stage=si, skipped=True))
             raise
         state.stage_step += 1
         state.tokens += record["tokens"]
-        self.progress.update(1, **progress_fields(record, si if len(self.stages) > 1 else None))
+        self.outputs.progress.update(1, **progress_fields(record, si if len(self.stages) > 1 else None))
         if record["skipped"] or state.step % self.cfg.log.every == 0 or state.stage_step == stage.steps:
             record.update(step=state.step, stage=si, tokens_seen=state.tokens, peak_flops_source=self.peak_src)
-            self.writer.write(record)
+            self.outputs.writer.write(record)
 
     def _preempted_in_startup(self) -> bool:
         """Collective, before the first step: True on every rank when any rank was signalled.
@@ -380,7 +343,7 @@ class Trainer:
         if self.rank == 0:
             # torchrun reports its own exit code, so launchers can also read this marker
             (self.out / PREEMPTED_MARKER).write_text(f"{step}\n")
-            self.progress.write(f"preempted: saved step {step}, exit code {PREEMPTED_EXIT_CODE}")
+            self.outputs.progress.write(f"preempted: saved step {step}, exit code {PREEMPTED_EXIT_CODE}")
 
     # --------------------------------------------------------------------- checkpoints
     def _write_hf(self, path: Path) -> Optional[str]:
@@ -399,21 +362,18 @@ class Trainer:
             self._source_fingerprints[si] = fingerprint_sources(self.stages[si].data)
         return self._source_fingerprints[si]
 
-    def _save(self, state: TrainState, loader_state: dict, data_stage: int) -> None:
+    def _save(self, state: TrainState, loader_state: dict, data_stage: int, cp: int) -> None:
         if not weights_finite(self.model):
             kept = f"last checkpoint: {self.last_checkpoint}" if self.last_checkpoint else "no checkpoint written yet"
             raise NonFiniteStop(f"train: non-finite weights at step {state.step}; not checkpointed ({kept})",
                                 state.step)
-        # stage_steps / data_stage: how a resume with a changed config continues (train/continuation.py);
-        # model_config / tokenizer: the model it holds, for export and eval without model/ (model/consolidate.py)
-        trainer_state = dict(dataclasses.asdict(state), data_sources=self._fingerprints(data_stage),
-                             world_size=self.world, cp_size=self.cp,
-                             dp_size=self.mesh.dp_size,
-                             stage_steps=[s.steps for s in self.stages], data_stage=data_stage,
-                             **checkpoint_record(self.model.config, self.dtype, self.cfg.data.tokenizer))
+        trainer_state = TrainerState.of(state, world_size=self.world, cp_size=cp,
+                                        stage_steps=[s.steps for s in self.stages], data_stage=data_stage,
+                                        data_sources=self._fingerprints(data_stage), model=self.model.config,
+                                        dtype=self.dtype, tokenizer=self.cfg.data.tokenizer)
         rank_state = {"data": loader_state, "rng": rng_state()}
         self.last_checkpoint = save_checkpoint(
-            self.out, state.step, engine=self.engine, trainer_state=trainer_state, rank_state=rank_state,
+            self.out, state.step, engine=self.engine, trainer_state=trainer_state.state_dict(), rank_state=rank_state,
             keep_last=self.cfg.checkpoint.keep_last, hf_writer=self._write_hf if self.cfg.checkpoint.save_hf else None)
 
 

@@ -48,9 +48,9 @@ def _install() -> None:
         model.norm.register_forward_hook(poison)
         return model, weights
 
-    def step_with_faults(self, engine, batches, stage, state, *args):
+    def step_with_faults(self, run, batches, stage, state, *args):
         current["step"] = state.step + 1
-        record = step(self, engine, batches, stage, state, *args)
+        record = step(self, run, batches, stage, state, *args)
         if current["step"] in NAN_WEIGHT_STEPS and _this_rank():
             with torch.no_grad():
                 self.model.norm.weight.data[0] = float("nan")

@@ -24,8 +24,8 @@ LAYOUTS = {
 # the trainer with a resume that loses the Adam moments (zeroed in the converted checkpoint)
 NO_MOMENTS = """
 import sys, torch
-import longctx.train.checkpoint as checkpoint
-import longctx.train.universal as universal
+import longctx.checkpoint.store as checkpoint
+import longctx.checkpoint.universal as universal
 convert = universal.to_universal
 def without_moments(ds_dir, folder, names):
     convert(ds_dir, folder, names)

@@ -83,8 +83,8 @@ def test_a_recipe_by_name_is_the_same_config_as_its_path(capsys):
 
 
 def test_export_offers_the_dtypes_it_maps():
+    from longctx.checkpoint.model import DTYPES
     from longctx.commands.export import DTYPE_NAMES
-    from longctx.model.consolidate import DTYPES
 
     assert DTYPE_NAMES == tuple(sorted(DTYPES))
 

@@ -24,10 +24,10 @@ from safetensors.torch import load_file
 import longctx
 from helpers.recipes import CPU_RECIPES, ROOT, cluster
 from helpers.train import env, train_cmd
-from longctx import manifest
+from longctx.checkpoint import manifest
+from longctx.checkpoint.model import RECORD_CONFIG, RECORD_TOKENIZER
 from longctx.config import load_config, resolve_stages, stage_model_config
 from longctx.data.tokenizer import load_tokenizer
-from longctx.model.consolidate import RECORD_CONFIG, RECORD_TOKENIZER
 
 LOGITS_TOL = 1e-4
 RUNS = [(name, ()) for name in CPU_RECIPES] + [("prolong-llama3-8b-64k.yaml", ("parallel.zero_stage=0",))]

@@ -4,7 +4,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from longctx.train.continuation import continue_from
+from longctx.checkpoint.continuation import continue_from
 
 FINISHED = {"stage": 1, "stage_step": 0, "stage_steps": [4], "data_stage": 0, "step": 4}  # a 4-step run done
 MID = {"stage": 0, "stage_step": 2, "stage_steps": [4], "data_stage": 0, "step": 2}  # stopped at step 2 of 4

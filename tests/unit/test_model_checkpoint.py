@@ -84,7 +84,7 @@ def test_presets_on_meta_have_published_counts_and_allocate_nothing():
 
 def _fake_checkpoint(run, step):
     """A complete checkpoint holding no model/ (only what the manifest needs to verify)."""
-    from longctx.manifest import COMPLETE, write_manifest
+    from longctx.checkpoint.manifest import COMPLETE, write_manifest
 
     ckpt = run / "checkpoints" / f"step_{step:07d}"
     (ckpt / "ds").mkdir(parents=True)
@@ -98,7 +98,7 @@ def _fake_checkpoint(run, step):
 def test_run_directory_means_its_newest_checkpoint_or_a_newer_hf_export(tmp_path):
     import os
 
-    from longctx.model.loading import resolve_model_dir
+    from longctx.checkpoint.find import resolve_model_dir
 
     run = tmp_path / "run"
     _fake_checkpoint(run, 1)

@@ -10,7 +10,7 @@ offload may differ from the run that wrote it; the model's shape and the global 
 
 What is kept across a layout change:
 - weights, fp32 masters, Adam moments and step: exact (DeepSpeed's universal checkpoint,
-  train/universal.py), unless DeepSpeed loads the files natively (same world size, ZeRO stage
+  checkpoint/universal.py), unless DeepSpeed loads the files natively (same world size, ZeRO stage
   and offload; or ZeRO-0 at both ends, whose files do not depend on the world size);
 - the data order: each new dp rank gets the state its loader would hold after the rows the
   run has trained on, as in an uninterrupted run at the new layout. With data.cache_dir it is
@@ -27,12 +27,12 @@ from typing import Callable, Optional
 
 import torch
 
+from longctx.checkpoint.model import RECORD_CONFIG
+from longctx.checkpoint.universal import zero_stage_of
 from longctx.data.cache import PackedCache, cache_path
 from longctx.data.reshard import CachedSource, by_dp_rank, reshard_cached, rows_consumed, rows_per_rank
 from longctx.errors import UserError
 from longctx.model.config import ModelConfig
-from longctx.model.consolidate import RECORD_CONFIG
-from longctx.train.universal import zero_stage_of
 
 # the fields that change the tensors' shapes or their number: a checkpoint resumes only into these
 SHAPE_FIELDS = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",

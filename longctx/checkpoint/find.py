@@ -2,26 +2,29 @@
 
 Accepted: an HF Llama directory (config.json + weights), a training checkpoint directory (its
 `model/` HF folder, or without one its ZeRO shards in `ds/`, consolidated by
-model/consolidate.py), or a run directory (its newest complete checkpoint, or `hf/` when that
+checkpoint/model.py), or a run directory (its newest complete checkpoint, or `hf/` when that
 export is at least as new or there is no checkpoint). A training checkpoint counts only with its
 COMPLETE marker and when the files read match its manifest (sizes and SHA-256); otherwise the
 error names the checkpoint and file.
 """
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Optional
 
 import torch
 
-from longctx import manifest
 from longctx.attention import AttentionFn
+from longctx.checkpoint import manifest
+from longctx.checkpoint.manifest import COMPLETE
+from longctx.checkpoint.model import CheckpointModel, has_export, load_consolidated, recorded_model, trained_model
 from longctx.errors import UserError
 from longctx.hub import MODEL_FILES, hub_or_local
-from longctx.manifest import COMPLETE
-from longctx.model.consolidate import CheckpointModel, has_export, load_consolidated, recorded_model
 from longctx.model.hf import load_pretrained
 from longctx.model.llama import Transformer
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "tokenizer_config.json")
 
 
 def is_checkpoint(path: Path) -> bool:
@@ -103,3 +106,29 @@ def load_model_dir(model_dir: Path, dtype: Optional[torch.dtype] = None, attn_fn
 
 def load_any(path: str | Path, dtype: Optional[torch.dtype] = None, **kwargs) -> Transformer:
     return load_model_dir(resolve_model_dir(path), dtype=dtype, **kwargs)
+
+
+def tokenizer_spec_for(model_dir: Path, spec: Optional[str], field: str = "eval.tokenizer") -> str:
+    """--tokenizer wins; else a checkpoint's recorded tokenizer (one without model/); else a
+    "longctx_tokenizer" entry of config.json (how exports record "byte", which ByteTokenizer
+    reads exactly); else the model directory's own tokenizer files. `field` names the option in
+    the error."""
+    if spec:
+        return spec
+    if is_ds_only_checkpoint(model_dir):
+        recorded = trained_model(model_dir).tokenizer
+        if recorded:
+            return recorded
+    cfg = model_dir / "config.json"
+    if cfg.is_file():
+        try:
+            recorded = json.loads(cfg.read_text()).get("longctx_tokenizer")
+        except json.JSONDecodeError:
+            recorded = None
+        if recorded:
+            return str(recorded)
+    for d in (model_dir, model_dir.parent):
+        if any((d / f).is_file() for f in TOKENIZER_FILES):
+            return str(d)
+    raise UserError(f"{field}: {model_dir} has no tokenizer files; pass --tokenizer "
+                    "(\"byte\", a tokenizer.json or a tokenizer directory)")

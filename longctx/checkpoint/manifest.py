@@ -1,5 +1,5 @@
 """MANIFEST.json of a training checkpoint: every file's size and SHA-256, written before the
-COMPLETE marker (longctx/train/checkpoint.py writes both; loading and resume verify them).
+COMPLETE marker (longctx/checkpoint/store.py writes both; loading and resume verify them).
 
     {"format": "longctx-checkpoint-manifest", "version": 1, "step": 100,
      "files": {"ds/mp_rank_00_model_states.pt": {"size": 123, "sha256": "..."}, ...}}

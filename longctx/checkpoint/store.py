@@ -2,7 +2,7 @@
 
     <out_dir>/checkpoints/step_0000100/
         COMPLETE                 written last; a directory without it never counts
-        MANIFEST.json            every file's size and SHA-256 (longctx/manifest.py)
+        MANIFEST.json            every file's size and SHA-256 (longctx/checkpoint/manifest.py)
         trainer_state.json       step, tokens seen, stage, layout (and the engine's: reshard.engine_record)
         ds/                      DeepSpeed engine: model, optimizer (ZeRO partitions)
         latest                   "ds": the tag DeepSpeed's own zero_to_fp32.py reads
@@ -19,8 +19,8 @@ and a manifest that verifies.
 
 A resume on the checkpoint's own layout loads DeepSpeed's files and this rank's rank file; on
 another layout (world size, cp / dp, ZeRO stage, offload) the engine is loaded through
-DeepSpeed's universal checkpoint (train/universal.py) and the caller reshards every saved
-rank's state (train/reshard.py).
+DeepSpeed's universal checkpoint (checkpoint/universal.py) and the caller reshards every saved
+rank's state (checkpoint/layout.py).
 """
 from __future__ import annotations
 
@@ -38,11 +38,9 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from longctx import atomic, manifest
-from longctx.errors import UserError
-from longctx.manifest import COMPLETE, gather_objects, rank_and_world
-from longctx.parallel.zero import optimizer_param_names
-from longctx.train.reshard import (
+from longctx import atomic
+from longctx.checkpoint import manifest
+from longctx.checkpoint.layout import (
     Layout,
     check_model_shape,
     engine_native,
@@ -50,7 +48,10 @@ from longctx.train.reshard import (
     read_rank_states,
     saved_layout,
 )
-from longctx.train.universal import load_universal, to_universal
+from longctx.checkpoint.manifest import COMPLETE, gather_objects, rank_and_world
+from longctx.checkpoint.universal import load_universal, to_universal
+from longctx.errors import UserError
+from longctx.parallel.zero import optimizer_param_names
 
 log = logging.getLogger("longctx.train")
 _SPACE_MARGIN = 1.1  # the next checkpoint may be a little larger than the last one
@@ -134,7 +135,7 @@ def read_trainer_state(path: Path) -> dict:
 class Restored:
     """What a resume read besides the engine: the trainer state, and the saved rank states --
     this rank's own when the layout is the checkpoint's (`same_layout`), else every saved rank's
-    (train/reshard.py turns them into this rank's)."""
+    (checkpoint/layout.py turns them into this rank's)."""
 
     trainer_state: dict
     rank_states: list[dict]

@@ -3,6 +3,7 @@ CPU recipes' setting): its weights consolidated from the DeepSpeed files in `ds/
 architecture and tokenizer from what the trainer records in `trainer_state.json`.
 
     recorded = recorded_model(ckpt)                    # .config .tokenizer .dtype; None if not recorded
+    trained = trained_model(ckpt)                      # the same, else from its run's resolved_config.yaml
     state = ds_state_dict(ckpt)                        # {name: tensor}, the model's own names
     model = load_consolidated(ckpt, recorded.config)   # a Transformer
 
@@ -23,6 +24,7 @@ from typing import Optional
 import torch
 
 from longctx.attention import AttentionFn, sdpa_attention
+from longctx.config import load_config, resolve_stages, stage_model_config
 from longctx.errors import UserError
 from longctx.model.config import ModelConfig
 from longctx.model.hf_config import config_from_hf, config_to_hf
@@ -76,6 +78,35 @@ def recorded_model(ckpt: Path) -> Optional[CheckpointModel]:
         return None
     config = config_from_hf(hf, where=f"{ckpt / 'trainer_state.json'} ({RECORD_CONFIG})")
     return CheckpointModel(config, state.get(RECORD_TOKENIZER), DTYPES.get(hf.get("dtype"), torch.float32))
+
+
+def _stage_trained(state: dict) -> int:
+    """The index of the stage whose weights a checkpoint holds (a save at a stage's end has
+    already moved "stage" on to the next one)."""
+    if "data_stage" in state:
+        return int(state["data_stage"])
+    stage = int(state.get("stage", 0))
+    return stage - 1 if stage > 0 and int(state.get("stage_step", 0)) == 0 else stage
+
+
+def _from_run_config(ckpt: Path) -> CheckpointModel:
+    """A checkpoint that records no model (written before the trainer recorded it): the model of
+    the stage it trained, from its run's resolved_config.yaml."""
+    resolved = ckpt.parent.parent / "resolved_config.yaml"
+    if ckpt.parent.name != "checkpoints" or not resolved.is_file():
+        raise UserError(f"{ckpt}: no model/ export and no model config in trainer_state.json (written before longctx "
+                        f"recorded it), and no run directory with a resolved_config.yaml around it; put it back at "
+                        "<its run>/checkpoints/")
+    cfg = load_config(str(resolved))
+    stages = resolve_stages(cfg)
+    stage = stages[min(_stage_trained(trainer_state(ckpt)), len(stages) - 1)]
+    return CheckpointModel(stage_model_config(stage), cfg.data.tokenizer, getattr(torch, cfg.train.dtype))
+
+
+def trained_model(ckpt: Path) -> CheckpointModel:
+    """Config, tokenizer and training dtype of a checkpoint without model/: as recorded in its
+    trainer_state.json, else from its run's resolved_config.yaml."""
+    return recorded_model(ckpt) or _from_run_config(ckpt)
 
 
 def zero_masters(ckpt: Path) -> Optional[dict[str, torch.Tensor]]:

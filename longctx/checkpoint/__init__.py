@@ -1,0 +1,14 @@
+"""Checkpoints: what a run saves, how it comes back, and which model a directory holds.
+
+    store.py         save (atomic, MANIFEST + COMPLETE), verify, resume candidates and fallback, load
+    resume.py        the resume path top to bottom: which checkpoint, where the run continues, restore
+    state.py         TrainerState: the typed trainer_state.json, built in one place
+    layout.py        a checkpoint's layout and the checks and resharding for another one
+    universal.py     DeepSpeed universal checkpoints (resume at another ZeRO stage or world size)
+    continuation.py  where a resumed run continues when its stages changed
+    manifest.py      MANIFEST.json: every file's size and SHA-256
+    model.py         which model a checkpoint holds; its ZeRO shards consolidated
+    find.py          any directory a user points at (HF, checkpoint, run, Hub id) -> a model
+
+Train, eval and export use this package; nothing here imports train/ or eval/.
+"""
