@@ -40,6 +40,7 @@ def fast_run(tmp_path_factory):
     return out, proc
 
 
+@pytest.mark.slow  # the fast demo: trains, extends and evaluates (minutes)
 def test_fast_demo_completes_with_a_wellformed_report(fast_run):
     out, proc = fast_run
     summary = json.loads((out / "summary.json").read_text())
@@ -74,6 +75,7 @@ def test_fast_demo_completes_with_a_wellformed_report(fast_run):
     assert "retrieval score before -> after extension" in proc.stderr
 
 
+@pytest.mark.slow  # the fast demo: trains, extends and evaluates (minutes)
 def test_fast_demo_run_directory_is_self_contained(fast_run):
     out, _ = fast_run
     for name in ("demo.json", "report.md", "summary.json", "accuracy_vs_length.png",
@@ -126,6 +128,7 @@ def _processes_mentioning(text: str) -> list[int]:
     return pids
 
 
+@pytest.mark.slow  # starts the demo and stops it mid-training
 @pytest.mark.skipif(not Path("/proc/self/cmdline").exists(), reason="needs /proc")
 def test_sigterm_stops_the_running_training_job(tmp_path):
     """Killing the demo (SIGTERM: `kill`, a scheduler) must not leave its torchrun/trainer behind."""
