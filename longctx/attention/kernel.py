@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import List, Optional, Tuple
+from typing import Iterator, List, Optional, Tuple
 
 import torch
 
@@ -194,21 +194,28 @@ def plan_document_tiles(
     within the block (packed rows and zigzag-local sequences are). Without segment ids each
     row is one document: one tile per row (on CPU, per-row calls of the flash backward are
     faster than one batched call, whose fp32 scratch outgrows the cache)."""
+    tiles: List[Tile] = []
+    for b, qa, qb, ka, kb in document_pairs(B, T, S, segment_ids, kv_segment_ids):
+        tiles.extend(_visible_tiles(qa, qb, ka, kb, S - T, causal, b))
+    return tiles
+
+
+def document_pairs(B: int, T: int, S: int, segment_ids: Optional[Tensor],
+                   kv_segment_ids: Optional[Tensor]) -> Iterator[Tuple[int, int, int, int, int]]:
+    """(row, q0, q1, k0, k1) for every query run and key run of the same document in a row
+    (without segment ids: the whole row once). Reads the ids on the host."""
     kv_segment_ids = _kv_ids(T, S, segment_ids, kv_segment_ids)
-    off = S - T
     if segment_ids is None:
         q_runs, k_runs = [[(0, T, 0)]] * B, [[(0, S, 0)]] * B
     else:
         q_runs, k_runs = row_runs(segment_ids.expand(B, T)), row_runs(kv_segment_ids.expand(B, S))
-    tiles: List[Tile] = []
     for b in range(B):
         keys: dict = {}
         for ka, kb, doc in k_runs[b]:
             keys.setdefault(doc, []).append((ka, kb))
         for qa, qb, doc in q_runs[b]:
             for ka, kb in keys.get(doc, ()):
-                tiles.extend(_visible_tiles(qa, qb, ka, kb, off, causal, b))
-    return tiles
+                yield b, qa, qb, ka, kb
 
 
 def _disjoint(tiles: List[Tile]) -> bool:

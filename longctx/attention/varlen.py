@@ -26,7 +26,7 @@ import torch
 
 from longctx.attention.eager import EagerKernel
 from longctx.attention.function import kernel_attention
-from longctx.attention.kernel import AttentionKernel, _check_shapes, _kv_ids, resolve_scale, row_runs
+from longctx.attention.kernel import AttentionKernel, _check_shapes, document_pairs, resolve_scale
 from longctx.attention.lse import NEG_INF, lse_for_backward, merge_attention
 from longctx.attention.varlen_ops import ReferenceVarlen, VarlenOps
 
@@ -54,20 +54,9 @@ def document_spans(B: int, T: int, S: int, *, causal: bool, segment_ids: Optiona
     become a bottom-right causal sequence (keys trimmed to the last query), a fully visible
     rectangle, or both (queries past the last key see all of it); queries that see no key of
     the run are left out."""
-    kv_segment_ids = _kv_ids(T, S, segment_ids, kv_segment_ids)
-    if segment_ids is None:
-        q_runs, k_runs = [[(0, T, 0)]] * B, [[(0, S, 0)]] * B
-    else:
-        q_runs, k_runs = row_runs(segment_ids.expand(B, T)), row_runs(kv_segment_ids.expand(B, S))
-    off = S - T
     spans: List[Span] = []
-    for b in range(B):
-        keys: dict = {}
-        for ka, kb, doc in k_runs[b]:
-            keys.setdefault(doc, []).append((ka, kb))
-        for qa, qb, doc in q_runs[b]:
-            for ka, kb in keys.get(doc, ()):
-                spans.extend(_pair(b, qa, qb, ka, kb, off, causal))
+    for b, qa, qb, ka, kb in document_pairs(B, T, S, segment_ids, kv_segment_ids):
+        spans.extend(_pair(b, qa, qb, ka, kb, S - T, causal))
     return spans
 
 
