@@ -22,8 +22,8 @@ class TaskCellState:
 
     @classmethod
     def from_file(cls, doc: dict) -> TaskCellState:
-        return cls(records=doc["records"], stats=doc["stats"], seconds=doc["seconds"], complete=bool(doc["complete"]),
-                   key=doc.get("key"), computed_with=doc.get("computed_with", []))
+        return cls(records=doc["records"], stats=doc["stats"], seconds=doc["seconds"],
+                   complete=bool(doc.get("complete")), key=doc.get("key"), computed_with=doc.get("computed_with", []))
 
 
 @dataclass
@@ -41,7 +41,7 @@ class PplCellState:
     @classmethod
     def from_file(cls, doc: dict) -> PplCellState:
         return cls(row=doc["row"], notes=doc["notes"], source=doc["source"], seconds=doc["seconds"],
-                   key=doc.get("key"), computed_with=doc.get("computed_with", []), complete=bool(doc["complete"]))
+                   key=doc.get("key"), computed_with=doc.get("computed_with", []), complete=bool(doc.get("complete")))
 
 
 CellState = Union[TaskCellState, PplCellState]
