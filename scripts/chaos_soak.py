@@ -282,7 +282,7 @@ class Soak:
                 else:
                     when = "missed"
                 rc = start.wait()
-                row = self.row(index, "eval, 1 proc", kind, when, rc)
+                row = self.row(index, "eval, 1 proc", f"eval: {kind}", when, rc)
             else:
                 rc = start.wait()
             for w in waiting:
