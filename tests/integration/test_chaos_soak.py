@@ -9,10 +9,13 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 from helpers.recipes import ROOT
 from helpers.train import env
 
 
+@pytest.mark.slow  # minutes; CI runs it (slow is not heavy)
 def test_a_seeded_ten_fault_soak_loses_nothing(tmp_path):
     report = tmp_path / "soak.json"
     cmd = [sys.executable, str(ROOT / "scripts" / "chaos_soak.py"), "--faults", "10", "--seed", "3", "--configs", "1",
