@@ -170,6 +170,7 @@ NOT_RUN = {  # command (DocCommand.key) -> why it is not run
     # gpu.md
     "GGUF=SmolLM2-135M-Instruct.Q4_1.gguf WHEELS=.whl TRAIN_S=200 EVAL_S=90 RULER_SAMPLES=6 "
     "bash scripts/gpu_smollm2_32k.sh gpu_out": "needs a CUDA GPU, the GGUF and the text (~10 min)",
+    "bash scripts/gpu_wheels.sh": f"{NETWORK}: the GPU scripts' wheels (~110 MB)",
     # plan.md
     "python benchmarks/bench_plan.py --out docs/results/bench_plan.json":
         f"{BENCH} (~15 min); rewrites docs/results/bench_plan.json",
