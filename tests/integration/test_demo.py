@@ -128,7 +128,6 @@ def _processes_mentioning(text: str) -> list[int]:
     return pids
 
 
-@pytest.mark.slow  # starts the demo and stops it mid-training
 @pytest.mark.skipif(not Path("/proc/self/cmdline").exists(), reason="needs /proc")
 def test_sigterm_stops_the_running_training_job(tmp_path):
     """Killing the demo (SIGTERM: `kill`, a scheduler) must not leave its torchrun/trainer behind."""
