@@ -265,8 +265,8 @@ NOT_RUN = {  # command (DocCommand.key) -> why it is not run
     "python benchmarks/bench_kernels.py": f"{BENCH} (~5 min)",
     "python benchmarks/bench_loss.py --tokens 32768 --vocab 32000 --hidden 512": f"{BENCH} (~7 min, 12 GiB)",
     # docs/results/2026-12-05-gpu-attention-dispatch.md
-    "python benchmarks/bench_doc_attention.py --device cuda --dtype bfloat16 --lengths 32768 --docs 1,16,64 "
-    "--heads 9,3 --head-dim 64 --out docs/results/doc_attention_h100.json": f"{GPUS}; {BENCH}",
+    "python benchmarks/bench_doc_attention.py --device cuda --dtype bfloat16 --cases 32768:1/16/64,131072:16 "
+    "--shapes 9/3x64,32/8x128 --out doc_attention_h100.json": f"{GPUS}; {BENCH}",
     # docs/results/2026-12-05-eval-runner.md
     ".venv/bin/python benchmarks/bench_eval.py --json docs/results/bench_eval.json":
         f"{BENCH} (~25 s); rewrites docs/results/bench_eval.json",
