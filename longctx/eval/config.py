@@ -173,7 +173,7 @@ def _check_device(device: str, cp: int) -> None:
         raise UserError(f"eval.device: {device!r} is not valid; valid: {', '.join(DEVICES)}")
     if device == "auto":
         return
-    import torch  # the device probe: config checks load no torch otherwise (tests/unit/test_cli.py)
+    import torch  # the device probe: config checks load no torch otherwise (tests/integration/test_cli.py)
 
     if device == "cuda" and not torch.cuda.is_available():
         raise UserError("eval.device: cuda, but this process sees no CUDA device; valid here: auto, cpu")
