@@ -4,7 +4,7 @@ config validation loads no torch; only a request for a CUDA kernel probes the de
     auto    on CUDA: the fastest exact kernel per call (dispatch.py); on CPU: sdpa
     sdpa    torch's fused kernels (CPU flash with LSE; on CUDA cuDNN / flash, per-document calls)
     flash   flash-attn 2.x (pip install flash-attn): varlen for documents and CP blocks
-    fa4     FlashAttention-4 (pip install flash-attn-4), SM90 / SM100
+    fa4     FlashAttention-4 (pip install --pre flash-attn-4), SM90 / SM100
     varlen  torch's flash kernel with cu_seqlens (any CUDA build of torch, no extra package)
     flex    FlexAttention with a document block mask (CUDA with triton); CP blocks use varlen
     eager   materialized fp32 math: the reference
@@ -20,7 +20,10 @@ if TYPE_CHECKING:
     import torch
 
 BACKENDS = ("auto", "sdpa", "flash", "fa4", "varlen", "flex", "eager")
-CUDA_ONLY = {"flash": "flash-attn", "fa4": "flash-attn-4", "varlen": None, "flex": None}
+# the CUDA-only backends: (the package each needs, how to install it)
+CUDA_ONLY = {"flash": ("flash-attn", "pip install flash-attn"),
+             "fa4": ("flash-attn-4", "pip install --pre flash-attn-4"),
+             "varlen": (None, None), "flex": (None, None)}
 
 
 def check_backend_available(name: str, where: str = "attention backend",
@@ -34,9 +37,9 @@ def check_backend_available(name: str, where: str = "attention backend",
     if name in CUDA_ONLY:
         problem = backend_problem(name, device)
         if problem is not None:
-            package = CUDA_ONLY[name]
+            package, install = CUDA_ONLY[name]
             needs = f"{package} and a CUDA device" if package else "a CUDA device"
-            fix = f"pip install {package}, or use" if package else "use"
+            fix = f"{install}, or use" if package else "use"
             raise UserError(f"{where}: {name!r} needs {needs} ({problem}); {fix} auto, sdpa or eager")
 
 

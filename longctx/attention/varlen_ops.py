@@ -25,8 +25,6 @@ import torch
 from longctx.attention.eager import EagerKernel
 
 Tensor = torch.Tensor
-# pip package that provides each optional implementation (for error lines)
-PIP_PACKAGE = {"flash": "flash-attn", "fa4": "flash-attn-4"}
 
 
 class VarlenOps:
@@ -140,7 +138,7 @@ class FlashAttnVarlen(VarlenOps):
 
 
 class FA4Varlen(VarlenOps):
-    """FlashAttention-4 (`flash_attn.cute`, pip install flash-attn-4): CuTe DSL kernels for SM90
+    """FlashAttention-4 (`flash_attn.cute`, pip install --pre flash-attn-4): CuTe DSL kernels for SM90
     (Hopper) and SM100 (Blackwell)."""
 
     name = "fa4"

@@ -51,7 +51,7 @@ NOT_RUN = {  # command (DocCommand.key) -> why it is not run
     "pip install torch --index-url https://download.pytorch.org/whl/cpu": f"{NETWORK}: CPU torch",
     "pip install torch --index-url https://download.pytorch.org/whl/cu124": f"{NETWORK}: CUDA torch",
     "pip install '/path/to/longctx[test]'": f"{NETWORK}; /path/to/longctx is the reader's clone or wheel",
-    "pip install flash-attn --no-build-isolation": f"{NETWORK}; builds against CUDA",
+    "pip install --pre flash-attn-4": f"{NETWORK}; CUDA SM90/SM100 only",
     "longctx setup": "builds DeepSpeed's cpu_adam op in a fresh environment (1-3 min)",
     # performance.md
     ".venv/bin/python benchmarks/bench_peers.py --init-from models/smollm2-135m-instruct --world 3 --lengths 8192":

@@ -144,7 +144,7 @@ def test_backend_selection():
     assert get_attention("auto", "cpu") is sdpa_attention
     with pytest.raises(UserError, match="valid: auto, sdpa, flash, fa4, varlen, flex, eager"):
         resolve_backend("xformers")
-    for name, package in (("flash", "pip install flash-attn,"), ("fa4", "pip install flash-attn-4,"),
+    for name, package in (("flash", "pip install flash-attn,"), ("fa4", "pip install --pre flash-attn-4,"),
                           ("varlen", "needs a CUDA device"), ("flex", "needs a CUDA device")):
         with pytest.raises(UserError, match=f"attention backend: '{name}' needs .*no CUDA device.*"):
             get_kernel(name, "cpu")
