@@ -88,8 +88,16 @@ if [[ -n $log_dir ]]; then
     mkdir -p "$log_dir" 2>/dev/null || die "--log-dir: cannot create $log_dir"
     args+=(--log-dir "$log_dir" --redirects 3 --tee 3)
 else
-    # torchrun otherwise leaves an empty torchelastic_* directory in $TMPDIR per run
-    log_dir=$(mktemp -d "${TMPDIR:-/tmp}/longctx-torchrun.XXXXXX")
+    # torchrun otherwise leaves an empty torchelastic_* directory in $TMPDIR per run. The name holds
+    # this script's pid: one that a SIGKILLed launcher left (its EXIT trap never ran) is removed here
+    for stale in "${TMPDIR:-/tmp}"/longctx-torchrun.*; do
+        pid=${stale##*/longctx-torchrun.}
+        pid=${pid%%.*}
+        if [[ -d $stale && $pid =~ ^[0-9]+$ ]] && ! kill -0 "$pid" 2>/dev/null; then
+            rm -rf "$stale" 2>/dev/null || true
+        fi
+    done
+    log_dir=$(mktemp -d "${TMPDIR:-/tmp}/longctx-torchrun.$$.XXXXXX")
     trap 'rm -rf "$log_dir"' EXIT
     args+=(--log-dir "$log_dir")
 fi
