@@ -171,6 +171,12 @@ NOT_RUN = {  # command (DocCommand.key) -> why it is not run
     "GGUF=SmolLM2-135M-Instruct.Q4_1.gguf WHEELS=.whl TRAIN_S=200 EVAL_S=90 RULER_SAMPLES=6 "
     "bash scripts/gpu_smollm2_32k.sh gpu_out": "needs a CUDA GPU, the GGUF and the text (~10 min)",
     "bash scripts/gpu_wheels.sh": f"{NETWORK}: the GPU scripts' wheels (~110 MB)",
+    # docs/operations.md, docs/results/2026-12-05-chaos-soak.md (the suite runs the 10-fault soak:
+    # tests/integration/test_chaos_soak.py)
+    "python scripts/chaos_soak.py --faults 100 --seed 1 --json soak.json --md soak.md": f"{BENCH} (~25 min)",
+    "python scripts/chaos_soak.py --faults 10 --seed 3 --configs 1 --eval-share 0": "the suite's soak (~5 min)",
+    "nice -n 5 python scripts/chaos_soak.py --faults 100 --seed 1 --work /tmp/soak "
+    "--json docs/results/2026-12-05-chaos-soak.json --md soak.md": f"{BENCH} (~25 min); rewrites the report's JSON",
     # plan.md
     "python benchmarks/bench_plan.py --out docs/results/bench_plan.json":
         f"{BENCH} (~15 min); rewrites docs/results/bench_plan.json",
