@@ -1,6 +1,9 @@
 """Shared helpers for model tests: tiny configs per RoPE type and an HF twin of our model."""
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import torch
 
 from longctx.model import ModelConfig, build_model
@@ -76,3 +79,17 @@ def loss_and_grads(model, ids, labels, segs=None):
     grads = {model_key(k): p.grad.clone() for k, p in model.named_parameters()}
     model.zero_grad()
     return (s / n).item(), grads
+
+
+def save_byte_model(d: Path, max_position_embeddings: int = 1024) -> Path:
+    """A debug-tiny model saved in `d` whose config names the byte tokenizer ("longctx_tokenizer"),
+    so `longctx eval --model d` needs no --tokenizer; returns d."""
+    from longctx import save_pretrained
+    from longctx.model import get_preset
+
+    cfg = get_preset("debug-tiny", initializer_range=0.2, max_position_embeddings=max_position_embeddings)
+    save_pretrained(build_model(cfg, seed=0).eval(), d)
+    config = json.loads((d / "config.json").read_text())
+    config["longctx_tokenizer"] = "byte"
+    (d / "config.json").write_text(json.dumps(config))
+    return d

@@ -6,12 +6,11 @@ from pathlib import Path
 
 import pytest
 
-import longctx
+from helpers.model import save_byte_model
 from longctx.cli import main
 from longctx.data.tokenizer import load_tokenizer
 from longctx.errors import UserError
 from longctx.eval.ruler_format import read_ruler_data
-from longctx.model import build_model, get_preset
 
 BYTE = load_tokenizer("byte")
 COMMON = ["--samples", "3", "--max-new-tokens", "4", "--no-progress"]
@@ -19,13 +18,7 @@ COMMON = ["--samples", "3", "--max-new-tokens", "4", "--no-progress"]
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory):
-    d = tmp_path_factory.mktemp("model")
-    longctx.save_pretrained(build_model(get_preset("debug-tiny", initializer_range=0.2,
-                                                   max_position_embeddings=1024), seed=0).eval(), d)
-    config = json.loads((d / "config.json").read_text())
-    config["longctx_tokenizer"] = "byte"
-    (d / "config.json").write_text(json.dumps(config))
-    return d
+    return save_byte_model(tmp_path_factory.mktemp("model"))
 
 
 @pytest.fixture(scope="module")
