@@ -67,11 +67,11 @@ def _pair(b: int, qa: int, qb: int, ka: int, kb: int, off: int, causal: bool) ->
     if ka > last:
         return []
     kb = min(kb, last + 1)
-    if kb - 1 <= qa + off:  # every query sees every key
-        return [Span(b, qa, qb, ka, kb, False)]
     q0 = max(qa, ka - off)  # earlier queries see none of these keys
-    if kb - 1 == last:  # keys end at the last query: one bottom-right causal sequence
+    if kb - 1 == last:  # keys end at the last query: one bottom-right causal sequence (a 1 x 1 one too)
         return [Span(b, q0, qb, ka, kb, True)]
+    if kb - 1 <= qa + off:  # the keys end before every query: each sees them all
+        return [Span(b, qa, qb, ka, kb, False)]
     split = kb - off  # queries from here on see all keys
     return [Span(b, q0, split, ka, kb, True), Span(b, split, qb, ka, kb, False)]
 

@@ -76,7 +76,7 @@ def test_plan_is_one_call_over_the_documents():
     assert len(rows) == 1 and rows[0].cu_q.tolist() == [0, 8, 16, 24]
     decode = build_plan(2, 1, 9, causal=True, segment_ids=None, kv_segment_ids=None, device="cpu").calls[0]
     assert decode.cu_q.tolist() == [0, 1, 2] and decode.cu_k.tolist() == [0, 9, 18]
-    assert not decode.causal  # a decode step sees its whole cache: a plain rectangle
+    assert decode.causal  # bottom-right causal: the one query of a decode step sees its whole cache
 
 
 def test_plan_cache_follows_the_ids_tensor():
