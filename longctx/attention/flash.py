@@ -41,24 +41,6 @@ def _documents_attention():
     return make_varlen_attention(FlashAttnVarlen())
 
 
-def cu_seqlens_from_segment_ids(segment_ids: Tensor) -> Optional[tuple[Tensor, int]]:
-    """(B, T) document ids -> (cu_seqlens int32 (num_sequences + 1,), longest sequence) for
-    flash-attn's varlen kernels. The B rows are flattened into one B*T token stream; a sequence
-    starts at every row start and wherever the id changes. None when an id re-appears after
-    another document in its row (not representable as contiguous runs)."""
-    B, T = segment_ids.shape
-    change = torch.ones(B, T, dtype=torch.bool, device=segment_ids.device)
-    change[:, 1:] = segment_ids[:, 1:] != segment_ids[:, :-1]
-    starts = change.flatten().nonzero().flatten()
-    run_ids = segment_ids.flatten()[starts]
-    rows = starts // T
-    key = rows * (int(segment_ids.max()) - int(segment_ids.min()) + 1) + (run_ids - segment_ids.min())
-    if key.unique().numel() != key.numel():
-        return None
-    cu = torch.cat([starts, starts.new_tensor([B * T])]).to(torch.int32)
-    return cu, int((cu[1:] - cu[:-1]).max())
-
-
 def flash_attention(
     q: Tensor,  # (B, Hq, T, D)
     k: Tensor,  # (B, Hkv, S, D)

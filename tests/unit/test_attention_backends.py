@@ -17,7 +17,6 @@ from longctx.attention import (
     resolve_backend,
     sdpa_attention,
 )
-from longctx.attention.flash import cu_seqlens_from_segment_ids
 from longctx.attention.sdpa import SdpaKernel, document_groups, document_runs_attention
 from longctx.errors import UserError
 
@@ -157,14 +156,6 @@ def test_kernel_attention_no_grad_decode_matches():
     with torch.no_grad():
         out, _ = kernel_attention(SdpaKernel(), q, k, v, causal=True)
     assert_close("decode", out, eager_attention(q, k, v, causal=True), 1e-5)
-
-
-def test_flash_varlen_cu_seqlens_from_segments():
-    cu, max_len = cu_seqlens_from_segment_ids(torch.tensor([[0, 0, 1, 1, 1], [3, 3, 3, 4, 4]]))
-    assert cu.tolist() == [0, 2, 5, 8, 10] and cu.dtype == torch.int32 and max_len == 3
-    cu, max_len = cu_seqlens_from_segment_ids(torch.zeros(2, 4, dtype=torch.long))
-    assert cu.tolist() == [0, 4, 8] and max_len == 4  # one id in both rows: still a sequence per row
-    assert cu_seqlens_from_segment_ids(torch.tensor([[0, 1, 0]])) is None  # id 0 re-appears: not contiguous runs
 
 
 @pytest.mark.parametrize("kernel_cls", [SdpaKernel, EagerKernel], ids=["sdpa", "eager"])

@@ -8,7 +8,7 @@ import torch
 
 from helpers.data import collect, file_config, make_texts, rebuild_documents, write_jsonl
 from longctx.attention import build_mask
-from longctx.attention.flash import cu_seqlens_from_segment_ids
+from longctx.attention.varlen import build_plan
 from longctx.data import ByteTokenizer, build_loader
 
 TOK = ByteTokenizer()
@@ -125,13 +125,14 @@ def test_no_attention_across_documents(corpus):
 
 
 def test_flash_varlen_sequences_are_the_packed_documents(corpus):
-    """The loader's segment ids as the flash backend hands them to flash-attn's varlen kernel:
-    one sequence per document piece, each starting where the positions restart."""
+    """The loader's segment ids as the varlen kernels get them (VarlenKernel's plan): one sequence
+    per document piece, each starting where the positions restart."""
     path, _ = corpus
     b = next(iter(build_loader(file_config(path, mbs=4), TOK, dp_rank=0, dp_size=1, seed=0)))
-    built = cu_seqlens_from_segment_ids(b["segment_ids"])
-    assert built is not None  # packed rows are contiguous runs: the varlen kernel, not the sdpa fallback
-    cu, max_len = built
+    B, T = b["segment_ids"].shape
+    plan = build_plan(B, T, T, causal=True, segment_ids=b["segment_ids"], kv_segment_ids=None, device="cpu")
+    assert plan.whole  # packed rows are contiguous runs: one varlen call over every token, no gather
+    cu, max_len = plan.calls[0].cu_q, plan.calls[0].max_q
     flat_pos = b["position_ids"].reshape(-1)
     starts = (flat_pos == 0).nonzero().squeeze(1)
     assert len(starts) > 4  # some row holds several documents

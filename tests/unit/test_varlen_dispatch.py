@@ -79,6 +79,21 @@ def test_plan_is_one_call_over_the_documents():
     assert decode.causal  # bottom-right causal: the one query of a decode step sees its whole cache
 
 
+def test_plan_cu_seqlens_from_segments():
+    """Rows flattened; a sequence at every row start and id change, the same id in two rows two
+    sequences; an id that re-appears in its row is no single call."""
+    def one_call(ids):
+        plan = build_plan(*ids.shape, ids.shape[1], causal=True, segment_ids=ids, kv_segment_ids=None, device="cpu")
+        return plan.calls[0]
+
+    call = one_call(torch.tensor([[0, 0, 1, 1, 1], [3, 3, 3, 4, 4]]))
+    assert call.cu_q.tolist() == [0, 2, 5, 8, 10] and call.cu_q.dtype == torch.int32 and call.max_q == 3
+    call = one_call(torch.zeros(2, 4, dtype=torch.long))
+    assert call.cu_q.tolist() == [0, 4, 8] and call.max_q == 4  # one id in both rows: still a sequence per row
+    plan = build_plan(1, 3, 3, causal=True, segment_ids=torch.tensor([[0, 1, 0]]), kv_segment_ids=None, device="cpu")
+    assert len(plan.calls) == 2 and not plan.q_unique  # id 0 re-appears: two calls merged by LSE
+
+
 def test_plan_cache_follows_the_ids_tensor():
     kernel = VarlenKernel(ReferenceVarlen())
     q, k, _ = make_qkv(B=1, Hq=2, Hkv=1, T=8, S=8)
