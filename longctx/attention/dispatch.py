@@ -112,11 +112,8 @@ class AutoAttention:
         if name == "sdpa":
             return sdpa_attention(q, k, v, causal=causal, scale=scale, segment_ids=segment_ids,
                                   kv_segment_ids=kv_segment_ids)
-        if name == "per-document":
-            out = document_runs_attention(q, k, v, segment_ids, scale=scale, group_tokens=1)
-            if out is not None:
-                return out
-            name = "varlen" if "varlen" in self.available else "flex"
+        if name == "per-document":  # chosen for contiguous documents only, so never None here
+            return document_runs_attention(q, k, v, segment_ids, scale=scale, group_tokens=1)
         if name == "flex":
             return flex_document_attention(q, k, v, segment_ids, scale=scale)
         if name not in self._varlen:
