@@ -16,6 +16,7 @@ query (the planner in varlen.py guarantees it), so no kernel's convention for em
 """
 from __future__ import annotations
 
+import abc
 import functools
 import inspect
 from typing import Optional, Tuple
@@ -27,18 +28,18 @@ from longctx.attention.eager import EagerKernel
 Tensor = torch.Tensor
 
 
-class VarlenOps:
-    """Base: the two primitives (see the module docstring)."""
+class VarlenOps(abc.ABC):
+    """The two primitives every implementation provides (see the module docstring)."""
 
     name = "base"
 
+    @abc.abstractmethod
     def fwd(self, q: Tensor, k: Tensor, v: Tensor, cu_q: Tensor, cu_k: Tensor, max_q: int, max_k: int,
-            scale: float, causal: bool) -> Tuple[Tensor, Tensor]:
-        raise NotImplementedError
+            scale: float, causal: bool) -> Tuple[Tensor, Tensor]: ...
 
+    @abc.abstractmethod
     def bwd(self, dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, cu_q: Tensor,
-            cu_k: Tensor, max_q: int, max_k: int, scale: float, causal: bool) -> Tuple[Tensor, Tensor, Tensor]:
-        raise NotImplementedError
+            cu_k: Tensor, max_q: int, max_k: int, scale: float, causal: bool) -> Tuple[Tensor, Tensor, Tensor]: ...
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}()"

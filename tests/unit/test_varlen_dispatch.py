@@ -111,6 +111,8 @@ class _Refuses(VarlenOps):
     def fwd(self, *args):
         raise AssertionError("a flash kernel got fp32 inputs")
 
+    bwd = fwd
+
 
 def test_fp32_inputs_take_exact_math_not_a_half_precision_kernel():
     q, k, v = make_qkv(B=1, Hq=4, Hkv=2, T=12, S=12)
