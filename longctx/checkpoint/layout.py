@@ -33,10 +33,12 @@ from longctx.data.cache import PackedCache, cache_path
 from longctx.data.reshard import CachedSource, by_dp_rank, reshard_cached, rows_consumed, rows_per_rank
 from longctx.errors import UserError
 from longctx.model.config import ModelConfig
+from longctx.model.hf_config import config_from_hf
 
 # the fields that change the tensors' shapes or their number: a checkpoint resumes only into these
 SHAPE_FIELDS = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
-                "num_key_value_heads", "head_dim", "tie_word_embeddings", "attention_bias", "mlp_bias")
+                "num_key_value_heads", "head_dim", "tie_word_embeddings", "attention_bias", "mlp_bias",
+                "qkv_bias", "qk_norm")
 
 
 @dataclass(frozen=True)
@@ -109,11 +111,12 @@ def check_model_shape(ckpt: Path, trainer_state: dict, config: ModelConfig) -> N
     recorded = trainer_state.get(RECORD_CONFIG)
     if not isinstance(recorded, dict):
         return
+    saved = config_from_hf(recorded, where=f"{ckpt / 'trainer_state.json'} ({RECORD_CONFIG})")
     for field in SHAPE_FIELDS:
-        if field in recorded and recorded[field] != getattr(config, field):
-            raise UserError(f"checkpoint.resume: {ckpt} holds a model with {field}={recorded[field]}; this run's model "
-                            f"has {field}={getattr(config, field)} (a checkpoint resumes only into a model of its "
-                            "shape: resume with that model, or start a new run in another out_dir)")
+        if getattr(saved, field) != getattr(config, field):
+            raise UserError(f"checkpoint.resume: {ckpt} holds a model with {field}={getattr(saved, field)}; this run's "
+                            f"model has {field}={getattr(config, field)} (a checkpoint resumes only into a model of "
+                            "its shape: resume with that model, or start a new run in another out_dir)")
 
 
 def check_global_batch(ckpt: Path, saved: Layout, current: Layout, *, micro_batch_size: int, grad_accum: int) -> None:

@@ -22,7 +22,7 @@ from longctx.config.sections import (
 from longctx.data.config import DataConfig
 from longctx.errors import UserError
 from longctx.hub import CONFIG_FILES, hub_or_local
-from longctx.model.config import ModelConfig, get_preset
+from longctx.model.config import ModelConfig, check_window, get_preset
 from longctx.model.hf_config import read_hf_config
 from longctx.model.rope_parameters import normalize_rope_parameters, require_explicit_fields
 from longctx.parallel.zigzag import check_seq_len
@@ -160,6 +160,7 @@ def stage_model_config(stage: RunStage, base: Optional[ModelConfig] = None) -> M
             and model_cfg.rope_parameters["rope_type"] in LENGTH_FREE_ROPE):
         # trained at this length: the config (and its export) says so; the RoPE is unchanged
         model_cfg = model_cfg.replace(max_position_embeddings=stage.seq_len)
+    check_window(model_cfg, stage.seq_len, stage.field_names["seq_len"], "model.overrides.sliding_window=null")
     return model_cfg
 
 

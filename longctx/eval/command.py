@@ -21,7 +21,7 @@ from longctx.errors import UserError
 from longctx.eval.api import evaluate, out_lock, prepare
 from longctx.eval.cells import run_identity
 from longctx.eval.comparability import warning_line
-from longctx.eval.config import TOKENIZER_FIELD, EvalConfig
+from longctx.eval.config import TOKENIZER_FIELD, EvalConfig, select
 from longctx.eval.end_summary import end_summary
 from longctx.eval.model_io import (
     check_lengths,
@@ -38,6 +38,7 @@ from longctx.eval.ruler_prompts import write_prompts
 from longctx.eval.state import EvalContext, EvalResult
 from longctx.eval.wandb_table import log_results
 from longctx.launch_env import read_env
+from longctx.model.config import check_window
 from longctx.parallel.mesh import build_mesh, init_distributed, shutdown_distributed
 from longctx.train.signals import PREEMPTED_EXIT_CODE, PreemptionFlag
 
@@ -49,7 +50,10 @@ def check(cfg: EvalConfig, world_size: int) -> typing.Optional[Path]:
     if not cfg.model:
         return None
     model_dir = resolve_model_dir(cfg.model, cfg.revision)  # UserError for a bad path or Hub id, before the weights
-    apply_overrides(base_model_config(model_dir), cfg.model_overrides)
+    model_config, _ = apply_overrides(base_model_config(model_dir), cfg.model_overrides)
+    if cfg.ruler_data is None:  # with ruler_data the lengths are the data's: checked once it is read
+        selection = select(cfg)
+        check_eval_window(model_config, selection.lengths + selection.ppl_lengths)
     check_tokenizer_spec(tokenizer_spec_for(model_dir, cfg.tokenizer), TOKENIZER_FIELD)
     return model_dir
 
@@ -108,6 +112,7 @@ def _evaluate(cfg: EvalConfig, world: int, flag: PreemptionFlag, *, overwrite: b
 def _load_and_evaluate(cfg: EvalConfig, world: int, flag: PreemptionFlag, model_dir: Path, tokenizer, plan,
                        override: tuple) -> EvalResult:
     """override: (the overridden ModelConfig or None, the overridden fields as the model runs with them)."""
+    check_eval_window(override[0] or base_model_config(model_dir), plan.run.lengths + plan.run.ppl_lengths)
     model = load_model(model_dir, dtype=parse_dtype(cfg.dtype), config=override[0]).eval()
     model.to(eval_device(cfg.device, read_env().local_rank))
     check_pair(tokenizer, model.config)
@@ -149,6 +154,12 @@ def _preempted_line(info: dict) -> str:
     where = f" in {info['out']}" if info["out"] else " (no --out: nothing kept)"
     return (f"preempted ({name}): {info['cells_done']} of {info['cells']} cells done{where}{partial}; exit code "
             f"{PREEMPTED_EXIT_CODE}; run the same command again to continue")
+
+
+def check_eval_window(model_config, lengths: list[int]) -> None:
+    """A sliding window shorter than the longest length: one UserError (longctx runs full attention)."""
+    if lengths:
+        check_window(model_config, max(lengths), "eval.lengths", "eval.model_overrides.sliding_window=null")
 
 
 def _length_warnings(cfg: EvalConfig, model_config, selection) -> list[str]:

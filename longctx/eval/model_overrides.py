@@ -24,7 +24,7 @@ from longctx.model.hf_config import read_hf_config
 WHERE = "eval.model_overrides"
 # fields that change no weight's shape (or whether the head is tied): valid at eval time
 EVAL_FIELDS = ("rope_parameters", "max_position_embeddings", "rms_norm_eps", "bos_token_id", "eos_token_id",
-               "pad_token_id", "initializer_range")
+               "pad_token_id", "initializer_range", "sliding_window")
 _SCALED = ("yarn", "llama3", "longrope")  # types computed from original_max_position_embeddings
 
 

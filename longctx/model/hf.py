@@ -1,4 +1,5 @@
-"""Hugging Face Llama checkpoints in and out (config.json + safetensors, single or sharded)."""
+"""Hugging Face checkpoints of the supported families (Llama, Mistral, Qwen2, Qwen3) in and out
+(config.json + safetensors, single or sharded)."""
 from __future__ import annotations
 
 import json
@@ -70,7 +71,7 @@ def _iter_tensors(files: list[Path]):
 def load_pretrained(path: str | os.PathLike, dtype: Optional[torch.dtype] = None,
                     attn_fn: Optional[AttentionFn] = None, device: str | torch.device = "cpu",
                     config: Optional[ModelConfig] = None) -> Transformer:
-    """Load a local HF Llama directory. `config` may override the stored one (e.g. new RoPE
+    """Load a local HF directory of a supported family. `config` may override the stored one (e.g. new RoPE
     parameters for continued pretraining) as long as the shapes agree."""
     path = Path(path)
     stored = read_hf_config(path)
@@ -86,7 +87,8 @@ def load_pretrained(path: str | os.PathLike, dtype: Optional[torch.dtype] = None
         if key == "lm_head.weight" and cfg.tie_word_embeddings:
             continue
         if key not in expected:
-            raise UserError(f"{f}: unexpected tensor {key!r} for a Llama model with this config.json")
+            raise UserError(f"{f}: unexpected tensor {key!r} for a {cfg.model_type} model with this config.json "
+                            f"({_config_summary(cfg)})")
         want = tuple(expected[key].shape)
         if tuple(tensor.shape) != want:
             raise UserError(f"{f}: tensor {key!r} has shape {list(tensor.shape)}, config.json implies {list(want)}")
@@ -97,6 +99,12 @@ def load_pretrained(path: str | os.PathLike, dtype: Optional[torch.dtype] = None
                         if len(missing) > 1 else f"{path}: weights are missing tensor {missing[0]!r}")
     model.load_state_dict(state, strict=True, assign=True)
     return model
+
+
+def _config_summary(cfg: ModelConfig) -> str:
+    """The fields that decide which tensors exist, as the error for an unexpected one shows them."""
+    return (f"attention_bias={cfg.attention_bias}, qkv_bias={cfg.qkv_bias}, qk_norm={cfg.qk_norm}, "
+            f"mlp_bias={cfg.mlp_bias}, tie_word_embeddings={cfg.tie_word_embeddings}").lower()
 
 
 # ------------------------------------------------------------------------------ saving
@@ -221,7 +229,7 @@ def _write_json(file: Path, obj: dict) -> None:
 
 def save_pretrained(model: Transformer, path: str | os.PathLike, *, dtype: Optional[torch.dtype] = None,
                     max_shard_bytes: int = 5 * 2**30, tokenizer: Optional[TokenizerWriter] = None) -> Path:
-    """Write an HF Llama directory: built in a temporary sibling, then swapped into place (see
+    """Write an HF directory of the model's family: built in a temporary sibling, then swapped into place (see
     _install: an existing directory keeps every file that is not an export file). A failed
     write raises an OSError that names the file and leaves `path` as it was."""
     return save_hf_weights(model.state_dict(), model.config, path, dtype=dtype, max_shard_bytes=max_shard_bytes,

@@ -1,5 +1,5 @@
-"""config.json of a Hugging Face Llama directory <-> ModelConfig (json only: reading a model's
-architecture, as config validation does, loads no torch)."""
+"""config.json of a Hugging Face model directory (Llama, Mistral, Qwen2, Qwen3) <-> ModelConfig
+(json only: reading a model's architecture, as config validation does, loads no torch)."""
 from __future__ import annotations
 
 import json
@@ -9,44 +9,92 @@ from typing import TYPE_CHECKING
 
 from longctx.errors import UserError
 from longctx.model.config import ModelConfig
+from longctx.model.families import ARCHITECTURES, FAMILIES, Family
 from longctx.model.rope_parameters import rope_parameters_from_hf
 
 if TYPE_CHECKING:
     import torch
 
-LLAMA_ARCHITECTURES = {"LlamaForCausalLM"}
+SUPPORTED = ", ".join(f"{f.architecture} (model_type {name!r})" for name, f in FAMILIES.items())
+# fields that keep their name in config.json, for every family; the family's class ignores the
+# ones it fixes (families.py), so they are read only where the family leaves them free
 _SAME_NAME_FIELDS = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
                      "num_attention_heads", "num_key_value_heads", "head_dim", "max_position_embeddings",
                      "rms_norm_eps", "tie_word_embeddings", "attention_bias", "mlp_bias",
                      "initializer_range", "bos_token_id", "eos_token_id", "pad_token_id")
 
 
-def config_from_hf(hf: dict, where: str = "config.json") -> ModelConfig:
+def family_of(hf: dict, where: str) -> str:
+    """The family a config.json names (its architectures, else its model_type)."""
     archs = hf.get("architectures") or []
+    known = [ARCHITECTURES[a] for a in archs if a in ARCHITECTURES]
+    if known:
+        return known[0]
     model_type = hf.get("model_type")
-    if (archs and not set(archs) & LLAMA_ARCHITECTURES) or (not archs and model_type != "llama"):
-        found = ", ".join(archs) if archs else f"model_type={model_type!r}"
-        raise UserError(f"{where}: architecture {found} is not supported; valid: LlamaForCausalLM (model_type 'llama')")
+    if not archs and model_type in FAMILIES:
+        return model_type
+    found = ", ".join(archs) if archs else f"model_type={model_type!r}"
+    raise UserError(f"{where}: architecture {found} is not supported; valid: {SUPPORTED}")
+
+
+def _window_from_hf(hf: dict, family: Family, layers: int) -> dict:
+    """sliding_window and layer_types as transformers' config class resolves them: Qwen's
+    use_sliding_window false turns the window off whatever number sliding_window holds; its
+    layers slide from max_window_layers on unless layer_types says which."""
+    if not family.windowed:
+        return {}
+    window = hf.get("sliding_window")
+    if family.per_layer_window and not hf.get("use_sliding_window", False):
+        window = None
+    if window is None or not family.per_layer_window:
+        return {"sliding_window": window}
+    types = hf.get("layer_types")
+    if types is None:
+        first = hf.get("max_window_layers", layers)
+        types = ["sliding_attention" if i >= first else "full_attention" for i in range(layers)]
+    return {"sliding_window": window, "layer_types": list(types)}
+
+
+def config_from_hf(hf: dict, where: str = "config.json") -> ModelConfig:
+    model_type = family_of(hf, where)
+    family = FAMILIES[model_type]
     act = hf.get("hidden_act", "silu")
     if act != "silu":
         raise UserError(f"{where}: hidden_act {act!r} is not supported; valid: 'silu'")
-    kwargs = {k: hf[k] for k in _SAME_NAME_FIELDS if k in hf and hf[k] is not None}
+    kwargs = {k: hf[k] for k in _SAME_NAME_FIELDS if k in hf and hf[k] is not None and k not in family.fixed}
     for key in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads"):
         if key not in kwargs:
             raise UserError(f"{where}: missing required field {key!r}")
     for key in ("bos_token_id", "eos_token_id", "pad_token_id"):
         if isinstance(kwargs.get(key), list):
             kwargs[key] = kwargs[key][0]
+    kwargs.update(_window_from_hf(hf, family, kwargs["num_hidden_layers"]))
     kwargs["rope_parameters"] = rope_parameters_from_hf(hf)
     try:
-        return ModelConfig(**kwargs, field_path="")
+        return ModelConfig(model_type=model_type, **kwargs, field_path="")
     except UserError as e:
         raise UserError(f"{where}: {e}") from None
 
 
+def _window_to_hf(cfg: ModelConfig, family: Family) -> dict:
+    if not family.windowed:
+        return {}
+    if not family.per_layer_window:
+        return {"sliding_window": cfg.sliding_window}
+    layers = cfg.layer_types or ["sliding_attention"] * cfg.num_hidden_layers
+    sliding = [i for i, t in enumerate(layers) if t == "sliding_attention"] if cfg.sliding_window else []
+    return {"use_sliding_window": cfg.sliding_window is not None, "sliding_window": cfg.sliding_window,
+            "max_window_layers": sliding[0] if sliding else cfg.num_hidden_layers,
+            "layer_types": ["sliding_attention" if i in sliding else "full_attention"
+                            for i in range(cfg.num_hidden_layers)]}
+
+
 def config_to_hf(cfg: ModelConfig, dtype: "torch.dtype") -> dict:
-    hf = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_act": "silu"}
-    hf.update({k: getattr(cfg, k) for k in _SAME_NAME_FIELDS})
+    """The config.json of cfg's family, which transformers' Auto classes load as the same model."""
+    family = FAMILIES[cfg.model_type]
+    hf = {"architectures": [family.architecture], "model_type": cfg.model_type, "hidden_act": "silu"}
+    hf.update({k: getattr(cfg, k) for k in _SAME_NAME_FIELDS if k not in family.fixed})
+    hf.update(_window_to_hf(cfg, family))
     rope = dict(cfg.rope_parameters)
     hf["rope_parameters"] = rope
     # Older transformers (< 5) read these two instead of rope_parameters.

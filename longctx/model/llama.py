@@ -24,18 +24,25 @@ class Attention(nn.Module):
         super().__init__()
         self.num_heads, self.num_kv_heads, self.head_dim = (
             cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim)
-        self.q_proj = nn.Linear(cfg.hidden_size, self.num_heads * self.head_dim, bias=cfg.attention_bias)
-        self.k_proj = nn.Linear(cfg.hidden_size, self.num_kv_heads * self.head_dim, bias=cfg.attention_bias)
-        self.v_proj = nn.Linear(cfg.hidden_size, self.num_kv_heads * self.head_dim, bias=cfg.attention_bias)
+        qkv_bias = cfg.attention_bias or cfg.qkv_bias  # Qwen2: q, k and v only; Llama/Qwen3: all four
+        self.q_proj = nn.Linear(cfg.hidden_size, self.num_heads * self.head_dim, bias=qkv_bias)
+        self.k_proj = nn.Linear(cfg.hidden_size, self.num_kv_heads * self.head_dim, bias=qkv_bias)
+        self.v_proj = nn.Linear(cfg.hidden_size, self.num_kv_heads * self.head_dim, bias=qkv_bias)
         self.o_proj = nn.Linear(self.num_heads * self.head_dim, cfg.hidden_size, bias=cfg.attention_bias)
+        # Qwen3: one RMSNorm weight over head_dim shared by the heads, on q and k (not v), before RoPE
+        self.q_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
+        self.k_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
         self.scale = 1.0 / math.sqrt(self.head_dim)
         self.attn_fn = attn_fn
 
     def forward(self, x, cos, sin, segment_ids=None, kv_segment_ids=None,
                 cache: Optional[KVCache] = None, layer_idx: int = 0) -> torch.Tensor:
         B, T, _ = x.shape
-        q = self.q_proj(x).view(B, T, self.num_heads, self.head_dim).transpose(1, 2)  # (B, Hq, T, D)
-        k = self.k_proj(x).view(B, T, self.num_kv_heads, self.head_dim).transpose(1, 2)  # (B, Hkv, T, D)
+        q = self.q_proj(x).view(B, T, self.num_heads, self.head_dim)  # (B, T, Hq, D)
+        k = self.k_proj(x).view(B, T, self.num_kv_heads, self.head_dim)  # (B, T, Hkv, D)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = q.transpose(1, 2), k.transpose(1, 2)  # (B, Hq, T, D), (B, Hkv, T, D)
         v = self.v_proj(x).view(B, T, self.num_kv_heads, self.head_dim).transpose(1, 2)  # (B, Hkv, T, D)
         q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
         if cache is not None:
@@ -76,7 +83,8 @@ class Block(nn.Module):
 
 
 class Transformer(nn.Module):
-    """Parameter names match Hugging Face's LlamaForCausalLM without the `model.` prefix."""
+    """Parameter names match Hugging Face's *ForCausalLM (Llama, Mistral, Qwen2, Qwen3) without the
+    `model.` prefix."""
 
     def __init__(self, config: ModelConfig, attn_fn: AttentionFn = sdpa_attention):
         super().__init__()
@@ -159,6 +167,8 @@ class Transformer(nn.Module):
         if position_ids is None:
             start = cache.seq_len if cache is not None else 0
             position_ids = torch.arange(start, start + T, device=input_ids.device).expand(B, T)
+        if self.config.window_limit is not None:
+            check_within_window(position_ids, self.config.window_limit)
         cos, sin = self.rotary(position_ids)  # (B, T, D) fp32
         h = self.embed_tokens(input_ids)  # (B, T, hidden)
         for layer in self.layers:
@@ -181,6 +191,16 @@ class Transformer(nn.Module):
         if labels is not None:
             return chunked_cross_entropy(h, self.output_weight, labels, loss_weights, loss_chunk_size)
         return F.linear(h, self.output_weight)
+
+
+def check_within_window(position_ids: torch.Tensor, window: int) -> None:
+    """A model with a sliding window is exact here only while no query is `window` or more
+    positions past a key it attends to; positions count from each document's start, so the
+    largest position id bounds that distance (one host read, only for windowed models)."""
+    farthest = int(position_ids.max())
+    if farthest >= window:
+        raise ValueError(f"position {farthest} is past the model's sliding_window {window}: longctx computes full "
+                         "attention only (set sliding_window to null to run the model with full attention)")
 
 
 def count_parameters(model: nn.Module) -> int:

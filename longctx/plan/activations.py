@@ -26,6 +26,8 @@ def _saved(m, lay: Layout, device: str, document_masking: bool, b: int, t: int) 
     mlp_acts = 0 if tile else 4 * f
     # saved per layer (elements per token): each RMSNorm keeps its input and an fp32 1/rms (4 bytes)
     per_layer = t * (b * (4 * d + 3 * q + 2 * kv + mlp_acts) + 4 * Hq + 2 * 4)
+    if getattr(m, "qk_norm", False):  # q and k before their norms, and an fp32 1/rms per head
+        per_layer += t * (b * (q + kv) + 4 * (Hq + m.num_key_value_heads))
     block_input = t * b * d
     rope = 2 * t * m.head_dim * 4  # cos, sin (fp32), shared by all layers
     final = t * (2 * b * d + 4)  # last block output and 1/rms, the final norm's output (the loss input)

@@ -139,6 +139,8 @@ def parameter_counts(m) -> dict:
     d, f, D = m.hidden_size, m.intermediate_size, m.head_dim
     q, kv = m.num_attention_heads * D, m.num_key_value_heads * D
     attn = d * q + 2 * d * kv + q * d + ((q + 2 * kv + d) if m.attention_bias else 0)
+    attn += (q + 2 * kv) if getattr(m, "qkv_bias", False) and not m.attention_bias else 0  # Qwen2
+    attn += 2 * D if getattr(m, "qk_norm", False) else 0  # Qwen3's q_norm and k_norm weights
     mlp = 3 * d * f + ((2 * f + d) if m.mlp_bias else 0)
     layer = attn + mlp + 2 * d
     embed = m.vocab_size * d

@@ -48,24 +48,35 @@ def tiny_config(rope: str = "default", heads: str = "gqa", **overrides) -> Model
 
 def tiny_model(rope: str = "default", heads: str = "gqa", seed: int = 0, **overrides):
     model = build_model(tiny_config(rope, heads, **overrides), seed=seed)
-    with torch.no_grad():  # non-trivial norm weights so a wrong norm would show
+    with torch.no_grad():  # non-trivial norm weights and biases so a wrong norm or a dropped bias would show
         g = torch.Generator().manual_seed(seed + 1)
         for name, p in model.named_parameters():
-            if name.endswith("layernorm.weight") or name == "norm.weight":
+            if name.endswith("norm.weight"):  # layernorms, the final norm, Qwen3's q_norm / k_norm
                 p.copy_(1 + 0.1 * torch.randn(p.shape, generator=g))
+            elif name.endswith(".bias"):
+                p.copy_(0.1 * torch.randn(p.shape, generator=g))
     return model.eval()
 
 
+# tiny configs of each family: what transformers' class for it builds differently from Llama
+FAMILY_CASES = {
+    "llama": {},
+    "mistral": {"model_type": "mistral", "sliding_window": 4096},  # a window longer than any test sequence
+    "qwen2": {"model_type": "qwen2"},
+    "qwen3": {"model_type": "qwen3", "head_dim": 24},  # head_dim != hidden / heads, as Qwen3-4B's
+}
+
+
 def hf_twin(model):
-    """transformers.LlamaForCausalLM with the same config and weights."""
-    from transformers import LlamaConfig, LlamaForCausalLM
+    """transformers' *ForCausalLM of the model's family with the same config and weights."""
+    from transformers import AutoConfig, AutoModelForCausalLM
 
     hf_cfg = config_to_hf(model.config, torch.float32)
-    hf_cfg.pop("architectures"), hf_cfg.pop("model_type"), hf_cfg.pop("torch_dtype")
-    hf_cfg.pop("rope_scaling"), hf_cfg.pop("rope_theta")
-    config = LlamaConfig(**hf_cfg)
+    for key in ("architectures", "torch_dtype", "rope_scaling", "rope_theta"):
+        hf_cfg.pop(key)
+    config = AutoConfig.for_model(hf_cfg.pop("model_type"), **hf_cfg)
     config._attn_implementation = "eager"
-    hf = LlamaForCausalLM(config).eval()
+    hf = AutoModelForCausalLM.from_config(config).eval()
     state = {to_hf_key(k): v for k, v in model.state_dict().items()}
     missing, unexpected = hf.load_state_dict(state, strict=False)
     assert not unexpected and all("rotary" in k or (k == "lm_head.weight" and model.lm_head is None) for k in missing)
