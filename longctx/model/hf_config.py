@@ -66,6 +66,9 @@ def config_from_hf(hf: dict, where: str = "config.json") -> ModelConfig:
         if key not in kwargs:
             raise UserError(f"{where}: missing required field {key!r}")
     for key in ("bos_token_id", "eos_token_id", "pad_token_id"):
+        # null is a value (no such token); left out: the family's class default (Llama's 1 / 2, Qwen's none)
+        if key in hf or model_type.startswith("qwen"):
+            kwargs[key] = hf.get(key)
         if isinstance(kwargs.get(key), list):
             kwargs[key] = kwargs[key][0]
     kwargs.update(_window_from_hf(hf, family, kwargs["num_hidden_layers"]))
