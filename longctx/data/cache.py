@@ -39,7 +39,7 @@ from longctx.data.fingerprint import fingerprint_source
 from longctx.data.packers import make_packer
 from longctx.data.packing import Row, segment_ids_from_position_ids
 from longctx.data.sources import open_table
-from longctx.data.tokenizer import tokenizer_fingerprint
+from longctx.data.tokenizer import adds_bos_for, tokenizer_fingerprint
 from longctx.errors import UserError
 from longctx.locks import is_alive, liveness_lock, read_holder
 from longctx.progress import Progress
@@ -61,7 +61,7 @@ def cache_description(src: SourceConfig, i: int, cfg: DataConfig, tokenizer) -> 
         "files": _files_fingerprint(src, i),
         "tokenizer": tokenizer_fingerprint(tokenizer),
         "seq_len": cfg.seq_len,
-        "add_bos": cfg.add_bos,
+        "add_bos": adds_bos_for(cfg.add_bos, tokenizer),
         "add_eos": cfg.add_eos,
         "packing": src.packing or cfg.packing,
         "fit_lookahead": cfg.fit_lookahead if (src.packing or cfg.packing) == "fit" else None,
@@ -161,7 +161,7 @@ def _build(directory: str, src: SourceConfig, i: int, cfg: DataConfig, tokenizer
 
     order = StreamOrder(seed=BUILD_SEED, dp_rank=0, dp_size=1, window=cfg.shuffle_window, shuffle=cfg.shuffle,
                         epochs=1)
-    framing = DocFraming(add_bos=cfg.add_bos, add_eos=cfg.add_eos, answer_mask=has_answer)
+    framing = DocFraming(add_bos=adds_bos_for(cfg.add_bos, tokenizer), add_eos=cfg.add_eos, answer_mask=has_answer)
     stream = DocumentStream(table, src, i, tokenizer, order, framing, on_doc=on_doc)
     packer = make_packer(stream, T, mode=src.packing or cfg.packing, lookahead=cfg.fit_lookahead, pad_id=pad_id,
                          cross_document_labels=cfg.cross_document_labels, final_partial=cfg.final_partial,

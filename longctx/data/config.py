@@ -316,7 +316,7 @@ class DataConfig:
     micro_batch_size: int = 8
     document_masking: bool = True  # segment ids keep packed documents from attending to each other
     cross_document_labels: bool = False  # the last token of a document predicts the next one's first
-    add_bos: bool = True
+    add_bos: Optional[bool] = None  # null: as the tokenizer does (prepends_bos: never for Qwen's, which has none)
     add_eos: bool = True
     # "carry": split documents at row ends | "pad": start a new row instead | "fit": as pad, but
     # first fill the row with the longest of the next fit_lookahead documents that fits

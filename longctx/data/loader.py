@@ -34,6 +34,7 @@ from longctx.data.documents import DocFraming, DocumentStream, StreamOrder, unif
 from longctx.data.packers import make_packer
 from longctx.data.packing import Row, empty_row, fold_trailing_padding, rows_to_batch, trim_unscored_tail
 from longctx.data.sources import open_table
+from longctx.data.tokenizer import adds_bos_for
 from longctx.errors import UserError
 
 STATE_VERSION = 1
@@ -70,7 +71,7 @@ class ModelInputs:
 def check_special_tokens(cfg: DataConfig, tokenizer) -> None:
     """UserError when add_bos / add_eos ask for a token the tokenizer does not have."""
     for flag, tid in (("add_bos", tokenizer.bos_id), ("add_eos", tokenizer.eos_id)):
-        if getattr(cfg, flag) and tid is None:
+        if getattr(cfg, flag) is True and tid is None:
             raise UserError(f"data.{flag}: tokenizer {tokenizer.name} has no {flag[4:].upper()} token; "
                             f"set data.{flag}=false")
 
@@ -108,7 +109,7 @@ class DataLoader:
         table = open_table(src, i, cfg, self.tokenizer)
         order = StreamOrder(seed=self.seed, dp_rank=self.rank, dp_size=self.world, window=cfg.shuffle_window,
                             shuffle=cfg.shuffle, epochs=cfg.epochs)
-        framing = DocFraming(add_bos=cfg.add_bos, add_eos=cfg.add_eos,
+        framing = DocFraming(add_bos=adds_bos_for(cfg.add_bos, self.tokenizer), add_eos=cfg.add_eos,
                              answer_mask=answer and resolve_kind(src, i) == "synthetic")
         stream = DocumentStream(table, src, i, self.tokenizer, order, framing)
         return make_packer(stream, cfg.seq_len, mode=src.packing or cfg.packing, lookahead=cfg.fit_lookahead,

@@ -18,6 +18,7 @@ from longctx.data.fingerprint import content_key, source_files
 from longctx.data.peek import list_files
 from longctx.data.rowscan import first_bad_row, first_non_text
 from longctx.data.synthetic import SyntheticCorpus
+from longctx.data.tokenizer import adds_bos_for
 from longctx.errors import UserError
 
 # ----------------------------------------------------------------------------- tables
@@ -270,7 +271,7 @@ def open_table(src: SourceConfig, i: int, cfg: DataConfig, tokenizer):
     kind = resolve_kind(src, i)
     if kind == "synthetic":
         corpus = SyntheticCorpus(src.synthetic, seq_len=cfg.seq_len, tokenizer=tokenizer,
-                                 add_bos=cfg.add_bos, add_eos=cfg.add_eos)
+                                 add_bos=adds_bos_for(cfg.add_bos, tokenizer), add_eos=cfg.add_eos)
 
         def fetch_synthetic(indices):
             docs = [corpus[int(j)] for j in indices]

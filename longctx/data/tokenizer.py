@@ -102,7 +102,8 @@ class HFTokenizer:
     files an export copies (data/hf_tokenizer.py)."""
 
     def __init__(self, tok, name: str, bos: Optional[str] = None, eos: Optional[str] = None, pad: Optional[str] = None,
-                 source: Optional[str] = None, add_bos_token: Optional[bool] = None, field: str = "data.tokenizer"):
+                 source: Optional[str] = None, add_bos_token: Optional[bool] = None, field: str = "data.tokenizer",
+                 no_bos: bool = False):
         self._tok = tok
         self.name = name
         self.source = source
@@ -119,7 +120,8 @@ class HFTokenizer:
                     return vocab[c]
             return None
 
-        self.bos_id = pick(bos, BOS_CANDIDATES)
+        # no_bos: the tokenizer's config says bos_token null (Qwen's): no stand-in such as <|im_start|>
+        self.bos_id = None if no_bos and bos is None else pick(bos, BOS_CANDIDATES)
         self.eos_id = pick(eos, EOS_CANDIDATES)
         self.pad_id = pick(pad, PAD_CANDIDATES)
         # a BOS-like token may exist without being prepended (SmolLM2: <|im_start|>, add_bos_token false)
@@ -204,6 +206,9 @@ def _read_special_tokens(directory: str, field: str) -> dict:
                 tok = _token_content(data.get(key))
                 if tok is not None:
                     out[key] = tok
+            if "bos_token" in data and data["bos_token"] is None and fname == "tokenizer_config.json":
+                out.pop("bos_token", None)
+                out["no_bos"] = True
             if isinstance(data.get("add_bos_token"), bool):
                 out["add_bos_token"] = data["add_bos_token"]
     return out
@@ -215,7 +220,8 @@ def _from_file(path: str, name: str, specials: dict, source: str, field: str) ->
     except Exception as e:  # tokenizers raises a bare Exception on malformed files
         raise UserError(f"{field}: cannot read {path} ({str(e).splitlines()[0]})") from None
     return HFTokenizer(tok, name, specials.get("bos_token"), specials.get("eos_token"), specials.get("pad_token"),
-                       source=source, add_bos_token=specials.get("add_bos_token"), field=field)
+                       source=source, add_bos_token=specials.get("add_bos_token"), field=field,
+                       no_bos=specials.get("no_bos", False))
 
 
 # the files any of which gives a tokenizer directory its vocabulary (fast, or converted by transformers)
@@ -283,7 +289,8 @@ def load_tokenizer(spec: str, field: str = "data.tokenizer"):
         if not getattr(hf, "is_fast", False):
             raise UserError(f"{field}: {spec} could not be converted to a fast tokenizer")
         return HFTokenizer(hf.backend_tokenizer, spec, hf.bos_token, hf.eos_token, hf.pad_token, source=path,
-                           add_bos_token=specials.get("add_bos_token"), field=field)
+                           add_bos_token=specials.get("add_bos_token"), field=field,
+                           no_bos=specials.get("no_bos", False))
     raise UserError(f"{field}: {spec} is neither a tokenizer.json nor a directory")
 
 
@@ -312,6 +319,12 @@ def prepends_bos(tokenizer) -> bool:
     """Whether text for this model starts with the tokenizer's BOS id: it has one and its own
     config does not turn it off."""
     return getattr(tokenizer, "bos_id", None) is not None and getattr(tokenizer, "adds_bos", True)
+
+
+def adds_bos_for(add_bos: Optional[bool], tokenizer) -> bool:
+    """data.add_bos as training applies it: the user's true / false, or (null) the tokenizer's own
+    choice, so a tokenizer without a BOS token (Qwen's) gets no stand-in prepended."""
+    return prepends_bos(tokenizer) if add_bos is None else bool(add_bos)
 
 
 def tokenizer_fingerprint(tokenizer) -> str:

@@ -12,7 +12,8 @@ and lstrip_blocks, the special tokens as variables, one user message, add_genera
 The user message is a placeholder, so the rendering becomes a "{input}" template; a leading BOS
 text is dropped when the runner adds the BOS id itself (the tokenizer's config does not set
 add_bos_token false; SmolLM2's does, and its template's leading <|im_start|> stays). Unset with no template of its own:
-no template. "none", a preset or a "{input}" string: as given.
+no template. "none", a preset or a "{input}" string: as given. Qwen3's templates render with
+enable_thinking=false unless eval.thinking is true.
 """
 from __future__ import annotations
 
@@ -105,8 +106,10 @@ def special_tokens(directory: Optional[Path]) -> dict:
     return out
 
 
-def render(source: str, specials: dict, where: str, runner_adds_bos: bool = True) -> str:
-    """The template rendered for one user turn and the assistant's reply, with "{input}" for the turn."""
+def render(source: str, specials: dict, where: str, runner_adds_bos: bool = True, thinking: bool = False) -> str:
+    """The template rendered for one user turn and the assistant's reply, with "{input}" for the turn.
+    `thinking` is Qwen3's enable_thinking switch (templates without it ignore it): off by default,
+    since a retrieval answer within RULER's few-token budgets leaves no room for a reasoning trace."""
     from jinja2 import TemplateError
     from jinja2.ext import loopcontrols
     from jinja2.sandbox import ImmutableSandboxedEnvironment
@@ -122,7 +125,8 @@ def render(source: str, specials: dict, where: str, runner_adds_bos: bool = True
     env.globals["raise_exception"] = raise_exception
     try:
         text = env.from_string(source).render(messages=[{"role": "user", "content": PLACEHOLDER}],
-                                              add_generation_prompt=True, tools=None, documents=None, **specials)
+                                              add_generation_prompt=True, tools=None, documents=None,
+                                              enable_thinking=thinking, **specials)
     except TemplateError as e:
         raise UserError(f"eval.chat_template: the tokenizer's template in {where} does not render ({e}); pass a "
                         f"preset ({', '.join(CHAT_TEMPLATES)}) or a string with {{input}}") from None
@@ -136,7 +140,7 @@ def render(source: str, specials: dict, where: str, runner_adds_bos: bool = True
 
 
 def resolve_chat_template_choice(value: Optional[str], directory: Optional[Path], *,
-                                 ruler_data: bool = False, adds_bos: bool = True) -> ChatChoice:
+                                 ruler_data: bool = False, adds_bos: bool = True, thinking: bool = False) -> ChatChoice:
     """What eval.chat_template means for this tokenizer (see the module docstring)."""
     if value is None and ruler_data:
         return ChatChoice(None, {"choice": "ruler_data", "source": "RULER's prepared prompts"})
@@ -151,14 +155,15 @@ def resolve_chat_template_choice(value: Optional[str], directory: Optional[Path]
                             f"tokenizer_config.json's \"chat_template\"); none{looked}; pass none, a preset "
                             f"({', '.join(t for t in CHAT_TEMPLATES if t != 'none')}) or a string with {{input}}")
         return ChatChoice(None, {"choice": "none", "template": "{input}"})
-    template = render(source, special_tokens(directory), where, runner_adds_bos=adds_bos)
-    return ChatChoice(template, {"choice": AUTO, "source": where, "template": template})
+    template = render(source, special_tokens(directory), where, runner_adds_bos=adds_bos, thinking=thinking)
+    return ChatChoice(template, {"choice": AUTO, "source": where, "template": template, "enable_thinking": thinking})
 
 
 def with_chat_template(cfg, tokenizer):
     """(the ChatChoice of an EvalConfig for this tokenizer, the config with chat_template resolved)."""
     choice = resolve_chat_template_choice(cfg.chat_template, tokenizer_dir(getattr(tokenizer, "source", None)),
-                                          ruler_data=cfg.ruler_data is not None, adds_bos=prepends_bos(tokenizer))
+                                          ruler_data=cfg.ruler_data is not None, adds_bos=prepends_bos(tokenizer),
+                                          thinking=getattr(cfg, "thinking", False))
     return choice, dataclasses.replace(cfg, chat_template=choice.spec)
 
 

@@ -50,6 +50,8 @@ class EvalFields:
     num_digits: Optional[int] = option(None, "digits of numeric needle values and pass keys")
     chat_template: Optional[str] = option(None, "auto (the tokenizer's own; the default when it has one) | none | "
                                                 "llama2-chat | llama3-chat | chatml | a string with {input}")
+    thinking: bool = option(False, "render the tokenizer's template with enable_thinking (Qwen3); false: an empty "
+                                   "think block, the answer at once, within the tasks' budgets")
     essay: Optional[str] = option(None, "local text corpus (file or folder) for the essay haystack")
     squad: Optional[str] = option(None, "local SQuAD v2 dev json for qa_1")
     hotpotqa: Optional[str] = option(None, "local HotpotQA dev (distractor) json for qa_2")
