@@ -47,15 +47,20 @@ def tiny_config(rope: str = "default", heads: str = "gqa", **overrides) -> Model
 
 
 def tiny_model(rope: str = "default", heads: str = "gqa", seed: int = 0, **overrides):
-    model = build_model(tiny_config(rope, heads, **overrides), seed=seed)
-    with torch.no_grad():  # non-trivial norm weights and biases so a wrong norm or a dropped bias would show
-        g = torch.Generator().manual_seed(seed + 1)
-        for name, p in model.named_parameters():
-            if name.endswith("norm.weight"):  # layernorms, the final norm, Qwen3's q_norm / k_norm
-                p.copy_(1 + 0.1 * torch.randn(p.shape, generator=g))
-            elif name.endswith(".bias"):
-                p.copy_(0.1 * torch.randn(p.shape, generator=g))
-    return model.eval()
+    return perturb_norms_and_biases(build_model(tiny_config(rope, heads, **overrides), seed=seed), seed + 1).eval()
+
+
+@torch.no_grad()
+def perturb_norms_and_biases(model, seed: int):
+    """Norm weights away from 1 and biases away from 0 (their initial values), so a wrong norm or a
+    dropped bias would show; returns the model."""
+    g = torch.Generator().manual_seed(seed)
+    for name, p in model.named_parameters():
+        if name.endswith("norm.weight"):  # layernorms, the final norm, Qwen3's q_norm / k_norm
+            p.copy_(1 + 0.1 * torch.randn(p.shape, generator=g))
+        elif name.endswith(".bias"):
+            p.copy_(0.1 * torch.randn(p.shape, generator=g))
+    return model
 
 
 # tiny configs of each family: what transformers' class for it builds differently from Llama

@@ -1,14 +1,26 @@
-"""The whole model under context parallelism gives the loss and parameter gradients of cp = 1."""
+"""The whole model under context parallelism gives the loss and parameter gradients of cp = 1,
+for each family (Llama, Qwen2's q/k/v biases, Qwen3's q/k norms and wide head_dim, Mistral with
+a window no shorter than the sequence)."""
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
 from helpers.cp import run_distributed
+from helpers.model import perturb_norms_and_biases
 from longctx.model import build_model, get_preset
 from longctx.parallel import make_cp_attention, positions_from_segments, shard_batch
 from longctx.parallel.checkpointing import apply_activation_checkpointing, model_key
 
 REL_TOL = 1e-5
+FAMILIES = {"llama": "debug-tiny", "qwen2": "debug-tiny-qwen2", "qwen3": "debug-tiny-qwen3",
+            "mistral": "debug-tiny-mistral"}
+
+
+def _build(preset):
+    cfg = get_preset(preset)
+    if cfg.model_type == "mistral":
+        cfg = cfg.replace(sliding_window=64)  # at least the sequence: full attention, as transformers runs it
+    return perturb_norms_and_biases(build_model(cfg, seed=3), seed=4)
 
 
 def _batch(L, docs):
@@ -35,13 +47,22 @@ def _loss_sum(model, batch):
     return F.cross_entropy(logits.flatten(0, 1).float(), batch["labels"].flatten(), ignore_index=-100, reduction="sum")
 
 
-def _model_worker(rank, world, impls, L, ckpt_impls=()):
-    cfg = get_preset("debug-tiny")
+def _model_worker(rank, world, impls, L, ckpt_impls=(), families=("llama",), ckpt_families=("llama",)):
+    checks = []
+    for family in families:
+        checks += _family_checks(rank, world, FAMILIES[family], impls, L,
+                                 ckpt_impls if family in ckpt_families else ())
+    if ckpt_impls:
+        checks += _sac_keeps_cp_op(rank, world, get_preset("debug-tiny"), L)
+    return checks
+
+
+def _family_checks(rank, world, preset, impls, L, ckpt_impls):
     checks = []
     for docs in (False, True):
         batch = _batch(L, docs)
         n_tokens = int((batch["labels"] != -100).sum())  # global count of real targets
-        ref = build_model(cfg, seed=3)
+        ref = _build(preset)
         ref_loss = _loss_sum(ref, batch) / n_tokens
         ref_loss.backward()
         ref_grads = {n: p.grad for n, p in ref.named_parameters()}
@@ -50,7 +71,7 @@ def _model_worker(rank, world, impls, L, ckpt_impls=()):
         variants += [(f"{impl}+ckpt-{pol}", impl, None, pol) for impl in ckpt_impls
                      for pol in ("sac", "full", "sac+tiled-mlp")]
         for name, impl, u, ckpt in variants:
-            model = build_model(cfg, seed=3)
+            model = _build(preset)
             if ckpt is not None:  # the recompute re-runs the CP forward, communication included
                 apply_activation_checkpointing(model, "full", recompute_attention=(ckpt == "full"))
                 model.set_mlp_tiling(5 if ckpt.endswith("tiled-mlp") else 0)  # tiles that cross documents
@@ -59,7 +80,7 @@ def _model_worker(rank, world, impls, L, ckpt_impls=()):
             (loss_sum / n_tokens).backward()
             total = loss_sum.detach().clone()
             dist.all_reduce(total)
-            case = f"{name}/{'docs' if docs else 'nodocs'}"
+            case = f"{preset}/{name}/{'docs' if docs else 'nodocs'}"
             checks.append((case, "loss", abs(total.item() / n_tokens - ref_loss.item()) / abs(ref_loss.item()),
                            REL_TOL))
             for n, p in model.named_parameters():
@@ -68,8 +89,6 @@ def _model_worker(rank, world, impls, L, ckpt_impls=()):
                 dist.all_reduce(g)  # CP ranks hold partial gradients of the same replica
                 rel = (g - ref_grads[n]).abs().max().item() / max(ref_grads[n].abs().max().item(), 1e-30)
                 checks.append((case, f"grad {n}", rel, REL_TOL))
-    if ckpt_impls:
-        checks += _sac_keeps_cp_op(rank, world, cfg, L)
     return checks
 
 
@@ -111,21 +130,23 @@ def _sac_keeps_cp_op(rank, world, cfg, L):
     return checks
 
 
-def _check(results, n_impls):
+def _check(results, variants_by_family):
     from helpers.cp import check_all
-    n_params = len(list(build_model(get_preset("debug-tiny"), seed=0).parameters()))
-    check_all(results, min_checks=2 * n_impls * (1 + n_params))
+    n_params = {f: len(list(build_model(get_preset(FAMILIES[f]), device="meta").parameters())) for f in FAMILIES}
+    check_all(results, min_checks=sum(2 * n * (1 + n_params[f]) for f, n in variants_by_family.items()))
 
 
 def test_model_cp2_matches_cp1():
-    """Also with activation checkpointing (selective: attention kernels kept; full recompute;
-    selective with the MLPs in sequence tiles)."""
+    """Every family; with activation checkpointing (selective: attention kernels kept; full
+    recompute; selective with the MLPs in sequence tiles) for Llama and Qwen3."""
     impls = {"ring": ("ring", None), "allgather": ("allgather", None), "ulysses": ("ulysses", None)}
     ckpt_impls = ("ring", "ulysses")
-    _check(run_distributed(_model_worker, 2, impls, 24, ckpt_impls), len(impls) + 3 * len(ckpt_impls))
+    ckpt_families = ("llama", "qwen3")
+    results = run_distributed(_model_worker, 2, impls, 24, ckpt_impls, tuple(FAMILIES), ckpt_families)
+    _check(results, {f: len(impls) + (3 * len(ckpt_impls) if f in ckpt_families else 0) for f in FAMILIES})
 
 
 def test_model_cp4_matches_cp1():
     impls = {"ring": ("ring", None), "allgather": ("allgather", None), "ulysses": ("ulysses", None),
              "hybrid2x2": ("hybrid", 2)}
-    _check(run_distributed(_model_worker, 4, impls, 24), len(impls))
+    _check(run_distributed(_model_worker, 4, impls, 24, (), tuple(FAMILIES)), {f: len(impls) for f in FAMILIES})

@@ -20,7 +20,8 @@ QWEN3_TEMPLATE = ("{% for message in messages %}{{'<|im_start|>' + message['role
                   "{{ '<think>\n\n</think>\n\n' }}{% endif %}{% endif %}")
 FAMILY_TOKENS = {  # specials, tokenizer_config.json's entries
     "qwen": (["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
-             {"bos_token": None, "eos_token": "<|im_end|>", "pad_token": "<|endoftext|>", "chat_template": QWEN3_TEMPLATE}),
+             {"bos_token": None, "eos_token": "<|im_end|>", "pad_token": "<|endoftext|>",
+              "chat_template": QWEN3_TEMPLATE}),
     "mistral": (["<unk>", "<s>", "</s>"], {"bos_token": "<s>", "eos_token": "</s>", "add_bos_token": True}),
     "llama3": (["<|begin_of_text|>", "<|end_of_text|>", "<|eot_id|>"],
                {"bos_token": "<|begin_of_text|>", "eos_token": "<|end_of_text|>"}),

@@ -90,6 +90,25 @@ def test_smollm2_recipe_is_yarn_s4_over_8k_on_a_long_short_mixture():
     assert 8 * cfg.train.grad_accum * cfg.data.seq_len == 2**20  # dp 8: 1M tokens per step
 
 
+@pytest.mark.parametrize("name, family, heads", [("qwen2.5-7b-128k.yaml", "qwen2", (28, 4)),
+                                                  ("qwen3-8b-128k.yaml", "qwen3", (32, 8))])
+def test_qwen_recipes_are_yarn_x4_from_32k_to_128k(name, family, heads):
+    """As the cards give it: YaRN factor 4 over 32,768 positions; Qwen3-8B's config says 40,960,
+    so the recipe pins the original length instead of taking it from there."""
+    cfg = _load(name)
+    stages = resolve_stages(cfg)
+    assert [s.seq_len for s in stages] == [65536, 131072]
+    model = stage_model_config(stages[-1])
+    assert model.model_type == family and (model.num_attention_heads, model.num_key_value_heads) == heads
+    rope = model.rope_parameters
+    assert (rope["rope_type"], rope["factor"], rope["original_max_position_embeddings"]) == ("yarn", 4.0, 32768)
+    assert rope["rope_theta"] == 1e6 and model.max_position_embeddings == 131072 and model.window_limit is None
+    assert cfg.data.add_bos is None  # Qwen's tokenizer has no BOS token: none is prepended
+    for s in stages:  # 16k tokens per GPU, 1M tokens per step, on the recipe's 8 GPUs
+        assert s.seq_len // s.parallel.cp_size == 16384
+        assert (_gpus(name) // s.parallel.cp_size) * cfg.train.grad_accum * s.seq_len == 2**20
+
+
 def test_a_dry_run_names_data_that_does_not_exist_yet_and_training_stops_on_it(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     monkeypatch.delenv("WORLD_SIZE", raising=False)
