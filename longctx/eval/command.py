@@ -51,9 +51,7 @@ def check(cfg: EvalConfig, world_size: int) -> typing.Optional[Path]:
         return None
     model_dir = resolve_model_dir(cfg.model, cfg.revision)  # UserError for a bad path or Hub id, before the weights
     model_config, _ = apply_overrides(base_model_config(model_dir), cfg.model_overrides)
-    if cfg.ruler_data is None:  # with ruler_data the lengths are the data's: checked once it is read
-        selection = select(cfg)
-        check_eval_window(model_config, selection.lengths + selection.ppl_lengths)
+    _check_window_before_writing(cfg, model_config)
     check_tokenizer_spec(tokenizer_spec_for(model_dir, cfg.tokenizer), TOKENIZER_FIELD)
     return model_dir
 
@@ -98,6 +96,7 @@ def _evaluate(cfg: EvalConfig, world: int, flag: PreemptionFlag, *, overwrite: b
     holding --out's lock (rank 0) from the plan to the last write."""
     model_dir = resolve_model_dir(cfg.model, cfg.revision)
     model_config, overrides = apply_overrides(base_model_config(model_dir), cfg.model_overrides)  # config.json only
+    _check_window_before_writing(cfg, model_config)
     spec = tokenizer_spec_for(model_dir, cfg.tokenizer)
     tokenizer = load_tokenizer_for(model_dir, cfg.tokenizer)
     identity = run_identity(model_dir, spec, cfg.dtype, model_overrides=overrides) if cfg.out is not None else None
@@ -154,6 +153,12 @@ def _preempted_line(info: dict) -> str:
     where = f" in {info['out']}" if info["out"] else " (no --out: nothing kept)"
     return (f"preempted ({name}): {info['cells_done']} of {info['cells']} cells done{where}{partial}; exit code "
             f"{PREEMPTED_EXIT_CODE}; run the same command again to continue")
+
+
+def _check_window_before_writing(cfg: EvalConfig, model_config) -> None:
+    if cfg.ruler_data is None:  # with ruler_data the lengths are the data's: checked once it is read
+        selection = select(cfg)
+        check_eval_window(model_config, selection.lengths + selection.ppl_lengths)
 
 
 def check_eval_window(model_config, lengths: list[int]) -> None:

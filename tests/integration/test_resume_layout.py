@@ -10,7 +10,9 @@ from helpers.train import TINY, losses, run_train
 K, N = 2, 5  # steps at L1, steps in all (the losses of steps 4 and 5 follow resumed updates)
 TOLERANCE = 1e-5  # fp32: layouts of other world sizes differ in the order of their sums (~3e-7 here)
 ONE_RANK_TOLERANCE = 1e-6  # one rank at both ends: the same sums (a step counted twice shows as ~6e-6)
-BASE = [*TINY, "optim.schedule=constant", f"train.steps={N}", f"checkpoint.every={K}", "checkpoint.keep_last=3"]
+# Qwen3's family: its q/k norm weights go through every layout change (universal checkpoints included)
+BASE = [*TINY, "model.preset=debug-tiny-qwen3", "optim.schedule=constant", f"train.steps={N}",
+        f"checkpoint.every={K}", "checkpoint.keep_last=3"]
 CASES = [  # (L1, L2)
     ("2 ranks, ZeRO-1", "1 rank, ZeRO-1"),  # 2 -> 1 processes
     ("1 rank, ZeRO-2", "2 ranks, ZeRO-2"),  # 1 -> 2 processes

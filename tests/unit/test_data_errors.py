@@ -158,4 +158,5 @@ def test_tokenizer_without_bos_with_add_bos(tmp_path):
     with pytest.raises(UserError, match="data.add_bos: tokenizer .* has no BOS token; set data.add_bos=false"):
         build_loader(DataConfig(tokenizer=str(tmp_path / "bare.json"), add_bos=True), bare, dp_rank=0, dp_size=1,
                      seed=0)
-    build_loader(DataConfig(tokenizer=str(tmp_path / "bare.json")), bare, dp_rank=0, dp_size=1, seed=0)  # null: none
+    build_loader(DataConfig(tokenizer=str(tmp_path / "bare.json"), add_eos=False), bare, dp_rank=0, dp_size=1,
+                 seed=0)  # add_bos null: none

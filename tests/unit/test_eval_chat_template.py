@@ -59,7 +59,7 @@ def test_the_template_renders_as_transformers_renders_it(model_dir):
 
     choice = chat.resolve_chat_template_choice(None, model_dir)
     assert choice.record == {"choice": "auto", "source": str(model_dir / "tokenizer_config.json"),
-                             "template": choice.spec}
+                             "template": choice.spec, "enable_thinking": False}
     hf = AutoTokenizer.from_pretrained(str(model_dir))
     text = "Find the number.\n{not a placeholder}"
     ref = hf.apply_chat_template([{"role": "user", "content": text}], tokenize=False, add_generation_prompt=True)
