@@ -5,6 +5,8 @@ return patches one longctx module as it is imported. longctx itself reads nothin
 - `slow_batches_env`: each `longctx eval` decoding batch touches $BATCH_MARK, then waits a second.
 - `held_after_work_env`: once a PreemptionFlag is uninstalled with no signal (the work finished),
   the process touches $AFTER_WORK_MARK.<rank> and waits for $RELEASE before it goes on to exit.
+- `signal_in_validation_env`: the Nth held-out sum (train/validation.py) a rank computes sends
+  the process a SIGTERM first: a preemption that arrives during a validation, at a known step.
 - `counted_syncs_env`: each `train_step` appends "<grad_accum> <host reads> <collectives>" to
   $SYNC_LOG, the reads being the scalar copies device -> host (`aten._local_scalar_dense`:
   item(), float(), bool() of a tensor) made while it ran, the collectives the calls of
@@ -103,6 +105,20 @@ module.train_step = counted
 """
 
 
+SIGNAL_IN_VALIDATION = """
+import signal
+sums = module.heldout_sums
+calls = [0]
+
+def signalled(*args, **kwargs):
+    calls[0] += 1
+    if calls[0] == int(os.environ["SIGNAL_AT_VALIDATION"]):
+        os.kill(os.getpid(), signal.SIGTERM)
+    return sums(*args, **kwargs)
+module.heldout_sums = signalled
+"""
+
+
 def _hook_env(tmp_path: Path, env: dict, module: str, patch: str) -> None:
     hooks = tmp_path / "hooks"
     hooks.mkdir()
@@ -127,6 +143,12 @@ def held_after_work_env(tmp_path: Path, env: dict) -> tuple[Path, Path]:
     mark, release = tmp_path / "after-work", tmp_path / "release"
     env.update(AFTER_WORK_MARK=str(mark), RELEASE=str(release))
     return mark, release
+
+
+def signal_in_validation_env(tmp_path: Path, env: dict, nth: int) -> None:
+    """Adds the hook that SIGTERMs the process as its `nth` validation starts."""
+    _hook_env(tmp_path, env, "longctx.train.validation", SIGNAL_IN_VALIDATION)
+    env["SIGNAL_AT_VALIDATION"] = str(nth)
 
 
 def counted_syncs_env(tmp_path: Path, env: dict) -> Path:
