@@ -51,6 +51,7 @@ from longctx.train.step import StepSetup, train_step
 from longctx.train.step_metrics import StepRates, stage_rates, step_record
 from longctx.train.summary import RunTotals, end_summary, layout_line, rope_line
 from longctx.train.validation import Validator, check_resumed_heldout
+from longctx.train.validation_plot import plot_validation
 from longctx.wandb_log import open_run
 
 log = logging.getLogger("longctx.train")
@@ -150,6 +151,7 @@ class Trainer:
                 totals.export = self.out / "hf"
         finally:
             self._close_outputs()
+        self._plot_validation()
         totals.step, totals.tokens, totals.last_checkpoint = state.step, state.tokens, self.last_checkpoint
         self._print_summary(totals, preempted=rc == PREEMPTED_EXIT_CODE)
         return rc
@@ -176,6 +178,16 @@ class Trainer:
         outputs, self.outputs = self.outputs, None
         outputs.progress.close()
         outputs.writer.close()
+
+    def _plot_validation(self) -> None:
+        """Rank 0: validation.png beside the metrics; a failed picture is a warning, not a failed run."""
+        if self.rank != 0 or not self.cfg.validation.enabled:
+            return
+        try:
+            if (path := plot_validation(self.out)) is not None:
+                self._announce(f"validation: loss by position in {path}")
+        except Exception as e:  # noqa: BLE001 - the run's results are written already
+            log.warning("validation: no picture (%s)", e)
 
     def _print_summary(self, totals: RunTotals, preempted: bool) -> None:
         """The run's last lines on rank 0: steps, final loss, times, throughput, where its

@@ -40,6 +40,7 @@ def test_validation_rows_and_a_sigterm_during_validation_then_resume(tmp_path):
     tags = acc.Tags()["scalars"]
     assert [e.step for e in acc.Scalars("val/val_loss")] == [2, 4, 6, 8]
     assert "val/val_loss_by_position/128-256" in tags and "train/loss_by_position/0-2" in tags
+    assert (straight / "validation.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"  # drawn at the run's end
 
     # SIGTERM as the validation of step 4 starts: it finishes, checkpoint 4 is written, exit 85
     out = tmp_path / "preempted"
