@@ -2,7 +2,7 @@
 
     check_installed("log.wandb")                               # before any work: one error line
     run = open_run(out_dir, project, entity, name, mode, config, keep_id=True)
-    log_scalars(run, record)                                   # the scalars TensorBoard gets, at record["step"]
+    log_scalars(run, scalars, step)                            # the tags TensorBoard gets, at step
     log_table(run, "eval/scores", columns, rows)
     run.finish()
 
@@ -62,10 +62,9 @@ def open_run(out_dir: Path, project: str, entity: Optional[str], name: Optional[
                       id=run_id, resume="allow" if run_id else None, config=config)
 
 
-def log_scalars(run, record: dict) -> None:
-    """The record's numbers (train/<key>) at its step, as TensorBoard gets them."""
-    scalars = {f"train/{k}": v for k, v in record.items() if isinstance(v, (int, float)) and k != "step"}
-    run.log(scalars, step=int(record["step"]))
+def log_scalars(run, scalars: dict, step: int) -> None:
+    """Tagged numbers (train/<key>, val/<key>, metrics.flat_scalars) at `step`, as TensorBoard gets them."""
+    run.log(scalars, step=int(step))
 
 
 def log_table(run, key: str, columns: list[str], rows: list[list]) -> None:

@@ -1,9 +1,11 @@
-"""Loss curve of a training run: RUN_DIR/metrics.jsonl -> RUN_DIR/loss.png (or --out).
+"""Loss curve of a training run: RUN_DIR/metrics.jsonl -> RUN_DIR/loss.png (or --out); with
+validation rows, also RUN_DIR/validation.jsonl -> RUN_DIR/validation.png.
 
     python scripts/plot_metrics.py runs/smollm2-16k-cpu
 
 Each record's loss against its step, with the tokens trained on (tokens_seen) on a second axis
-label; skipped (non-finite) steps are left out.
+label; skipped (non-finite) steps are left out. validation.png: the held-out loss by position,
+one line per validation coloured by its step.
 """
 from __future__ import annotations
 
@@ -16,6 +18,8 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
+
+from longctx.train.validation_plot import plot_validation  # noqa: E402
 
 
 def read_metrics(path: Path) -> list[dict]:
@@ -47,6 +51,8 @@ def main(argv=None) -> int:
     fig.tight_layout()
     fig.savefig(out, dpi=120)
     print(f"wrote {out}")
+    if (picture := plot_validation(args.run_dir)) is not None:
+        print(f"wrote {picture}")
     return 0
 
 

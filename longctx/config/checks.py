@@ -14,6 +14,7 @@ from longctx.attention.backends import check_backend_available
 from longctx.config.run_plan import RunPlan, derive_plan
 from longctx.config.sections import TrainConfig
 from longctx.config.stages import RunStage, resolve_stages
+from longctx.config.validation import check_buckets, check_heldout
 from longctx.data.config import validate_data_config
 from longctx.data.tokenizer import check_local_tokenizer_vocab
 from longctx.errors import UserError
@@ -37,6 +38,8 @@ def validate_config(cfg: TrainConfig, world_size: int, *, weights: bool = True,
     plan = derive_plan(cfg, world_size, stages=stages, deepspeed=deepspeed, files=weights)
     for stage, model_cfg in zip(plan.stages, plan.model_configs):
         _validate_stage(stage, model_cfg, world_size, files=weights)
+    if cfg.validation.enabled:
+        check_heldout(cfg.validation, plan.stages, files=weights)
     check_local_tokenizer_vocab(cfg.data.tokenizer, plan.model_configs[-1].vocab_size)
     check_out_dir(cfg.out_dir)
     return plan
@@ -46,13 +49,14 @@ def validate_portable(cfg: TrainConfig, stages: Optional[Sequence[RunStage]] = N
     """The checks that hold on any machine and for any world size, reading no file: what
     `longctx plan` checks of a job that runs elsewhere. validate_config adds the rest. Returns
     the stages (`stages`, else resolve_stages(cfg)), checked."""
-    for section in (cfg.model, cfg.parallel, cfg.optim, cfg.train, cfg.checkpoint, cfg.log):
+    for section in (cfg.model, cfg.parallel, cfg.optim, cfg.train, cfg.checkpoint, cfg.log, cfg.validation):
         section.validate()
     if cfg.data.micro_batch_size < 1:
         raise UserError(f"data.micro_batch_size: must be >= 1, got {cfg.data.micro_batch_size}")
     stages = list(resolve_stages(cfg) if stages is None else stages)
     for stage in stages:
         stage.validate()
+    check_buckets(cfg.validation, stages)
     return stages
 
 

@@ -14,6 +14,7 @@ from typing import Any, Dict, List, Optional
 from omegaconf import MISSING
 
 from longctx.attention.backends import BACKENDS
+from longctx.config.validation import ValidationSection
 from longctx.data.config import DataConfig, SourceConfig
 from longctx.errors import UserError
 from longctx.model.config import PRESETS
@@ -224,4 +225,5 @@ class TrainConfig:
     train: TrainSection = field(default_factory=TrainSection)
     checkpoint: CheckpointSection = field(default_factory=CheckpointSection)
     log: LogSection = field(default_factory=LogSection)
+    validation: ValidationSection = field(default_factory=ValidationSection)  # held-out loss by position
     stages: List[StageSection] = field(default_factory=list)

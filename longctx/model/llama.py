@@ -180,16 +180,27 @@ class Transformer(nn.Module):
     def forward(self, input_ids: torch.Tensor, position_ids: Optional[torch.Tensor] = None,
                 segment_ids: Optional[torch.Tensor] = None, kv_segment_ids: Optional[torch.Tensor] = None,
                 cache: Optional[KVCache] = None, labels: Optional[torch.Tensor] = None,
-                loss_weights: Optional[torch.Tensor] = None, loss_chunk_size: int = 1024):
+                loss_weights: Optional[torch.Tensor] = None, loss_chunk_size: int = 1024,
+                loss_buckets: Optional[torch.Tensor] = None):
         """input_ids (B, T) -> logits (B, T, V).
 
         With `labels` (B, T) (pre-shifted: labels[t] is the target of position t, -100 ignored)
         it returns (loss_sum, weight_sum) instead, from a chunked cross-entropy that never
         materialises the full logits; optional `loss_weights` (B, T) up-weight tokens.
+        `loss_buckets` (K,) int64, the ascending exclusive upper ends of position buckets, adds a
+        third value: the (2, K) loss and weight sums of the labels by the position id of the token
+        that predicts them (labels past the last end count in the last bucket).
         """
         h = self.forward_hidden(input_ids, position_ids, segment_ids, kv_segment_ids, cache)
         if labels is not None:
-            return chunked_cross_entropy(h, self.output_weight, labels, loss_weights, loss_chunk_size)
+            if loss_buckets is None:
+                return chunked_cross_entropy(h, self.output_weight, labels, loss_weights, loss_chunk_size)
+            if position_ids is None:
+                position_ids = torch.arange(input_ids.shape[1], device=input_ids.device).expand_as(input_ids)
+            k = loss_buckets.numel()
+            bucket = torch.bucketize(position_ids.contiguous(), loss_buckets, right=True).clamp_max_(k - 1)  # (B, T)
+            return chunked_cross_entropy(h, self.output_weight, labels, loss_weights, loss_chunk_size,
+                                         buckets=bucket, n_buckets=k)
         return F.linear(h, self.output_weight)
 
 

@@ -59,60 +59,75 @@ def _accumulate_grads(grad_hidden, grad_weight, dlogits, h, weight) -> None:
 
 
 def _chunk_loss(h, weight, y, w, grad_hidden, grad_weight) -> torch.Tensor:
-    """One chunk: its weighted loss sum, and (when grad_hidden is given) its gradients written
+    """One chunk: its weighted token losses (c,), and (when grad_hidden is given) its gradients written
     into grad_hidden (c, d) and added to grad_weight. A function of its own so that the chunk's
     (c, V) buffer is freed before the next chunk allocates its own."""
     # h (c, d), y (c,), w (c,) fp32
     logits = _logits_fp32(h, weight)  # (c, V) fp32
     lse = _logsumexp_rows(logits)  # (c,)
     picked = logits.gather(1, y[:, None]).squeeze(1)  # (c,)
-    loss = ((lse - picked) * w).sum()
+    losses = (lse - picked) * w  # (c,)
     if grad_hidden is not None:
         dlogits = logits.sub_(lse[:, None]).exp_()  # softmax, in place: (c, V) fp32
         dlogits[torch.arange(len(y), device=y.device), y] -= 1.0
         dlogits.mul_(w[:, None])  # d loss / d logits
         _accumulate_grads(grad_hidden, grad_weight, dlogits, h, weight)
-    return loss
+    return losses
 
 
 class _ChunkedLinearCrossEntropy(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, hidden, weight, labels, token_weights, chunk_size, grad_enabled):
-        # hidden (N, d), weight (V, d), labels (N,), token_weights (N,) fp32 (0 where ignored).
+    def forward(ctx, hidden, weight, labels, token_weights, buckets, n_buckets, chunk_size, grad_enabled):
+        # hidden (N, d), weight (V, d), labels (N,), token_weights (N,) fp32 (0 where ignored),
+        # buckets (N,) int64: each token's position bucket (n_buckets of them), or None.
         # needs_input_grad stays True for a weight that requires grad under torch.no_grad, so the
         # caller's grad mode decides: scoring (perplexity) then does no gradient GEMMs.
         needs_grad = grad_enabled and (ctx.needs_input_grad[0] or ctx.needs_input_grad[1])
         grad_hidden = torch.empty_like(hidden) if needs_grad else None
         grad_weight = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) if needs_grad else None
         total = torch.zeros((), dtype=torch.float32, device=hidden.device)
+        by_bucket = torch.zeros(n_buckets, dtype=torch.float32, device=hidden.device)  # (K,)
         safe_labels = labels.clamp_min(0)
         for start in range(0, hidden.shape[0], chunk_size):
             end = start + chunk_size
-            total += _chunk_loss(hidden[start:end], weight, safe_labels[start:end], token_weights[start:end],
+            losses = _chunk_loss(hidden[start:end], weight, safe_labels[start:end], token_weights[start:end],
                                  None if grad_hidden is None else grad_hidden[start:end], grad_weight)
+            total += losses.sum()
+            if buckets is not None:  # the same token losses, summed per position bucket on the device
+                by_bucket.index_add_(0, buckets[start:end], losses)
         if needs_grad:
             ctx.save_for_backward(grad_hidden, grad_weight.to(weight.dtype))
-        return total
+        ctx.mark_non_differentiable(by_bucket)
+        return total, by_bucket
 
     @staticmethod
-    def backward(ctx, grad_out):
+    def backward(ctx, grad_out, _grad_by_bucket):
         grad_hidden, grad_weight = ctx.saved_tensors
         return (grad_hidden * grad_out.to(grad_hidden.dtype), grad_weight * grad_out.to(grad_weight.dtype),
-                None, None, None, None)
+                None, None, None, None, None, None)
 
 
 def chunked_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor,
-                          token_weights: Optional[torch.Tensor] = None,
-                          chunk_size: int = 1024) -> tuple[torch.Tensor, torch.Tensor]:
+                          token_weights: Optional[torch.Tensor] = None, chunk_size: int = 1024,
+                          buckets: Optional[torch.Tensor] = None, n_buckets: int = 0):
     """Sum of (weighted) token losses and the sum of weights over non-ignored labels.
 
     hidden (..., d) and labels (...) are flattened; weight is the (V, d) head. Returns
     (loss_sum fp32 scalar, weight_sum fp32 scalar); the caller divides (possibly by a
     count reduced across ranks, so every parallel layout averages the same tokens).
+
+    With `buckets` (...) int64 in [0, n_buckets) -- each token's position bucket -- it also
+    returns a (2, n_buckets) fp32 tensor: row 0 the loss sum of each bucket's tokens, row 1 their
+    weight sum. Both come from the same chunks, on the device (no host read), without gradient.
     """
     h = hidden.reshape(-1, hidden.shape[-1])  # (N, d)
     y = labels.reshape(-1)  # (N,)
     valid = (y != IGNORE_INDEX).float()
     w = valid if token_weights is None else token_weights.reshape(-1).float() * valid
-    loss = _ChunkedLinearCrossEntropy.apply(h, weight, y, w, chunk_size, torch.is_grad_enabled())
-    return loss, w.sum()
+    b = None if buckets is None else buckets.reshape(-1)  # (N,)
+    loss, by_bucket = _ChunkedLinearCrossEntropy.apply(h, weight, y, w, b, n_buckets, chunk_size,
+                                                       torch.is_grad_enabled())
+    if b is None:
+        return loss, w.sum()
+    counts = torch.zeros(n_buckets, dtype=torch.float32, device=w.device).index_add_(0, b, w)  # (K,)
+    return loss, w.sum(), torch.stack([by_bucket, counts])

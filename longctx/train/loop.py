@@ -18,6 +18,7 @@ from longctx.checkpoint.resume import ResumePoint, choose_resume, restore, resum
 from longctx.checkpoint.state import TrainerState, TrainState
 from longctx.checkpoint.store import CheckpointError, rng_state, run_phase, save_checkpoint
 from longctx.config import RunPlan, RunStage, TrainConfig
+from longctx.config.validation import bucket_ends
 from longctx.data import check_vocab, load_tokenizer
 from longctx.data.fingerprint import fingerprint_sources
 from longctx.data.hf_tokenizer import TokenizerFiles
@@ -49,6 +50,8 @@ from longctx.train.stages import build_stage_loader, check_sources
 from longctx.train.step import StepSetup, train_step
 from longctx.train.step_metrics import StepRates, stage_rates, step_record
 from longctx.train.summary import RunTotals, end_summary, layout_line, rope_line
+from longctx.train.validation import Validator, check_resumed_heldout
+from longctx.train.validation_plot import plot_validation
 from longctx.wandb_log import open_run
 
 log = logging.getLogger("longctx.train")
@@ -103,6 +106,7 @@ class Trainer:
         self.restart_sources: set = set()
         self._source_fingerprints: dict[int, list] = {}
         self.last_checkpoint: Optional[Path] = None
+        self.validator = Validator(cfg.validation, self.stages, loss_chunk_size=cfg.train.loss_chunk_size)
         self.peak, self.peak_src = peak_flops_per_device(cfg.log.peak_tflops, self.dtype)  # a table, or a cache
         # built by run(), in this order: the engine and its model (_build_engine), then the outputs
         self.engine = self.model = self.outputs = None
@@ -114,6 +118,7 @@ class Trainer:
             return PREEMPTED_EXIT_CODE
         self.resume_from = self.last_checkpoint = choose_resume(self.resume_candidates, cfg.checkpoint.resume)
         self.restart_sources = changed_resumed_sources(self.resume_from, self.stages)
+        check_resumed_heldout(self.resume_from, self.stages, self.validator, cfg.data.allow_changed_sources)
         if self._preempted_in_startup():  # ... during the checkpoint's verification
             return PREEMPTED_EXIT_CODE
         write_run_files(self.out, self.rank, cfg)
@@ -146,6 +151,7 @@ class Trainer:
                 totals.export = self.out / "hf"
         finally:
             self._close_outputs()
+        self._plot_validation()
         totals.step, totals.tokens, totals.last_checkpoint = state.step, state.tokens, self.last_checkpoint
         self._print_summary(totals, preempted=rc == PREEMPTED_EXIT_CODE)
         return rc
@@ -172,6 +178,16 @@ class Trainer:
         outputs, self.outputs = self.outputs, None
         outputs.progress.close()
         outputs.writer.close()
+
+    def _plot_validation(self) -> None:
+        """Rank 0: validation.png beside the metrics; a failed picture is a warning, not a failed run."""
+        if self.rank != 0 or not self.cfg.validation.enabled:
+            return
+        try:
+            if (path := plot_validation(self.out)) is not None:
+                self._announce(f"validation: loss by position in {path}")
+        except Exception as e:  # noqa: BLE001 - the run's results are written already
+            log.warning("validation: no picture (%s)", e)
 
     def _print_summary(self, totals: RunTotals, preempted: bool) -> None:
         """The run's last lines on rank 0: steps, final loss, times, throughput, where its
@@ -225,8 +241,10 @@ class Trainer:
         self.model.set_context(model_cfg)  # the stage's RoPE and maximum length
         if index > 0:  # the engine was built with stage 0's attention; a resume may enter any stage first
             self.model.set_attention(attention_for(mesh, stage.parallel, self.device))
+        ends = tuple(bucket_ends(self.cfg.validation.buckets, stage.seq_len))
         setup = StepSetup(mesh, self.world, self.device, self.cfg.train.grad_accum, stage.data.micro_batch_size,
-                          stage.seq_len, self.cfg.train.loss_chunk_size)
+                          stage.seq_len, self.cfg.train.loss_chunk_size, bucket_ends=ends,
+                          loss_buckets=torch.tensor(ends, dtype=torch.long, device=self.device))
         return StageRun(mesh, setup, stage_rates(model_cfg, setup, self.peak))
 
     def _training_loader(self, stage: RunStage, mesh, tokenizer, loader_state: Optional[dict]):
@@ -282,6 +300,9 @@ class Trainer:
             self._account(record, state, si, stage)
             totals.final_loss = record["loss"]
             stage_done = state.stage_step == stage.steps
+            if self.validator.due(state.step, stage_done):  # before checkpoint N: a resume from it goes on
+                self.outputs.writer.write_validation(
+                    self.validator.run(self.engine, run.mesh, self.device, si, state.step, tokenizer))
             preempt = self.flag.agreed()
             due = self.cfg.checkpoint.every > 0 and state.step % self.cfg.checkpoint.every == 0
             if stage_done:
@@ -372,8 +393,9 @@ class Trainer:
                                         data_sources=self._fingerprints(data_stage), model=self.model.config,
                                         dtype=self.dtype, tokenizer=self.cfg.data.tokenizer)
         rank_state = {"data": loader_state, "rng": rng_state()}
+        recorded = dict(trainer_state.state_dict(), validation_sources=self.validator.fingerprints(data_stage))
         self.last_checkpoint = save_checkpoint(
-            self.out, state.step, engine=self.engine, trainer_state=trainer_state.state_dict(), rank_state=rank_state,
+            self.out, state.step, engine=self.engine, trainer_state=recorded, rank_state=rank_state,
             keep_last=self.cfg.checkpoint.keep_last, hf_writer=self._write_hf if self.cfg.checkpoint.save_hf else None)
 
 

@@ -47,6 +47,20 @@ def progress_fields(record: dict, stage: Optional[int] = None) -> dict[str, str]
     return fields
 
 
+def flat_scalars(record: dict, prefix: str) -> dict[str, float]:
+    """The record's numbers as `prefix/key` tags, a mapping of numbers as `prefix/key/label`
+    (loss_by_position -> train/loss_by_position/0-1024); nulls and the step are left out."""
+    out = {}
+    for key, value in record.items():
+        if key == "step":
+            continue
+        if isinstance(value, dict):
+            out.update(flat_scalars(value, f"{prefix}/{key}"))
+        elif isinstance(value, (int, float)):
+            out[f"{prefix}/{key}"] = value
+    return out
+
+
 def strict_json_record(record: dict) -> dict:
     """Non-finite floats -> null, their keys listed under "nonfinite" (strict JSON readers
     reject the bare NaN / Infinity tokens Python's json writes by default)."""
@@ -59,6 +73,7 @@ def strict_json_record(record: dict) -> dict:
 
 
 ABANDONED_METRICS = "metrics.abandoned.jsonl"
+VALIDATION_FILE = "validation.jsonl"  # validation rows (train/validation.py), apart: one metrics row per step
 
 
 def _step_of(line: str) -> Optional[int]:
@@ -69,10 +84,10 @@ def _step_of(line: str) -> Optional[int]:
     return step if isinstance(step, int) else None
 
 
-def trim_metrics(out_dir: Path, start_step: int) -> int:
-    """Keep the records of metrics.jsonl up to `start_step` (atomic rewrite); the others are
-    appended to metrics.abandoned.jsonl. Returns how many records moved."""
-    path = out_dir / "metrics.jsonl"
+def trim_metrics(out_dir: Path, start_step: int, name: str = "metrics") -> int:
+    """Keep the records of <name>.jsonl up to `start_step` (atomic rewrite); the others are
+    appended to <name>.abandoned.jsonl. Returns how many records moved."""
+    path = out_dir / f"{name}.jsonl"
     if not path.is_file():
         return 0
     lines = path.read_text().splitlines()
@@ -84,24 +99,25 @@ def trim_metrics(out_dir: Path, start_step: int) -> int:
     if not dropped and len(kept) == len(lines):
         return 0
     if dropped:
-        with open(out_dir / ABANDONED_METRICS, "a") as f:
+        with open(out_dir / f"{name}.abandoned.jsonl", "a") as f:
             f.write("".join(line + "\n" for line in dropped))
     atomic.write_text(path, "".join(line + "\n" for line in kept))
     return len(dropped)
 
 
 class MetricsWriter:
-    """metrics.jsonl + TensorBoard on rank 0; no-op elsewhere.
+    """metrics.jsonl, validation.jsonl + TensorBoard (train/... and val/... tags) on rank 0;
+    no-op elsewhere.
 
     A run that starts at `start_step` (a resume, perhaps from an older checkpoint than the last
-    step logged) first drops the records after that step from metrics.jsonl, so the file ends
-    with the steps that count; the dropped ones move to metrics.abandoned.jsonl, and TensorBoard
-    is told to purge them (its `purge_step`)."""
+    step logged) first drops the records after that step from both files, so they end with the
+    steps that count; the dropped ones move to <file>.abandoned.jsonl, and TensorBoard is told to
+    purge them (its `purge_step`)."""
 
     def __init__(self, out_dir: Path, enabled: bool, tensorboard: bool, *, start_step: int = 0,
                  notify=None, wandb_run=None):
         self.enabled = enabled
-        self._file = self._tb = None
+        self._file = self._val = self._tb = None
         self._wandb = wandb_run  # a W&B run (longctx/wandb_log.py) given the same scalars, or None
         if not enabled:
             return
@@ -109,6 +125,12 @@ class MetricsWriter:
         if dropped and notify is not None:
             notify(f"metrics: {dropped} records after step {start_step} (a run abandoned at resume) moved from "
                    f"metrics.jsonl to {ABANDONED_METRICS}")
+        val_dropped = trim_metrics(out_dir, start_step, "validation")
+        dropped += val_dropped
+        if val_dropped and notify is not None:
+            notify(f"validation: {val_dropped} rows after step {start_step} moved from {VALIDATION_FILE} to "
+                   "validation.abandoned.jsonl")
+        self._out_dir = out_dir
         self._file = open(out_dir / "metrics.jsonl", "a")
         if tensorboard:
             from torch.utils.tensorboard import SummaryWriter  # lazy: optional (log.tensorboard), heavy
@@ -120,16 +142,29 @@ class MetricsWriter:
             return
         self._file.write(json.dumps(strict_json_record(record), allow_nan=False) + "\n")
         self._file.flush()
+        self._scalars(flat_scalars(record, "train"), record["step"])
+
+    def write_validation(self, record: dict) -> None:
+        """One validation row: validation.jsonl, and val/... tags at its step."""
+        if not self.enabled:
+            return
+        if self._val is None:
+            self._val = open(self._out_dir / VALIDATION_FILE, "a")
+        self._val.write(json.dumps(strict_json_record(record), allow_nan=False) + "\n")
+        self._val.flush()
+        self._scalars(flat_scalars(record, "val"), record["step"])
+
+    def _scalars(self, scalars: dict, step: int) -> None:
         if self._tb is not None:
-            for key, value in record.items():
-                if isinstance(value, (int, float)) and key != "step":
-                    self._tb.add_scalar(f"train/{key}", value, record["step"])
+            for tag, value in scalars.items():
+                self._tb.add_scalar(tag, value, step)
         if self._wandb is not None:
-            log_scalars(self._wandb, record)
+            log_scalars(self._wandb, scalars, step)
 
     def close(self) -> None:
-        if self._file:
-            self._file.close()
+        for f in (self._file, self._val):
+            if f:
+                f.close()
         if self._tb is not None:
             self._tb.close()
         if self._wandb is not None:

@@ -11,6 +11,8 @@ Host synchronisation: the step's numbers stay on the device while its micro-batc
 reads the host twice per optimizer step: the all-reduced label weight before the first
 forward (the loss scale is a number DeepSpeed's backward takes) and the all-reduced loss
 after the update (plus the gradient norm at the boundary), never once per micro-batch.
+The loss by position bucket (per-bucket loss and weight sums from inside the chunked loss)
+rides in the loss's all-reduce: no collective and no host read of its own.
 """
 from __future__ import annotations
 
@@ -41,6 +43,8 @@ class StepSetup:
     micro_batch_size: int
     seq_len: int
     loss_chunk_size: int
+    bucket_ends: tuple  # exclusive upper ends of the position buckets, the last the stage's seq_len
+    loss_buckets: torch.Tensor  # (K,) int64 on the device: the same ends
 
 
 @dataclass
@@ -55,6 +59,7 @@ class StepResult:
     data_wait_s: float
     computed: float  # share of the columns run (unscored row tails are cut)
     micro_batches: int
+    by_position: list  # [loss sums per position bucket, weight sums per bucket], over the whole step
 
 
 def all_reduce_sum(values: torch.Tensor) -> list[float]:
@@ -93,15 +98,17 @@ def label_weight(inputs: dict) -> torch.Tensor:
     return (valid * weights).sum() if weights is not None else valid.sum()
 
 
-def forward_backward(engine, model: nn.Module, shards: list[dict], scale: float, loss_chunk_size: int):
+def forward_backward(engine, model: nn.Module, shards: list[dict], scale: float, setup: StepSetup):
     """Backward of every micro-batch's loss_sum * scale, then the engine's step. Returns
-    (this rank's summed loss as a device tensor, the gradient norm when the engine does not
-    report it, whether the update was dropped for a non-finite gradient)."""
+    (this rank's summed loss and its (2, K) loss / weight sums by position bucket as one float64
+    device tensor (1 + 2K,), the gradient norm when the engine does not report it, whether the
+    update was dropped for a non-finite gradient)."""
     loss_total, grad_norm, dropped = None, None, False
     for inputs in shards:
-        loss_sum, _ = engine(inputs["input_ids"], position_ids=inputs["position_ids"],
-                             segment_ids=inputs.get("segment_ids"), labels=inputs["labels"],
-                             loss_weights=inputs.get("loss_weights"), loss_chunk_size=loss_chunk_size)
+        loss_sum, _, by_bucket = engine(inputs["input_ids"], position_ids=inputs["position_ids"],
+                                        segment_ids=inputs.get("segment_ids"), labels=inputs["labels"],
+                                        loss_weights=inputs.get("loss_weights"),
+                                        loss_chunk_size=setup.loss_chunk_size, loss_buckets=setup.loss_buckets)
         engine.backward(loss_sum * (scale * backward_factor(loss_sum)))  # see train/nonfinite.py
         if engine.is_gradient_accumulation_boundary() and engine.zero_optimization_stage() == 0:
             grad_norm = replicated_grad_norm(model)  # DeepSpeed does not report it without ZeRO
@@ -109,7 +116,7 @@ def forward_backward(engine, model: nn.Module, shards: list[dict], scale: float,
             dropped = not math.isfinite(grad_norm) and not (engine.bfloat16_enabled() or engine.fp16_enabled())
         with optimizer_step_skipped(engine.optimizer) if dropped else contextlib.nullcontext():
             engine.step()
-        loss = loss_sum.detach().to(torch.float64)
+        loss = torch.cat([loss_sum.detach().reshape(1), by_bucket.flatten()]).to(torch.float64)  # (1 + 2K,)
         loss_total = loss if loss_total is None else loss_total + loss
     return loss_total, grad_norm, dropped
 
@@ -129,8 +136,8 @@ def train_step(engine, model: nn.Module, batches: Iterator[dict], lr: float, set
     if total_weight <= 0:
         raise UserError("data: a whole optimizer step has no label tokens (all labels ignored)")
     scale = setup.world * setup.grad_accum / total_weight
-    loss_total, grad_norm, dropped = forward_backward(engine, model, shards, scale, setup.loss_chunk_size)
-    global_loss, = all_reduce_sum(loss_total.reshape(1))
+    loss_total, grad_norm, dropped = forward_backward(engine, model, shards, scale, setup)
+    global_loss, *by_position = all_reduce_sum(loss_total)
     elapsed = time.perf_counter() - t0
     if grad_norm is None:
         grad_norm = engine.get_global_grad_norm()
@@ -138,7 +145,7 @@ def train_step(engine, model: nn.Module, batches: Iterator[dict], lr: float, set
                       grad_norm=float(grad_norm) if grad_norm is not None else float("nan"), tokens=int(round(real)),
                       update_applied=not dropped and engine.was_step_applied(), elapsed_s=elapsed,
                       data_wait_s=t_data, computed=columns / (setup.seq_len * len(micro)),
-                      micro_batches=len(micro))
+                      micro_batches=len(micro), by_position=by_position)
 
 
 def real_tokens(inputs: dict, setup: StepSetup) -> torch.Tensor:

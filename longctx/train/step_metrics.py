@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from longctx.model.config import ModelConfig
 from longctx.train.metrics import peak_memory_bytes
 from longctx.train.mfu import flops_per_token
+from longctx.train.positions import means_by_position, split_sums
 from longctx.train.step import StepResult, StepSetup
 
 
@@ -23,8 +24,10 @@ def stage_rates(model_cfg: ModelConfig, setup: StepSetup, peak_flops: float) -> 
 
 def step_record(result: StepResult, setup: StepSetup, rates: StepRates) -> dict:
     """The metrics record of one step (metrics.jsonl, TensorBoard, the progress line)."""
+    sums, counts = split_sums(result.by_position, len(setup.bucket_ends))
     return {"loss": result.loss, "lr": result.lr, "grad_norm": result.grad_norm, "tokens": result.tokens,
             **throughput(setup, rates, result.elapsed_s, result.data_wait_s, result.computed),
+            "loss_by_position": means_by_position(sums, counts, setup.bucket_ends),
             "update_applied": result.update_applied}
 
 

@@ -5,9 +5,12 @@ return patches one longctx module as it is imported. longctx itself reads nothin
 - `slow_batches_env`: each `longctx eval` decoding batch touches $BATCH_MARK, then waits a second.
 - `held_after_work_env`: once a PreemptionFlag is uninstalled with no signal (the work finished),
   the process touches $AFTER_WORK_MARK.<rank> and waits for $RELEASE before it goes on to exit.
-- `counted_syncs_env`: each `train_step` appends "<grad_accum> <host reads>" to $SYNC_LOG, the
-  reads being the scalar copies device -> host (`aten._local_scalar_dense`: item(), float(),
-  bool() of a tensor) made while it ran.
+- `signal_in_validation_env`: the Nth held-out sum (train/validation.py) a rank computes sends
+  the process a SIGTERM first: a preemption that arrives during a validation, at a known step.
+- `counted_syncs_env`: each `train_step` appends "<grad_accum> <host reads> <collectives>" to
+  $SYNC_LOG, the reads being the scalar copies device -> host (`aten._local_scalar_dense`:
+  item(), float(), bool() of a tensor) made while it ran, the collectives the calls of
+  torch.distributed's collective functions (DeepSpeed's included: its comm layer calls them).
 """
 import textwrap
 from pathlib import Path
@@ -69,16 +72,50 @@ class _Reads(TorchDispatchMode):
         self.n += func is torch.ops.aten._local_scalar_dense.default
         return func(*args, **(kwargs or {}))
 
+import torch.distributed as dist
+import torch.distributed.distributed_c10d as c10d
+
+_COLLECTIVES = ("all_reduce", "all_gather", "all_gather_into_tensor", "reduce_scatter", "reduce_scatter_tensor",
+                "broadcast", "reduce", "all_to_all", "all_to_all_single", "barrier", "all_gather_object",
+                "broadcast_object_list")
+_calls = [0]
+
+def _counting(fn):
+    def call(*args, **kwargs):
+        _calls[0] += 1
+        return fn(*args, **kwargs)
+    return call
+
+for _name in _COLLECTIVES:
+    _fn = getattr(c10d, _name)
+    setattr(c10d, _name, _counting(_fn))
+    setattr(dist, _name, getattr(c10d, _name))
+
 step = module.train_step
 
 def counted(engine, model, batches, lr, setup):
     reads = _Reads()
+    _calls[0] = 0
     with reads:
         result = step(engine, model, batches, lr, setup)
     with open(os.environ["SYNC_LOG"], "a") as f:
-        f.write(f"{setup.grad_accum} {reads.n}\\n")
+        f.write(f"{setup.grad_accum} {reads.n} {_calls[0]}\\n")
     return result
 module.train_step = counted
+"""
+
+
+SIGNAL_IN_VALIDATION = """
+import signal
+sums = module.heldout_sums
+calls = [0]
+
+def signalled(*args, **kwargs):
+    calls[0] += 1
+    if calls[0] == int(os.environ["SIGNAL_AT_VALIDATION"]):
+        os.kill(os.getpid(), signal.SIGTERM)
+    return sums(*args, **kwargs)
+module.heldout_sums = signalled
 """
 
 
@@ -106,6 +143,12 @@ def held_after_work_env(tmp_path: Path, env: dict) -> tuple[Path, Path]:
     mark, release = tmp_path / "after-work", tmp_path / "release"
     env.update(AFTER_WORK_MARK=str(mark), RELEASE=str(release))
     return mark, release
+
+
+def signal_in_validation_env(tmp_path: Path, env: dict, nth: int) -> None:
+    """Adds the hook that SIGTERMs the process as its `nth` validation starts."""
+    _hook_env(tmp_path, env, "longctx.train.validation", SIGNAL_IN_VALIDATION)
+    env["SIGNAL_AT_VALIDATION"] = str(nth)
 
 
 def counted_syncs_env(tmp_path: Path, env: dict) -> Path:

@@ -173,6 +173,39 @@ TRAIN = [
     ("--world-size 0", ["train", RUN, "--world-size", "0", "--dry-run"], "--world-size: must be >= 1"),
     ("dry run: cp not dividing the world", ["train", RUN, "--dry-run", "--world-size", "2", "parallel.cp_size=4"],
      "parallel.cp_size"),
+    # the validation section (issue 60)
+    ("validation every -1", ["train", RUN, "validation.every=-1"], "validation.every: must be an integer >= 0"),
+    ("validation every 1.5", ["train", RUN, "validation.every=1.5"], "validation.every"),
+    ("validation rows 0", ["train", RUN, "validation.every=2", "validation.rows=0"], "validation.rows"),
+    ("validation buckets not increasing", ["train", RUN, "validation.buckets=[64, 32]"],
+     "validation.buckets: must be strictly increasing"),
+    ("validation buckets beyond the length", ["train", RUN, "data.seq_len=256", "validation.buckets=[64, 512]"],
+     "validation.buckets: 512 is beyond the length of stage 0 (data.seq_len=256)"),
+    ("validation buckets beyond a stage", ["train", RUN, "validation.buckets=[64, 256]",
+                                           "stages=[{seq_len: 256, steps: 1}, {seq_len: 128, steps: 1}]"],
+     "validation.buckets: 256 is beyond the length of stage 1 (stages[1].seq_len=128)"),
+    ("validation sources empty", ["train", RUN, "validation.every=2", "validation.sources=[]"],
+     "validation.sources: empty"),
+    ("validation source missing", ["train", RUN, "validation.every=2", "validation.sources=[{path: /no/such.jsonl}]"],
+     "validation.sources[0].path: /no/such.jsonl does not exist"),
+    ("validation source empty file", ["train", RUN, "validation.every=2",
+                                      "validation.sources=[{path: {w}/data/empty.jsonl}]"],
+     "validation.sources[0].path"),
+    ("validation source is the training file", ["train", RUN, "validation.every=2",
+                                                "data.sources=[{path: {w}/data/int.jsonl}]",
+                                                "validation.sources=[{path: {w}/data/int.jsonl}]"],
+     "validation.sources[0].path: {w}/data/int.jsonl is read by training source"),
+    ("validation source is a copy of the training file", ["train", RUN, "validation.every=2",
+                                                          "data.sources=[{path: {w}/data/int.jsonl}]",
+                                                          "validation.sources=[{path: {w}/data/int-copy.jsonl}]"],
+     "has the same content as"),
+    ("validation synthetic seed of training", ["train", RUN, "validation.every=2",
+                                               "validation.sources=[{kind: synthetic, synthetic: {seed: 1234}}]"],
+     "validation.sources[0].synthetic.seed: 1234 is the corpus seed of training source"),
+    ("validation default with file training data", ["train", RUN, "validation.every=2",
+                                                    "data.sources=[{path: {w}/data/int.jsonl}]"],
+     "validation.sources: required when training reads files"),
+    ("validation unknown field", ["train", RUN, "validation.evrey=2"], "did you mean 'validation.every'"),
 ]
 if not flash_available():
     TRAIN.append(("flash without flash-attn", ["train", RUN, "parallel.attention_backend=flash"],
@@ -357,6 +390,7 @@ def make_workdir(w: Path) -> Path:
     good = "".join(json.dumps({"text": f"row {i} of good text"}) + "\n" for i in range(150))
     (data / "nonutf8.jsonl").write_bytes(good.encode() + b'{"text": "caf\xe9"}\n')
     (data / "int.jsonl").write_text(good + '{"text": 7}\n')
+    (data / "int-copy.jsonl").write_text(good + '{"text": 7}\n')
     (data / "broken.jsonl").write_text(good + '{"text": "unterminated}\n')
     (data / "trunc.jsonl.gz").write_bytes(gzip.compress((good * 20).encode())[:-40])
     (w / "tokenizer-config-only").mkdir()

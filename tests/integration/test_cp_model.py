@@ -10,6 +10,7 @@ from helpers.model import perturb_norms_and_biases
 from longctx.model import build_model, get_preset
 from longctx.parallel import make_cp_attention, positions_from_segments, shard_batch
 from longctx.parallel.checkpointing import apply_activation_checkpointing, model_key
+from longctx.train.validation import heldout_sums, rank_batches, validation_record
 
 REL_TOL = 1e-5
 FAMILIES = {"llama": "debug-tiny", "qwen2": "debug-tiny-qwen2", "qwen3": "debug-tiny-qwen3",
@@ -47,8 +48,51 @@ def _loss_sum(model, batch):
     return F.cross_entropy(logits.flatten(0, 1).float(), batch["labels"].flatten(), ignore_index=-100, reduction="sum")
 
 
-def _model_worker(rank, world, impls, L, ckpt_impls=(), families=("llama",), ckpt_families=("llama",)):
+def _heldout_rows(L):
+    """Three rows (two of packed documents, one whole): an odd count, so dp = 2 runs a blank row."""
+    docs, whole = _batch(L, True), _batch(L, False)
+    whole["segment_ids"] = torch.zeros_like(whole["input_ids"])
+    whole["position_ids"] = torch.arange(L).expand(2, L)
+    keys = ("input_ids", "labels", "position_ids", "segment_ids")
+    return [{k: b[k][i:i + 1] for k in keys} for b, i in ((docs, 0), (docs, 1), (whole, 0))]
+
+
+def _validation_checks(rank, world, impls, L):
+    """Validation (train/validation.py) under cp = world for each impl, and under dp = world,
+    gives one process's val_loss and loss by position (fp32)."""
+    cfg = get_preset("debug-tiny")
+    rows, ends = _heldout_rows(L), torch.tensor([4, 8, 16, L])
+    common = dict(device=torch.device("cpu"), loss_chunk_size=7)
+
+    def record(model, batches, cp_rank, cp_size, reduce=True):
+        local = heldout_sums(model, batches, ends, cp_rank=cp_rank, cp_size=cp_size, **common)
+        if reduce:
+            dist.all_reduce(local)
+        return validation_record(local.flatten().tolist(), tuple(ends.tolist()))
+
+    ref = record(build_model(cfg, seed=3), rank_batches(rows, 0, 1, 2), 0, 1, reduce=False)  # one process
+    layouts = {f"cp{world}-{name}": (impl, u) for name, (impl, u) in impls.items()}
+    layouts[f"dp{world}"] = (None, None)
     checks = []
+    for name, (impl, u) in layouts.items():
+        model = build_model(cfg, seed=3)
+        if impl is None:
+            got = record(model, rank_batches(rows, rank, world, 2), 0, 1)
+        else:
+            model.set_attention(make_cp_attention(None, impl=impl, ulysses_size=u))
+            got = record(model, rank_batches(rows, 0, 1, 2), rank, world)
+        checks.append((f"validation/{name}", "val_loss", abs(got["val_loss"] - ref["val_loss"]) / ref["val_loss"],
+                       REL_TOL))
+        for label, want in ref["val_loss_by_position"].items():
+            checks.append((f"validation/{name}", label, abs(got["val_loss_by_position"][label] - want) / want,
+                           REL_TOL))
+        checks.append((f"validation/{name}", "tokens", float(got["val_tokens"] != ref["val_tokens"]), 0.0))
+    return checks
+
+
+def _model_worker(rank, world, impls, L, ckpt_impls=(), families=("llama",), ckpt_families=("llama",),
+                  val_impls=None):
+    checks = _validation_checks(rank, world, val_impls or impls, L)
     for family in families:
         checks += _family_checks(rank, world, FAMILIES[family], impls, L,
                                  ckpt_impls if family in ckpt_families else ())
@@ -142,7 +186,8 @@ def test_model_cp2_matches_cp1():
     impls = {"ring": ("ring", None), "allgather": ("allgather", None), "ulysses": ("ulysses", None)}
     ckpt_impls = ("ring", "ulysses")
     ckpt_families = ("llama", "qwen3")
-    results = run_distributed(_model_worker, 2, impls, 24, ckpt_impls, tuple(FAMILIES), ckpt_families)
+    val_impls = dict(impls, hybrid=("hybrid", 1))  # validation also under hybrid (1 x 2) at cp = 2
+    results = run_distributed(_model_worker, 2, impls, 24, ckpt_impls, tuple(FAMILIES), ckpt_families, val_impls)
     _check(results, {f: len(impls) + (3 * len(ckpt_impls) if f in ckpt_families else 0) for f in FAMILIES})
 
 

@@ -15,9 +15,13 @@ def test_writes_the_loss_curve_next_to_the_metrics(tmp_path):
     rows = [{"step": s, "loss": 3.0 - 0.1 * s, "tokens_seen": 64 * s} for s in range(1, 6)]
     rows.append({"step": 6, "loss": float("nan"), "skipped": True})
     (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    val = [{"step": s, "stage": 0, "seq_len": 8, "val_loss": 3.0 - 0.1 * s,
+            "val_loss_by_position": {"0-4": 3.0 - 0.1 * s, "4-8": None}} for s in (2, 4)]
+    (tmp_path / "validation.jsonl").write_text("".join(json.dumps(r) + "\n" for r in val))
     res = _run(tmp_path)
     assert res.returncode == 0, res.stderr
     assert (tmp_path / "loss.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert (tmp_path / "validation.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"  # loss by position
 
 
 def test_a_directory_without_metrics_is_one_error_line(tmp_path):

@@ -59,22 +59,34 @@ LAYOUTS = {
 }
 
 
+def _validation_values(out) -> torch.Tensor:
+    """val_loss and the loss of every position bucket, of each validation row."""
+    rows = [json.loads(line) for line in (out / "validation.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [5, 10]
+    return torch.tensor([[r["val_loss"], *r["val_loss_by_position"].values()] for r in rows], dtype=torch.float64)
+
+
 def test_layouts_give_the_same_losses(tmp_path):
-    """Same global batch (2 rows/step) in five layouts, ZeRO 0 to 3: per-step losses equal (fp32).
-    The model is Qwen3's family (q/k norms, head_dim apart from hidden / heads): the Llama paths
-    are its subset."""
-    results = {}
+    """Same global batch (2 rows/step) in five layouts, ZeRO 0 to 3: per-step losses equal (fp32);
+    so do the validation rows (3 held-out rows: dp = 2 runs a blank one) at steps 5 and 10. The
+    model is Qwen3's family (q/k norms, head_dim apart from hidden / heads): the Llama paths are
+    its subset."""
+    results, validation = {}, {}
     for name, (nproc, extra) in LAYOUTS.items():
         out = tmp_path / name
         res = run_train(nproc, [f"out_dir={out}", "train.steps=10", "optim.lr=3e-3", "model.preset=debug-tiny-qwen3",
+                                "validation.every=5", "validation.rows=3", "validation.buckets=[16, 128]",
                                 *TINY, *extra])
         _ok(res)
         results[name] = torch.tensor(losses(out), dtype=torch.float64)
-    ref = results["1proc-accum2"]
+        validation[name] = _validation_values(out)
+    ref, val_ref = results["1proc-accum2"], validation["1proc-accum2"]
     assert len(ref) == 10 and ref[-1] < ref[0]
     for name, got in results.items():
         rel = ((got - ref).abs() / ref.abs()).max().item()
         assert rel <= 1e-5, (name, rel, got.tolist(), ref.tolist())
+        rel = ((validation[name] - val_ref).abs() / val_ref.abs()).max().item()
+        assert rel <= 1e-5, (name, "validation", rel, validation[name].tolist(), val_ref.tolist())
 
 
 def _wait_for(path, proc, timeout=240):

@@ -77,3 +77,44 @@ def test_no_grad_path_skips_gradient_work_and_gives_the_same_loss():
     assert s.grad_fn is None and not s.requires_grad and s_grad.requires_grad
     assert n.item() == n_grad.item() == N
     torch.testing.assert_close(s, s_grad.detach(), rtol=1e-6, atol=0)
+
+
+def test_position_buckets_sum_the_token_losses_and_leave_the_gradients_alone():
+    """The (2, K) loss / weight sums by bucket are the plain per-token losses grouped; the
+    scalar loss and the gradients are bit-identical to the call without buckets."""
+    g = torch.Generator().manual_seed(1)
+    N, d, V, K = 200, 16, 300, 4
+    h = torch.randn(N, d, generator=g).requires_grad_()
+    W = (0.1 * torch.randn(V, d, generator=g)).requires_grad_()
+    y = torch.randint(0, V, (N,), generator=g)
+    y[::5] = -100
+    tw = torch.rand(N, generator=g) + 0.5
+    b = torch.randint(0, K - 1, (N,), generator=g)  # the last bucket stays empty
+    loss, wsum, by_bucket = chunked_cross_entropy(h, W, y, tw, chunk_size=48, buckets=b, n_buckets=K)
+    loss.backward()
+    gh, gW = h.grad.clone(), W.grad.clone()
+    h.grad = W.grad = None
+    plain, plain_w = chunked_cross_entropy(h, W, y, tw, chunk_size=48)
+    plain.backward()
+    assert torch.equal(loss, plain) and torch.equal(wsum, plain_w)
+    assert torch.equal(gh, h.grad) and torch.equal(gW, W.grad)
+    per_tok = F.cross_entropy(h.detach() @ W.detach().t(), y, ignore_index=-100, reduction="none")
+    w = (y != -100).float() * tw
+    ref = torch.stack([torch.stack([(per_tok * w)[b == k].sum(), w[b == k].sum()]) for k in range(K)], 1)  # (2, K)
+    assert by_bucket.shape == (2, K) and not by_bucket.requires_grad
+    assert torch.allclose(by_bucket, ref, rtol=1e-5, atol=1e-4)
+    assert by_bucket[:, -1].abs().sum() == 0
+
+
+def test_model_buckets_by_the_position_id_of_the_predicting_token():
+    model = tiny_model("default", "gqa")
+    ids = torch.randint(0, 128, (2, 40))
+    labels = torch.roll(ids, -1, 1)
+    labels[:, -1] = -100
+    pos = torch.cat([torch.arange(25), torch.arange(15)]).expand(2, 40)  # two packed documents
+    ends = torch.tensor([8, 16, 40])
+    loss, n, by_bucket = model(ids, position_ids=pos, labels=labels, loss_chunk_size=17, loss_buckets=ends)
+    counts = [((pos < 8) & (labels != -100)).sum(), ((pos >= 8) & (pos < 16) & (labels != -100)).sum(),
+              ((pos >= 16) & (labels != -100)).sum()]
+    assert by_bucket[1].tolist() == [float(c) for c in counts]
+    assert torch.allclose(by_bucket[0].sum(), loss) and by_bucket[1].sum() == n
