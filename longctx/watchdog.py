@@ -175,12 +175,12 @@ class Watchdog:
 
     # ------------------------------------------------------------------------ the watch
     def _watch(self) -> None:
-        published = 0.0
-        while not self._stop.wait(POLL_S):
+        published, published_step = -PUBLISH_EVERY_S, -1
+        while True:  # publishes at once, then every PUBLISH_EVERY_S and at each new step
             now = time.monotonic()
             idle = now - self._last
-            if self.peers is not None and now - published >= PUBLISH_EVERY_S:
-                published = now
+            if self.peers is not None and (now - published >= PUBLISH_EVERY_S or self.step != published_step):
+                published, published_step = now, self.step
                 try:
                     self.peers.publish(self.step, self.phase, idle)
                 except Exception as e:  # noqa: BLE001 - the store's host may be gone; the watch goes on
@@ -188,6 +188,8 @@ class Watchdog:
             if idle > self.limit_s():
                 self.stalled(f"rank {self.rank} made no progress for {idle:.0f} s at step {self.step}, phase "
                              f"{self.phase} (limit {self.limit_s():.0f} s)", own=True)
+            if self._stop.wait(POLL_S):
+                return
 
     def collective_failed(self, exc: BaseException) -> NoReturn:
         """The main thread's end after a collective timed out (is_collective_timeout)."""
