@@ -25,9 +25,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Optional
 
-import torch
-
 from longctx.checkpoint.model import RECORD_CONFIG
+from longctx.checkpoint.safe_load import load_checkpoint_file
 from longctx.checkpoint.universal import zero_stage_of
 from longctx.data.cache import PackedCache, cache_path
 from longctx.data.reshard import CachedSource, by_dp_rank, reshard_cached, rows_consumed, rows_per_rank
@@ -158,11 +157,7 @@ def read_rank_states(ckpt: Path, world_size: int) -> list[dict]:
     """Every saved rank's state (data loader, RNG), in rank order."""
     states = []
     for rank in range(world_size):
-        path = ckpt / f"rank_{rank:05d}.pt"
-        try:
-            states.append(torch.load(path, weights_only=False))
-        except (OSError, RuntimeError, EOFError) as e:
-            raise UserError(f"checkpoint.resume: {path} is unreadable ({str(e).splitlines()[0]})") from None
+        states.append(load_checkpoint_file(ckpt / f"rank_{rank:05d}.pt"))
     return states
 
 

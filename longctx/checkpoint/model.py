@@ -24,6 +24,7 @@ from typing import Optional
 import torch
 
 from longctx.attention import AttentionFn, sdpa_attention
+from longctx.checkpoint.safe_load import check_files, load_checkpoint_file
 from longctx.config import load_config, resolve_stages, stage_model_config
 from longctx.errors import UserError
 from longctx.model.config import ModelConfig
@@ -114,6 +115,7 @@ def zero_masters(ckpt: Path) -> Optional[dict[str, torch.Tensor]]:
     DeepSpeed's zero_to_fp32.py does), or None at ZeRO-0 (no partitions)."""
     if not any((ckpt / "ds").glob("*zero_pp_rank_*_optim_states.pt")):
         return None
+    check_files(sorted((ckpt / "ds").glob("*.pt")))  # DeepSpeed's reader unpickles freely
     # deepspeed: imported here, where it is used (seconds, and it sets up its accelerator)
     from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
 
@@ -131,10 +133,8 @@ def ds_state_dict(ckpt: Path) -> dict[str, torch.Tensor]:
     if not states.is_file():
         raise UserError(f"{ckpt / 'ds'}: neither ZeRO optimizer partitions nor {ZERO0_STATES}; "
                         "not a DeepSpeed checkpoint")
-    try:
-        module = torch.load(states, map_location="cpu", weights_only=True).get("module")
-    except (OSError, RuntimeError, EOFError, AttributeError) as e:
-        raise UserError(f"{states}: unreadable ({str(e).splitlines()[0]})") from None
+    saved = load_checkpoint_file(states)
+    module = saved.get("module") if isinstance(saved, dict) else None
     if not isinstance(module, dict) or not module:
         raise UserError(f"{states}: holds no module weights")
     return dict(module)

@@ -49,6 +49,7 @@ from longctx.checkpoint.layout import (
     saved_layout,
 )
 from longctx.checkpoint.manifest import COMPLETE, gather_objects, rank_and_world
+from longctx.checkpoint.safe_load import check_files, load_checkpoint_file
 from longctx.checkpoint.universal import load_universal, to_universal
 from longctx.errors import UserError
 from longctx.parallel.zero import optimizer_param_names
@@ -148,6 +149,7 @@ def load_checkpoint(path: Path, *, engine, model, layout: Layout) -> Restored:
     rank = dist.get_rank() if dist.is_initialized() else 0
     trainer_state = read_trainer_state(path)
     check_model_shape(path, trainer_state, model.config)
+    check_torch_files(path)
     saved = saved_layout(trainer_state, path, current_zero=layout.zero_stage)
     if saved.placement() == layout.placement():  # the checkpoint's layout: DeepSpeed's files, this rank's own
         _load_native(path, engine)
@@ -173,11 +175,19 @@ def _load_native(path: Path, engine) -> None:
 
 
 def _read_rank_file(path: Path, rank: int) -> dict:
-    rank_file = path / f"rank_{rank:05d}.pt"
-    try:
-        return torch.load(rank_file, weights_only=False)
-    except (OSError, RuntimeError, EOFError) as e:
-        raise UserError(f"checkpoint.resume: {rank_file} is unreadable ({str(e).splitlines()[0]})") from None
+    return load_checkpoint_file(path / f"rank_{rank:05d}.pt")
+
+
+def check_torch_files(path: Path) -> None:
+    """Collective: every torch file of checkpoint `path` (the rank files and DeepSpeed's, which
+    DeepSpeed unpickles freely when it loads or converts them) read by the weights_only
+    unpickler first, the files shared among the ranks; a refusal on any rank is every rank's
+    UserError naming the file, before anything from the checkpoint is loaded."""
+    rank, world = rank_and_world()
+    files = sorted(path.glob("rank_*.pt")) + sorted((path / "ds").rglob("*.pt"))
+    problem = run_phase(lambda: check_files(files[rank::world]))
+    if problem:
+        raise UserError(problem.split(": ", 1)[1])  # the file's own line, without "rank r: "
 
 
 def _universal_bytes(ds_dir: Path) -> int:

@@ -24,6 +24,7 @@ from typing import Iterable
 import torch
 from torch import nn
 
+from longctx.checkpoint.safe_load import load_checkpoint_file
 from longctx.errors import UserError
 from longctx.parallel.checkpointing import model_key
 
@@ -82,7 +83,7 @@ def _for_every_stage(out: Path, source_stage: int) -> None:
     version (1-2) or the step in the base optimizer's state (3). The converter writes its
     source stage's; the other stage's is added here."""
     have, want = (ZERO3_STATES, ZERO0_STATES) if source_stage == 3 else (ZERO0_STATES, ZERO3_STATES)
-    model_states = torch.load(out / have, map_location="cpu", weights_only=False)
+    model_states = load_checkpoint_file(out / have)
     if model_states.get("module") or model_states.get("optimizer"):  # ZeRO 1-2: the converter's full copy
         model_states = _slim(model_states)
         torch.save(model_states, out / have)
@@ -92,11 +93,11 @@ def _for_every_stage(out: Path, source_stage: int) -> None:
             for name, shape in shapes.items():
                 for key in STATES:
                     file = out / "zero" / name / f"{key}.pt"
-                    value = torch.load(file, weights_only=False)
+                    value = load_checkpoint_file(file)
                     flat = value["param"] if isinstance(value, dict) else value
                     torch.save({"param": flat.view(shape), "cat_dim": 0}, file)
     path = out / "zero" / "optimizer_state.pt"
-    state = torch.load(path, weights_only=False)
+    state = load_checkpoint_file(path)
     if not state.get("ds_version"):
         state["ds_version"] = model_states["ds_version"]
     base = state.get("optimizer_state_dict")
@@ -104,7 +105,7 @@ def _for_every_stage(out: Path, source_stage: int) -> None:
     if isinstance(base, dict) and base.get("state"):
         step = base["state"][0]["step"]
     else:
-        step = torch.load(steps[0], weights_only=False)
+        step = load_checkpoint_file(steps[0])
         state["optimizer_state_dict"] = {"state": {0: {"step": step}}, "param_groups": state["param_groups"]}
     torch.save(state, path)
     if not steps:  # ZeRO-3 keeps the step in optimizer_state.pt only; ZeRO 1-2 read it per parameter
@@ -119,11 +120,8 @@ def _save_state(out: Path, name: str, key: str, tensor: torch.Tensor) -> None:
 
 def _zero0_to_universal(ds_dir: Path, out: Path, names: list[str]) -> None:
     path = ds_dir / ZERO0_STATES
-    try:
-        saved = torch.load(path, map_location="cpu", weights_only=False)
-    except (OSError, RuntimeError, EOFError) as e:
-        raise UserError(f"checkpoint.resume: {path} is unreadable ({str(e).splitlines()[0]})") from None
-    opt = saved.get("optimizer")
+    saved = load_checkpoint_file(path)
+    opt = saved.get("optimizer") if isinstance(saved, dict) else None
     if not isinstance(opt, dict):
         raise UserError(f"checkpoint.resume: {path} holds no optimizer state")
     if "fp32_groups" in opt:  # bf16 at ZeRO-0: DeepSpeed's FP16_UnfusedOptimizer around torch's AdamW
@@ -212,9 +210,9 @@ def _step_tensor(step: float, group: dict, device: torch.device) -> torch.Tensor
 
 def _load_zero0(engine, model: nn.Module, zero: Path) -> None:
     for name, low, master, opt, group in _masters(engine, model):
-        files = {key: torch.load(zero / name / f"{key}.pt", map_location="cpu", weights_only=False)["param"]
+        files = {key: load_checkpoint_file(zero / name / f"{key}.pt")["param"]
                  for key in STATES}
-        step = float(torch.load(zero / name / "step.pt", weights_only=False))
+        step = float(load_checkpoint_file(zero / name / "step.pt"))
         with torch.no_grad():
             master.copy_(files["fp32"].view_as(master))
             if low is not master:

@@ -16,6 +16,7 @@ import torch
 
 from longctx import atomic
 from longctx.checkpoint.manifest import gather_objects
+from longctx.checkpoint.safe_load import check_files
 from longctx.data.tokenizer import check_tokenizer_spec
 from longctx.errors import UserError
 from longctx.eval.api import evaluate, out_lock, prepare
@@ -27,6 +28,7 @@ from longctx.eval.model_io import (
     check_lengths,
     check_pair,
     eval_device,
+    is_ds_only_checkpoint,
     load_model,
     load_tokenizer_for,
     parse_dtype,
@@ -51,7 +53,7 @@ def check(cfg: EvalConfig, world_size: int) -> typing.Optional[Path]:
         return None
     model_dir = resolve_model_dir(cfg.model, cfg.revision)  # UserError for a bad path or Hub id, before the weights
     model_config, _ = apply_overrides(base_model_config(model_dir), cfg.model_overrides)
-    _check_window_before_writing(cfg, model_config)
+    _checks_before_writing(cfg, model_dir, model_config)
     check_tokenizer_spec(tokenizer_spec_for(model_dir, cfg.tokenizer), TOKENIZER_FIELD)
     return model_dir
 
@@ -96,7 +98,7 @@ def _evaluate(cfg: EvalConfig, world: int, flag: PreemptionFlag, *, overwrite: b
     holding --out's lock (rank 0) from the plan to the last write."""
     model_dir = resolve_model_dir(cfg.model, cfg.revision)
     model_config, overrides = apply_overrides(base_model_config(model_dir), cfg.model_overrides)  # config.json only
-    _check_window_before_writing(cfg, model_config)
+    _checks_before_writing(cfg, model_dir, model_config)
     spec = tokenizer_spec_for(model_dir, cfg.tokenizer)
     tokenizer = load_tokenizer_for(model_dir, cfg.tokenizer)
     identity = run_identity(model_dir, spec, cfg.dtype, model_overrides=overrides) if cfg.out is not None else None
@@ -155,7 +157,12 @@ def _preempted_line(info: dict) -> str:
             f"{PREEMPTED_EXIT_CODE}; run the same command again to continue")
 
 
-def _check_window_before_writing(cfg: EvalConfig, model_config) -> None:
+def _checks_before_writing(cfg: EvalConfig, model_dir: Path, model_config) -> None:
+    """What would stop the evaluation once the weights load, checked before --out is made: a
+    checkpoint without model/ has its DeepSpeed files read by the weights_only unpickler
+    (DeepSpeed's consolidation unpickles freely), and the sliding window fits the lengths."""
+    if is_ds_only_checkpoint(model_dir):
+        check_files(sorted((model_dir / "ds").glob("*.pt")))
     if cfg.ruler_data is None:  # with ruler_data the lengths are the data's: checked once it is read
         selection = select(cfg)
         check_eval_window(model_config, selection.lengths + selection.ppl_lengths)
