@@ -5,9 +5,9 @@ import json
 
 import pytest
 import torch
-from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
 
 import longctx
+from helpers.tokenizers import write_byte_level_tokenizer
 from longctx.cli import main
 from longctx.data.tokenizer import load_tokenizer
 from longctx.errors import UserError
@@ -25,13 +25,7 @@ SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 
 
 def _write_tokenizer(d, *, template=TEMPLATE, jinja_file=False, add_bos_token=None):
-    alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
-    tok = Tokenizer(models.BPE(vocab={c: i for i, c in enumerate(alphabet)}, merges=[]))
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    tok.add_special_tokens([AddedToken(t, special=True) for t in SPECIALS])
-    d.mkdir(parents=True, exist_ok=True)
-    tok.save(str(d / "tokenizer.json"))
+    ids = write_byte_level_tokenizer(d, SPECIALS)
     config = {"bos_token": "<|im_start|>", "eos_token": "<|im_end|>", "pad_token": "<|endoftext|>",
               "tokenizer_class": "PreTrainedTokenizerFast"}
     if add_bos_token is not None:
@@ -41,7 +35,7 @@ def _write_tokenizer(d, *, template=TEMPLATE, jinja_file=False, add_bos_token=No
     elif template is not None:
         config["chat_template"] = template
     (d / "tokenizer_config.json").write_text(json.dumps(config))
-    return {t: tok.token_to_id(t) for t in SPECIALS}
+    return ids
 
 
 @pytest.fixture(scope="module")

@@ -5,8 +5,8 @@ and Llama 3's BOS stays. The tokenizers are built here with `tokenizers`."""
 import json
 
 import pytest
-from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
 
+from helpers.tokenizers import write_byte_level_tokenizer
 from longctx.data.config import DataConfig, SourceConfig
 from longctx.data.loader import DataLoader
 from longctx.data.tokenizer import adds_bos_for, load_tokenizer, prepends_bos
@@ -30,15 +30,9 @@ FAMILY_TOKENS = {  # specials, tokenizer_config.json's entries
 
 def _tokenizer_dir(d, family):
     specials, config = FAMILY_TOKENS[family]
-    alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
-    tok = Tokenizer(models.BPE(vocab={c: i for i, c in enumerate(alphabet)}, merges=[]))
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    tok.add_special_tokens([AddedToken(t, special=True) for t in specials])
-    d.mkdir(parents=True, exist_ok=True)
-    tok.save(str(d / "tokenizer.json"))
+    ids = write_byte_level_tokenizer(d, specials)
     (d / "tokenizer_config.json").write_text(json.dumps(config))
-    return d, {t: tok.token_to_id(t) for t in specials}
+    return d, ids
 
 
 @pytest.mark.parametrize("family, bos", [("qwen", None), ("mistral", "<s>"), ("llama3", "<|begin_of_text|>")])
