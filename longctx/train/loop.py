@@ -52,7 +52,7 @@ from longctx.train.step import StepSetup, train_step
 from longctx.train.step_metrics import StepRates, stage_rates, step_record
 from longctx.train.summary import RunTotals, end_summary, layout_line, rope_line
 from longctx.train.validation import Validator, check_resumed_heldout
-from longctx.train.validation_plot import plot_validation
+from longctx.train.validation_plot import plot_probe, plot_validation
 from longctx.wandb_log import open_run
 
 log = logging.getLogger("longctx.train")
@@ -195,12 +195,15 @@ class Trainer:
         outputs.writer.close()
 
     def _plot_validation(self) -> None:
-        """Rank 0: validation.png beside the metrics; a failed picture is a warning, not a failed run."""
+        """Rank 0: validation.png (and probe.png) beside the metrics; a failed picture is a
+        warning, not a failed run."""
         if self.rank != 0 or not self.cfg.validation.enabled:
             return
         try:
             if (path := plot_validation(self.out)) is not None:
                 self._announce(f"validation: loss by position in {path}")
+            if (path := plot_probe(self.out)) is not None:
+                self._announce(f"validation: probe scores in {path}")
         except Exception as e:  # noqa: BLE001 - the run's results are written already
             log.warning("validation: no picture (%s)", e)
 

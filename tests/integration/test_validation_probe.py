@@ -25,6 +25,7 @@ def test_the_probe_equals_teacher_forced_eval_on_the_checkpoint_of_its_step(tmp_
     row = rows[0]
     assert set(row["probe"]) == {"passkey", "niah_single_1"}
     assert set(row["probe"]["passkey"]) == {"192", "256"}
+    assert (out / "probe.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"  # drawn at the run's end
     # a model that gets some answer tokens right: the comparison below is not of zeros only
     assert any(v > 0 for cells in row["probe_token_accuracy"].values() for v in cells.values()), row
 
