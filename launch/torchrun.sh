@@ -21,7 +21,8 @@
 # forwards SIGUSR1 (SLURM's pre-timeout warning, delivered by srun to every task) to the worker
 # processes directly, so the trainer finishes its step, saves a checkpoint, writes
 # <out_dir>/PREEMPTED and exits with code 85 (an eval finishes its batch, keeps its cells and
-# writes <out>/PREEMPTED); this script then exits 85 too (torchrun itself reports 1). A time
+# writes <out>/PREEMPTED); this script then exits 85 too (torchrun itself reports 1). A rank that
+# stalls (parallel.timeout_s) ends every worker and leaves <out>/STALLED: this script exits 86. A time
 # budget for a run (docs/training.md):
 #   timeout --foreground --preserve-status --signal=USR1 90m launch/torchrun.sh ...
 set -euo pipefail
@@ -142,5 +143,12 @@ if (( rc != 0 )) && [[ -n $marker && -f $marker ]] && (( $(stat -c %Y "$marker")
         echo "[torchrun.sh] preempted: $(cat "$marker") done in $out_dir; the same command continues it" >&2
     fi
     exit 85
+fi
+# a rank that stalled (longctx/watchdog.py) wrote STALLED, the line that ended the job, and every
+# worker exited: exit 86, which the SLURM scripts requeue as for a lost node
+stalled=${out_dir:+$out_dir/STALLED}
+if (( rc != 0 )) && [[ -n $stalled && -f $stalled ]] && (( $(stat -c %Y "$stalled") >= started )); then
+    echo "[torchrun.sh] $(head -n 1 "$stalled" | sed 's/^error: //'); the same command resumes the run" >&2
+    exit 86
 fi
 exit "$rc"

@@ -19,6 +19,7 @@ from longctx.data.config import DataConfig, SourceConfig
 from longctx.errors import UserError
 from longctx.model.config import PRESETS
 from longctx.parallel.layout import CP_IMPLS
+from longctx.parallel.timeouts import DEFAULT_STARTUP_TIMEOUT_S, DEFAULT_TIMEOUT_S, timeout_problem
 from longctx.wandb_log import check_mode
 
 DTYPES = ("float32", "bfloat16")
@@ -77,8 +78,13 @@ class ParallelSection:
     mlp_tile_tokens: int = 0  # > 0: each MLP runs in sequence tiles of this many tokens (model/swiglu.py)
     compile: str = "none"  # none | norms_mlp: torch.compile each block's norms and MLP (parallel/compiled.py)
     deepspeed_config: Optional[str] = None  # a user DeepSpeed JSON merged over ours
+    timeout_s: float = DEFAULT_TIMEOUT_S  # a collective or a step stalled this long ends the job (parallel/timeouts.py)
+    startup_timeout_s: float = DEFAULT_STARTUP_TIMEOUT_S  # the same limit until the first step has finished
 
     def validate(self) -> None:
+        for name in ("timeout_s", "startup_timeout_s"):
+            if problem := timeout_problem(getattr(self, name)):
+                raise UserError(f"parallel.{name}: {problem}")
         require_one_of("parallel.cp_impl", self.cp_impl, CP_IMPLS)
         require_at_least("parallel.ulysses_size", self.ulysses_size, 0)
         if self.ulysses_size == 0 and self.cp_impl != "hybrid":

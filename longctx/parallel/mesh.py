@@ -5,7 +5,6 @@ block of consecutive ranks (one node's GPUs first, where the fast links are).
 """
 from __future__ import annotations
 
-import datetime
 import importlib
 import os
 import socket
@@ -17,13 +16,15 @@ import torch
 import torch.distributed as dist
 
 from longctx.launch_env import DistEnv, read_env
+from longctx.parallel.timeouts import DEFAULT_STARTUP_TIMEOUT_S, as_timedelta, enable_nccl_async_errors
 from longctx.third_party_logs import quiet_other_ranks
 
 
-def init_distributed(timeout_s: float = 1800.0, preload: Sequence[str] = ()) -> DistEnv:
+def init_distributed(timeout_s: float = DEFAULT_STARTUP_TIMEOUT_S, preload: Sequence[str] = ()) -> DistEnv:
     """Initialise torch.distributed (NCCL on GPUs, gloo on CPU). A single process still gets a
-    1-rank gloo group so that every code path (ZeRO, collectives) is the same. `preload`: more
-    modules to import before the group exists (see import_before_process_groups)."""
+    1-rank gloo group so that every code path (ZeRO, collectives) is the same. `timeout_s`: the
+    collective timeout while the job starts (parallel/timeouts.py). `preload`: more modules to
+    import before the group exists (see import_before_process_groups)."""
     info = read_env()
     if dist.is_initialized():
         return info
@@ -41,10 +42,11 @@ def init_distributed(timeout_s: float = 1800.0, preload: Sequence[str] = ()) -> 
     if torch.cuda.is_available():
         torch.cuda.set_device(info.local_rank % torch.cuda.device_count())
         backend = "nccl"
+        enable_nccl_async_errors()
     else:
         backend = "gloo"
     dist.init_process_group(backend, rank=info.rank, world_size=info.world_size,
-                            timeout=datetime.timedelta(seconds=timeout_s))
+                            timeout=as_timedelta(timeout_s))
     return info
 
 
@@ -129,8 +131,9 @@ class Mesh:
     cp_ranks: list[int]
 
 
-def build_mesh(cp_size: int) -> Mesh:
-    """Create the groups (every rank must call this, in the same order)."""
+def build_mesh(cp_size: int, timeout_s: float = DEFAULT_STARTUP_TIMEOUT_S) -> Mesh:
+    """Create the groups (every rank must call this, in the same order); `timeout_s` as in
+    init_distributed (set_collective_timeout changes it later)."""
     world, rank = dist.get_world_size(), dist.get_rank()
     if world % cp_size != 0:
         raise ValueError(f"cp_size {cp_size} does not divide world size {world}")
@@ -139,12 +142,12 @@ def build_mesh(cp_size: int) -> Mesh:
     my_cp_ranks: list[int] = []
     for d in range(dp_size):
         ranks = list(range(d * cp_size, (d + 1) * cp_size))
-        group = dist.new_group(ranks)
+        group = dist.new_group(ranks, timeout=as_timedelta(timeout_s))
         if rank in ranks:
             cp_group, my_cp_ranks = group, ranks
     for c in range(cp_size):
         ranks = list(range(c, world, cp_size))
-        group = dist.new_group(ranks)
+        group = dist.new_group(ranks, timeout=as_timedelta(timeout_s))
         if rank in ranks:
             dp_group = group
     return Mesh(dp_size, cp_size, rank // cp_size, rank % cp_size, cp_group, dp_group, my_cp_ranks)

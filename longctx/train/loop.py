@@ -54,6 +54,7 @@ from longctx.train.summary import RunTotals, end_summary, layout_line, rope_line
 from longctx.train.validation import Validator, check_resumed_heldout
 from longctx.train.validation_plot import plot_probe, plot_validation
 from longctx.wandb_log import open_run
+from longctx.watchdog import Watchdog, is_collective_timeout, watched_batches
 
 log = logging.getLogger("longctx.train")
 
@@ -98,10 +99,15 @@ class Trainer:
         self.resume_candidates = resume_candidates(self.out, cfg.checkpoint.resume)
         check_sources(self.stages)  # every source readable, before out_dir is touched
         self._check_probe()  # probe samples fit every stage, before out_dir is touched
-        init_distributed(preload=("deepspeed",))  # the engine's library, imported before any group
+        # the engine's library, imported before any group
+        init_distributed(timeout_s=cfg.parallel.startup_timeout_s, preload=("deepspeed",))
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
         self.lock = take_run_lock(self.out, self.rank)  # before anything in out_dir is written
         setup_logging(self.out, self.rank)
+        self.watchdog = Watchdog(rank=self.rank, world=self.world, timeout_s=cfg.parallel.timeout_s,
+                                 startup_timeout_s=cfg.parallel.startup_timeout_s,
+                                 log_path=self.out / "logs" / f"rank_{self.rank:05d}.log", marker_dir=self.out,
+                                 on_end=self._release_lock).start()
         self.dtype = train_dtype(cfg)
         self.device = (torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available()
                        else torch.device("cpu"))
@@ -160,7 +166,8 @@ class Trainer:
                 loader_state = None
             totals.train_seconds = time.monotonic() - totals.loop_start
             if rc == 0 and cfg.checkpoint.export_hf:
-                problem = self._write_hf(self.out / "hf")
+                with self.watchdog.slow_phase("export"):
+                    problem = self._write_hf(self.out / "hf")
                 if problem:
                     raise CheckpointError(f"checkpoint.export_hf: cannot write {self.out / 'hf'}: {problem}")
                 totals.export = self.out / "hf"
@@ -219,7 +226,7 @@ class Trainer:
     # ------------------------------------------------------------------ building blocks
     def _mesh(self, cp: int):
         if cp not in self._meshes:
-            self._meshes[cp] = build_mesh(cp)
+            self._meshes[cp] = build_mesh(cp, self.watchdog.collective_timeout_s())
         return self._meshes[cp]
 
     def _build_engine(self):
@@ -294,9 +301,8 @@ class Trainer:
         cleanup): without it a ZeRO >= 1 engine, its model and its process groups outlive the
         job in this process. Never raises: teardown must not replace the job's result."""
         self.flag.uninstall()
-        if self.lock is not None:
-            run_lock.release_lock(self.out, self.lock)
-            self.lock = None
+        self.watchdog.stop()
+        self._release_lock()
         if self.engine is None:
             return
         try:
@@ -304,6 +310,11 @@ class Trainer:
         except Exception as e:  # noqa: BLE001
             log.warning("DeepSpeed engine cleanup failed: %s", e)
         self.engine = None
+
+    def _release_lock(self) -> None:
+        if self.lock is not None:
+            run_lock.release_lock(self.out, self.lock)
+            self.lock = None
 
     # ---------------------------------------------------------------------- the steps
     def _run_stage(self, state: TrainState, tokenizer, loader_state: Optional[dict],
@@ -314,14 +325,17 @@ class Trainer:
         stage = self.stages[si]
         run = self._enter_stage(si)
         loader = self._training_loader(stage, run.mesh, tokenizer, loader_state)
-        batches = iter(loader)
+        batches = watched_batches(iter(loader), self.watchdog)
         while state.stage_step < stage.steps:
+            self.watchdog.beat("data", step=state.step + 1)
             record = self._step(run, batches, stage, state)
+            self.watchdog.step_done(record["step_time_s"])
             self._account(record, state, si, stage)
             totals.final_loss = record["loss"]
             stage_done = state.stage_step == stage.steps
             pending = None
             if self.validator.due(state.step, stage_done):  # before checkpoint N: a resume from it goes on
+                self.watchdog.beat("validation")  # between steps: the start-up limit, as a checkpoint
                 row = self.validator.run(self.engine, run.mesh, self.device, si, state.step, tokenizer,
                                          stop=self.flag.agreed)  # a signal: stops between its forwards
                 if row is None:
@@ -334,7 +348,8 @@ class Trainer:
                 state.stage += 1
                 state.stage_step = 0
             if due or stage_done or preempt:
-                self._save(state, loader.state_dict(), data_stage=si, cp=run.mesh.cp_size, pending=pending)
+                with self.watchdog.slow_phase("checkpoint"):
+                    self._save(state, loader.state_dict(), data_stage=si, cp=run.mesh.cp_size, pending=pending)
             if preempt:
                 self._report_preemption(state.step)
                 return PREEMPTED_EXIT_CODE
@@ -451,6 +466,10 @@ def train(cfg: TrainConfig, plan: Optional[RunPlan] = None) -> int:
             rc = trainer.run()
         except NonFiniteStop as e:
             rc = report_stop(e, trainer.rank, trainer.out)
+        except RuntimeError as e:
+            if is_collective_timeout(e):  # a peer stalled: say which, then end like a lost node
+                trainer.watchdog.collective_failed(e)
+            raise
         except UserError as e:  # checkpoint or data identity: every rank raises it; the CLI prints rank 0's
             completed = True
             if trainer.rank == 0:

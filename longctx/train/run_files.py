@@ -22,6 +22,7 @@ from longctx.train import run_lock
 from longctx.train.build import resolved_header
 from longctx.train.nonfinite import NONFINITE_MARKER
 from longctx.train.signals import PREEMPTED_MARKER
+from longctx.watchdog import STALLED_MARKER
 
 log = logging.getLogger("longctx.train")
 
@@ -65,6 +66,7 @@ def write_run_files(out: Path, rank: int, cfg: TrainConfig) -> None:
     if rank == 0:
         atomic.write_text(out / "resolved_config.yaml", resolved_header(cfg) + to_yaml(cfg))
         (out / PREEMPTED_MARKER).unlink(missing_ok=True)
+        (out / STALLED_MARKER).unlink(missing_ok=True)
         (out / NONFINITE_MARKER).unlink(missing_ok=True)
         for stale in sorted((out / "checkpoints").glob(".tmp-step_*")):
             shutil.rmtree(stale, ignore_errors=True)

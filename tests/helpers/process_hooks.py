@@ -11,6 +11,8 @@ return patches one longctx module as it is imported. longctx itself reads nothin
   $SYNC_LOG, the reads being the scalar copies device -> host (`aten._local_scalar_dense`:
   item(), float(), bool() of a tensor) made while it ran, the collectives the calls of
   torch.distributed's collective functions (DeepSpeed's included: its comm layer calls them).
+- `stalled_data_env`: one rank's training loader stops before a chosen batch, touches
+  $STALL_MARK and waits for $RELEASE (a data read stuck on a file system).
 """
 import textwrap
 from pathlib import Path
@@ -157,3 +159,41 @@ def counted_syncs_env(tmp_path: Path, env: dict) -> Path:
     log = tmp_path / "syncs.log"
     env["SYNC_LOG"] = str(log)
     return log
+
+
+STALLED_DATA = """
+build = module.build_stage_loader
+
+class _Held:
+    # rank $STALL_RANK's loader: once $STALL_AT_BATCH batches were served, touch $STALL_MARK and
+    # wait, as on a stuck file system, until $RELEASE exists
+    def __init__(self, loader):
+        self.loader = loader
+
+    def __getattr__(self, name):
+        return getattr(self.loader, name)
+
+    def __iter__(self):
+        for served, batch in enumerate(self.loader):
+            if served == int(os.environ["STALL_AT_BATCH"]):
+                pathlib.Path(os.environ["STALL_MARK"]).touch()
+                deadline = time.monotonic() + 600  # against a hang only
+                while not pathlib.Path(os.environ["RELEASE"]).exists() and time.monotonic() < deadline:
+                    time.sleep(0.05)
+            yield batch
+
+def held(*args, **kwargs):
+    loader = build(*args, **kwargs)
+    return _Held(loader) if os.environ.get("RANK") == os.environ["STALL_RANK"] else loader
+module.build_stage_loader = held
+"""
+
+
+def stalled_data_env(tmp_path: Path, env: dict, rank: int, at_batch: int) -> tuple[Path, Path]:
+    """Adds the stalled-loader hook to env: rank `rank`'s training loader stops before batch
+    `at_batch` (0-based). Returns (mark, release): the loader is held once the mark exists, and
+    goes on once the release file exists."""
+    _hook_env(tmp_path, env, "longctx.train.stages", STALLED_DATA)
+    mark, release = tmp_path / "data-held", tmp_path / "release"
+    env.update(STALL_RANK=str(rank), STALL_AT_BATCH=str(at_batch), STALL_MARK=str(mark), RELEASE=str(release))
+    return mark, release

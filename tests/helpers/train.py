@@ -39,10 +39,11 @@ def run_train(nproc: int, overrides: list[str], timeout: int = 600) -> subproces
     return subprocess.run(train_cmd(nproc, overrides), capture_output=True, text=True, timeout=timeout, env=env())
 
 
-def start_train(nproc: int, overrides: list[str], log_path: Path) -> subprocess.Popen:
+def start_train(nproc: int, overrides: list[str], log_path: Path, environ: dict | None = None) -> subprocess.Popen:
+    """`environ`: the processes' environment (default: env())."""
     log = open(log_path, "w")
-    return subprocess.Popen(train_cmd(nproc, overrides), stdout=log, stderr=subprocess.STDOUT, env=env(),
-                            start_new_session=True)
+    return subprocess.Popen(train_cmd(nproc, overrides), stdout=log, stderr=subprocess.STDOUT,
+                            env=env() if environ is None else environ, start_new_session=True)
 
 
 def metrics(out_dir: Path) -> list[dict]:

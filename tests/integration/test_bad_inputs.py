@@ -83,6 +83,11 @@ TRAIN = [
     ("unknown compile mode", ["train", RUN, "parallel.compile=all"], "parallel.compile"),
     ("offload_params without ZeRO-3", ["train", RUN, "parallel.offload_params=true"], "parallel.offload_params"),
     ("ulysses_size 0", ["train", RUN, "parallel.ulysses_size=0"], "parallel.ulysses_size"),
+    ("timeout 0", ["train", RUN, "parallel.timeout_s=0"],
+     "parallel.timeout_s: must be a finite number of seconds > 0, got 0.0"),
+    ("negative start-up timeout", ["train", RUN, "parallel.startup_timeout_s=-5"],
+     "parallel.startup_timeout_s: must be a finite number of seconds > 0, got -5.0"),
+    ("non-numeric timeout", ["train", RUN, "parallel.timeout_s=soon"], "parallel.timeout_s: must be a number"),
     ("cp not dividing the world", ["train", RUN, "parallel.cp_size=3", "data.seq_len=252"],
      "parallel.cp_size: 3 must divide the world size 1"),
     # data

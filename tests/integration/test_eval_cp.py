@@ -7,6 +7,7 @@ import torch
 
 import longctx
 from helpers.eval_cp import assert_same_outputs, eval_one_and_cp2
+from helpers.model import perturb_norms_and_biases
 from helpers.train import free_port
 from longctx.model import build_model, get_preset
 
@@ -33,7 +34,15 @@ def test_cp2_prefill_matches_one_process(model_dir, tmp_path):
     assert b["meta"]["generation"]["peak_cache_bytes"] > 0
 
 
-def _worker(rank, port, model_path, q):
+@pytest.fixture(scope="module")
+def qwen3_dir(tmp_path_factory):
+    d = tmp_path_factory.mktemp("cpqwen3")
+    cfg = get_preset("debug-tiny-qwen3", initializer_range=0.2, max_position_embeddings=2048)
+    longctx.save_pretrained(perturb_norms_and_biases(build_model(cfg, seed=1), seed=2), d)
+    return d
+
+
+def _worker(rank, port, model_paths, q):
     import torch.distributed as dist
 
     from longctx.parallel.cp_decode import cp_generate
@@ -43,36 +52,43 @@ def _worker(rank, port, model_path, q):
     import_before_process_groups()
     dist.init_process_group("gloo", rank=rank, world_size=2)
     torch.set_num_threads(1)
-    model = longctx.load_pretrained(model_path).eval()
-    g = torch.Generator().manual_seed(0)
-    prompts = [torch.randint(0, 256, (n,), generator=g).tolist() for n in (301, 290, 257)]
-    out = {}
-    for impl in ("ring", "allgather"):
-        out[impl], stats = cp_generate(model, prompts, 12, impl=impl)
-    q.put((rank, out, stats["cache_bytes"]))
+    outs = []
+    for model_path in model_paths:
+        model = longctx.load_pretrained(model_path).eval()
+        g = torch.Generator().manual_seed(0)
+        prompts = [torch.randint(0, 256, (n,), generator=g).tolist() for n in (301, 290, 257)]
+        out = {}
+        for impl in ("ring", "allgather"):
+            out[impl], stats = cp_generate(model, prompts, 12, impl=impl)
+        outs.append((out, stats["cache_bytes"]))
+    q.put((rank, outs))
     shutdown_distributed(completed=True)
 
 
-def test_cp_generate_ring_and_allgather_match_single_process(model_dir):
+def test_cp_generate_ring_and_allgather_match_single_process(model_dir, qwen3_dir):
+    """A Llama and a Qwen3 model (q/k norms in the prefill and in every decode step)."""
     import torch.multiprocessing as mp
 
     from longctx.model.generate import generate
 
-    model = longctx.load_pretrained(model_dir).eval()
     g = torch.Generator().manual_seed(0)
     prompts = [torch.randint(0, 256, (n,), generator=g).tolist() for n in (301, 290, 257)]
-    ref = generate(model, prompts, 12)
     ctx = mp.get_context("spawn")
     q = ctx.Queue()
     port = free_port()
-    procs = [ctx.Process(target=_worker, args=(r, port, str(model_dir), q)) for r in range(2)]
+    paths = [str(model_dir), str(qwen3_dir)]
+    procs = [ctx.Process(target=_worker, args=(r, port, paths, q)) for r in range(2)]
     for p in procs:
         p.start()
     results = [q.get(timeout=240) for _ in procs]
     for p in procs:
         p.join(timeout=60)
-    cfg = model.config
-    full_cache = 2 * cfg.num_hidden_layers * 3 * cfg.num_key_value_heads * 304 * cfg.head_dim * 4
-    for rank, out, cache_bytes in results:
-        assert out["ring"] == ref and out["allgather"] == ref
-        assert cache_bytes < 0.6 * full_cache  # a rank never holds the whole prompt's K/V
+    for i, path in enumerate(paths):
+        model = longctx.load_pretrained(path).eval()
+        ref = generate(model, prompts, 12)
+        cfg = model.config
+        full_cache = 2 * cfg.num_hidden_layers * 3 * cfg.num_key_value_heads * 304 * cfg.head_dim * 4
+        for rank, outs in results:
+            out, cache_bytes = outs[i]
+            assert out["ring"] == ref and out["allgather"] == ref, (path, rank)
+            assert cache_bytes < 0.6 * full_cache  # a rank never holds the whole prompt's K/V

@@ -5,7 +5,8 @@ import os
 import signal
 import time
 
-from helpers.train import TINY, run_train, start_train
+from helpers.process_hooks import stalled_data_env
+from helpers.train import TINY, env, run_train, start_train
 from longctx.train.run_lock import LOCK_NAME
 from longctx.train.signals import PREEMPTED_EXIT_CODE
 
@@ -24,9 +25,18 @@ def _wait_for_steps(proc, out, n, timeout=180):
         time.sleep(0.05)
 
 
+def _held_first_job(tmp_path, out, at_batch):
+    """The first job, held before batch `at_batch` until the test releases it: it cannot finish
+    on its own before the test is done with it, however fast the machine."""
+    first_env = env()
+    mark, release = stalled_data_env(tmp_path, first_env, rank=0, at_batch=at_batch)
+    first = start_train(1, [f"out_dir={out}", *COMMON, "train.steps=400"], tmp_path / "first.log", first_env)
+    return first, mark, release
+
+
 def test_a_second_job_into_a_live_run_directory_is_refused_and_touches_nothing(tmp_path):
     out = tmp_path / "run"
-    first = start_train(1, [f"out_dir={out}", *COMMON, "train.steps=400"], tmp_path / "first.log")
+    first, _, release = _held_first_job(tmp_path, out, at_batch=2)
     try:
         _wait_for_steps(first, out, 2)
         before = {p: p.read_bytes() for p in (out / "resolved_config.yaml", out / "logs" / "rank_00000.log")}
@@ -37,8 +47,10 @@ def test_a_second_job_into_a_live_run_directory_is_refused_and_touches_nothing(t
         assert (out / "resolved_config.yaml").read_bytes() == before[out / "resolved_config.yaml"]
         assert (out / "logs" / "rank_00000.log").read_bytes().startswith(before[out / "logs" / "rank_00000.log"])
         first.send_signal(signal.SIGUSR1)
+        release.touch()  # it finishes the held step, saves and stops
         assert first.wait(timeout=180) == PREEMPTED_EXIT_CODE
     finally:
+        release.touch()
         if first.poll() is None:
             first.kill()
     steps = _steps(out)
@@ -48,7 +60,7 @@ def test_a_second_job_into_a_live_run_directory_is_refused_and_touches_nothing(t
 
 def test_a_killed_job_is_taken_over_and_metrics_end_with_the_steps_that_count(tmp_path):
     out = tmp_path / "run"
-    first = start_train(1, [f"out_dir={out}", *COMMON, "train.steps=400"], tmp_path / "first.log")
+    first, _, _ = _held_first_job(tmp_path, out, at_batch=5)
     try:
         _wait_for_steps(first, out, 5)
     finally:

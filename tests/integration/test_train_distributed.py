@@ -7,7 +7,8 @@ import time
 import torch
 
 import longctx
-from helpers.train import TINY, losses, metrics, run_train, start_train
+from helpers.process_hooks import stalled_data_env
+from helpers.train import TINY, env, losses, metrics, run_train, start_train
 
 METRIC_FIELDS = {"loss", "lr", "grad_norm", "tokens_per_s", "tokens_per_s_per_device", "mfu", "peak_memory_gb",
                  "data_wait_fraction", "step", "tokens_seen", "step_time_s", "seq_len", "cp_size", "dp_size",
@@ -104,8 +105,11 @@ def test_resume_after_sigkill_matches_uninterrupted(tmp_path):
     _ok(run_train(2, [f"out_dir={straight}", *common]))
 
     out = tmp_path / "killed"
-    proc = start_train(2, [f"out_dir={out}", *common], tmp_path / "killed.log")
+    held = env()  # rank 1's data stops before step 11 (6 batches a step): the job cannot finish first
+    mark, _ = stalled_data_env(tmp_path, held, rank=1, at_batch=6 * 10)
+    proc = start_train(2, [f"out_dir={out}", *common], tmp_path / "killed.log", held)
     _wait_for(out / "checkpoints" / "step_0000010" / "COMPLETE", proc)
+    _wait_for(mark, proc)
     # SIGKILL one rank (a child of torchrun); the launcher tears the rest down
     children = [int(p) for p in os.popen(f"pgrep -P {proc.pid}").read().split()]
     assert children, "no worker processes found"

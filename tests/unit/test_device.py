@@ -24,7 +24,7 @@ from helpers.attention import (
     packed_ids,
     reference,
 )
-from helpers.model import hf_twin, tiny_config, tiny_model
+from helpers.model import FAMILY_CASES, hf_twin, tiny_config, tiny_model
 from longctx import cli
 from longctx.attention import eager_attention, get_attention, get_kernel, kernel_attention, sdpa_attention
 from longctx.attention.flex import flex_available, flex_document_attention
@@ -149,27 +149,31 @@ def test_auto_attention_on_device_matches_cpu_reference(docs, heads):
         assert_close(f"auto ({method}) {what}", got.cpu(), want, TOL[torch.bfloat16] * max(1.0, want.abs().max()))
 
 
-@pytest.mark.parametrize("rope", ["default", "yarn", "llama3", "longrope", "dynamic"])
-def test_model_on_device_matches_transformers(rope):
-    """fp32: ours and LlamaForCausalLM agree on the device; bf16: ours is no further from the
-    fp32 logits than transformers' own bf16 run is."""
+@pytest.mark.parametrize("family, rope", [(f, r) for f in ("llama", "qwen2", "qwen3")
+                                          for r in ("default", "yarn", "llama3", "longrope", "dynamic")
+                                          if not (f == "qwen3" and r == "longrope")])  # its factors are per head_dim
+def test_model_on_device_matches_transformers(family, rope):
+    """fp32: ours and transformers' class of the family agree on the device; bf16: ours is no
+    further from the fp32 logits than transformers' own bf16 run is."""
     cfg_T = 4 * 32  # 4x the tiny configs' original length (32)
     ids = torch.randint(0, 128, (2, cfg_T), generator=torch.Generator().manual_seed(0)).to(DEVICE)
-    ours = tiny_model(rope, "gqa").to(DEVICE)
-    hf = hf_twin(tiny_model(rope, "gqa")).to(DEVICE)
+    family_fields = FAMILY_CASES[family]
+    ours = tiny_model(rope, "gqa", **family_fields).to(DEVICE)
+    hf = hf_twin(tiny_model(rope, "gqa", **family_fields)).to(DEVICE)
     with torch.no_grad():
         a, b = ours(ids), hf(input_ids=ids).logits
         assert (a - b).abs().max().item() <= 1e-4
-        ours16 = tiny_model(rope, "gqa").to(DEVICE, torch.bfloat16)
-        hf16 = hf_twin(tiny_model(rope, "gqa")).to(DEVICE, torch.bfloat16)
+        ours16 = tiny_model(rope, "gqa", **family_fields).to(DEVICE, torch.bfloat16)
+        hf16 = hf_twin(tiny_model(rope, "gqa", **family_fields)).to(DEVICE, torch.bfloat16)
         err_ours = (ours16(ids).float() - a).abs().max().item()
         err_hf = (hf16(input_ids=ids).logits.float() - a).abs().max().item()
     assert err_ours <= 1.5 * err_hf + 1e-2, (err_ours, err_hf)
 
 
-def test_greedy_generation_on_device_matches_transformers():
-    ours = tiny_model("yarn", "gqa", seed=5).to(DEVICE)
-    hf = hf_twin(tiny_model("yarn", "gqa", seed=5)).to(DEVICE)
+@pytest.mark.parametrize("family", ["llama", "qwen2", "qwen3"])
+def test_greedy_generation_on_device_matches_transformers(family):
+    ours = tiny_model("yarn", "gqa", seed=5, **FAMILY_CASES[family]).to(DEVICE)
+    hf = hf_twin(tiny_model("yarn", "gqa", seed=5, **FAMILY_CASES[family])).to(DEVICE)
     prompts = [torch.randint(0, 128, (n,), generator=torch.Generator().manual_seed(n)).tolist() for n in (20, 13)]
     got = generate(ours, prompts, max_new_tokens=24)
     for prompt, tokens in zip(prompts, got):

@@ -4,7 +4,7 @@ import dataclasses
 
 import pytest
 
-from longctx.model import ModelConfig
+from longctx.model import ModelConfig, get_preset
 from longctx.parallel.heads import HeadShards, auto_ulysses_size
 from longctx.plan import Layout, estimate_layout, relative_time_per_token
 from longctx.plan.activations import activation_bytes
@@ -69,3 +69,22 @@ def test_planner_charges_uneven_shards():
     t, q, kv = 8192, 9 * 64, 3 * 64  # local tokens; query / kv widths
     # member 0 of 2 attends 5 of 9 query heads with 2 of 3 kv heads (kv head 1 sent to both)
     assert activation_bytes(m, uly, "cpu")["comm_fwd"] == 2 * t * (2 * int(q * 10 / 9) + 2 * int(kv * 4 / 3)) * 2
+
+
+def test_qwen25_7b_heads_at_ulysses_8_and_the_plan_at_128k():
+    """Qwen2.5-7B's 28 query / 4 kv heads at Ulysses 8 (where an even split is refused elsewhere):
+    members take 4 or 3 query heads and the one or two kv heads those use; the planner charges
+    the busiest member and the layout fits 8 x 80 GB at 128k."""
+    s = HeadShards(28, 4, 8)
+    assert not s.even and [hi - lo for lo, hi in s.q_ranges()] == [4, 4, 4, 4, 3, 3, 3, 3]
+    assert s.kv_ranges() == [(0, 1), (0, 2), (1, 2), (1, 3), (2, 3), (2, 4), (3, 4), (3, 4)]
+    assert s.max_heads == 4 and s.max_kv_heads == 2 and s.waste == pytest.approx(32 / 28)
+    assert auto_ulysses_size(8, 28, 4) == 4  # hybrid's own choice: 4 x ring 2 (an even 7 heads each)
+    m = get_preset("qwen2.5-7b", max_position_embeddings=131072)
+    lay = Layout(seq_len=131072, world_size=8, cp_size=8, cp_impl="ulysses", ulysses_size=1, zero_stage=3,
+                 offload_optimizer=False, offload_params=False, activation_checkpointing="full", checkpoint_every=1,
+                 recompute_attention=False, micro_batch_size=1, grad_accum=8, dtype="bfloat16", loss_chunk_size=1024,
+                 attention_backend="auto")
+    ring = dataclasses.replace(lay, cp_impl="ring")
+    assert estimate_layout(m, lay).fits(80 * 2**30) and estimate_layout(m, ring).fits(80 * 2**30)
+    assert relative_time_per_token(m, lay) > relative_time_per_token(m, ring)  # the busiest member's 4 heads of 3.5

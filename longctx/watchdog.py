@@ -1,0 +1,251 @@
+"""A rank that stops making progress ends the job, says where, and lets the launcher requeue it.
+
+Each rank of `longctx train` and `longctx eval` runs one daemon thread that watches the rank's
+own progress (the main loop calls `beat` as it moves from phase to phase) and publishes it to
+the job's c10d store every few seconds, so any rank can tell which peer went quiet. Two ways a
+stall is seen:
+
+- a collective gives up (parallel/timeouts.py): the main thread catches the error and calls
+  `collective_failed`;
+- a step's phase (data loading, compute) runs far longer than the run's own steps, with no
+  collective to time out (a stuck file system, a rank spinning): the thread sees it.
+
+Either way the rank writes every thread's Python stack to its log, prints one line naming the
+stalled rank(s), the step and the phase, leaves STALLED (that line) in the run directory for
+the launchers, and exits with STALLED_EXIT_CODE; torchrun's agent then ends the other workers,
+and launch/torchrun.sh and slurm/*.sbatch requeue the job as for a lost node. File-system work
+runs in a helper thread with a deadline, so a stuck file system cannot keep the process alive.
+"""
+from __future__ import annotations
+
+import contextlib
+import faulthandler
+import json
+import logging
+import os
+import sys
+import threading
+import time
+import traceback
+from datetime import timedelta
+from pathlib import Path
+from typing import Callable, Iterator, NoReturn, Optional
+
+from longctx import atomic
+from longctx.parallel.timeouts import set_collective_timeout
+
+STALLED_EXIT_CODE = 86  # launchers requeue it, as a lost node
+STALLED_MARKER = "STALLED"  # in the run directory: the line that ended the job
+STEP_MULTIPLE = 4  # a step's phase may last timeout_s + this many times the slowest step so far
+POLL_S = 1.0
+PUBLISH_EVERY_S = 2.0
+SILENT_AFTER_S = 10.0  # a peer whose thread published nothing for this long is stopped or cut off
+STORE_TIMEOUT_S = 10.0
+REPORT_DEADLINE_S = 30.0  # the stacks, the marker and the lock release, at most
+KEY = "longctx/progress/{rank}"
+IN_STEP = ("data", "compute")  # the phases held to the step-time limit; between steps: the start-up one
+
+log = logging.getLogger("longctx.watchdog")
+
+
+def is_collective_timeout(exc: BaseException) -> bool:
+    """A collective that gave up waiting for its peers (gloo's or NCCL's timeout, a peer gone)."""
+    text = str(exc).lower()
+    return isinstance(exc, RuntimeError) and any(
+        word in text for word in ("timed out", "timeout", "connection closed by peer", "connection reset by peer"))
+
+
+class PeerProgress:
+    """Each rank's last progress in the job's c10d store (the launcher's, or rank 0's): a client
+    of its own, with a short timeout, so a stopped peer or host cannot block the reader long."""
+
+    def __init__(self, rank: int, world: int):
+        self.rank, self.world = rank, world
+        self._store = None
+        self._lock = threading.Lock()  # one client, used by the watch thread and a stalled main thread
+
+    def _client(self):
+        if self._store is None:
+            import torch.distributed as dist  # the job has it loaded already
+
+            self._store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False,
+                                        timeout=timedelta(seconds=STORE_TIMEOUT_S), wait_for_workers=False)
+        return self._store
+
+    def publish(self, step: int, phase: str, idle_s: float) -> None:
+        record = {"step": step, "phase": phase, "idle_s": round(idle_s, 1), "time": time.time()}
+        with self._lock:
+            self._client().set(KEY.format(rank=self.rank), json.dumps(record))
+
+    def read(self) -> dict[int, dict]:
+        found = {}
+        with self._lock:
+            store = self._client()
+            for rank in range(self.world):
+                key = KEY.format(rank=rank)
+                if store.check([key]):
+                    found[rank] = json.loads(store.get(key))
+        return found
+
+
+def describe_peers(progress: dict[int, dict], me: int, world: int, limit_s: float, now: float) -> list[str]:
+    """The ranks that look stalled, each with where it was: silent (its process stopped or cut
+    off) or stuck in one phase for at least half the limit."""
+    found = []
+    for rank in range(world):
+        if rank == me:
+            continue
+        p = progress.get(rank)
+        if p is None:
+            found.append(f"rank {rank} never reported progress")
+            continue
+        quiet = now - p["time"]
+        if quiet > SILENT_AFTER_S:
+            found.append(f"rank {rank} silent for {quiet:.0f} s (stopped or cut off; last at step {p['step']}, "
+                         f"phase {p['phase']})")
+        elif p["idle_s"] >= limit_s / 2:
+            found.append(f"rank {rank} stuck for {p['idle_s']:.0f} s at step {p['step']}, phase {p['phase']}")
+    return found
+
+
+class Watchdog:
+    """One rank's stall watch. `log_path`: the rank's log (stacks are appended); `marker_dir`:
+    where STALLED goes (None: nowhere); `on_end`: run before the exit (release a lock)."""
+
+    def __init__(self, *, rank: int, world: int, timeout_s: float, startup_timeout_s: float,
+                 log_path: Optional[Path], marker_dir: Optional[Path], on_end: Callable[[], None] = lambda: None,
+                 peers: Optional[PeerProgress] = None):
+        self.rank, self.world = rank, world
+        self.timeout_s, self.startup_timeout_s = timeout_s, startup_timeout_s
+        self.log_path, self.marker_dir, self.on_end = log_path, marker_dir, on_end
+        self.peers = peers if peers is not None else (PeerProgress(rank, world) if world > 1 else None)
+        self.step, self.phase = 0, "start-up"
+        self.steady = False  # the first step has finished: the short limits apply
+        self.slowest_step_s = 0.0
+        self._last = time.monotonic()
+        self._ending = threading.Lock()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._watch, name="longctx-watchdog", daemon=True)
+
+    def start(self) -> "Watchdog":
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    # ------------------------------------------------------------ what the main loop says
+    def beat(self, phase: str, step: Optional[int] = None) -> None:
+        """Progress: the rank enters `phase` (of `step`)."""
+        if step is not None:
+            self.step = step
+        self.phase, self._last = phase, time.monotonic()
+
+    def step_done(self, seconds: float) -> None:
+        """A step finished in `seconds`; after the first one, collectives get the short timeout."""
+        if self.steady:
+            self.slowest_step_s = max(self.slowest_step_s, seconds)
+        else:
+            self.steady = True
+            set_collective_timeout(self.timeout_s)
+        self.beat("between steps")
+
+    @contextlib.contextmanager
+    def slow_phase(self, phase: str) -> Iterator[None]:
+        """A phase allowed the start-up timeout, collectives included (a checkpoint save: rank 0
+        may write for minutes while the others wait at a barrier)."""
+        self.beat(phase)
+        set_collective_timeout(self.startup_timeout_s)
+        try:
+            yield
+        finally:
+            if self.steady:
+                set_collective_timeout(self.timeout_s)
+            self.beat("between steps")
+
+    def collective_timeout_s(self) -> float:
+        """The collective timeout now (for a process group created from here on)."""
+        return self.timeout_s if self.steady else self.startup_timeout_s
+
+    def limit_s(self) -> float:
+        """How long the current phase may go without progress."""
+        if not self.steady or self.phase not in IN_STEP:
+            return self.startup_timeout_s
+        return self.timeout_s + STEP_MULTIPLE * self.slowest_step_s  # past a collective's own timeout
+
+    # ------------------------------------------------------------------------ the watch
+    def _watch(self) -> None:
+        published, published_step = -PUBLISH_EVERY_S, -1
+        while True:  # publishes at once, then every PUBLISH_EVERY_S and at each new step
+            now = time.monotonic()
+            idle = now - self._last
+            if self.peers is not None and (now - published >= PUBLISH_EVERY_S or self.step != published_step):
+                published, published_step = now, self.step
+                try:
+                    self.peers.publish(self.step, self.phase, idle)
+                except Exception as e:  # noqa: BLE001 - the store's host may be gone; the watch goes on
+                    log.warning("watchdog: cannot publish progress (%s)", e)
+            if idle > self.limit_s():
+                self.stalled(f"rank {self.rank} made no progress for {idle:.0f} s at step {self.step}, phase "
+                             f"{self.phase} (limit {self.limit_s():.0f} s)", own=True)
+            if self._stop.wait(POLL_S):
+                return
+
+    def collective_failed(self, exc: BaseException) -> NoReturn:
+        """The main thread's end after a collective timed out (is_collective_timeout)."""
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        limit = self.timeout_s if self.steady else self.startup_timeout_s
+        self.stalled(f"rank {self.rank} at step {self.step}, phase {self.phase}: a collective gave up after "
+                     f"{limit:.0f} s ({first[:200]})", own=False,
+                     detail="".join(traceback.format_exception(exc)))
+
+    def stalled(self, what: str, *, own: bool, detail: str = "") -> NoReturn:
+        """Report and exit (once per process; a second caller waits for the exit). `detail`: more
+        for the rank's log (the failed collective's traceback)."""
+        self._ending.acquire()
+        line = self._line(what, own)
+        print(line, file=sys.stderr, flush=True)
+        report = threading.Thread(target=self._report, args=(line, detail), name="longctx-stall-report",
+                                  daemon=True)
+        report.start()
+        report.join(REPORT_DEADLINE_S)
+        os._exit(STALLED_EXIT_CODE)
+
+    def _line(self, what: str, own: bool) -> str:
+        peers = []
+        if self.peers is not None:
+            try:
+                peers = describe_peers(self.peers.read(), self.rank, self.world, self.timeout_s, time.time())
+            except Exception as e:  # noqa: BLE001 - the store's host may be the stopped one
+                peers = [f"the other ranks' progress is unknown ({type(e).__name__})"]
+        parts = [what, *peers] if own else [*peers, what]  # the stalled rank first
+        where = f"; stacks in {self.log_path.parent}/" if self.log_path is not None else ""
+        return f"error: stalled: {'; '.join(parts)}{where}; exit code {STALLED_EXIT_CODE} (resume to continue)"
+
+    def _report(self, line: str, detail: str) -> None:
+        """The line, `detail` and the stacks into the rank's log (not through logging: rank 0's
+        console has the line already), STALLED into the run directory, then on_end."""
+        try:
+            if self.log_path is not None:
+                with open(self.log_path, "a") as f:
+                    f.write(f"{line}\n{detail}--- rank {self.rank}: Python stacks at the stall ---\n")
+                    f.flush()
+                    faulthandler.dump_traceback(f, all_threads=True)
+            if self.marker_dir is not None:
+                atomic.write_text(self.marker_dir / STALLED_MARKER, line + "\n")
+            self.on_end()
+        except Exception as e:  # noqa: BLE001 - the exit comes anyway
+            print(f"watchdog: report incomplete ({e})", file=sys.stderr, flush=True)
+
+
+def watched_batches(batches: Iterator, watchdog: Watchdog) -> Iterator:
+    """`batches`, with the phase marked around each: "data" while the next one loads, "compute"
+    once it is there (a step takes grad_accum of them)."""
+    while True:
+        watchdog.beat("data")
+        try:
+            batch = next(batches)
+        except StopIteration:
+            return
+        watchdog.beat("compute")
+        yield batch
