@@ -1,11 +1,13 @@
 """Loss curve of a training run: RUN_DIR/metrics.jsonl -> RUN_DIR/loss.png (or --out); with
-validation rows, also RUN_DIR/validation.jsonl -> RUN_DIR/validation.png.
+validation rows, also RUN_DIR/validation.jsonl -> RUN_DIR/validation.png (and, with probe scores,
+RUN_DIR/probe.png).
 
     python scripts/plot_metrics.py runs/smollm2-16k-cpu
 
 Each record's loss against its step, with the tokens trained on (tokens_seen) on a second axis
 label; skipped (non-finite) steps are left out. validation.png: the held-out loss by position,
-one line per validation coloured by its step.
+one line per validation coloured by its step. probe.png: the retrieval probe's scores against
+step, one line per task and length.
 """
 from __future__ import annotations
 
@@ -19,7 +21,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from longctx.train.validation_plot import plot_validation  # noqa: E402
+from longctx.train.validation_plot import plot_probe, plot_validation  # noqa: E402
 
 
 def read_metrics(path: Path) -> list[dict]:
@@ -51,8 +53,9 @@ def main(argv=None) -> int:
     fig.tight_layout()
     fig.savefig(out, dpi=120)
     print(f"wrote {out}")
-    if (picture := plot_validation(args.run_dir)) is not None:
-        print(f"wrote {picture}")
+    for plot in (plot_validation, plot_probe):
+        if (picture := plot(args.run_dir)) is not None:
+            print(f"wrote {picture}")
     return 0
 
 

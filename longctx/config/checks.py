@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 from longctx.attention.backends import check_backend_available
+from longctx.config.probe import check_probe_lengths
 from longctx.config.run_plan import RunPlan, derive_plan
 from longctx.config.sections import TrainConfig
 from longctx.config.stages import RunStage, resolve_stages
@@ -57,6 +58,7 @@ def validate_portable(cfg: TrainConfig, stages: Optional[Sequence[RunStage]] = N
     for stage in stages:
         stage.validate()
     check_buckets(cfg.validation, stages)
+    check_probe_lengths(cfg.validation.probe, stages)
     return stages
 
 

@@ -13,9 +13,10 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import List, Optional, Sequence
 
+from longctx.config.probe import ProbeSection
 from longctx.data.config import DataConfig, SourceConfig, as_data_config, resolve_kind, source_label
 from longctx.errors import UserError
 
@@ -34,6 +35,7 @@ class ValidationSection:
     # seed of its own (only when all training data is synthetic)
     sources: Optional[List[SourceConfig]] = None
     seed: int = 0  # the held-out rows' order
+    probe: ProbeSection = field(default_factory=ProbeSection)  # teacher-forced retrieval probe (config/probe.py)
 
     def validate(self) -> None:
         """The section's own fields (any machine, any world size)."""
@@ -50,6 +52,7 @@ class ValidationSection:
         if self.sources is not None and not self.sources:
             raise UserError(f"{SOURCES_FIELD}: empty; give at least one source, or null for the default "
                             "(the synthetic training corpus under a held-out seed)")
+        self.probe.validate(self.every)
 
     @property
     def enabled(self) -> bool:

@@ -94,6 +94,12 @@ class DemoConfig:
     zero_stage: int = 3
     yarn_beta_fast: float = 4.0
     yarn_beta_slow: float = 1.0
+    # validation during the extension (validation.every / rows at extend_len), with a
+    # teacher-forced retrieval probe at train_len and extend_len (the eval's compact samples)
+    extend_validation_every: int = 75
+    validation_rows: int = 4
+    probe_tasks: List[str] = field(default_factory=lambda: ["niah_single_1", "passkey"])
+    probe_samples: int = 4
     # evaluation
     multipliers: List[int] = field(default_factory=lambda: [1, 2, 4, 8])
     samples: int = 30  # per task and length (random needle placement)
@@ -159,7 +165,8 @@ PRESETS: Dict[str, Dict[str, Any]] = {
     "fast": {"base_stages": [{"name": "len192", "seq_len": 192, "steps": 6, "tasks": {"passkey": 1.0}},
                              {"name": "len256", "seq_len": 256, "steps": 10}],
              "base_batch": 8, "base_warmup": 2, "extend_steps": 4, "extend_batch": 2, "extend_warmup": 1,
-             "extend_checkpoint_every": 2, "samples": 2, "heatmap_depths": [0.0, 1.0], "heatmap_samples": 1},
+             "extend_checkpoint_every": 2, "extend_validation_every": 2, "validation_rows": 2, "probe_samples": 1,
+             "samples": 2, "heatmap_depths": [0.0, 1.0], "heatmap_samples": 1},
 }
 
 

@@ -26,6 +26,8 @@ from longctx.config import (
     to_yaml,
 )
 from longctx.config import check_out_dir as check_writable_dir
+from longctx.config.probe import ProbeSection
+from longctx.config.validation import ValidationSection
 from longctx.data.config import DataConfig, SourceConfig, SyntheticConfig
 from longctx.data.hf_tokenizer import TokenizerFiles
 from longctx.demo.config import DemoConfig
@@ -87,7 +89,8 @@ def base_config(demo: DemoConfig, out_dir: Path, seed: int, tokenizer) -> TrainC
 def extend_config(demo: DemoConfig, out_dir: Path, init_from: Path, seed: int, rope: Dict[str, Any],
                   tokenizer) -> TrainConfig:
     """Step 3: continued pretraining at factor x train_len from the base model's HF export,
-    with new RoPE parameters, 2 ranks with context parallelism (cp=2) and ZeRO-3."""
+    with new RoPE parameters, 2 ranks with context parallelism (cp=2) and ZeRO-3; validation
+    (loss by position, the retrieval probe at train_len and extend_len) every few steps."""
     return TrainConfig(
         out_dir=str(out_dir),
         model=ModelSection(init_from=str(init_from), rope_parameters=dict(rope),
@@ -99,7 +102,10 @@ def extend_config(demo: DemoConfig, out_dir: Path, init_from: Path, seed: int, r
         train=TrainSection(steps=demo.extend_steps, dtype=demo.dtype, seed=seed,
                            answer_loss_weight=demo.answer_loss_weight),
         checkpoint=CheckpointSection(every=demo.extend_checkpoint_every, keep_last=2, save_hf=True, export_hf=True),
-        log=LogSection(tensorboard=True, progress=True))
+        log=LogSection(tensorboard=True, progress=True),
+        validation=ValidationSection(every=demo.extend_validation_every, rows=demo.validation_rows,
+                                     probe=ProbeSection(tasks=list(demo.probe_tasks), samples=demo.probe_samples,
+                                                        seed=demo.eval_seed, style="compact")))
 
 
 def write_config(cfg: TrainConfig, path: Path) -> Path:

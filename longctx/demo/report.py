@@ -9,6 +9,7 @@ from typing import Dict, Optional
 
 from longctx import atomic
 from longctx.demo.config import EVAL_TASKS, DemoConfig
+from longctx.demo.training_curves import training_section
 from longctx.eval.plots import pyplot, save_png
 from longctx.eval.report import write_markdown
 
@@ -141,13 +142,15 @@ def write_report(out: Path, demo: DemoConfig, seed: int, tables: dict, timings: 
         lines.append("")
     if extra.get("findings"):
         lines += ["## What the numbers show", ""] + [f"- {f}" for f in extra["findings"]] + [""]
+    lines += training_section(out / "extend", "extend", L)
     lines += ["## Wall time", "", "| step | seconds |", "|---|---:|"]
     lines += [f"| {k} | {v:.0f} |" for k, v in timings.items()]
     lines += ["", "## Files", "",
               "- `configs/*.yaml`: the training configs (re-run one with `longctx train --config ...`; "
               "the extension under `torchrun --nproc_per_node 2 -m longctx train --config ...`)",
               "- `base/`, `extend/`" + (", `extend_plain/`" if "d" in tables else "") +
-              ": training runs (resolved_config.yaml, metrics.jsonl, tb/, checkpoints/, hf/, train.log)",
+              ": training runs (resolved_config.yaml, metrics.jsonl, tb/, checkpoints/, hf/, train.log; "
+              "`extend/`: validation.jsonl, validation.png, probe.png)",
               "- `eval/<variant>/`: results.json (every sample), report.md, heatmap_niah_single_1.png, "
               "scores_vs_length.png",
               f"- `{fig.name}`, `summary.json`", "",

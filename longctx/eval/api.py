@@ -148,7 +148,7 @@ def prepare(cfg: EvalConfig, tokenizer, *, identity: Optional[dict] = None, mode
     if run.tasks and not samples and not run.ppl_lengths:
         raise UserError("eval.tasks: nothing to run (" + "; ".join(skipped) + ")")
     eos_only = stops == ([tokenizer.eos_id] if getattr(tokenizer, "eos_id", None) is not None else [])
-    cells = (task_cells(samples, run.options.add_bos, () if eos_only else stops)
+    cells = (task_cells(samples, run.options.add_bos, () if eos_only else stops, cfg.mode)
              + ppl_cells(run.ppl_lengths, cfg.ppl_windows, cfg.ppl_data))
     plan = Plan(run, samples, skipped, cells, chat=chat, stop_ids=stops)
     if identity is not None and cfg.out is not None:
@@ -252,7 +252,7 @@ def _run_tasks(ev: _Evaluation) -> tuple[dict, list, int, bool]:
     cfg, plan, store = ev.cfg, ev.plan, ev.plan.store
     engine = Engine(ev.model, ev.tokenizer, cp_group=ev.context.cp_group, cp_impl=cfg.cp_impl,
                     batch_size=cfg.batch_size, max_batch_tokens=cfg.max_batch_tokens,
-                    add_bos=plan.run.options.add_bos, stop_ids=plan.stop_ids)
+                    add_bos=plan.run.options.add_bos, stop_ids=plan.stop_ids, mode=cfg.mode)
     task_list = [c for c in plan.cells if c.name != PPL]
     bar = Progress(len(plan.samples), "eval", "sample", enabled=not cfg.no_progress and ev.main and bool(plan.samples),
                    initial=sum(samples_done(plan.done.get(c.rel)) for c in task_list))
@@ -369,6 +369,8 @@ def _finish(ev: _Evaluation, results: dict, stats: list, ppl: Optional[dict], ti
                   "peak_cache_bytes": max([s.get("peak_cache_bytes", 0) for s in stats] or [0])}
     meta = dict(ev.context.meta, seed=cfg.seed, samples=cfg.samples, style=cfg.style, generation=generation,
                 chat_template=plan.chat.record, stop_ids=plan.stop_ids)
+    if cfg.mode != "generate":
+        meta["mode"] = cfg.mode
     meta.update(_what_ran(plan, records, ppl))
     seconds = sum(state.seconds for state in plan.done.values())
     timing = dict(timing, generation_seconds=round(seconds, 3))

@@ -13,7 +13,8 @@ MANIFEST.json, else the SHA-256 of each weight, config and tokenizer file), the 
 files, the dtype, longctx's version, the model_overrides -- and the cell's own fields: its
 samples (every prompt, reference, stop string, generation budget and metric; so the seed,
 --samples, --style, the chat template and the haystack data are in it), the BOS setting, the
-stop ids (when more than the tokenizer's EOS), for perplexity the windows
+scoring mode (teacher_forced; absent for generation), the stop ids (when more than the
+tokenizer's EOS), for perplexity the windows
 and the documents' content. Not in it: where the model or the outputs are (a moved model
 resumes), progress, the threshold and --save-inputs (applied when results.json is built), and
 the layout (batch size, cp, dp: a cell computed under another layout is the same
@@ -132,9 +133,11 @@ class Cell:
         return _sha({"identity": identity, "cell": self.fields})
 
 
-def task_cells(samples: Sequence[Sample], add_bos: bool, stop_ids: Sequence[int] = ()) -> list[Cell]:
+def task_cells(samples: Sequence[Sample], add_bos: bool, stop_ids: Sequence[int] = (),
+               mode: str = "generate") -> list[Cell]:
     """The cells of `samples`, by length, then in the order their tasks first appear
-    (stop_ids: the token ids that end a generation, when more than the tokenizer's EOS)."""
+    (stop_ids: the token ids that end a generation, when more than the tokenizer's EOS;
+    mode: how samples are scored, eval.mode)."""
     groups: dict = {}
     for s in samples:
         groups.setdefault((s.target_length, s.task), []).append(s)
@@ -146,6 +149,8 @@ def task_cells(samples: Sequence[Sample], add_bos: bool, stop_ids: Sequence[int]
                   "samples": _sha([dataclasses.asdict(s) for s in group])}
         if stop_ids:  # absent when they are only the tokenizer's EOS (the keys cells had before)
             fields["stop_ids"] = list(stop_ids)
+        if mode != "generate":  # absent for generation (the keys cells had before)
+            fields["mode"] = mode
         cells.append(Cell(task, length, fields, tuple(group)))
     return cells
 

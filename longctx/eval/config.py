@@ -28,6 +28,7 @@ SUITES = ("ruler", "niah", "passkey", "ppl")
 DEFAULT_DEPTHS = [i / 10 for i in range(11)]
 DEFAULT_LENGTHS = ["4096"]  # eval.lengths unset (with ruler_data: the data's lengths instead)
 DEVICES = ("auto", "cpu", "cuda")
+MODES = ("generate", "teacher_forced")
 PATH_FIELDS = ("essay", "squad", "hotpotqa", "ppl_data", "ruler_data", "words")  # must exist
 
 
@@ -55,6 +56,7 @@ class EvalConfig(EvalFields):
         if self.cp_impl not in DECODE_CP_IMPLS:
             raise UserError(f"eval.cp_impl: {self.cp_impl!r} is not valid; valid: {', '.join(DECODE_CP_IMPLS)}")
         _check_cp(self.cp, world_size)
+        _check_mode(self.mode, self.cp)
         for name in PATH_FIELDS:
             if getattr(self, name) is not None and not Path(getattr(self, name)).exists():
                 raise UserError(f"eval.{name}: {getattr(self, name)} does not exist")
@@ -151,6 +153,14 @@ def _check_cp(cp: int, world: int) -> None:
         raise UserError(f"eval.cp={cp} needs {cp} processes: torchrun --nproc-per-node {cp} -m longctx eval ...")
     if world % cp != 0:
         raise UserError(f"eval.cp={cp} must divide the number of processes ({world})")
+
+
+def _check_mode(mode: str, cp: int) -> None:
+    if mode not in MODES:
+        raise UserError(f"eval.mode: {mode!r} is not valid; valid: {', '.join(MODES)}")
+    if mode == "teacher_forced" and cp > 1:
+        raise UserError(f"eval.mode: teacher_forced runs each sample on one process (eval.cp=1), got eval.cp={cp}; "
+                        "processes split the samples (data parallel), or use mode=generate for cp prefill")
 
 
 def _at_least(name: str, value: int, minimum: int) -> None:

@@ -38,6 +38,8 @@ class EvalFields:
     samples: int = option(10, "samples per task and length (per depth for grids)")
     out: Optional[str] = option("eval_out", "output directory (null: write nothing)")
     seed: int = option(0, "data seed")
+    mode: str = option("generate", "generate (greedy decoding with the KV cache) | teacher_forced (one forward of "
+                                   "prompt + reference answer, right when every answer token is the argmax)")
     dtype: str = option("auto", "auto (as stored) | fp32 | bf16 | fp16")
     device: str = option("auto", "auto (this rank's GPU when CUDA is available, else the CPU) | cpu | cuda")
     batch_size: Optional[int] = option(None, "fixed decoding batch size (default: from max_batch_tokens)")

@@ -5,6 +5,7 @@ prompt prefill split across a context-parallel group, data-parallel over samples
     engine = Engine(model, tokenizer, cp_group=g)         # under torchrun, cp ranks in g
     records = run_samples(engine, samples)                # predictions + scores per sample
     done = run_cell(engine, cell_samples, stop=flag)      # one (task, length) cell, stoppable
+    Engine(model, tokenizer, mode="teacher_forced")       # score prompt + reference in one forward
 
 Ranks are arranged dp x cp (cp innermost, as longctx.parallel.mesh does). run_samples: dp
 groups take interleaved shares of the samples and every rank gets all records. run_cell: the
@@ -26,6 +27,7 @@ from longctx.data.tokenizer import prepends_bos
 from longctx.eval.scoring import score_sample
 from longctx.eval.sequence_rope import row_lengths
 from longctx.eval.tasks import Sample
+from longctx.eval.teacher_forced import forced_row, score_batch
 from longctx.model.generate import generate
 from longctx.parallel.cp_decode import cp_generate
 from longctx.progress import Progress
@@ -47,6 +49,7 @@ class Engine:
     batch_size: Optional[int] = None  # fixed batch size (overrides max_batch_tokens)
     add_bos: bool = True
     stop_ids: Optional[Sequence[int]] = None  # every id that ends a row (None: the tokenizer's EOS)
+    mode: str = "generate"  # or "teacher_forced" (eval/teacher_forced.py; one process per sample: no cp)
     stats: dict = field(default_factory=lambda: {"prompt_tokens": 0, "new_tokens": 0, "seconds": 0.0,
                                                  "peak_cache_bytes": 0})
     last_cache_bytes: int = 0  # this rank's KV cache of the last batch under cp
@@ -82,6 +85,22 @@ class Engine:
         self.stats["prompt_tokens"] += sum(len(p) for p in prompts)
         self.stats["new_tokens"] += sum(len(o) for o in out)
         return out
+
+    @torch.no_grad()
+    def teacher_forced(self, samples: Sequence[Sample]) -> tuple[list[str], list[list[int]], list[dict]]:
+        """(the argmax answers as text, their ids, the scores) of one forward of prompt + reference;
+        a score is {"score": 0..100, "answer_tokens": n, "answer_tokens_right": k}."""
+        rows = [forced_row(s, self.encode, lambda text: self.tokenizer.encode(text, add_bos=False)) for s in samples]
+        pad = getattr(self.tokenizer, "pad_id", None)
+        t0 = time.perf_counter()
+        with row_lengths(self.model, [len(r.input_ids) for r in rows]):
+            scored = score_batch(self.model, rows, 0 if pad is None else pad)
+        self.stats["seconds"] += time.perf_counter() - t0
+        self.stats["prompt_tokens"] += sum(len(r.input_ids) for r in rows)
+        ids = [argmax for _, argmax, _ in scored]
+        scores = [{"score": score, "answer_tokens": len(argmax), "answer_tokens_right": right}
+                  for score, argmax, right in scored]
+        return [self.tokenizer.decode(i) for i in ids], ids, scores
 
     def complete(self, samples: Sequence[Sample]) -> list[str]:
         """Greedy continuations (text, cut at the first stop string) of same-budget samples."""
@@ -121,6 +140,8 @@ def run_samples(engine: Engine, samples: Sequence[Sample], *, progress: bool = T
 
     `predictor` replaces the model (an oracle or a baseline for checks) when given.
     """
+    if engine.mode != "generate":
+        raise ValueError(f"run_samples generates; mode {engine.mode!r} runs through run_cell")
     dp_size, dp_rank = dp_layout(engine.cp_size)
     mine = [s for i, s in enumerate(samples) if i % dp_size == dp_rank]
     is_main = not _is_dist() or dist.get_rank() == 0
@@ -189,14 +210,17 @@ def run_cell(engine: Engine, samples: Sequence[Sample], *, stop=None, bar: Optio
             batch = round_[dp_rank]
             before = dict(engine.stats)
             engine.last_cache_bytes = 0
+            scores = [None] * len(batch)  # None: scored from the prediction text (generation)
             if predictor:
                 preds, ids = [predictor(s) for s in batch], [None] * len(batch)
+            elif engine.mode == "teacher_forced":
+                preds, ids, scores = engine.teacher_forced(batch)
             else:
                 preds, ids = engine.complete_with_ids(batch)
             for key in ("prompt_tokens", "new_tokens", "seconds"):
                 stats[key] += engine.stats[key] - before[key]
             stats["peak_cache_bytes"] = max(stats["peak_cache_bytes"], engine.last_cache_bytes)
-            records += [_record(s, p, g) for s, p, g in zip(batch, preds, ids)]
+            records += [_record(s, p, g, sc) for s, p, g, sc in zip(batch, preds, ids, scores)]
         done = r + len(round_)
         if bar is not None:
             bar.update(sum(len(b) for b in round_))
@@ -229,11 +253,14 @@ def _gather_cell(records: list, stats: dict, cp_size: int) -> tuple[list, dict]:
     return out, total
 
 
-def _record(s: Sample, pred: str, generated_ids: Optional[list] = None) -> dict:
+def _record(s: Sample, pred: str, generated_ids: Optional[list] = None, forced: Optional[dict] = None) -> dict:
+    """forced: teacher_forced's score and answer token counts (None: the prediction text is scored)."""
     return {
         "generated_ids": generated_ids,
         "task": s.task, "target_length": s.target_length, "index": s.index, "depth": s.depth,
         "prompt_tokens": s.prompt_tokens, "max_new_tokens": s.max_new_tokens, "metric": s.metric,
-        "outputs": s.outputs, "prediction": pred, "score": score_sample(s.metric, pred, s.outputs),
+        "outputs": s.outputs, "prediction": pred,
+        "score": score_sample(s.metric, pred, s.outputs) if forced is None else forced["score"],
         "answer_prefix": s.answer_prefix, "meta": s.meta,
+        **({k: v for k, v in forced.items() if k != "score"} if forced else {}),
     }

@@ -181,8 +181,9 @@ class Transformer(nn.Module):
                 segment_ids: Optional[torch.Tensor] = None, kv_segment_ids: Optional[torch.Tensor] = None,
                 cache: Optional[KVCache] = None, labels: Optional[torch.Tensor] = None,
                 loss_weights: Optional[torch.Tensor] = None, loss_chunk_size: int = 1024,
-                loss_buckets: Optional[torch.Tensor] = None):
-        """input_ids (B, T) -> logits (B, T, V).
+                loss_buckets: Optional[torch.Tensor] = None, logits_at: Optional[torch.Tensor] = None):
+        """input_ids (B, T) -> logits (B, T, V); with `logits_at` (B, T) bool, the logits of those
+        positions only (N, V), in row-major order (a few answer tokens of a long prompt).
 
         With `labels` (B, T) (pre-shifted: labels[t] is the target of position t, -100 ignored)
         it returns (loss_sum, weight_sum) instead, from a chunked cross-entropy that never
@@ -201,6 +202,8 @@ class Transformer(nn.Module):
             bucket = torch.bucketize(position_ids.contiguous(), loss_buckets, right=True).clamp_max_(k - 1)  # (B, T)
             return chunked_cross_entropy(h, self.output_weight, labels, loss_weights, loss_chunk_size,
                                          buckets=bucket, n_buckets=k)
+        if logits_at is not None:
+            h = h[logits_at]  # (N, hidden)
         return F.linear(h, self.output_weight)
 
 

@@ -16,8 +16,9 @@ import torch.distributed as dist
 
 from longctx.checkpoint.resume import ResumePoint, choose_resume, restore, resume_candidates, resume_point
 from longctx.checkpoint.state import TrainerState, TrainState
-from longctx.checkpoint.store import CheckpointError, rng_state, run_phase, save_checkpoint
+from longctx.checkpoint.store import CheckpointError, read_trainer_state, rng_state, run_phase, save_checkpoint
 from longctx.config import RunPlan, RunStage, TrainConfig
+from longctx.config.probe import original_context
 from longctx.config.validation import bucket_ends
 from longctx.data import check_vocab, load_tokenizer
 from longctx.data.fingerprint import fingerprint_sources
@@ -51,7 +52,7 @@ from longctx.train.step import StepSetup, train_step
 from longctx.train.step_metrics import StepRates, stage_rates, step_record
 from longctx.train.summary import RunTotals, end_summary, layout_line, rope_line
 from longctx.train.validation import Validator, check_resumed_heldout
-from longctx.train.validation_plot import plot_validation
+from longctx.train.validation_plot import plot_probe, plot_validation
 from longctx.wandb_log import open_run
 from longctx.watchdog import Watchdog, is_collective_timeout, watched_batches
 
@@ -91,9 +92,13 @@ class Trainer:
         self.plan = plan_for(cfg, plan, self.env.world_size)
         self.stages = self.plan.stages
         self.out = Path(cfg.out_dir)
+        self.validator = Validator(cfg.validation, self.stages, loss_chunk_size=cfg.train.loss_chunk_size,
+                                   originals=[original_context(m, self.plan.origin) for m in self.plan.model_configs],
+                                   multiples=[self.plan.trim_multiple(i) for i in range(len(self.stages))])
         # a bad path fails before any process group; hashes are verified (split over ranks) in run()
         self.resume_candidates = resume_candidates(self.out, cfg.checkpoint.resume)
         check_sources(self.stages)  # every source readable, before out_dir is touched
+        self._check_probe()  # probe samples fit every stage, before out_dir is touched
         # the engine's library, imported before any group
         init_distributed(timeout_s=cfg.parallel.startup_timeout_s, preload=("deepspeed",))
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
@@ -112,10 +117,18 @@ class Trainer:
         self.restart_sources: set = set()
         self._source_fingerprints: dict[int, list] = {}
         self.last_checkpoint: Optional[Path] = None
-        self.validator = Validator(cfg.validation, self.stages, loss_chunk_size=cfg.train.loss_chunk_size)
+        self.pending_validation: Optional[tuple] = None  # (stage, step) a signal stopped before the checkpoint
         self.peak, self.peak_src = peak_flops_per_device(cfg.log.peak_tflops, self.dtype)  # a table, or a cache
         # built by run(), in this order: the engine and its model (_build_engine), then the outputs
         self.engine = self.model = self.outputs = None
+
+    def _check_probe(self) -> None:
+        """Build every stage's probe rows now (kept for the validations): a length below a
+        task's minimum, or a row beyond its stage, is one error line before anything runs."""
+        if self.validator.section.enabled and self.validator.section.probe.enabled:
+            tokenizer = load_tokenizer(self.cfg.data.tokenizer)
+            for si in range(len(self.stages)):
+                self.validator.probe_items(si, tokenizer)
 
     # ------------------------------------------------------------------------ the job
     def run(self) -> int:
@@ -144,7 +157,9 @@ class Trainer:
         self._open_outputs(state.step)
         rc = 0
         try:
-            while state.stage < len(self.stages):
+            if point is not None and self._redo_validation(tokenizer) == PREEMPTED_EXIT_CODE:
+                rc = PREEMPTED_EXIT_CODE
+            while rc == 0 and state.stage < len(self.stages):
                 if self._run_stage(state, tokenizer, loader_state, totals) == PREEMPTED_EXIT_CODE:
                     rc = PREEMPTED_EXIT_CODE
                     break
@@ -187,12 +202,15 @@ class Trainer:
         outputs.writer.close()
 
     def _plot_validation(self) -> None:
-        """Rank 0: validation.png beside the metrics; a failed picture is a warning, not a failed run."""
+        """Rank 0: validation.png (and probe.png) beside the metrics; a failed picture is a
+        warning, not a failed run."""
         if self.rank != 0 or not self.cfg.validation.enabled:
             return
         try:
             if (path := plot_validation(self.out)) is not None:
                 self._announce(f"validation: loss by position in {path}")
+            if (path := plot_probe(self.out)) is not None:
+                self._announce(f"validation: probe scores in {path}")
         except Exception as e:  # noqa: BLE001 - the run's results are written already
             log.warning("validation: no picture (%s)", e)
 
@@ -237,12 +255,14 @@ class Trainer:
                        fresh_loader=lambda: build_stage_loader(stage, self.cfg.train.seed, tokenizer,
                                                                dp_rank=mesh.dp_rank, dp_size=mesh.dp_size))
 
-    def _enter_stage(self, index: int) -> StageRun:
-        """The stage's RoPE / max length, its cp size's mesh and attention, its step setup."""
+    def _enter_stage(self, index: int, announce: bool = True) -> StageRun:
+        """The stage's RoPE / max length, its cp size's mesh and attention, its step setup
+        (announce=False: entered again only to redo a validation of it)."""
         stage = self.stages[index]
         model_cfg = self.plan.model_configs[index]
         where = f"stage {index} ({stage.name})" if self.cfg.stages else "model"
-        self._announce(rope_line(where, self.plan.origin if index == 0 else self.model.config, model_cfg))
+        if announce:
+            self._announce(rope_line(where, self.plan.origin if index == 0 else self.model.config, model_cfg))
         cp = stage.parallel.cp_size
         mesh = self._mesh(cp)
         self.model.set_context(model_cfg)  # the stage's RoPE and maximum length
@@ -313,9 +333,15 @@ class Trainer:
             self._account(record, state, si, stage)
             totals.final_loss = record["loss"]
             stage_done = state.stage_step == stage.steps
+            pending = None
             if self.validator.due(state.step, stage_done):  # before checkpoint N: a resume from it goes on
-                self.outputs.writer.write_validation(
-                    self.validator.run(self.engine, run.mesh, self.device, si, state.step, tokenizer))
+                self.watchdog.beat("validation")  # between steps: the start-up limit, as a checkpoint
+                row = self.validator.run(self.engine, run.mesh, self.device, si, state.step, tokenizer,
+                                         stop=self.flag.agreed)  # a signal: stops between its forwards
+                if row is None:
+                    pending = (si, state.step)  # checkpoint N says so: the resumed run redoes it first
+                else:
+                    self.outputs.writer.write_validation(row)
             preempt = self.flag.agreed()
             due = self.cfg.checkpoint.every > 0 and state.step % self.cfg.checkpoint.every == 0
             if stage_done:
@@ -323,12 +349,28 @@ class Trainer:
                 state.stage_step = 0
             if due or stage_done or preempt:
                 with self.watchdog.slow_phase("checkpoint"):
-                    self._save(state, loader.state_dict(), data_stage=si, cp=run.mesh.cp_size)
+                    self._save(state, loader.state_dict(), data_stage=si, cp=run.mesh.cp_size, pending=pending)
             if preempt:
                 self._report_preemption(state.step)
                 return PREEMPTED_EXIT_CODE
             if stage_done:
                 break
+        return None
+
+    def _redo_validation(self, tokenizer) -> Optional[int]:
+        """The validation a signal stopped before the checkpoint the run resumes from, run first
+        (its row comes before the next step's, as in an uninterrupted run); PREEMPTED_EXIT_CODE
+        when a signal stops it again (the checkpoint still holds it as pending)."""
+        pending = read_trainer_state(self.resume_from).get("validation_pending")
+        if not pending or not self.validator.section.enabled:
+            return None
+        si, step = pending
+        run = self._enter_stage(si, announce=False)
+        row = self.validator.run(self.engine, run.mesh, self.device, si, step, tokenizer, stop=self.flag.agreed)
+        if row is None:
+            self._report_preemption(step)
+            return PREEMPTED_EXIT_CODE
+        self.outputs.writer.write_validation(row)
         return None
 
     def _step(self, run: StageRun, batches, stage: RunStage, state: TrainState) -> dict:
@@ -397,7 +439,8 @@ class Trainer:
             self._source_fingerprints[si] = fingerprint_sources(self.stages[si].data)
         return self._source_fingerprints[si]
 
-    def _save(self, state: TrainState, loader_state: dict, data_stage: int, cp: int) -> None:
+    def _save(self, state: TrainState, loader_state: dict, data_stage: int, cp: int,
+              pending: Optional[tuple] = None) -> None:
         if not weights_finite(self.model):
             kept = f"last checkpoint: {self.last_checkpoint}" if self.last_checkpoint else "no checkpoint written yet"
             raise NonFiniteStop(f"train: non-finite weights at step {state.step}; not checkpointed ({kept})",
@@ -407,7 +450,8 @@ class Trainer:
                                         data_sources=self._fingerprints(data_stage), model=self.model.config,
                                         dtype=self.dtype, tokenizer=self.cfg.data.tokenizer)
         rank_state = {"data": loader_state, "rng": rng_state()}
-        recorded = dict(trainer_state.state_dict(), validation_sources=self.validator.fingerprints(data_stage))
+        recorded = dict(trainer_state.state_dict(), validation_sources=self.validator.fingerprints(data_stage),
+                        validation_pending=list(pending) if pending else None)
         self.last_checkpoint = save_checkpoint(
             self.out, state.step, engine=self.engine, trainer_state=recorded, rank_state=rank_state,
             keep_last=self.cfg.checkpoint.keep_last, hf_writer=self._write_hf if self.cfg.checkpoint.save_hf else None)

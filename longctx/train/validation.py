@@ -19,7 +19,7 @@ import dataclasses
 import logging
 import time
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Callable, Optional, Sequence
 
 import torch
 
@@ -34,6 +34,7 @@ from longctx.errors import UserError
 from longctx.labels import IGNORE_INDEX
 from longctx.parallel.sharding import shard_batch
 from longctx.train.positions import means_by_position, split_sums
+from longctx.train.probe import ProbeItem, build_items, run_probe
 from longctx.train.step import all_reduce_sum
 
 log = logging.getLogger("longctx.train")
@@ -70,11 +71,15 @@ def rank_batches(rows: list[dict], dp_rank: int, dp_size: int, batch_size: int) 
 
 @torch.no_grad()
 def heldout_sums(forward: Callable, batches: list[dict], loss_buckets: torch.Tensor, *, cp_rank: int,
-                 cp_size: int, device: torch.device, loss_chunk_size: int) -> torch.Tensor:
+                 cp_size: int, device: torch.device, loss_chunk_size: int,
+                 stop: Optional[Callable[[], bool]] = None) -> Optional[torch.Tensor]:
     """This rank's (2, K) float64 loss and label-count sums by position bucket over `batches`
-    (each cut to its cp shard here); `forward` is the engine or the model."""
+    (each cut to its cp shard here); `forward` is the engine or the model. None when `stop`
+    (collective, asked between batches: every rank runs the same batches) agreed to stop."""
     total = torch.zeros(2, loss_buckets.numel(), dtype=torch.float64, device=device)  # (2, K)
-    for batch in batches:
+    for k, batch in enumerate(batches):
+        if k > 0 and stop is not None and stop():
+            return None
         inputs = {k: v.to(device) for k, v in batch.items()}  # (B, T)
         if cp_size > 1:
             inputs = shard_batch(inputs, cp_rank, cp_size)  # (B, T / cp), global position ids
@@ -96,10 +101,15 @@ def validation_record(flat: list, ends: tuple) -> dict:
 class Validator:
     """The trainer's validations: builds each stage's held-out set once, runs it, returns the row."""
 
-    def __init__(self, section: ValidationSection, stages, *, loss_chunk_size: int):
+    def __init__(self, section: ValidationSection, stages, *, loss_chunk_size: int, originals: Sequence[int],
+                 multiples: Sequence[int]):
+        """originals: each stage's original model context (the probe's default length);
+        multiples: each stage's row length multiple (config.run_plan.trim_multiple)."""
         self.section, self.stages = section, stages
         self.loss_chunk_size = loss_chunk_size
+        self.originals, self.multiples = list(originals), list(multiples)
         self._sets: dict[int, HeldOutSet] = {}
+        self._probes: dict[int, list] = {}
 
     def due(self, step: int, stage_done: bool) -> bool:
         return self.section.enabled and (step % self.section.every == 0 or stage_done)
@@ -116,15 +126,39 @@ class Validator:
                                         rows)
         return self._sets[si]
 
-    def run(self, engine, mesh, device: torch.device, si: int, step: int, tokenizer) -> dict:
-        """Collective: one validation of stage si at `step`; the row validation.jsonl gets."""
+    def probe_items(self, si: int, tokenizer) -> list[ProbeItem]:
+        """Stage si's probe rows (empty without a probe), built once."""
+        probe = self.section.probe
+        if si not in self._probes:
+            stage = self.stages[si]
+            self._probes[si] = build_items(probe, probe.stage_lengths(stage.seq_len, self.originals[si]), tokenizer,
+                                           seq_len=stage.seq_len, multiple=self.multiples[si]) if probe.enabled else []
+        return self._probes[si]
+
+    def run(self, engine, mesh, device: torch.device, si: int, step: int, tokenizer,
+            stop: Optional[Callable[[], bool]] = None) -> Optional[dict]:
+        """Collective: one validation of stage si at `step`; the row validation.jsonl gets, or
+        None when `stop` (asked between its forwards) agreed to stop: nothing of it is kept."""
         t0 = time.perf_counter()
         held = self.heldout(si, tokenizer)
         batches = rank_batches(held.rows, mesh.dp_rank, mesh.dp_size, self.stages[si].data.micro_batch_size)
         ends = torch.tensor(held.ends, dtype=torch.long, device=device)
         local = heldout_sums(engine, batches, ends, cp_rank=mesh.cp_rank, cp_size=mesh.cp_size, device=device,
-                             loss_chunk_size=self.loss_chunk_size)
+                             loss_chunk_size=self.loss_chunk_size, stop=stop)
+        if local is None:
+            return None
         record = validation_record(all_reduce_sum(local.flatten()), held.ends)
+        items = self.probe_items(si, tokenizer)
+        if items:
+            if stop is not None and stop():
+                return None
+            t1 = time.perf_counter()
+            pad = getattr(tokenizer, "pad_id", None)
+            scored = run_probe(engine, items, mesh, device, 0 if pad is None else pad, stop)
+            if scored is None:
+                return None
+            record.update(probe=scored[0], probe_token_accuracy=scored[1], probe_samples=self.section.probe.samples,
+                          probe_time_s=time.perf_counter() - t1)
         return {"step": step, "stage": si, "seq_len": held.seq_len, **record, "val_rows": len(held.rows),
                 "val_time_s": time.perf_counter() - t0}
 

@@ -7,9 +7,11 @@ import torch.nn.functional as F
 
 from helpers.cp import run_distributed
 from helpers.model import perturb_norms_and_biases
+from longctx.eval.teacher_forced import ForcedRow
 from longctx.model import build_model, get_preset
 from longctx.parallel import make_cp_attention, positions_from_segments, shard_batch
 from longctx.parallel.checkpointing import apply_activation_checkpointing, model_key
+from longctx.train.probe import ProbeItem, probe_tallies
 from longctx.train.validation import heldout_sums, rank_batches, validation_record
 
 REL_TOL = 1e-5
@@ -57,6 +59,45 @@ def _heldout_rows(L):
     return [{k: b[k][i:i + 1] for k in keys} for b, i in ((docs, 0), (docs, 1), (whole, 0))]
 
 
+def _probe_items(L):
+    """Three probe rows of random tokens (lengths L - 5, L / 2 + 3, L) whose answers are the one-process
+    model's argmax (reference 0: right) but for one token (reference 1: wrong): an odd count, so
+    dp = 2 runs a blank row."""
+    g = torch.Generator().manual_seed(7)
+    model = build_model(get_preset("debug-tiny"), seed=3)
+    items = []
+    for n in (L - 5, L // 2 + 3, L):
+        ids = torch.randint(0, get_preset("debug-tiny").vocab_size, (1, n), generator=g)
+        argmax = model(ids).argmax(-1)[0].tolist()  # (n,)
+        at = list(range(n - 6, n - 1))  # the answer: 5 positions before the row's end
+        labels, refs = [-100] * n, [-1] * n
+        for k, j in enumerate(at):
+            labels[j] = argmax[j] if k != 3 else (argmax[j] + 1) % 64
+            refs[j] = 0 if k < 2 else 1
+        items.append(ProbeItem("t", L, ForcedRow(ids[0].tolist(), labels, refs, 2), L))
+    return items
+
+
+def _probe_checks(rank, world, layouts):
+    """The probe's (misses, tokens) per reference (train/probe.py) under each layout equal one process's."""
+    cfg, L = get_preset("debug-tiny"), 24
+    items = _probe_items(L)
+    common = dict(device=torch.device("cpu"), pad_id=0)
+    ref = probe_tallies(build_model(cfg, seed=3), items, dp_rank=0, dp_size=1, cp_rank=0, cp_size=1, **common)
+    assert ref[:, 0, 0].sum() == 0 and ref[:, 1, 0].sum() == 3  # the rows are built so: not a test of zeros
+    checks = []
+    for name, (impl, u) in layouts.items():
+        model = build_model(cfg, seed=3)
+        if impl is None:
+            got = probe_tallies(model, items, dp_rank=rank, dp_size=world, cp_rank=0, cp_size=1, **common)
+        else:
+            model.set_attention(make_cp_attention(None, impl=impl, ulysses_size=u))
+            got = probe_tallies(model, items, dp_rank=0, dp_size=1, cp_rank=rank, cp_size=world, **common)
+        dist.all_reduce(got)
+        checks.append((f"probe/{name}", "misses, tokens", float(not torch.equal(got, ref)), 0.0))
+    return checks
+
+
 def _validation_checks(rank, world, impls, L):
     """Validation (train/validation.py) under cp = world for each impl, and under dp = world,
     gives one process's val_loss and loss by position (fp32)."""
@@ -87,7 +128,7 @@ def _validation_checks(rank, world, impls, L):
             checks.append((f"validation/{name}", label, abs(got["val_loss_by_position"][label] - want) / want,
                            REL_TOL))
         checks.append((f"validation/{name}", "tokens", float(got["val_tokens"] != ref["val_tokens"]), 0.0))
-    return checks
+    return checks + _probe_checks(rank, world, layouts)
 
 
 def _model_worker(rank, world, impls, L, ckpt_impls=(), families=("llama",), ckpt_families=("llama",),

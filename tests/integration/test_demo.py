@@ -71,6 +71,14 @@ def test_fast_demo_completes_with_a_wellformed_report(fast_run):
     for variant in summary["variants"].values():  # the averages' standard errors (eval samples)
         assert {str(L) for L in summary["lengths"]} == set(variant["average_stderr"])
         assert all(v >= 0.0 for v in variant["average_stderr"].values())
+    # validation while the extension trained: loss by position and the probe, with both pictures
+    assert "## While the extension trained (validation)" in report
+    assert "![loss by position](extend/validation.png)" in report and "![probe](extend/probe.png)" in report
+    for picture in ("validation.png", "probe.png"):
+        assert (out / "extend" / picture).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    val = [json.loads(line) for line in (out / "extend" / "validation.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in val] == [2, 4]
+    assert set(val[-1]["probe"]) == {"niah_single_1", "passkey"} and set(val[-1]["probe"]["passkey"]) == {"256", "1024"}
     assert "FutureWarning" not in proc.stderr  # third-party noise stays in the logs
     assert "retrieval score before -> after extension" in proc.stderr
 

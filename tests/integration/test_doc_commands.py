@@ -78,6 +78,7 @@ NOT_RUN = {  # command (DocCommand.key) -> why it is not run
     "--lengths 1024 --samples 100 --seed 7 --style compact --dtype bf16 --out runs/c_s0/eval100": TRAINED,
     # eval.md
     "longctx eval --model runs/ext/ --suite ruler --lengths 4k,8k,16k --samples 50 --out runs/ext/eval": TRAINED,
+    "longctx eval --model runs/ext/ --suite niah --lengths 4k,8k,16k,32k --samples 5 --mode teacher_forced": TRAINED,
     "longctx eval --model runs/ext/ --suite niah,passkey,ppl --lengths 4k,8k,16k,32k --samples 5 --ppl-data books/":
         TRAINED,
     "torchrun --nproc-per-node 8 -m longctx eval --model runs/ext/ --suite ruler --lengths 128k --cp 4":

@@ -22,6 +22,16 @@ def test_writes_the_loss_curve_next_to_the_metrics(tmp_path):
     assert res.returncode == 0, res.stderr
     assert (tmp_path / "loss.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert (tmp_path / "validation.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"  # loss by position
+    assert not (tmp_path / "probe.png").exists()  # no probe in these rows
+
+    for r in val:  # with the probe: its scores against step beside it
+        r.update(probe={"passkey": {"8": 10.0 * r["step"]}}, probe_token_accuracy={"passkey": {"8": 50.0}},
+                 probe_samples=2)
+    (tmp_path / "validation.jsonl").write_text("".join(json.dumps(r) + "\n" for r in val))
+    res = _run(tmp_path)
+    assert res.returncode == 0, res.stderr
+    assert (tmp_path / "probe.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert f"wrote {tmp_path / 'probe.png'}" in res.stdout
 
 
 def test_a_directory_without_metrics_is_one_error_line(tmp_path):

@@ -42,7 +42,8 @@ def test_validation_rows_and_a_sigterm_during_validation_then_resume(tmp_path):
     assert "val/val_loss_by_position/128-256" in tags and "train/loss_by_position/0-2" in tags
     assert (straight / "validation.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"  # drawn at the run's end
 
-    # SIGTERM as the validation of step 4 starts: it finishes, checkpoint 4 is written, exit 85
+    # SIGTERM as the validation of step 4 starts: it stops after its first batch (of 2: rows=3,
+    # micro_batch_size=2), checkpoint 4 is written with that validation pending, exit 85
     out = tmp_path / "preempted"
     e = env()
     signal_in_validation_env(tmp_path, e, nth=2)
@@ -50,7 +51,16 @@ def test_validation_rows_and_a_sigterm_during_validation_then_resume(tmp_path):
                          timeout=600)
     assert res.returncode == PREEMPTED_EXIT_CODE, res.stderr[-3000:]
     assert (out / "PREEMPTED").read_text().strip() == "4"
-    assert [r["step"] for r in _rows(out)] == [2, 4]
+    assert [r["step"] for r in _rows(out)] == [2]
+    # a resume redoes it first; a signal during that redo stops it again, the checkpoint unchanged
+    e = env()
+    (tmp_path / "again").mkdir()
+    signal_in_validation_env(tmp_path / "again", e, nth=1)
+    res = subprocess.run(train_cmd(1, [f"out_dir={out}", *COMMON, "checkpoint.resume=auto"]), capture_output=True,
+                         text=True, env=e, timeout=600)
+    assert res.returncode == PREEMPTED_EXIT_CODE, res.stderr[-3000:]
+    assert [r["step"] for r in _rows(out)] == [2]
+    assert sorted(p.name for p in (out / "checkpoints").iterdir() if p.name.startswith("step_"))[-1] == "step_0000004"
     _ok(run_train(1, [f"out_dir={out}", *COMMON, "checkpoint.resume=auto"]))
     resumed = _rows(out)
     assert [r["step"] for r in resumed] == [2, 4, 6, 8]  # none repeated, none skipped
