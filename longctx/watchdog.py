@@ -23,6 +23,7 @@ import faulthandler
 import json
 import logging
 import os
+import re
 import sys
 import threading
 import time
@@ -48,11 +49,31 @@ IN_STEP = ("data", "compute")  # the phases held to the step-time limit; between
 log = logging.getLogger("longctx.watchdog")
 
 
+# What torch raises when a collective gave up on a peer: its timeout ran out, or the peer's
+# process or node is gone. Matched on the message, the only place torch says it (gloo raises a
+# plain RuntimeError; NCCL a DistBackendError, a RuntimeError too). Any other "timeout" (a Hub
+# download, a DataLoader's own) is a bug or a user error with its own report, not a stall.
+LOST_PEER = re.compile("|".join((
+    r"timed out waiting \d+ ?ms for (send|recv) operation",  # gloo: the collective's timeout
+    r"application timeout caused pair closure",  # gloo: a peer's side timed out first
+    r"connection (closed|reset) by peer",  # gloo: the peer's process or node went away
+    r"watchdog caught collective operation timeout",  # NCCL's watchdog (async error handling)
+    r"ran for \d+ milliseconds before timing out",
+    r"nccl communicator was aborted",  # a timed-out NCCL collective, seen by the waiting call
+    r"remote process exited or there was a network error",  # ncclRemoteError
+    r"some nccl operations have failed or timed out",
+)), re.IGNORECASE)
+
+
 def is_collective_timeout(exc: BaseException) -> bool:
-    """A collective that gave up waiting for its peers (gloo's or NCCL's timeout, a peer gone)."""
-    text = str(exc).lower()
-    return isinstance(exc, RuntimeError) and any(
-        word in text for word in ("timed out", "timeout", "connection closed by peer", "connection reset by peer"))
+    """A collective that gave up waiting for its peers (gloo's or NCCL's timeout, a peer gone),
+    raised as is or as the cause of another error (DeepSpeed re-raises some)."""
+    seen = 0
+    while exc is not None and seen < 4:
+        if isinstance(exc, RuntimeError) and LOST_PEER.search(str(exc)):
+            return True
+        exc, seen = exc.__cause__ or exc.__context__, seen + 1
+    return False
 
 
 class PeerProgress:
