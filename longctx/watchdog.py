@@ -109,9 +109,10 @@ class PeerProgress:
         return found
 
 
-def describe_peers(progress: dict[int, dict], me: int, world: int, limit_s: float, now: float) -> list[str]:
+def describe_peers(progress: dict[int, dict], me: int, world: int, limit_s: float, now: float,
+                   unit: str = "step") -> list[str]:
     """The ranks that look stalled, each with where it was: silent (its process stopped or cut
-    off) or stuck in one phase for at least half the limit."""
+    off) or stuck in one phase for at least half the limit. `unit`: what a step is called."""
     found = []
     for rank in range(world):
         if rank == me:
@@ -122,21 +123,22 @@ def describe_peers(progress: dict[int, dict], me: int, world: int, limit_s: floa
             continue
         quiet = now - p["time"]
         if quiet > SILENT_AFTER_S:
-            found.append(f"rank {rank} silent for {quiet:.0f} s (stopped or cut off; last at step {p['step']}, "
+            found.append(f"rank {rank} silent for {quiet:.0f} s (stopped or cut off; last at {unit} {p['step']}, "
                          f"phase {p['phase']})")
         elif p["idle_s"] >= limit_s / 2:
-            found.append(f"rank {rank} stuck for {p['idle_s']:.0f} s at step {p['step']}, phase {p['phase']}")
+            found.append(f"rank {rank} stuck for {p['idle_s']:.0f} s at {unit} {p['step']}, phase {p['phase']}")
     return found
 
 
 class Watchdog:
     """One rank's stall watch. `log_path`: the rank's log (stacks are appended); `marker_dir`:
-    where STALLED goes (None: nowhere); `on_end`: run before the exit (release a lock)."""
+    where STALLED goes (None: nowhere); `on_end`: run before the exit (release a lock); `unit`:
+    what the line calls a step (an evaluation counts its rounds of batches)."""
 
     def __init__(self, *, rank: int, world: int, timeout_s: float, startup_timeout_s: float,
                  log_path: Optional[Path], marker_dir: Optional[Path], on_end: Callable[[], None] = lambda: None,
-                 peers: Optional[PeerProgress] = None):
-        self.rank, self.world = rank, world
+                 peers: Optional[PeerProgress] = None, unit: str = "step"):
+        self.rank, self.world, self.unit = rank, world, unit
         self.timeout_s, self.startup_timeout_s = timeout_s, startup_timeout_s
         self.log_path, self.marker_dir, self.on_end = log_path, marker_dir, on_end
         self.peers = peers if peers is not None else (PeerProgress(rank, world) if world > 1 else None)
@@ -207,7 +209,7 @@ class Watchdog:
                 except Exception as e:  # noqa: BLE001 - the store's host may be gone; the watch goes on
                     log.warning("watchdog: cannot publish progress (%s)", e)
             if idle > self.limit_s():
-                self.stalled(f"rank {self.rank} made no progress for {idle:.0f} s at step {self.step}, phase "
+                self.stalled(f"rank {self.rank} made no progress for {idle:.0f} s at {self.unit} {self.step}, phase "
                              f"{self.phase} (limit {self.limit_s():.0f} s)", own=True)
             if self._stop.wait(POLL_S):
                 return
@@ -216,7 +218,7 @@ class Watchdog:
         """The main thread's end after a collective timed out (is_collective_timeout)."""
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         limit = self.timeout_s if self.steady else self.startup_timeout_s
-        self.stalled(f"rank {self.rank} at step {self.step}, phase {self.phase}: a collective gave up after "
+        self.stalled(f"rank {self.rank} at {self.unit} {self.step}, phase {self.phase}: a collective gave up after "
                      f"{limit:.0f} s ({first[:200]})", own=False,
                      detail="".join(traceback.format_exception(exc)))
 
@@ -236,27 +238,34 @@ class Watchdog:
         peers = []
         if self.peers is not None:
             try:
-                peers = describe_peers(self.peers.read(), self.rank, self.world, self.timeout_s, time.time())
+                peers = describe_peers(self.peers.read(), self.rank, self.world, self.timeout_s, time.time(), self.unit)
             except Exception as e:  # noqa: BLE001 - the store's host may be the stopped one
                 peers = [f"the other ranks' progress is unknown ({type(e).__name__})"]
         parts = [what, *peers] if own else [*peers, what]  # the stalled rank first
-        where = f"; stacks in {self.log_path.parent}/" if self.log_path is not None else ""
+        where = f"; stacks in {self.log_path.parent}/" if self.log_path is not None else "; stacks in each rank's log"
         return f"error: stalled: {'; '.join(parts)}{where}; exit code {STALLED_EXIT_CODE} (resume to continue)"
 
     def _report(self, line: str, detail: str) -> None:
         """The line, `detail` and the stacks into the rank's log (not through logging: rank 0's
-        console has the line already), STALLED into the run directory, then on_end."""
+        console has the line already; no log: stderr, which torchrun keeps per rank with
+        --log-dir), STALLED into the run directory, then on_end."""
         try:
             if self.log_path is not None:
                 with open(self.log_path, "a") as f:
-                    f.write(f"{line}\n{detail}--- rank {self.rank}: Python stacks at the stall ---\n")
-                    f.flush()
-                    faulthandler.dump_traceback(f, all_threads=True)
+                    _write_stacks(f, f"{line}\n{detail}", self.rank)
+            else:
+                _write_stacks(sys.stderr, detail, self.rank)
             if self.marker_dir is not None:
                 atomic.write_text(self.marker_dir / STALLED_MARKER, line + "\n")
             self.on_end()
         except Exception as e:  # noqa: BLE001 - the exit comes anyway
             print(f"watchdog: report incomplete ({e})", file=sys.stderr, flush=True)
+
+
+def _write_stacks(f, header: str, rank: int) -> None:
+    f.write(f"{header}--- rank {rank}: Python stacks at the stall ---\n")
+    f.flush()
+    faulthandler.dump_traceback(f, all_threads=True)
 
 
 def watched_batches(batches: Iterator, watchdog: Watchdog) -> Iterator:
