@@ -144,13 +144,13 @@ class Soak:
         out = run_dir / "run"
         kinds = (DURING * 3 + list(kit.EDITS) + [EDITED_DATA] * cfg.data_file + [FULL_DISK] * mounted
                  + [STOPPED, HELD_READ] * (cfg.nproc > 1))
+        if not cfg.cache:
+            kinds.remove("stale cache lock")
         if self.only:
             kinds = [k for k in kinds if k in self.only]
             if not kinds:  # e.g. only stalls, for one process
                 return {"kind": "train", "config": cfg.name, "faults": 0, "starts": 0, "max_loss_diff": 0.0,
                         "max_weight_diff": 0.0, "problems": [f"none of --kinds fits {cfg.name}"]}
-        if not cfg.cache:
-            kinds.remove("stale cache lock")
         problems, waiting, starts, landed, rc = [], [], 0, 0, None
         while True:
             kind = self.rng.choice(kinds) if landed < faults else None
