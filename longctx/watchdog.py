@@ -198,7 +198,7 @@ class Watchdog:
 
     # ------------------------------------------------------------------------ the watch
     def _watch(self) -> None:
-        published, published_step = -PUBLISH_EVERY_S, -1
+        published, published_step, checked = -PUBLISH_EVERY_S, -1, -PUBLISH_EVERY_S
         while True:  # publishes at once, then every PUBLISH_EVERY_S and at each new step
             now = time.monotonic()
             idle = now - self._last
@@ -211,8 +211,26 @@ class Watchdog:
             if idle > self.limit_s():
                 self.stalled(f"rank {self.rank} made no progress for {idle:.0f} s at {self.unit} {self.step}, phase "
                              f"{self.phase} (limit {self.limit_s():.0f} s)", own=True)
+            # waiting longer than timeout_s in a phase with the long limit (a checkpoint save, a
+            # barrier): a peer whose watch went silent as long is stopped or cut off, not slow.
+            # The store is read only then, so a large job's steady steps cost it nothing.
+            if self.peers is not None and idle > self.timeout_s and now - checked >= PUBLISH_EVERY_S:
+                checked = now
+                if self._silent_peers():
+                    self.stalled(f"rank {self.rank} waiting for {idle:.0f} s at {self.unit} {self.step}, phase "
+                                 f"{self.phase}", own=False)
             if self._stop.wait(POLL_S):
                 return
+
+    def _silent_peers(self) -> list[int]:
+        """The peers that reported once and then nothing for longer than timeout_s (their watch
+        thread runs whatever their main thread does; hosts' clocks may differ by seconds)."""
+        try:
+            progress = self.peers.read()
+        except Exception:  # noqa: BLE001 - the store's host may be the stopped one: the collective decides
+            return []
+        silent_s = max(self.timeout_s, SILENT_AFTER_S)
+        return [rank for rank, p in progress.items() if rank != self.rank and time.time() - p["time"] > silent_s]
 
     def collective_failed(self, exc: BaseException) -> NoReturn:
         """The main thread's end after a collective timed out (is_collective_timeout)."""

@@ -151,3 +151,58 @@ def test_a_stalled_phase_ends_the_process_with_its_stacks(tmp_path):
     assert (tmp_path / "STALLED").read_text() == line + "\n"
     assert "stuck_in_a_read" in (tmp_path / "rank.log").read_text()
     assert (tmp_path / "ended").exists()
+
+
+def test_a_silent_peer_ends_a_long_phase_after_timeout_s(tmp_path):
+    """A checkpoint save has the start-up limit, but a peer whose watch published nothing for
+    longer than timeout_s is stopped or cut off: the waiting rank ends the job then."""
+    script = textwrap.dedent(f"""
+        import pathlib, time
+        from longctx.watchdog import Watchdog
+
+        class Peers:  # rank 1 reported once, 50 s ago, then nothing (SIGSTOPped)
+            def publish(self, step, phase, idle_s):
+                pass
+
+            def read(self):
+                return {{1: {{"step": 4, "phase": "data", "idle_s": 0.0, "time": time.time() - 50}}}}
+
+        out = pathlib.Path({str(tmp_path)!r})
+        w = Watchdog(rank=0, world=2, timeout_s=2.0, startup_timeout_s=600.0, log_path=out / "rank.log",
+                     marker_dir=out, peers=Peers()).start()
+        w.step_done(0.01)
+        w.beat("compute", step=4)
+        w.step_done(0.01)
+        with w.slow_phase("checkpoint"):
+            time.sleep(60)
+    """)
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert done.returncode == STALLED_EXIT_CODE, done.stderr
+    line = done.stderr.strip().splitlines()[-1]
+    assert line.startswith("error: stalled: rank 1 silent for 50 s (stopped or cut off; last at step 4, phase "
+                           "data); rank 0 waiting for "), line
+    assert "phase checkpoint" in line
+
+
+def test_a_live_peer_does_not_end_a_long_phase(tmp_path):
+    """The same long save with a peer that keeps publishing (it waits at the barrier): no stall."""
+    script = textwrap.dedent("""
+        import time
+        from longctx.watchdog import Watchdog
+
+        class Peers:
+            def publish(self, step, phase, idle_s):
+                pass
+
+            def read(self):
+                return {1: {"step": 4, "phase": "checkpoint", "idle_s": 5.0, "time": time.time() - 1}}
+
+        w = Watchdog(rank=0, world=2, timeout_s=1.0, startup_timeout_s=600.0, log_path=None, marker_dir=None,
+                     peers=Peers()).start()
+        w.step_done(0.01)
+        with w.slow_phase("checkpoint"):
+            time.sleep(4)
+        print("saved")
+    """)
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0 and done.stdout.strip() == "saved", done.stderr
