@@ -44,6 +44,7 @@ SILENT_AFTER_S = 10.0  # a peer whose thread published nothing for this long is 
 STORE_TIMEOUT_S = 10.0
 REPORT_DEADLINE_S = 30.0  # the stacks, the marker and the lock release, at most
 KEY = "longctx/progress/{rank}"
+DONE = "done"  # a rank whose work is over (it waits at the last barrier, or has exited): not silent
 IN_STEP = ("data", "compute")  # the phases held to the step-time limit; between steps: the start-up one
 
 log = logging.getLogger("longctx.watchdog")
@@ -121,6 +122,8 @@ def describe_peers(progress: dict[int, dict], me: int, world: int, limit_s: floa
         if p is None:
             found.append(f"rank {rank} never reported progress")
             continue
+        if p["phase"] == DONE:  # finished its work: waits for the others, or has exited
+            continue
         quiet = now - p["time"]
         if quiet > SILENT_AFTER_S:
             found.append(f"rank {rank} silent for {quiet:.0f} s (stopped or cut off; last at {unit} {p['step']}, "
@@ -155,6 +158,9 @@ class Watchdog:
         return self
 
     def stop(self) -> None:
+        """The rank's work is over: the watch publishes it as done (a peer that still writes its
+        reports must not take this rank's quiet for a stall) and ends."""
+        self.beat(DONE)
         self._stop.set()
 
     # ------------------------------------------------------------ what the main loop says
@@ -220,7 +226,15 @@ class Watchdog:
                     self.stalled(f"rank {self.rank} waiting for {idle:.0f} s at {self.unit} {self.step}, phase "
                                  f"{self.phase}", own=False)
             if self._stop.wait(POLL_S):
+                self._publish_done()
                 return
+
+    def _publish_done(self) -> None:
+        if self.peers is not None:
+            try:
+                self.peers.publish(self.step, DONE, 0.0)
+            except Exception as e:  # noqa: BLE001 - best effort, on the way out
+                log.debug("watchdog: cannot publish the end (%s)", e)
 
     def _silent_peers(self) -> list[int]:
         """The peers that reported once and then nothing for longer than timeout_s (their watch
@@ -230,7 +244,8 @@ class Watchdog:
         except Exception:  # noqa: BLE001 - the store's host may be the stopped one: the collective decides
             return []
         silent_s = max(self.timeout_s, SILENT_AFTER_S)
-        return [rank for rank, p in progress.items() if rank != self.rank and time.time() - p["time"] > silent_s]
+        return [rank for rank, p in progress.items()
+                if rank != self.rank and p["phase"] != DONE and time.time() - p["time"] > silent_s]
 
     def collective_failed(self, exc: BaseException) -> NoReturn:
         """The main thread's end after a collective timed out (is_collective_timeout)."""

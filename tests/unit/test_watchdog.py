@@ -63,8 +63,9 @@ def test_describe_peers_names_silent_and_stuck_ranks():
     progress = {0: {"step": 5, "phase": "compute", "idle_s": 0.0, "time": now},
                 1: {"step": 5, "phase": "compute", "idle_s": 1.0, "time": now - 40},  # SIGSTOPped: nothing published
                 2: {"step": 5, "phase": "data", "idle_s": 25.0, "time": now - 1},  # alive, its data read stuck
-                3: {"step": 5, "phase": "compute", "idle_s": 3.0, "time": now - 1}}  # fine
-    found = describe_peers(progress, me=0, world=5, limit_s=30.0, now=now)
+                3: {"step": 5, "phase": "compute", "idle_s": 3.0, "time": now - 1},  # fine
+                5: {"step": 9, "phase": "done", "idle_s": 0.0, "time": now - 90}}  # finished, exited
+    found = describe_peers(progress, me=0, world=6, limit_s=30.0, now=now)
     assert found == ["rank 1 silent for 40 s (stopped or cut off; last at step 5, phase compute)",
                      "rank 2 stuck for 25 s at step 5, phase data",
                      "rank 4 never reported progress"]
@@ -184,9 +185,11 @@ def test_a_silent_peer_ends_a_long_phase_after_timeout_s(tmp_path):
     assert "phase checkpoint" in line
 
 
-def test_a_live_peer_does_not_end_a_long_phase(tmp_path):
-    """The same long save with a peer that keeps publishing (it waits at the barrier): no stall."""
-    script = textwrap.dedent("""
+@pytest.mark.parametrize("peer", ["publishing", "done"])
+def test_a_live_or_finished_peer_does_not_end_a_long_phase(tmp_path, peer):
+    """The same long phase with a peer that keeps publishing (it waits at the barrier), or that
+    finished its work long ago (rank 0 still writes its reports): no stall."""
+    script = f"PEER = {peer!r}\n" + textwrap.dedent("""
         import time
         from longctx.watchdog import Watchdog
 
@@ -195,6 +198,8 @@ def test_a_live_peer_does_not_end_a_long_phase(tmp_path):
                 pass
 
             def read(self):
+                if PEER == "done":
+                    return {1: {"step": 10, "phase": "done", "idle_s": 0.0, "time": time.time() - 50}}
                 return {1: {"step": 4, "phase": "checkpoint", "idle_s": 5.0, "time": time.time() - 1}}
 
         w = Watchdog(rank=0, world=2, timeout_s=1.0, startup_timeout_s=600.0, log_path=None, marker_dir=None,
