@@ -23,6 +23,7 @@ import faulthandler
 import json
 import logging
 import os
+import re
 import sys
 import threading
 import time
@@ -43,16 +44,37 @@ SILENT_AFTER_S = 10.0  # a peer whose thread published nothing for this long is 
 STORE_TIMEOUT_S = 10.0
 REPORT_DEADLINE_S = 30.0  # the stacks, the marker and the lock release, at most
 KEY = "longctx/progress/{rank}"
+DONE = "done"  # a rank whose work is over (it waits at the last barrier, or has exited): not silent
 IN_STEP = ("data", "compute")  # the phases held to the step-time limit; between steps: the start-up one
 
 log = logging.getLogger("longctx.watchdog")
 
 
+# What torch raises when a collective gave up on a peer: its timeout ran out, or the peer's
+# process or node is gone. Matched on the message, the only place torch says it (gloo raises a
+# plain RuntimeError; NCCL a DistBackendError, a RuntimeError too). Any other "timeout" (a Hub
+# download, a DataLoader's own) is a bug or a user error with its own report, not a stall.
+LOST_PEER = re.compile("|".join((
+    r"timed out waiting \d+ ?ms for (send|recv) operation",  # gloo: the collective's timeout
+    r"application timeout caused pair closure",  # gloo: a peer's side timed out first
+    r"connection (closed|reset) by peer",  # gloo: the peer's process or node went away
+    r"watchdog caught collective operation timeout",  # NCCL's watchdog (async error handling)
+    r"ran for \d+ milliseconds before timing out",
+    r"nccl communicator was aborted",  # a timed-out NCCL collective, seen by the waiting call
+    r"remote process exited or there was a network error",  # ncclRemoteError
+    r"some nccl operations have failed or timed out",
+)), re.IGNORECASE)
+
+
 def is_collective_timeout(exc: BaseException) -> bool:
-    """A collective that gave up waiting for its peers (gloo's or NCCL's timeout, a peer gone)."""
-    text = str(exc).lower()
-    return isinstance(exc, RuntimeError) and any(
-        word in text for word in ("timed out", "timeout", "connection closed by peer", "connection reset by peer"))
+    """A collective that gave up waiting for its peers (gloo's or NCCL's timeout, a peer gone),
+    raised as is or as the cause of another error (DeepSpeed re-raises some)."""
+    seen = 0
+    while exc is not None and seen < 4:
+        if isinstance(exc, RuntimeError) and LOST_PEER.search(str(exc)):
+            return True
+        exc, seen = exc.__cause__ or exc.__context__, seen + 1
+    return False
 
 
 class PeerProgress:
@@ -88,9 +110,10 @@ class PeerProgress:
         return found
 
 
-def describe_peers(progress: dict[int, dict], me: int, world: int, limit_s: float, now: float) -> list[str]:
+def describe_peers(progress: dict[int, dict], me: int, world: int, limit_s: float, now: float,
+                   unit: str = "step") -> list[str]:
     """The ranks that look stalled, each with where it was: silent (its process stopped or cut
-    off) or stuck in one phase for at least half the limit."""
+    off) or stuck in one phase for at least half the limit. `unit`: what a step is called."""
     found = []
     for rank in range(world):
         if rank == me:
@@ -99,23 +122,26 @@ def describe_peers(progress: dict[int, dict], me: int, world: int, limit_s: floa
         if p is None:
             found.append(f"rank {rank} never reported progress")
             continue
+        if p["phase"] == DONE:  # finished its work: waits for the others, or has exited
+            continue
         quiet = now - p["time"]
         if quiet > SILENT_AFTER_S:
-            found.append(f"rank {rank} silent for {quiet:.0f} s (stopped or cut off; last at step {p['step']}, "
+            found.append(f"rank {rank} silent for {quiet:.0f} s (stopped or cut off; last at {unit} {p['step']}, "
                          f"phase {p['phase']})")
         elif p["idle_s"] >= limit_s / 2:
-            found.append(f"rank {rank} stuck for {p['idle_s']:.0f} s at step {p['step']}, phase {p['phase']}")
+            found.append(f"rank {rank} stuck for {p['idle_s']:.0f} s at {unit} {p['step']}, phase {p['phase']}")
     return found
 
 
 class Watchdog:
     """One rank's stall watch. `log_path`: the rank's log (stacks are appended); `marker_dir`:
-    where STALLED goes (None: nowhere); `on_end`: run before the exit (release a lock)."""
+    where STALLED goes (None: nowhere); `on_end`: run before the exit (release a lock); `unit`:
+    what the line calls a step (an evaluation counts its rounds of batches)."""
 
     def __init__(self, *, rank: int, world: int, timeout_s: float, startup_timeout_s: float,
                  log_path: Optional[Path], marker_dir: Optional[Path], on_end: Callable[[], None] = lambda: None,
-                 peers: Optional[PeerProgress] = None):
-        self.rank, self.world = rank, world
+                 peers: Optional[PeerProgress] = None, unit: str = "step"):
+        self.rank, self.world, self.unit = rank, world, unit
         self.timeout_s, self.startup_timeout_s = timeout_s, startup_timeout_s
         self.log_path, self.marker_dir, self.on_end = log_path, marker_dir, on_end
         self.peers = peers if peers is not None else (PeerProgress(rank, world) if world > 1 else None)
@@ -132,6 +158,9 @@ class Watchdog:
         return self
 
     def stop(self) -> None:
+        """The rank's work is over: the watch publishes it as done (a peer that still writes its
+        reports must not take this rank's quiet for a stall) and ends."""
+        self.beat(DONE)
         self._stop.set()
 
     # ------------------------------------------------------------ what the main loop says
@@ -175,7 +204,7 @@ class Watchdog:
 
     # ------------------------------------------------------------------------ the watch
     def _watch(self) -> None:
-        published, published_step = -PUBLISH_EVERY_S, -1
+        published, published_step, checked = -PUBLISH_EVERY_S, -1, -PUBLISH_EVERY_S
         while True:  # publishes at once, then every PUBLISH_EVERY_S and at each new step
             now = time.monotonic()
             idle = now - self._last
@@ -186,16 +215,43 @@ class Watchdog:
                 except Exception as e:  # noqa: BLE001 - the store's host may be gone; the watch goes on
                     log.warning("watchdog: cannot publish progress (%s)", e)
             if idle > self.limit_s():
-                self.stalled(f"rank {self.rank} made no progress for {idle:.0f} s at step {self.step}, phase "
+                self.stalled(f"rank {self.rank} made no progress for {idle:.0f} s at {self.unit} {self.step}, phase "
                              f"{self.phase} (limit {self.limit_s():.0f} s)", own=True)
+            # waiting longer than timeout_s in a phase with the long limit (a checkpoint save, a
+            # barrier): a peer whose watch went silent as long is stopped or cut off, not slow.
+            # The store is read only then, so a large job's steady steps cost it nothing.
+            if self.peers is not None and idle > self.timeout_s and now - checked >= PUBLISH_EVERY_S:
+                checked = now
+                if self._silent_peers():
+                    self.stalled(f"rank {self.rank} waiting for {idle:.0f} s at {self.unit} {self.step}, phase "
+                                 f"{self.phase}", own=False)
             if self._stop.wait(POLL_S):
+                self._publish_done()
                 return
+
+    def _publish_done(self) -> None:
+        if self.peers is not None:
+            try:
+                self.peers.publish(self.step, DONE, 0.0)
+            except Exception as e:  # noqa: BLE001 - best effort, on the way out
+                log.debug("watchdog: cannot publish the end (%s)", e)
+
+    def _silent_peers(self) -> list[int]:
+        """The peers that reported once and then nothing for longer than timeout_s (their watch
+        thread runs whatever their main thread does; hosts' clocks may differ by seconds)."""
+        try:
+            progress = self.peers.read()
+        except Exception:  # noqa: BLE001 - the store's host may be the stopped one: the collective decides
+            return []
+        silent_s = max(self.timeout_s, SILENT_AFTER_S)
+        return [rank for rank, p in progress.items()
+                if rank != self.rank and p["phase"] != DONE and time.time() - p["time"] > silent_s]
 
     def collective_failed(self, exc: BaseException) -> NoReturn:
         """The main thread's end after a collective timed out (is_collective_timeout)."""
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         limit = self.timeout_s if self.steady else self.startup_timeout_s
-        self.stalled(f"rank {self.rank} at step {self.step}, phase {self.phase}: a collective gave up after "
+        self.stalled(f"rank {self.rank} at {self.unit} {self.step}, phase {self.phase}: a collective gave up after "
                      f"{limit:.0f} s ({first[:200]})", own=False,
                      detail="".join(traceback.format_exception(exc)))
 
@@ -215,27 +271,34 @@ class Watchdog:
         peers = []
         if self.peers is not None:
             try:
-                peers = describe_peers(self.peers.read(), self.rank, self.world, self.timeout_s, time.time())
+                peers = describe_peers(self.peers.read(), self.rank, self.world, self.timeout_s, time.time(), self.unit)
             except Exception as e:  # noqa: BLE001 - the store's host may be the stopped one
                 peers = [f"the other ranks' progress is unknown ({type(e).__name__})"]
         parts = [what, *peers] if own else [*peers, what]  # the stalled rank first
-        where = f"; stacks in {self.log_path.parent}/" if self.log_path is not None else ""
+        where = f"; stacks in {self.log_path.parent}/" if self.log_path is not None else "; stacks in each rank's log"
         return f"error: stalled: {'; '.join(parts)}{where}; exit code {STALLED_EXIT_CODE} (resume to continue)"
 
     def _report(self, line: str, detail: str) -> None:
         """The line, `detail` and the stacks into the rank's log (not through logging: rank 0's
-        console has the line already), STALLED into the run directory, then on_end."""
+        console has the line already; no log: stderr, which torchrun keeps per rank with
+        --log-dir), STALLED into the run directory, then on_end."""
         try:
             if self.log_path is not None:
                 with open(self.log_path, "a") as f:
-                    f.write(f"{line}\n{detail}--- rank {self.rank}: Python stacks at the stall ---\n")
-                    f.flush()
-                    faulthandler.dump_traceback(f, all_threads=True)
+                    _write_stacks(f, f"{line}\n{detail}", self.rank)
+            else:
+                _write_stacks(sys.stderr, detail, self.rank)
             if self.marker_dir is not None:
                 atomic.write_text(self.marker_dir / STALLED_MARKER, line + "\n")
             self.on_end()
         except Exception as e:  # noqa: BLE001 - the exit comes anyway
             print(f"watchdog: report incomplete ({e})", file=sys.stderr, flush=True)
+
+
+def _write_stacks(f, header: str, rank: int) -> None:
+    f.write(f"{header}--- rank {rank}: Python stacks at the stall ---\n")
+    f.flush()
+    faulthandler.dump_traceback(f, all_threads=True)
 
 
 def watched_batches(batches: Iterator, watchdog: Watchdog) -> Iterator:

@@ -20,6 +20,8 @@ import psutil
 ROOT = Path(__file__).resolve().parents[1]
 PY = sys.executable
 STEPS, EVERY = 10, 2
+STALL_TIMEOUT_S = 15  # parallel.timeout_s of every run: a stalled rank ends its start in seconds
+STALL_END_S = 150  # bound on a stalled start's end: the timeout + torchrun's 30 s grace, with room
 TINY_YAML = """\
 # the chaos soak's tiny run: debug model, fp32, constant LR, a checkpoint every 2 steps
 data: {micro_batch_size: 2, shuffle: false, seq_len: 256}
@@ -42,7 +44,8 @@ class TrainConfig:
     launcher: str = "torchrun"  # torchrun | torchrun.sh
 
     def args(self, out: Path, work: Path) -> list[str]:
-        extra = [f"out_dir={out}", f"train.steps={STEPS}", "checkpoint.resume=auto", *self.overrides]
+        extra = [f"out_dir={out}", f"train.steps={STEPS}", "checkpoint.resume=auto",
+                 f"parallel.timeout_s={STALL_TIMEOUT_S}", *self.overrides]
         if self.data_file:
             extra.append(f"data.sources=[{{path: {work / 'data.jsonl'}}}]")
         if self.cache:
@@ -89,10 +92,10 @@ def write_inputs(work: Path, seed: int) -> None:
 class Start:
     """One start of a run under its launcher, in a session of its own (as a user's shell would)."""
 
-    def __init__(self, cmd: list[str], log: Path, cwd: Path):
+    def __init__(self, cmd: list[str], log: Path, cwd: Path, extra_env: Optional[dict] = None):
         self.cmd, self.log, self.began = cmd, log, time.time()
-        self.proc = subprocess.Popen(cmd, cwd=cwd, env=env(), stdout=open(log, "w"), stderr=subprocess.STDOUT,
-                                     start_new_session=True)
+        self.proc = subprocess.Popen(cmd, cwd=cwd, env=dict(env(), **(extra_env or {})), stdout=open(log, "w"),
+                                     stderr=subprocess.STDOUT, start_new_session=True)
 
     def tree(self) -> list[psutil.Process]:
         try:
@@ -206,6 +209,76 @@ def wait_moment(start: Start, out: Path, when: str, rng: random.Random, startup_
         (f"after step {step}" if step else f"start-up ({time.time() - start.began:.1f} s in)")
 
 
+# a sitecustomize for one start: rank $CHAOS_HOLD_RANK's training loader stops for good before
+# batch $CHAOS_HOLD_AT (0-based) of this start, as a read stuck on a file system (longctx reads
+# nothing of this; the hook patches the loader's builder as its module is imported)
+HELD_READ_HOOK = """
+import importlib.abc, importlib.util, os, sys, time
+
+
+class _Held:
+    def __init__(self, loader):
+        self.loader = loader
+
+    def __getattr__(self, name):
+        return getattr(self.loader, name)
+
+    def __iter__(self):
+        for served, batch in enumerate(self.loader):
+            if served == int(os.environ["CHAOS_HOLD_AT"]):
+                while True:
+                    time.sleep(1)
+            yield batch
+
+
+class _Hook(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path, target=None):
+        if name != "longctx.train.stages":
+            return None
+        sys.meta_path.remove(self)
+        spec = importlib.util.find_spec(name)
+        run = spec.loader.exec_module
+
+        def exec_module(module):
+            run(module)
+            build = module.build_stage_loader
+
+            def held(*args, **kwargs):
+                loader = build(*args, **kwargs)
+                return _Held(loader) if os.environ.get("RANK") == os.environ["CHAOS_HOLD_RANK"] else loader
+            module.build_stage_loader = held
+        spec.loader.exec_module = exec_module
+        return spec
+
+
+sys.meta_path.insert(0, _Hook())
+"""
+
+
+def held_read_env(work: Path, rank: int, at_batch: int) -> dict:
+    """The environment additions of a start whose rank `rank` holds its data read before batch
+    `at_batch` of the start."""
+    hooks = work / "hooks"
+    hooks.mkdir(exist_ok=True)
+    (hooks / "sitecustomize.py").write_text(HELD_READ_HOOK)
+    return {"PYTHONPATH": f"{hooks}:{os.environ.get('PYTHONPATH', '')}", "CHAOS_HOLD_RANK": str(rank),
+            "CHAOS_HOLD_AT": str(at_batch)}
+
+
+def stall_problems(start: Start, out: Path, rc: Optional[int], launcher: str) -> list[str]:
+    """What a start that a stall ended did wrong: it must end by itself (rc not None), say which
+    rank in one line, leave STALLED, and exit 86 under launch/torchrun.sh (torchrun says 1)."""
+    if rc is None:
+        return [f"not ended by itself within {STALL_END_S} s"]
+    lines = [ln for ln in start.log.read_text(errors="replace").splitlines() if "error: stalled: rank" in ln]
+    problems = [] if lines else ["no 'error: stalled:' line naming a rank"]
+    if not (out / "STALLED").exists():
+        problems.append("no STALLED marker")
+    if launcher == "torchrun.sh" and rc != 86:
+        problems.append(f"torchrun.sh exited {rc}, not 86")
+    return problems
+
+
 # ------------------------------------------------------------------ faults between starts
 def dead_holder_lock(path: Path) -> None:
     """A lock file whose holder (a real process, already exited) is gone, as a SIGKILL leaves it."""
@@ -289,7 +362,7 @@ class Verdict:
 def leftovers(out: Path) -> list[str]:
     """Temporaries, locks and markers a finished run must not leave."""
     bad = [p for p in out.parent.rglob("*") if (p.name.startswith(".") and (".tmp" in p.name or
-           p.name.endswith(".lock"))) or p.name.endswith(".lock") or p.name in ("PREEMPTED", "NONFINITE")]
+           p.name.endswith(".lock"))) or p.name.endswith(".lock") or p.name in ("PREEMPTED", "NONFINITE", "STALLED")]
     return sorted(str(p.relative_to(out.parent)) for p in bad)
 
 

@@ -6,7 +6,10 @@ then check each against an uninterrupted run.
 
 Faults, at random moments (start-up, after a step, while a checkpoint is being written):
 SIGKILL of one worker, of the whole job, of the launcher alone (its workers must be gone within
-30 s); SIGTERM and SIGUSR1 (preemption). Between starts: the newest checkpoint truncated or one bit
+30 s); SIGTERM and SIGUSR1 (preemption); with several processes, after a step, a stall: SIGSTOP of
+one worker, or one rank's data read held for good (every run has parallel.timeout_s=15; the
+start must end by itself with the line naming the rank, STALLED and, under torchrun.sh, exit
+86). Between starts: the newest checkpoint truncated or one bit
 flipped, a half-written temporary checkpoint, a run lock or a data-cache lock left by a dead pid,
 a full disk during a save (each run's directory is a size-limited tmpfs; root only, else not
 drawn), a data file edited without data.allow_changed_sources (the start must stop with one
@@ -31,6 +34,7 @@ import tempfile
 import time
 from collections import Counter
 from pathlib import Path
+from typing import Optional
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import chaos_kit as kit  # noqa: E402
@@ -38,14 +42,17 @@ import chaos_kit as kit  # noqa: E402
 DURING = ["SIGKILL a worker", "SIGKILL the whole job", "SIGKILL the launcher alone", "SIGTERM", "SIGUSR1"]
 MOMENTS = ["start-up", "mid-run", "mid-save"]
 EDITED_DATA, FULL_DISK = "edited data file", "full disk during a save"
+STOPPED, HELD_READ = "SIGSTOP a worker", "held data read"  # stalls: a start of several processes, after a step
+TRAIN_KINDS = DURING + list(kit.EDITS) + [EDITED_DATA, FULL_DISK, STOPPED, HELD_READ]
 EVAL_FAULTS = ["SIGKILL", "SIGTERM", "SIGUSR1"]
 WORKERS_GONE_S = 30.0
 TMPFS_SIZE = "512m"
 
 
 class Soak:
-    def __init__(self, work: Path, seed: int, configs: list[int], eval_share: float):
+    def __init__(self, work: Path, seed: int, configs: list[int], eval_share: float, only: Optional[list] = None):
         self.work, self.rng, self.configs, self.eval_share = work, random.Random(seed), configs, eval_share
+        self.only = only  # the train fault kinds drawn (None: all)
         self.refs: dict = {}
         self.rows: list[dict] = []
         self.runs: list[dict] = []
@@ -135,9 +142,15 @@ class Soak:
         ci = self.rng.choice(self.configs)
         cfg, ref = kit.TRAIN_CONFIGS[ci], self.train_ref(ci)
         out = run_dir / "run"
-        kinds = DURING * 3 + list(kit.EDITS) + [EDITED_DATA] * cfg.data_file + [FULL_DISK] * mounted
+        kinds = (DURING * 3 + list(kit.EDITS) + [EDITED_DATA] * cfg.data_file + [FULL_DISK] * mounted
+                 + [STOPPED, HELD_READ] * (cfg.nproc > 1))
         if not cfg.cache:
             kinds.remove("stale cache lock")
+        if self.only:
+            kinds = [k for k in kinds if k in self.only]
+            if not kinds:  # e.g. only stalls, for one process
+                return {"kind": "train", "config": cfg.name, "faults": 0, "starts": 0, "max_loss_diff": 0.0,
+                        "max_weight_diff": 0.0, "problems": [f"none of --kinds fits {cfg.name}"]}
         problems, waiting, starts, landed, rc = [], [], 0, 0, None
         while True:
             kind = self.rng.choice(kinds) if landed < faults else None
@@ -149,9 +162,17 @@ class Soak:
                 continue
             if kind in (EDITED_DATA, FULL_DISK) and kit.newest_step(out) == 0:
                 continue  # needs a checkpoint: an edit before one is just other data, a save needs a size
-            start = kit.Start(self.command(cfg, out), logs / f"start{starts:02d}.log", self.work)
+            left = kit.STEPS - kit.newest_step(out)  # steps this start trains
+            if kind in (STOPPED, HELD_READ) and left < 2:
+                continue  # a stall comes after this start's first step (before it: the start-up limit)
+            # (rank, batch) held: after the start's first step (one batch per step)
+            hold = (self.rng.randrange(cfg.nproc), self.rng.randint(1, left - 1)) if kind == HELD_READ else None
+            start = kit.Start(self.command(cfg, out), logs / f"start{starts:02d}.log", self.work,
+                              kit.held_read_env(self.work, *hold) if hold else None)
             starts += 1
-            if kind == EDITED_DATA:
+            if kind in (STOPPED, HELD_READ):
+                rc, row = self.stall(start, out, kind, hold, index, cfg, problems)
+            elif kind == EDITED_DATA:
                 rc, row = self.edited_data(start, index, cfg.name, problems)
             elif kind == FULL_DISK:
                 rc, row = self.full_disk(start, run_dir, out, index, cfg.name, problems)
@@ -223,6 +244,31 @@ class Soak:
         if marker.exists():
             detail += f"; PREEMPTED {marker.read_text().strip()}"
         return rc, self.row(index, cfg.name, kind, when, rc, detail.strip("; "))
+
+    def stall(self, start: kit.Start, out: Path, kind: str, hold: Optional[tuple], index: int,
+              cfg: kit.TrainConfig, problems: list):
+        """A worker SIGSTOPped after a step of this start, or a rank's data read held (from the
+        start's env): the start must end by itself, within kit.STALL_END_S."""
+        if kind == STOPPED:
+            target = self.rng.randint(kit.newest_step(out) + 1, kit.STEPS - 1)
+            deadline = time.time() + 600
+            while kit.logged_step(out, start.began) < target and start.proc.poll() is None and time.time() < deadline:
+                time.sleep(0.05)
+            workers = start.workers()
+            if start.proc.poll() is not None or not workers:
+                rc = start.wait()
+                return rc, self.row(index, cfg.name, kind, "missed", rc, "the start ended first (not counted)")
+            victim = self.rng.choice(workers)
+            victim.send_signal(signal.SIGSTOP)
+            when, detail = f"after step {kit.logged_step(out, start.began)}", f"worker pid {victim.pid}"
+        else:
+            when, detail = f"before batch {hold[1] + 1} of the start", f"rank {hold[0]}"
+        stalled_at = time.time()
+        rc = start.wait(timeout=kit.STALL_END_S)
+        said = kit.stall_problems(start, out, rc, cfg.launcher)
+        problems += [f"{kind} ({when}): {p}" for p in said]
+        detail += f"; ended {time.time() - stalled_at:.0f} s later"
+        return rc, self.row(index, cfg.name, kind, when, rc, detail)
 
     def edited_data(self, start: kit.Start, index: int, config: str, problems: list):
         data = self.work / "data.jsonl"
@@ -340,6 +386,8 @@ def parse(argv: list[str]) -> argparse.Namespace:
                         "; ".join(f"{i}: {c.name}" for i, c in enumerate(kit.TRAIN_CONFIGS)))
     p.add_argument("--eval-share", type=float, default=0.2, help="share of runs that are evaluations (default 0.2)")
     p.add_argument("--faults-per-run", default="3,6", help="MIN,MAX faults of one run (default 3,6)")
+    p.add_argument("--kinds", default=None, help="train fault kinds to draw, comma-separated (default: all): " +
+                   ", ".join(TRAIN_KINDS))
     p.add_argument("--work", default=None, help="working directory (default: a new temporary one, removed)")
     p.add_argument("--json", default=None, help="write the rows and runs here")
     p.add_argument("--md", default=None, help="write the tables here (markdown)")
@@ -356,6 +404,10 @@ def parse(argv: list[str]) -> argparse.Namespace:
         p.exit(2, f"error: --faults >= 1, 1 <= MIN <= MAX, configs in 0-{len(kit.TRAIN_CONFIGS) - 1} and "
                   "0 <= --eval-share <= 1 are required\n")
     args.per_run = (lo, hi)
+    args.kinds = args.kinds.split(",") if args.kinds else None
+    unknown = [k for k in args.kinds or [] if k not in TRAIN_KINDS]
+    if unknown:
+        p.exit(2, f"error: --kinds: unknown {', '.join(map(repr, unknown))}; valid: {', '.join(TRAIN_KINDS)}\n")
     return args
 
 
@@ -363,11 +415,13 @@ def main(argv: list[str]) -> int:
     args = parse(argv)
     work = Path(args.work) if args.work else Path(tempfile.mkdtemp(prefix="chaos-soak-"))
     began = time.time()
-    soak = Soak(work, args.seed, args.configs, args.eval_share)
+    soak = Soak(work, args.seed, args.configs, args.eval_share, args.kinds)
     done = 0
     try:
         while done < args.faults:
             done += soak.run(min(soak.rng.randint(*args.per_run), args.faults - done))
+            if not soak.runs[-1]["ok"] and not soak.runs[-1]["starts"]:
+                break  # no fault of --kinds can be drawn here
     finally:
         seconds = time.time() - began
         text = markdown(soak, seconds, argv)

@@ -19,7 +19,7 @@ from longctx.data.config import DataConfig, SourceConfig
 from longctx.errors import UserError
 from longctx.model.config import PRESETS
 from longctx.parallel.layout import CP_IMPLS
-from longctx.parallel.timeouts import DEFAULT_STARTUP_TIMEOUT_S, DEFAULT_TIMEOUT_S, timeout_problem
+from longctx.parallel.timeout_values import DEFAULT_STARTUP_TIMEOUT_S, DEFAULT_TIMEOUT_S, timeout_problem
 from longctx.wandb_log import check_mode
 
 DTYPES = ("float32", "bfloat16")

@@ -5,6 +5,7 @@ line, the checks before any weight is read, the model and tokenizer, what --out 
 the batch in flight with exit code 85 (PREEMPTED_EXIT_CODE, as training)."""
 from __future__ import annotations
 
+import contextlib
 import signal
 import sys
 import time
@@ -37,6 +38,7 @@ from longctx.eval.model_io import (
 )
 from longctx.eval.model_overrides import apply_overrides, base_model_config
 from longctx.eval.ruler_prompts import write_prompts
+from longctx.eval.stall_watch import WatchedStop, stalls_end_the_job, start_watch
 from longctx.eval.state import EvalContext, EvalResult
 from longctx.eval.wandb_table import log_results
 from longctx.launch_env import read_env
@@ -118,23 +120,29 @@ def _load_and_evaluate(cfg: EvalConfig, world: int, flag: PreemptionFlag, model_
     model.to(eval_device(cfg.device, read_env().local_rank))
     check_pair(tokenizer, model.config)
     notes = _length_warnings(cfg, model.config, plan.run)
-    cp_group = None
+    cp_group, watchdog = None, None
     if world > 1:
-        init_distributed()
-        mesh = build_mesh(cfg.cp)
+        init_distributed(timeout_s=cfg.startup_timeout_s)
+        watchdog = start_watch(cfg, read_env().rank, world)
+        mesh = build_mesh(cfg.cp, cfg.startup_timeout_s)
         cp_group = mesh.cp_group if cfg.cp > 1 else None
     completed = False
     try:
-        _check_ranks_agree(plan)
-        torch.manual_seed(0)
-        meta = dict(_meta(cfg, model, model_dir, tokenizer, plan.run), model_overrides=override[1])
-        result = evaluate(model, tokenizer, cfg, context=EvalContext(cp_group=cp_group, meta=meta, warnings=notes),
-                          plan=plan, stop=flag)
-        if result.preempted:  # which signal stopped it (it may have reached another rank only)
-            result.preempted["signal"] = next((s for s in gather_objects(flag.received) if s), None)
+        with stalls_end_the_job(watchdog):  # a stalled peer: exit 86, the finished cells kept
+            _check_ranks_agree(plan)
+            torch.manual_seed(0)
+            meta = dict(_meta(cfg, model, model_dir, tokenizer, plan.run), model_overrides=override[1])
+            result = evaluate(model, tokenizer, cfg, plan=plan, stop=flag if watchdog is None else WatchedStop(
+                flag, watchdog), context=EvalContext(cp_group=cp_group, meta=meta, warnings=notes))
+            if result.preempted:  # which signal stopped it (it may have reached another rank only)
+                result.preempted["signal"] = next((s for s in gather_objects(flag.received) if s), None)
         completed = True
     finally:
-        shutdown_distributed(completed)
+        # the other ranks wait at a barrier while rank 0 writes the reports: the long limit
+        with watchdog.slow_phase("finish") if watchdog is not None else contextlib.nullcontext():
+            shutdown_distributed(completed)
+        if watchdog is not None:
+            watchdog.stop()
     return result
 
 

@@ -22,6 +22,7 @@ from longctx.eval.fields import TOKENIZER_FIELD, EvalFields
 from longctx.eval.model_overrides import check_keys
 from longctx.eval.tasks import NIAH_GRID_TASK, RULER_TASKS, TaskOptions, get_task
 from longctx.parallel.layout import DECODE_CP_IMPLS
+from longctx.parallel.timeout_values import timeout_problem
 from longctx.wandb_log import check_installed, check_mode
 
 SUITES = ("ruler", "niah", "passkey", "ppl")
@@ -48,6 +49,9 @@ class EvalConfig(EvalFields):
             _at_least(name, getattr(self, name), minimum)
         if self.batch_size is not None:
             _at_least("batch_size", self.batch_size, 1)
+        for name in ("timeout_s", "startup_timeout_s"):
+            if problem := timeout_problem(getattr(self, name)):
+                raise UserError(f"eval.{name}: {problem}")
         if not (math.isfinite(self.threshold) and 0 <= self.threshold <= 100):
             raise UserError(f"eval.threshold: must be a finite number in [0, 100], got {self.threshold}")
         select(self)

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional
 
 from longctx.eval.scoring import DEFAULT_THRESHOLD
+from longctx.parallel.timeout_values import DEFAULT_STARTUP_TIMEOUT_S, DEFAULT_TIMEOUT_S
 
 TOKENIZER_FIELD = "eval.tokenizer"  # the field tokenizer errors name in an evaluation
 
@@ -46,6 +47,9 @@ class EvalFields:
     max_batch_tokens: int = option(16384, "prompt tokens per batch when batch_size is unset")
     cp: int = option(1, "context-parallel size for prefill/decoding (under torchrun)")
     cp_impl: str = option("ring", "ring | allgather | ulysses")
+    timeout_s: float = option(DEFAULT_TIMEOUT_S, "under torchrun: seconds a collective waits for a stalled rank "
+                                                 "once the first batch is done (then exit 86; docs/operations.md)")
+    startup_timeout_s: float = option(DEFAULT_STARTUP_TIMEOUT_S, "the same limit until the first batch is done")
     depths: Optional[List[str]] = option(None, "needle depths in [0,1] for grids (default 11 points)")
     style: str = option("ruler", "ruler (RULER's templates and budgets) | compact (tiny models, short lengths)")
     max_new_tokens: Optional[int] = option(None, "override every task's generation budget")

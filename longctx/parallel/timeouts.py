@@ -10,23 +10,15 @@ group, so a timed-out collective aborts instead of blocking forever.
 from __future__ import annotations
 
 import datetime
-import math
 import os
 
 import torch.distributed as dist
 from torch.distributed import distributed_c10d
 
-DEFAULT_TIMEOUT_S = 300.0  # from the first finished step on: parallel.timeout_s
-DEFAULT_STARTUP_TIMEOUT_S = 1800.0  # process groups, loading, the first step: parallel.startup_timeout_s
+from longctx.parallel.timeout_values import DEFAULT_STARTUP_TIMEOUT_S, DEFAULT_TIMEOUT_S, timeout_problem
 
-
-def timeout_problem(value) -> str | None:
-    """Why `value` is not a usable timeout in seconds, or None."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return f"must be a number of seconds, got {value!r}"
-    if not math.isfinite(value) or value <= 0:
-        return f"must be a finite number of seconds > 0, got {value}"
-    return None
+__all__ = ["DEFAULT_STARTUP_TIMEOUT_S", "DEFAULT_TIMEOUT_S", "as_timedelta", "enable_nccl_async_errors",
+           "set_collective_timeout", "timeout_problem"]
 
 
 def enable_nccl_async_errors() -> None:

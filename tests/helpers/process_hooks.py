@@ -13,6 +13,8 @@ return patches one longctx module as it is imported. longctx itself reads nothin
   torch.distributed's collective functions (DeepSpeed's included: its comm layer calls them).
 - `stalled_data_env`: one rank's training loader stops before a chosen batch, touches
   $STALL_MARK and waits for $RELEASE (a data read stuck on a file system).
+- `held_batch_env`: one rank's chosen `longctx eval` decoding batch touches $STALL_MARK and
+  waits for $RELEASE before it starts.
 """
 import textwrap
 from pathlib import Path
@@ -195,5 +197,32 @@ def stalled_data_env(tmp_path: Path, env: dict, rank: int, at_batch: int) -> tup
     goes on once the release file exists."""
     _hook_env(tmp_path, env, "longctx.train.stages", STALLED_DATA)
     mark, release = tmp_path / "data-held", tmp_path / "release"
+    env.update(STALL_RANK=str(rank), STALL_AT_BATCH=str(at_batch), STALL_MARK=str(mark), RELEASE=str(release))
+    return mark, release
+
+
+HELD_BATCH = """
+complete = module.Engine.complete_with_ids
+calls = [0]
+
+def held(self, samples):
+    # rank $STALL_RANK's batch number $STALL_AT_BATCH (1-based): touch $STALL_MARK, wait for $RELEASE
+    calls[0] += 1
+    if os.environ.get("RANK") == os.environ["STALL_RANK"] and calls[0] == int(os.environ["STALL_AT_BATCH"]):
+        pathlib.Path(os.environ["STALL_MARK"]).touch()
+        deadline = time.monotonic() + 600  # against a hang only
+        while not pathlib.Path(os.environ["RELEASE"]).exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+    return complete(self, samples)
+module.Engine.complete_with_ids = held
+"""
+
+
+def held_batch_env(tmp_path: Path, env: dict, rank: int, at_batch: int) -> tuple[Path, Path]:
+    """Adds the held-batch hook to env: rank `rank` stops before its decoding batch `at_batch`
+    (1-based). Returns (mark, release): the batch is held once the mark exists, and goes on
+    once the release file exists."""
+    _hook_env(tmp_path, env, "longctx.eval.runner", HELD_BATCH)
+    mark, release = tmp_path / "batch-held", tmp_path / "release"
     env.update(STALL_RANK=str(rank), STALL_AT_BATCH=str(at_batch), STALL_MARK=str(mark), RELEASE=str(release))
     return mark, release

@@ -4,6 +4,8 @@ start-up, mid-run and mid-save, damaged checkpoints, stale locks, a full disk (a
 edited data file, each followed by the same command until the run ends. Every run must end at
 its last step with the losses and final weights of an uninterrupted run and nothing left behind
 (scripts/chaos_soak.py checks it; the full matrix is its 100-fault run, docs/operations.md).
+Seed 3 draws no stall (SIGSTOP, held read): those cost ~45 s each and are tested apart
+(test_stalls.py, test_eval_stalls.py; the soak's own in docs/results/2026-12-06-chaos-soak-stalls.md).
 2 to 6 minutes on this 2-core machine (118 s at load 3, 378 s at load 14)."""
 import json
 import subprocess

@@ -16,6 +16,7 @@ import pytest
 
 from helpers.process_hooks import stalled_data_env
 from helpers.recipes import ROOT
+from helpers.stalls import alive, worker
 from helpers.train import TINY, env
 
 pytestmark = pytest.mark.slow
@@ -35,27 +36,6 @@ def _env(tmp_path) -> dict:
     return dict(env(), LONGCTX_PYTHON=sys.executable, TORCH_EXTENSIONS_DIR=str(tmp_path / "ext"))
 
 
-def _worker(launcher: subprocess.Popen, rank: int) -> psutil.Process:
-    for p in psutil.Process(launcher.pid).children(recursive=True):
-        try:
-            if p.environ().get("RANK") == str(rank) and "longctx" in " ".join(p.cmdline()):
-                return p
-        except psutil.Error:
-            continue
-    raise AssertionError(f"no worker of rank {rank}")
-
-
-def _alive(procs) -> list:
-    alive = []
-    for p in procs:
-        try:
-            if p.is_running() and p.status() != psutil.STATUS_ZOMBIE:
-                alive.append(p)
-        except psutil.NoSuchProcess:
-            pass
-    return alive
-
-
 @pytest.mark.parametrize("stall", ["sigstop", "data"])
 def test_a_stalled_rank_ends_the_job_and_the_run_resumes(tmp_path, stall):
     out, log_path = tmp_path / "run", tmp_path / "first.log"
@@ -71,7 +51,7 @@ def test_a_stalled_rank_ends_the_job_and_the_run_resumes(tmp_path, stall):
         tree = psutil.Process(job.pid).children(recursive=True)
         stalled_at = time.monotonic()
         if stall == "sigstop":
-            os.kill(_worker(job, 1).pid, signal.SIGSTOP)  # held in its data read, now stopped outright
+            os.kill(worker(job, 1).pid, signal.SIGSTOP)  # held in its data read, now stopped outright
         rc = job.wait(timeout=ENDS_WITHIN_S)
         ended_after = time.monotonic() - stalled_at
     finally:
@@ -81,7 +61,7 @@ def test_a_stalled_rank_ends_the_job_and_the_run_resumes(tmp_path, stall):
     text = log_path.read_text()
     assert rc == 86, text[-3000:]
     assert ended_after < ENDS_WITHIN_S
-    survivors = _alive(tree)
+    survivors = alive(tree)
     for p in survivors:
         p.kill()
     assert not survivors, [p.cmdline() for p in survivors]

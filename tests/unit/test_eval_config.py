@@ -76,6 +76,19 @@ def test_the_device_is_checked_before_any_work(cuda, overrides, message, monkeyp
     assert str(e.value).startswith(message)
 
 
+@pytest.mark.parametrize("overrides, message", [
+    (["timeout_s=0"], "eval.timeout_s: must be a finite number of seconds > 0, got 0.0"),
+    (["timeout_s=-5"], "eval.timeout_s: must be a finite number of seconds > 0, got -5.0"),
+    (["startup_timeout_s=inf"], "eval.startup_timeout_s: must be a finite number of seconds > 0, got inf"),
+    (["startup_timeout_s=soon"], "eval.startup_timeout_s: must be a number, got 'soon'"),
+])
+def test_bad_timeouts_name_the_eval_field(overrides, message):
+    with pytest.raises(UserError) as e:
+        _validated(*overrides)
+    assert str(e.value).startswith(message)
+    assert _validated("timeout_s=20", "startup_timeout_s=600").timeout_s == 20.0
+
+
 def test_auto_evaluates_on_this_ranks_gpu_when_there_is_one(monkeypatch):
     assert eval_device("auto", 3) == torch.device("cpu") == eval_device("cpu", 0)  # this machine has no GPU
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
