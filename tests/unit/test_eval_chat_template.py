@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import longctx
-from helpers.tokenizers import write_byte_level_tokenizer
+from helpers.byte_level_files import write_byte_level_tokenizer
 from longctx.cli import main
 from longctx.data.tokenizer import load_tokenizer
 from longctx.errors import UserError

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from helpers.tokenizers import write_byte_level_tokenizer
+from helpers.byte_level_files import write_byte_level_tokenizer
 from longctx.data.config import DataConfig, SourceConfig
 from longctx.data.loader import DataLoader
 from longctx.data.tokenizer import adds_bos_for, load_tokenizer, prepends_bos
