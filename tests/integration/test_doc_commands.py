@@ -176,6 +176,10 @@ NOT_RUN = {  # command (DocCommand.key) -> why it is not run
     # tests/integration/test_chaos_soak.py)
     "python scripts/chaos_soak.py --faults 100 --seed 1 --json soak.json --md soak.md": f"{BENCH} (~25 min)",
     "python scripts/chaos_soak.py --faults 10 --seed 3 --configs 1 --eval-share 0": "the suite's soak (~5 min)",
+    # docs/results/2026-12-06-chaos-soak-stalls.md
+    'python scripts/chaos_soak.py --faults 3 --faults-per-run 3,3 --seed 5 --configs 2 --eval-share 0 --kinds '
+    '"SIGSTOP a worker,held data read" --json docs/results/2026-12-06-chaos-soak-stalls.json --md soak.md':
+        f"{BENCH} (~5 min: three stalls, each ended by the collective timeout)",
     "nice -n 5 python scripts/chaos_soak.py --faults 100 --seed 1 --work /tmp/soak "
     "--json docs/results/2026-12-05-chaos-soak.json --md soak.md": f"{BENCH} (~25 min); rewrites the report's JSON",
     # plan.md
