@@ -99,6 +99,11 @@ class PeerProgress:
         with self._lock:
             self._client().set(KEY.format(rank=self.rank), json.dumps(record))
 
+    def close(self) -> None:
+        """Drop the store client (the watch thread has ended)."""
+        with self._lock:
+            self._store = None
+
     def read(self) -> dict[int, dict]:
         found = {}
         with self._lock:
@@ -159,9 +164,15 @@ class Watchdog:
 
     def stop(self) -> None:
         """The rank's work is over: the watch publishes it as done (a peer that still writes its
-        reports must not take this rank's quiet for a stall) and ends."""
+        reports must not take this rank's quiet for a stall) and ends. The thread is joined and
+        its store client closed here: a daemon thread still inside a store call when the
+        interpreter exits aborts the process ("terminate called without an active exception")."""
         self.beat(DONE)
         self._stop.set()
+        if self._thread.is_alive() and self._thread is not threading.current_thread():
+            self._thread.join(STORE_TIMEOUT_S + 2 * POLL_S)
+        if self.peers is not None and not self._thread.is_alive():
+            self.peers.close()
 
     # ------------------------------------------------------------ what the main loop says
     def beat(self, phase: str, step: Optional[int] = None) -> None:
