@@ -25,3 +25,12 @@ def alive(procs) -> list:
         except psutil.NoSuchProcess:
             pass
     return found
+
+
+def left_running(procs) -> list:
+    """The command lines of the processes of `procs` still running, each killed so that nothing
+    outlives the test (empty: the job left nothing behind)."""
+    survivors = alive(procs)
+    for p in survivors:
+        p.kill()
+    return [p.cmdline() for p in survivors]

@@ -17,7 +17,7 @@ import pytest
 import longctx
 from helpers.process_hooks import held_batch_env
 from helpers.recipes import ROOT
-from helpers.stalls import alive, worker
+from helpers.stalls import left_running, worker
 from helpers.train import env
 from longctx.model import build_model, get_preset
 
@@ -61,10 +61,8 @@ def test_a_stalled_rank_ends_the_eval_and_the_rerun_keeps_the_finished_cell(tmp_
             os.killpg(job.pid, signal.SIGKILL)
     text = log_path.read_text()
     assert rc == 86, text[-3000:]
-    survivors = alive(tree)
-    for p in survivors:
-        p.kill()
-    assert not survivors, [p.cmdline() for p in survivors]
+    survivors = left_running(tree)
+    assert not survivors, survivors
     line = next(x for x in text.splitlines() if "error: stalled:" in x)
     assert "rank 1 silent for" in line and "rank 0 at batch round" in line and "a collective gave up" in line, line
     assert "[torchrun.sh] stalled:" in text

@@ -16,7 +16,7 @@ import pytest
 
 from helpers.process_hooks import stalled_data_env
 from helpers.recipes import ROOT
-from helpers.stalls import alive, worker
+from helpers.stalls import left_running, worker
 from helpers.train import TINY, env
 
 pytestmark = pytest.mark.slow
@@ -61,10 +61,8 @@ def test_a_stalled_rank_ends_the_job_and_the_run_resumes(tmp_path, stall):
     text = log_path.read_text()
     assert rc == 86, text[-3000:]
     assert ended_after < ENDS_WITHIN_S
-    survivors = alive(tree)
-    for p in survivors:
-        p.kill()
-    assert not survivors, [p.cmdline() for p in survivors]
+    survivors = left_running(tree)
+    assert not survivors, survivors
     stalled_line = next(line for line in text.splitlines() if "error: stalled:" in line)
     assert "rank 1" in stalled_line, stalled_line
     if stall == "sigstop":  # it published nothing since it was stopped (or nothing at all, in a fast start)
