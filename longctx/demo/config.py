@@ -95,11 +95,14 @@ class DemoConfig:
     yarn_beta_fast: float = 4.0
     yarn_beta_slow: float = 1.0
     # validation during the extension (validation.every / rows at extend_len), with a
-    # teacher-forced retrieval probe at train_len and extend_len (the eval's compact samples)
-    extend_validation_every: int = 75
+    # teacher-forced retrieval probe (the eval's compact samples) on the two tasks the extended
+    # model learns last: niah_single_1 and passkey are at 100 by the first validation, so they
+    # would show no rise. niah_multivalue needs ~389 tokens, hence 2x and 4x, not 1x.
+    extend_validation_every: int = 50
     validation_rows: int = 4
-    probe_tasks: List[str] = field(default_factory=lambda: ["niah_single_1", "passkey"])
-    probe_samples: int = 4
+    probe_tasks: List[str] = field(default_factory=lambda: ["niah_multikey_2", "niah_multivalue"])
+    probe_multipliers: List[int] = field(default_factory=lambda: [2, 4])
+    probe_samples: int = 8
     # evaluation
     multipliers: List[int] = field(default_factory=lambda: [1, 2, 4, 8])
     samples: int = 30  # per task and length (random needle placement)
@@ -136,6 +139,10 @@ class DemoConfig:
     @property
     def lengths(self) -> List[int]:
         return [m * self.train_len for m in self.multipliers]
+
+    @property
+    def probe_lengths(self) -> List[int]:
+        return [m * self.train_len for m in self.probe_multipliers]
 
     @property
     def extend_len(self) -> int:

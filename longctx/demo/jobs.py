@@ -90,7 +90,7 @@ def extend_config(demo: DemoConfig, out_dir: Path, init_from: Path, seed: int, r
                   tokenizer) -> TrainConfig:
     """Step 3: continued pretraining at factor x train_len from the base model's HF export,
     with new RoPE parameters, 2 ranks with context parallelism (cp=2) and ZeRO-3; validation
-    (loss by position, the retrieval probe at train_len and extend_len) every few steps."""
+    (loss by position, the retrieval probe at its lengths) every few steps."""
     return TrainConfig(
         out_dir=str(out_dir),
         model=ModelSection(init_from=str(init_from), rope_parameters=dict(rope),
@@ -105,6 +105,7 @@ def extend_config(demo: DemoConfig, out_dir: Path, init_from: Path, seed: int, r
         log=LogSection(tensorboard=True, progress=True),
         validation=ValidationSection(every=demo.extend_validation_every, rows=demo.validation_rows,
                                      probe=ProbeSection(tasks=list(demo.probe_tasks), samples=demo.probe_samples,
+                                                        lengths=[str(n) for n in demo.probe_lengths],
                                                         seed=demo.eval_seed, style="compact")))
 
 

@@ -1,5 +1,6 @@
 """The demo report's section on what the extension's validation saw while it trained: the
-held-out loss by position and the retrieval probe, first and last validation, with the two
+held-out loss by position (first and last validation) and the retrieval probe (every
+validation), with the two
 pictures the trainer drew (extend/validation.png, extend/probe.png)."""
 from __future__ import annotations
 
@@ -30,14 +31,15 @@ def training_section(run_dir: Path, rel: str, train_len: int) -> list[str]:
                      + " |")
     lines += ["", f"![loss by position]({rel}/{PICTURE})", ""]
     if isinstance(last.get("probe"), dict):
-        lines += [f"Retrieval probe (teacher-forced, {last.get('probe_samples', '?')} samples per task and length; "
-                  "score 0-100 / share of answer tokens that are the argmax):", "",
-                  "| task @ length | " + " | ".join(f"step {r['step']}" for r in (first, last)) + " |",
-                  "|---|---:|---:|"]
-        for task, by_length in last["probe"].items():
-            for length in by_length:
-                cells = [f"{_fmt(r['probe'].get(task, {}).get(length))} / "
-                         f"{_fmt(r.get('probe_token_accuracy', {}).get(task, {}).get(length))}" for r in (first, last)]
-                lines.append(f"| {task} @ {length} | " + " | ".join(cells) + " |")
+        cells = [(task, length) for task, by_length in last["probe"].items() for length in by_length]
+        lines += [f"Retrieval probe (teacher-forced, {last.get('probe_samples', '?')} samples per task and length) at "
+                  "every validation: score 0-100 / share of answer tokens that are the argmax.", "",
+                  "| step | " + " | ".join(f"{task} @ {length}" for task, length in cells) + " |",
+                  "|---:|" + "---:|" * len(cells)]
+        for r in rows:
+            probe, tokens = r.get("probe") or {}, r.get("probe_token_accuracy") or {}
+            lines.append(f"| {r['step']} | " + " | ".join(
+                f"{_fmt(probe.get(task, {}).get(length))} / {_fmt(tokens.get(task, {}).get(length))}"
+                for task, length in cells) + " |")
         lines += ["", f"![probe]({rel}/{PROBE_PICTURE})", ""]
     return lines

@@ -78,7 +78,10 @@ def test_fast_demo_completes_with_a_wellformed_report(fast_run):
         assert (out / "extend" / picture).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     val = [json.loads(line) for line in (out / "extend" / "validation.jsonl").read_text().splitlines()]
     assert [r["step"] for r in val] == [2, 4]
-    assert set(val[-1]["probe"]) == {"niah_single_1", "passkey"} and set(val[-1]["probe"]["passkey"]) == {"256", "1024"}
+    assert set(val[-1]["probe"]) == set(FAST.probe_tasks)
+    assert set(val[-1]["probe"]["niah_multivalue"]) == {str(n) for n in FAST.probe_lengths} == {"512", "1024"}
+    probe_rows = [line for line in report.splitlines() if re.match(r"\| [24] \| ", line)]
+    assert len(probe_rows) == 2  # the probe at every validation, one row each
     assert "FutureWarning" not in proc.stderr  # third-party noise stays in the logs
     assert "retrieval score before -> after extension" in proc.stderr
 
