@@ -1,8 +1,8 @@
 """A chaos soak: drive tiny train and eval runs to their end through N random, seeded faults,
 then check each against an uninterrupted run.
 
-    python scripts/chaos_soak.py --faults 100 --seed 1 --out docs/results/chaos.json --md chaos.md
-    python scripts/chaos_soak.py --faults 10 --seed 3 --configs 1          # one train configuration
+    python scripts/faults/chaos_soak.py --faults 100 --seed 1 --out docs/results/chaos.json --md chaos.md
+    python scripts/faults/chaos_soak.py --faults 10 --seed 3 --configs 1          # one train configuration
 
 Faults, at random moments (start-up, after a step, while a checkpoint is being written):
 SIGKILL of one worker, of the whole job, of the launcher alone (its workers must be gone within
@@ -356,7 +356,7 @@ def markdown(soak: Soak, seconds: float, argv: list[str]) -> str:
     rows, runs = [r for r in soak.rows if r["when"] != "missed"], soak.runs
     ok = all(r["ok"] for r in runs)
     by_kind = Counter(r["kind"] for r in rows)
-    lines = [f"command: `python scripts/chaos_soak.py {' '.join(argv)}`", "",
+    lines = [f"command: `python scripts/faults/chaos_soak.py {' '.join(argv)}`", "",
              f"{len(rows)} faults over {len(runs)} runs ({sum(r['starts'] for r in runs)} starts), "
              f"wall time {seconds / 60:.1f} min; every run's checks: {'passed' if ok else 'FAILED'}.", "",
              "| fault | count |", "|---|---:|", *[f"| {k} | {n} |" for k, n in sorted(by_kind.items())], "",

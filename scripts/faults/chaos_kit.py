@@ -1,4 +1,4 @@
-"""What the chaos soak (scripts/chaos_soak.py) is made of: the configurations it runs, starting
+"""What the chaos soak (scripts/faults/chaos_soak.py) is made of: the configurations it runs, starting
 a run under its launcher, the moments a fault lands at, the faults between starts, and the checks
 of a finished run against an uninterrupted one."""
 from __future__ import annotations
@@ -17,7 +17,7 @@ from typing import Optional
 
 import psutil
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 PY = sys.executable
 STEPS, EVERY = 10, 2
 STALL_TIMEOUT_S = 15  # parallel.timeout_s of every run: a stalled rank ends its start in seconds
