@@ -1,7 +1,7 @@
 """validation.png: the held-out loss by position, one line per validation coloured by its step;
 probe.png: the retrieval probe's scores against step, one line per (task, length). Both are
 written at the end of a run with validation (probe.png with validation.probe), and by
-scripts/plot_metrics.py on any run directory."""
+scripts/tools/plot_metrics.py on any run directory."""
 from __future__ import annotations
 
 import json

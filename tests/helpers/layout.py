@@ -1,5 +1,5 @@
 """Runs on several layouts for the resume-on-another-layout test and table
-(tests/integration/test_resume_layout.py, scripts/resume_layout_table.py)."""
+(tests/integration/test_resume_layout.py, scripts/faults/resume_layout_table.py)."""
 from __future__ import annotations
 
 import shutil

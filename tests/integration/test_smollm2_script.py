@@ -1,4 +1,4 @@
-"""scripts/smollm2.py --gguf on a tiny quantized llama GGUF this test writes: a plain HF directory
+"""scripts/real_model/smollm2.py --gguf on a tiny quantized llama GGUF this test writes: a plain HF directory
 whose weights are the dequantized ones, whose logits through longctx match transformers'
 GGUF-loaded model, and that is never overwritten without --overwrite."""
 import json
@@ -17,7 +17,7 @@ from transformers.convert_slow_tokenizer import bytes_to_unicode  # noqa: E402
 
 import longctx  # noqa: E402
 
-SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "smollm2.py"
+SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "real_model" / "smollm2.py"
 H, F, L, NQ, NKV, D = 32, 64, 2, 4, 2, 8  # hidden, ffn, layers, q heads, kv heads, head dim
 SPECIAL = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 MERGES = ["Ġ t", "h e", "Ġt he", "Ġ a"]

@@ -1,4 +1,4 @@
-"""scripts/zero_shot_table.py on a tiny model: every (variant, phase) is a real `longctx eval`
+"""scripts/real_model/zero_shot_table.py on a tiny model: every (variant, phase) is a real `longctx eval`
 with the variant's overrides recorded, the table and PNG come from the results, a rerun
 reuses every finished cell, a run at other lengths adds to the table, and so do a --part
 beside a run and the cells of another OUT (--from), one measurement counted once and two
@@ -17,7 +17,7 @@ import longctx
 from longctx.model import build_model, get_preset
 
 ROOT = Path(__file__).resolve().parents[2]
-SCRIPT = ROOT / "scripts" / "zero_shot_table.py"
+SCRIPT = ROOT / "scripts" / "real_model" / "zero_shot_table.py"
 
 
 @pytest.fixture(scope="module")

@@ -1,9 +1,9 @@
-"""scripts/probe_needle_position.py moves only the queried needle's line."""
+"""scripts/tools/probe_needle_position.py moves only the queried needle's line."""
 import importlib.util
 from pathlib import Path
 
 spec = importlib.util.spec_from_file_location(
-    "probe_needle_position", Path(__file__).resolve().parents[2] / "scripts" / "probe_needle_position.py")
+    "probe_needle_position", Path(__file__).resolve().parents[2] / "scripts" / "tools" / "probe_needle_position.py")
 probe = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(probe)
 

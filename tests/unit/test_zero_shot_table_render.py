@@ -1,11 +1,11 @@
-"""scripts/zero_shot_table.py's RULER table: a variant's mean over fewer tasks than another's
+"""scripts/real_model/zero_shot_table.py's RULER table: a variant's mean over fewer tasks than another's
 is marked, since a mean over other tasks is not comparable."""
 import importlib.util
 from argparse import Namespace
 from pathlib import Path
 
 spec = importlib.util.spec_from_file_location(
-    "zero_shot_table", Path(__file__).resolve().parents[2] / "scripts" / "zero_shot_table.py")
+    "zero_shot_table", Path(__file__).resolve().parents[2] / "scripts" / "real_model" / "zero_shot_table.py")
 zst = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(zst)
 

@@ -2,12 +2,12 @@
 retrieval on a depth x length grid and RULER tasks at 8k-128k, perplexity with fixed targets, and
 every comparison a paired difference with a 95% bootstrap interval.
 
-    python scripts/real_model_study.py --model models/smollm2-135m-instruct --out eval/study \\
+    python scripts/real_model/real_model_study.py --model models/smollm2-135m-instruct --out eval/study \\
         --ppl-data data/longtext/heldout.jsonl --report docs/results/real-model.md
-    python scripts/real_model_study.py ... --variants yarn16,dynamic --phases tasks \\
+    python scripts/real_model/real_model_study.py ... --variants yarn16,dynamic --phases tasks \\
         --tasks niah_single_1,niah_single_2 --lengths 128k,64k --dtype bf16 --deadline-s 420
-    python scripts/real_model_study.py ... --trained trained=runs/64k --trained control=runs/8k
-    python scripts/real_model_study.py ... --report-only
+    python scripts/real_model/real_model_study.py ... --trained trained=runs/64k --trained control=runs/8k
+    python scripts/real_model/real_model_study.py ... --report-only
 
 Phases, each resumable cell by cell:
 - grid: the retrieval task the model solves at its native length (`--grid-task`, niah_single_1)
@@ -40,10 +40,10 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "scripts"))
-import study_report  # noqa: E402  (scripts/study_report.py)
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # its siblings, however it is loaded
+import study_report  # noqa: E402  (scripts/real_model/study_report.py)
 from zero_shot_table import finished_cells, flow, kfmt  # noqa: E402
 
 from longctx import atomic  # noqa: E402
@@ -271,9 +271,10 @@ def main(argv=None) -> int:
         if any(x not in ("grid", "tasks", "ppl") for x in phases):
             raise UserError(f"--phases: {args.phases!r}; valid: grid, tasks, ppl")
         if not Path(args.model).is_dir():
-            raise UserError(f"--model: {args.model} is not a directory (scripts/smollm2.py makes one)")
+            raise UserError(f"--model: {args.model} is not a directory (scripts/real_model/smollm2.py makes one)")
         if "ppl" in phases and not args.report_only and not (args.ppl_data and Path(args.ppl_data).is_file()):
-            raise UserError("--ppl-data: a .jsonl file is needed for the ppl phase (scripts/long_text.py makes one)")
+            raise UserError("--ppl-data: a .jsonl file is needed for the ppl phase "
+                            "(scripts/real_model/long_text.py makes one)")
         return run(args, variants, phases)
     except UserError as e:
         print(f"error: {e}", file=sys.stderr)

@@ -1,7 +1,7 @@
 """Import cycles between longctx's modules, function-level imports included.
 
-    .venv/bin/python scripts/import_cycles.py            # prints each cycle; exit 1 if there is one
-    .venv/bin/python scripts/import_cycles.py --edges    # and the imports that close each cycle
+    .venv/bin/python scripts/tools/import_cycles.py            # prints each cycle; exit 1 if there is one
+    .venv/bin/python scripts/tools/import_cycles.py --edges    # and the imports that close each cycle
 
 Static: every `import` / `from ... import` in a module's source, at any depth (inside functions
 too: a lazy import still ties two modules together), except under `if TYPE_CHECKING:` (never run).
@@ -17,7 +17,7 @@ import ast
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = "longctx"
 
 

@@ -4,10 +4,10 @@
 # wall-time budget (SIGTERM at the budget: the trainer finishes its step, saves and exits 85),
 # then the trained run. Each evaluation is held-out perplexity at 8k/16k/32k and RULER tasks at 32k.
 #
-#   bash scripts/gpu_smollm2_32k.sh OUT_DIR
+#   bash scripts/gpu/gpu_smollm2_32k.sh OUT_DIR
 #
 # Needs the model and the text (docs/real_model.md): MODEL (default models/smollm2-135m-instruct;
-# made from GGUF=path/to/SmolLM2-135M-Instruct.Q4_1.gguf by scripts/smollm2.py when missing) and
+# made from GGUF=path/to/SmolLM2-135M-Instruct.Q4_1.gguf by scripts/real_model/smollm2.py when missing) and
 # DATA (default data/longtext: train.jsonl, short.jsonl, heldout.jsonl; .jsonl.xz files there are
 # decompressed first). Wheels in WHEELS (default .whl) are installed to /tmp/site first (a
 # machine without network: docs/gpu.md). TRAIN_OVERRIDES: more key=value for longctx train.
@@ -40,7 +40,7 @@ export PYTHONPATH=$PWD:${PYTHONPATH:-} PYTHONUNBUFFERED=1
 echo "== the model and the text"
 if [ ! -f "$model/model.safetensors" ]; then
   [ -n "${GGUF:-}" ] || { echo "error: MODEL: $model has no model.safetensors and GGUF is not set"; exit 2; }
-  $py scripts/smollm2.py "$model" --gguf "$GGUF" 2>&1 | tail -3 | tee "$out/model.txt"
+  $py scripts/real_model/smollm2.py "$model" --gguf "$GGUF" 2>&1 | tail -3 | tee "$out/model.txt"
 fi
 for f in "$data"/*.jsonl.xz; do [ -e "$f" ] && [ ! -e "${f%.xz}" ] && xz -dk "$f"; done
 ls -l "$data" | tee "$out/data.txt"

@@ -1,7 +1,7 @@
 """The summary table a GPU script prints last, from the files it wrote in OUT_DIR.
 
-    python scripts/gpu_summary.py check OUT_DIR     # scripts/gpu_check.sh
-    python scripts/gpu_summary.py recipe OUT_DIR    # scripts/gpu_recipe_speed.sh
+    python scripts/gpu/gpu_summary.py check OUT_DIR     # scripts/gpu/gpu_check.sh
+    python scripts/gpu/gpu_summary.py recipe OUT_DIR    # scripts/gpu/gpu_recipe_speed.sh
 """
 from __future__ import annotations
 

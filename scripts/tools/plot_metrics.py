@@ -2,7 +2,7 @@
 validation rows, also RUN_DIR/validation.jsonl -> RUN_DIR/validation.png (and, with probe scores,
 RUN_DIR/probe.png).
 
-    python scripts/plot_metrics.py runs/smollm2-16k-cpu
+    python scripts/tools/plot_metrics.py runs/smollm2-16k-cpu
 
 Each record's loss against its step, with the tokens trained on (tokens_seen) on a second axis
 label; skipped (non-finite) steps are left out. validation.png: the held-out loss by position,

@@ -1,8 +1,8 @@
 """A chaos soak: drive tiny train and eval runs to their end through N random, seeded faults,
 then check each against an uninterrupted run.
 
-    python scripts/chaos_soak.py --faults 100 --seed 1 --out docs/results/chaos.json --md chaos.md
-    python scripts/chaos_soak.py --faults 10 --seed 3 --configs 1          # one train configuration
+    python scripts/faults/chaos_soak.py --faults 100 --seed 1 --out docs/results/chaos.json --md chaos.md
+    python scripts/faults/chaos_soak.py --faults 10 --seed 3 --configs 1          # one train configuration
 
 Faults, at random moments (start-up, after a step, while a checkpoint is being written):
 SIGKILL of one worker, of the whole job, of the launcher alone (its workers must be gone within
@@ -37,16 +37,9 @@ from pathlib import Path
 from typing import Optional
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import chaos_checks  # noqa: E402
+import chaos_faults  # noqa: E402
 import chaos_kit as kit  # noqa: E402
-
-DURING = ["SIGKILL a worker", "SIGKILL the whole job", "SIGKILL the launcher alone", "SIGTERM", "SIGUSR1"]
-MOMENTS = ["start-up", "mid-run", "mid-save"]
-EDITED_DATA, FULL_DISK = "edited data file", "full disk during a save"
-STOPPED, HELD_READ = "SIGSTOP a worker", "held data read"  # stalls: a start of several processes, after a step
-TRAIN_KINDS = DURING + list(kit.EDITS) + [EDITED_DATA, FULL_DISK, STOPPED, HELD_READ]
-EVAL_FAULTS = ["SIGKILL", "SIGTERM", "SIGUSR1"]
-WORKERS_GONE_S = 30.0
-TMPFS_SIZE = "512m"
 
 
 class Soak:
@@ -73,8 +66,8 @@ class Soak:
                 time.sleep(0.05)
             if start.wait() != 0:
                 raise SystemExit(f"error: the uninterrupted run of {cfg.name} failed: {start.log}")
-            self.refs[ci] = {"losses": [r["loss"] for r in kit.strict_metrics(out)],
-                             "weights": kit.final_weights(out), "startup_s": first or 5.0}
+            self.refs[ci] = {"losses": [r["loss"] for r in chaos_checks.strict_metrics(out)],
+                             "weights": chaos_checks.final_weights(out), "startup_s": first or 5.0}
         return self.refs[ci]
 
     def eval_ref(self) -> dict:
@@ -111,8 +104,8 @@ class Soak:
         logs = self.work / "runs" / f"{index:03d}-logs"
         run_dir.mkdir(parents=True)
         logs.mkdir()
-        mounted = self.root and subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={TMPFS_SIZE}", "tmpfs",
-                                                str(run_dir)], capture_output=True).returncode == 0
+        mounted = self.root and subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={chaos_faults.TMPFS_SIZE}",
+                                                "tmpfs", str(run_dir)], capture_output=True).returncode == 0
         began = time.time()
         try:
             if self.rng.random() < self.eval_share:
@@ -142,8 +135,8 @@ class Soak:
         ci = self.rng.choice(self.configs)
         cfg, ref = kit.TRAIN_CONFIGS[ci], self.train_ref(ci)
         out = run_dir / "run"
-        kinds = (DURING * 3 + list(kit.EDITS) + [EDITED_DATA] * cfg.data_file + [FULL_DISK] * mounted
-                 + [STOPPED, HELD_READ] * (cfg.nproc > 1))
+        kinds = (chaos_faults.DURING * 3 + list(chaos_faults.EDITS) + [chaos_faults.EDITED_DATA] * cfg.data_file
+                 + [chaos_faults.FULL_DISK] * mounted + list(chaos_faults.STALLS) * (cfg.nproc > 1))
         if not cfg.cache:
             kinds.remove("stale cache lock")
         if self.only:
@@ -154,32 +147,35 @@ class Soak:
         problems, waiting, starts, landed, rc = [], [], 0, 0, None
         while True:
             kind = self.rng.choice(kinds) if landed < faults else None
-            if kind in kit.EDITS:
-                detail = kit.EDITS[kind](out, self.rng)
+            if kind in chaos_faults.EDITS:
+                detail = chaos_faults.EDITS[kind](out, self.rng)
                 if detail is not None:
                     waiting.append(self.row(index, cfg.name, kind, "between starts", None, detail))
                     landed += 1
                 continue
-            if kind in (EDITED_DATA, FULL_DISK) and kit.newest_step(out) == 0:
+            if kind in (chaos_faults.EDITED_DATA, chaos_faults.FULL_DISK) and kit.newest_step(out) == 0:
                 continue  # needs a checkpoint: an edit before one is just other data, a save needs a size
             left = kit.STEPS - kit.newest_step(out)  # steps this start trains
-            if kind in (STOPPED, HELD_READ) and left < 2:
+            if kind in chaos_faults.STALLS and left < 2:
                 continue  # a stall comes after this start's first step (before it: the start-up limit)
             # (rank, batch) held: after the start's first step (one batch per step)
-            hold = (self.rng.randrange(cfg.nproc), self.rng.randint(1, left - 1)) if kind == HELD_READ else None
+            hold = (self.rng.randrange(cfg.nproc), self.rng.randint(1, left - 1)) if kind == chaos_faults.HELD_READ \
+                else None
             start = kit.Start(self.command(cfg, out), logs / f"start{starts:02d}.log", self.work,
-                              kit.held_read_env(self.work, *hold) if hold else None)
+                              chaos_faults.held_read_env(self.work, *hold) if hold else None)
             starts += 1
-            if kind in (STOPPED, HELD_READ):
-                rc, row = self.stall(start, out, kind, hold, index, cfg, problems)
-            elif kind == EDITED_DATA:
-                rc, row = self.edited_data(start, index, cfg.name, problems)
-            elif kind == FULL_DISK:
-                rc, row = self.full_disk(start, run_dir, out, index, cfg.name, problems)
-            elif kind is not None:
-                rc, row = self.during(start, out, kind, index, cfg, ref, problems)
-            else:
+            if kind is None:
                 rc, row = start.wait(), None
+            else:
+                if kind in chaos_faults.STALLS:
+                    rc, when, detail = chaos_faults.stall(start, out, kind, hold, cfg.launcher, self.rng, problems)
+                elif kind == chaos_faults.EDITED_DATA:
+                    rc, when, detail = chaos_faults.edited_data(start, self.work, problems)
+                elif kind == chaos_faults.FULL_DISK:
+                    rc, when, detail = chaos_faults.full_disk(start, run_dir, out, self.work, problems)
+                else:
+                    rc, when, detail = chaos_faults.during(start, out, kind, cfg, self.rng, ref["startup_s"], problems)
+                row = self.row(index, cfg.name, kind, when, rc, detail)
             for w in waiting:
                 w.update(next_exit=rc, next_said=start.said())
             waiting = [row] if row is not None else []
@@ -190,132 +186,17 @@ class Soak:
             if starts > 4 * faults + 10:
                 problems.append(f"gave up after {starts} starts")
                 break
-        verdict = kit.check_train(out, ref, rc)
+        verdict = chaos_checks.check_train(out, ref, rc)
         return {"kind": "train", "config": cfg.name, "faults": landed, "starts": starts,
                 "problems": problems + verdict.problems, "max_loss_diff": verdict.max_loss_diff,
                 "max_weight_diff": verdict.max_weight_diff}
-
-    def during(self, start: kit.Start, out: Path, kind: str, index: int, cfg: kit.TrainConfig, ref: dict,
-               problems: list):
-        when = kit.wait_moment(start, out, self.rng.choice(MOMENTS), self.rng, ref["startup_s"])
-        if not when:
-            rc = start.wait()
-            return rc, self.row(index, cfg.name, kind, "missed", rc, "the start ended first (not counted)")
-        detail = ""
-        workers = start.workers()
-        if kind == "SIGKILL a worker":
-            deadline = time.time() + 60
-            while not workers and start.proc.poll() is None and time.time() < deadline:
-                time.sleep(0.05)
-                workers = start.workers()
-            if workers:
-                victim = self.rng.choice(workers)
-                victim.kill()
-                detail = f"worker pid {victim.pid} of {len(workers)}"
-        elif kind == "SIGKILL the whole job":
-            kit.kill_everything(start)
-        elif kind == "SIGKILL the launcher alone":
-            tree = start.tree()
-            start.proc.kill()
-            t0 = time.time()
-            while kit.alive(tree) and time.time() - t0 < WORKERS_GONE_S + 10:
-                time.sleep(0.1)
-            still = kit.alive(tree)
-            detail = f"{len(tree)} processes under it, all gone in {time.time() - t0:.1f} s" if not still else \
-                f"{len(still)} of {len(tree)} still running after {time.time() - t0:.0f} s"
-            if still or time.time() - t0 > WORKERS_GONE_S:
-                problems.append(f"launcher killed ({when}): {detail}")
-                for p in still:
-                    p.kill()
-        else:
-            sig = signal.SIGTERM if kind == "SIGTERM" else signal.SIGUSR1
-            if sig == signal.SIGUSR1 and cfg.launcher == "torchrun":
-                for w in workers or [psutil_proc(start.proc.pid)]:  # as srun delivers it to every task
-                    try:
-                        w.send_signal(sig)
-                    except Exception:  # noqa: BLE001  (already gone)
-                        pass
-                detail = f"to {len(workers)} workers"
-            else:
-                start.proc.send_signal(sig)
-                detail = f"to {cfg.launcher}"
-        rc = start.wait()
-        marker = out / "PREEMPTED"
-        if marker.exists():
-            detail += f"; PREEMPTED {marker.read_text().strip()}"
-        return rc, self.row(index, cfg.name, kind, when, rc, detail.strip("; "))
-
-    def stall(self, start: kit.Start, out: Path, kind: str, hold: Optional[tuple], index: int,
-              cfg: kit.TrainConfig, problems: list):
-        """A worker SIGSTOPped after a step of this start, or a rank's data read held (from the
-        start's env): the start must end by itself, within kit.STALL_END_S."""
-        if kind == STOPPED:
-            target = self.rng.randint(kit.newest_step(out) + 1, kit.STEPS - 1)
-            deadline = time.time() + 600
-            while kit.logged_step(out, start.began) < target and start.proc.poll() is None and time.time() < deadline:
-                time.sleep(0.05)
-            workers = start.workers()
-            if start.proc.poll() is not None or not workers:
-                rc = start.wait()
-                return rc, self.row(index, cfg.name, kind, "missed", rc, "the start ended first (not counted)")
-            victim = self.rng.choice(workers)
-            victim.send_signal(signal.SIGSTOP)
-            when, detail = f"after step {kit.logged_step(out, start.began)}", f"worker pid {victim.pid}"
-        else:
-            when, detail = f"before batch {hold[1] + 1} of the start", f"rank {hold[0]}"
-        stalled_at = time.time()
-        rc = start.wait(timeout=kit.STALL_END_S)
-        said = kit.stall_problems(start, out, rc, cfg.launcher)
-        problems += [f"{kind} ({when}): {p}" for p in said]
-        detail += f"; ended {time.time() - stalled_at:.0f} s later"
-        return rc, self.row(index, cfg.name, kind, when, rc, detail)
-
-    def edited_data(self, start: kit.Start, index: int, config: str, problems: list):
-        data = self.work / "data.jsonl"
-        original, stat = data.read_bytes(), data.stat()
-        start.proc.kill()  # started before the edit: restart after it
-        start.proc.wait()
-        data.write_bytes(original.replace(b"river", b"rover", 1))  # same size, one word changed
-        os.utime(data, ns=(stat.st_atime_ns, stat.st_mtime_ns))  # as cp -p leaves it
-        try:
-            start.__init__(start.cmd, start.log, self.work)
-            rc = start.wait()
-        finally:
-            data.write_bytes(original)
-            os.utime(data, ns=(stat.st_atime_ns, stat.st_mtime_ns))
-        errors = [ln for ln in start.log.read_text().splitlines() if ln.startswith("error:")]
-        if rc == 0 or not errors or "changed since the checkpoint" not in errors[0]:
-            problems.append(f"edited data: exit {rc}, {errors[:1]}")
-        return rc, self.row(index, config, EDITED_DATA, "between starts", rc, errors[0][:160] if errors else "")
-
-    def full_disk(self, start: kit.Start, run_dir: Path, out: Path, index: int, config: str, problems: list):
-        start.proc.kill()
-        start.proc.wait()
-        newest = max(d for d in (out / "checkpoints").glob("step_*") if (d / "COMPLETE").exists())
-        size = sum(p.stat().st_size for p in newest.rglob("*") if p.is_file())
-        used = shutil.disk_usage(run_dir).used
-        subprocess.run(["mount", "-o", f"remount,size={used + size // 2}", str(run_dir)], check=True)
-        try:
-            start.__init__(start.cmd, start.log, self.work)
-            rc = start.wait()
-        finally:
-            subprocess.run(["mount", "-o", f"remount,size={TMPFS_SIZE}", str(run_dir)], check=True)
-        errors = [ln for ln in start.log.read_text().splitlines() if ln.startswith("error:")]
-        if rc == 0 and kit.logged_step(out, 0) == kit.STEPS:
-            detail = "the run ended before it needed the space"
-        elif not errors:
-            problems.append(f"full disk: exit {rc} without an error line")
-            detail = ""
-        else:
-            detail = errors[0][:200]
-        return rc, self.row(index, config, FULL_DISK, f"a save ({kit.atomic_size(size // 2)} free)", rc, detail)
 
     def eval_run(self, index: int, run_dir: Path, logs: Path, faults: int) -> dict:
         ref = self.eval_ref()
         out = run_dir / "eval"
         problems, waiting, starts, landed, rc = [], [], 0, 0, None
         while True:
-            kind = self.rng.choice(EVAL_FAULTS) if landed < faults else None
+            kind = self.rng.choice(chaos_faults.EVAL_FAULTS) if landed < faults else None
             start = kit.Start(self.eval_command(out), logs / f"start{starts:02d}.log", self.work)
             starts += 1
             row = None
@@ -341,14 +222,9 @@ class Soak:
             if starts > 4 * faults + 10:
                 problems.append(f"gave up after {starts} starts")
                 break
-        verdict = kit.check_eval(out, ref["out"], rc)
+        verdict = chaos_checks.check_eval(out, ref["out"], rc)
         return {"kind": "eval", "config": "eval, 1 proc", "faults": landed, "starts": starts,
                 "problems": problems + verdict.problems}
-
-
-def psutil_proc(pid: int):
-    import psutil
-    return psutil.Process(pid)
 
 
 # ----------------------------------------------------------------------- the report
@@ -356,7 +232,7 @@ def markdown(soak: Soak, seconds: float, argv: list[str]) -> str:
     rows, runs = [r for r in soak.rows if r["when"] != "missed"], soak.runs
     ok = all(r["ok"] for r in runs)
     by_kind = Counter(r["kind"] for r in rows)
-    lines = [f"command: `python scripts/chaos_soak.py {' '.join(argv)}`", "",
+    lines = [f"command: `python scripts/faults/chaos_soak.py {' '.join(argv)}`", "",
              f"{len(rows)} faults over {len(runs)} runs ({sum(r['starts'] for r in runs)} starts), "
              f"wall time {seconds / 60:.1f} min; every run's checks: {'passed' if ok else 'FAILED'}.", "",
              "| fault | count |", "|---|---:|", *[f"| {k} | {n} |" for k, n in sorted(by_kind.items())], "",
@@ -387,7 +263,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--eval-share", type=float, default=0.2, help="share of runs that are evaluations (default 0.2)")
     p.add_argument("--faults-per-run", default="3,6", help="MIN,MAX faults of one run (default 3,6)")
     p.add_argument("--kinds", default=None, help="train fault kinds to draw, comma-separated (default: all): " +
-                   ", ".join(TRAIN_KINDS))
+                   ", ".join(chaos_faults.TRAIN_KINDS))
     p.add_argument("--work", default=None, help="working directory (default: a new temporary one, removed)")
     p.add_argument("--json", default=None, help="write the rows and runs here")
     p.add_argument("--md", default=None, help="write the tables here (markdown)")
@@ -405,9 +281,10 @@ def parse(argv: list[str]) -> argparse.Namespace:
                   "0 <= --eval-share <= 1 are required\n")
     args.per_run = (lo, hi)
     args.kinds = args.kinds.split(",") if args.kinds else None
-    unknown = [k for k in args.kinds or [] if k not in TRAIN_KINDS]
+    unknown = [k for k in args.kinds or [] if k not in chaos_faults.TRAIN_KINDS]
     if unknown:
-        p.exit(2, f"error: --kinds: unknown {', '.join(map(repr, unknown))}; valid: {', '.join(TRAIN_KINDS)}\n")
+        p.exit(2, f"error: --kinds: unknown {', '.join(map(repr, unknown))}; "
+                  f"valid: {', '.join(chaos_faults.TRAIN_KINDS)}\n")
     return args
 
 

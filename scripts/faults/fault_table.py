@@ -1,9 +1,9 @@
 """Run the faults a team's hundredth job meets, on tiny CPU runs, and print the table of what
 happens: each case, its command, the exit code, the line it prints, what is on disk after.
 
-    python scripts/fault_table.py                 # every case (several minutes on 2 cores)
-    python scripts/fault_table.py -k export       # the cases whose title contains "export"
-    python scripts/fault_table.py --out docs/faults.md
+    python scripts/faults/fault_table.py                 # every case (several minutes on 2 cores)
+    python scripts/faults/fault_table.py -k export       # the cases whose title contains "export"
+    python scripts/faults/fault_table.py --out docs/faults.md
 
 Each case works in its own temporary directory and cleans up after itself. Cases that fill a
 disk mount a small tmpfs and need root; without it they are listed as skipped.

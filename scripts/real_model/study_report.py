@@ -1,4 +1,4 @@
-"""The report of scripts/real_model_study.py, from its finished cells only: markdown, JSON and PNG
+"""The report of scripts/real_model/real_model_study.py, from its finished cells only: markdown, JSON and PNG
 heatmaps (written atomically). Every mean is shown with its standard error and every difference
 with its 95% paired-bootstrap interval, both from longctx/eval/paired.py."""
 from __future__ import annotations

@@ -2,7 +2,7 @@
 # Document attention on one GPU: every kernel that imports (torch varlen, flash-attn 2,
 # FlashAttention-4, FlexAttention), the sdpa paths and longctx's `auto`, forward + backward, bf16,
 # at 32k with 1/16/64 documents (SmolLM2 and Llama-3-8B heads) and 128k with 16 documents.
-#   bash scripts/gpu_doc_attention.sh OUT_DIR      # under 5 minutes on one H100 (timeout 280 s)
+#   bash scripts/gpu/gpu_doc_attention.sh OUT_DIR      # under 5 minutes on one H100 (timeout 280 s)
 # The table comes last; OUT_DIR/doc_attention.json keeps every finished row even after a timeout.
 set -uo pipefail
 out=${1:-gpu_doc_attention_out}

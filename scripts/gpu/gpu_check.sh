@@ -10,7 +10,7 @@
 # Each step has its own timeout; all of them together stay under 8 minutes on one H100 (90 + 2 x 50
 # + 110 + 2 x 65 s, plus the wheels). The summary table comes last.
 # Usage (a CUDA machine with torch, transformers, pytest; wheels for missing packages in
-# .whl/ are installed to /tmp/site first, scripts/gpu_env.sh):   bash scripts/gpu_check.sh OUT_DIR
+# .whl/ are installed to /tmp/site first, scripts/gpu/gpu_env.sh):   bash scripts/gpu/gpu_check.sh OUT_DIR
 set -uo pipefail
 out=${1:-gpu_check_out}
 mkdir -p "$out"

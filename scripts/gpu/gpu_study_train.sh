@@ -1,19 +1,19 @@
 #!/usr/bin/env bash
 # Device call: the study's training at 64k and its control (issue 53), each evaluated on the same
 # machine right after it trains (weights stay on the machine; cells and report come back in OUT).
-#   bash scripts/gpu_study_train.sh OUT_DIR [trained|control|both]
+#   bash scripts/gpu/gpu_study_train.sh OUT_DIR [trained|control|both]
 # trained: configs/smollm2-135m-32k.yaml at seq_len 65536 with YaRN x8, the ProLong-style mix
 #   (code repositories 0.63 + short files 0.37), grad_accum 2 (131k tokens per step), TRAIN_S
 #   seconds (default 150; SIGTERM: finishes its step, saves, exits 85).
 # control: the same steps and tokens per step at 8k (grad_accum 16) with the shipped RoPE
 #   (8192 positions): same tokens, same data, no length; its steps come from the trained run's
 #   metrics.jsonl (or STEPS).
-# Each is then evaluated as it is by scripts/real_model_study.py into the shared study (bf16,
+# Each is then evaluated as it is by scripts/real_model/real_model_study.py into the shared study (bf16,
 # tasks at EVAL_LENGTHS, default 64k,32k,4k; SAMPLES default 50; EVAL_S default 90 s).
 set -uo pipefail
 out=${1:?OUT_DIR}; which=${2:-both}
 mkdir -p "$out"
-source scripts/gpu_study_common.sh
+source scripts/gpu/gpu_study_common.sh
 data=${DATA:-data/longtext}
 for f in "$data"/*.jsonl.xz; do [ -e "$f" ] && [ ! -e "${f%.xz}" ] && xz -dk "$f"; done
 mix="data.sources=[{name: code-repos, path: $data/train.jsonl, weight: 0.63}, {name: short-files, path: $data/short.jsonl, weight: 0.37}]"
@@ -25,7 +25,7 @@ train() {  # name, run dir, steps, overrides...
   echo "$name train rc=$? (85: stopped at the budget and saved)"; cp "$run/metrics.jsonl" "$out/metrics-$name.jsonl"
 }
 evaluate() {  # name, run dir
-  $py scripts/real_model_study.py --model "$model" --trained "$1=$2" --variants "$1" --out "$study" \
+  $py scripts/real_model/real_model_study.py --model "$model" --trained "$1=$2" --variants "$1" --out "$study" \
     --report "$out/real-model.md" --phases tasks --tasks "${TASKS:-niah_single_1,niah_single_2}" \
     --lengths "${EVAL_LENGTHS:-64k,32k,4k}" --samples "${SAMPLES:-50}" --dtype bf16 --deadline-s "${EVAL_S:-90}" \
     --compare trained:control > "$out/study-$1.log" 2>&1

@@ -1,9 +1,9 @@
 """The model step alone, on a training config's own shapes and batches: forward + backward of
 grad_accum micro-batches and one torch AdamW step, with the config's attention backend,
 activation checkpointing and loss chunk; no trainer, no DeepSpeed, one process. Its median step
-time is what `longctx train` should come within a few percent of (scripts/gpu_recipe_speed.sh).
+time is what `longctx train` should come within a few percent of (scripts/gpu/gpu_recipe_speed.sh).
 
-    python scripts/gpu_model_step.py --config FILE [key=value ...] --steps 8 --warmup 2 --out step.json
+    python scripts/gpu/gpu_model_step.py --config FILE [key=value ...] --steps 8 --warmup 2 --out step.json
 
 Batches come from the config's own data loader (the same documents, so the same attention
 work); times are synchronised wall clock per optimizer step, median after --warmup.

@@ -3,9 +3,9 @@
 # recipe without init_from), its 32k rows, packing, document masking, ZeRO-2 and checkpointing,
 # with the byte tokenizer over synthetic documents in the recipe's mixture (63% long, 37% short),
 # so nothing is needed on disk. `longctx train` runs for TRAIN_S seconds (default 120; SIGTERM at
-# the budget), then scripts/gpu_model_step.py times the model step alone on the same config and
+# the budget), then scripts/gpu/gpu_model_step.py times the model step alone on the same config and
 # batches (forward + backward + AdamW, no trainer): the trainer should be within 3% of it.
-#   bash scripts/gpu_recipe_speed.sh OUT_DIR        # about 4 minutes on one H100
+#   bash scripts/gpu/gpu_recipe_speed.sh OUT_DIR        # about 4 minutes on one H100
 # Env: TRAIN_S, STEP_S (model-step budget, default 90), GRAD_ACCUM (default 1), BACKEND
 # (parallel.attention_backend, default auto), OVERRIDES (more key=value for both).
 # The summary table comes last.
@@ -29,7 +29,7 @@ echo "train rc=$? (124/85: stopped at the budget)"; grep -v WARNING "$out/train.
 cp "$run/metrics.jsonl" "$out/train_metrics.jsonl" 2>/dev/null
 
 echo "== the model step alone, same config and batches"
-timeout "${STEP_S:-90}" $py scripts/gpu_model_step.py --config $config "${common[@]}" ${OVERRIDES:-} \
+timeout "${STEP_S:-90}" $py scripts/gpu/gpu_model_step.py --config $config "${common[@]}" ${OVERRIDES:-} \
   --steps 8 --warmup 2 --out "$out/model_step.json" > "$out/model_step.log" 2>&1
 echo "model step rc=$?"; tail -2 "$out/model_step.log"
 

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Here, before the GPU calls of the real-model study (docs/real_model.md): cut the SmolLM2 GGUF
-# (fetched by scripts/smollm2.py into its cache) into two parts under models/gguf/ (git-ignored),
+# (fetched by scripts/real_model/smollm2.py into its cache) into two parts under models/gguf/ (git-ignored),
 # one per device call, with its SHA-256; compress the held-out text to data/longtext/*.xz.
 set -euo pipefail
 gguf=${GGUF:-${XDG_CACHE_HOME:-$HOME/.cache}/longctx/gguf/SmolLM2-135M-Instruct.Q4_1.gguf}

@@ -1,9 +1,9 @@
 """Resume on another layout, measured: for each case train K steps at layout L1, resume to N
 steps at L2, and print the per-step losses beside an uninterrupted N-step run at L2.
 
-    python scripts/resume_layout_table.py                    # fp32 cases (a few minutes on 2 cores)
-    python scripts/resume_layout_table.py --bf16             # the same in bfloat16
-    python scripts/resume_layout_table.py -k "2 -> 1" --out table.md
+    python scripts/faults/resume_layout_table.py                    # fp32 cases (a few minutes on 2 cores)
+    python scripts/faults/resume_layout_table.py --bf16             # the same in bfloat16
+    python scripts/faults/resume_layout_table.py -k "2 -> 1" --out table.md
 
 Every layout trains 4 rows per step (micro-batch 2 x grad_accum x dp ranks) of the built-in
 synthetic corpus on the debug model, on CPU (gloo). The last row of the table is the control:
@@ -21,7 +21,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))
 from helpers.layout import LAYOUTS, stopped_at, train_without_moments  # noqa: E402
 from helpers.train import TINY, losses, run_train  # noqa: E402
 

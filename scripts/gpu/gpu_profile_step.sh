@@ -2,7 +2,7 @@
 # Where a training step's time goes on one GPU, longctx beside transformers: torch.profiler over one
 # step of bench_train.py's model (4 layers of LLaMA-2-7B shape, bf16, full checkpointing) at 8k
 # and 32k; each side's top kernels and the time per kind of work (attention, GEMM, loss, RoPE, ...).
-#   bash scripts/gpu_profile_step.sh OUT_DIR       # about 2 minutes on one H100 (timeout 90 s each)
+#   bash scripts/gpu/gpu_profile_step.sh OUT_DIR       # about 2 minutes on one H100 (timeout 90 s each)
 set -uo pipefail
 out=${1:-gpu_profile_out}
 mkdir -p "$out"

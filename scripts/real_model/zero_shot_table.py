@@ -2,14 +2,14 @@
 RULER tasks at each length, for the model as shipped and with each scaling applied at eval time
 (`longctx eval model_overrides.*`, no training).
 
-    python scripts/zero_shot_table.py --model models/smollm2-135m-instruct \\
+    python scripts/real_model/zero_shot_table.py --model models/smollm2-135m-instruct \\
         --ppl-data data/longtext/heldout.jsonl --out eval/smollm2-zero-shot
-    python scripts/zero_shot_table.py ... --phases ppl --ppl-lengths 2k,4k,8k,16k   # one part
-    python scripts/zero_shot_table.py ... --report-only                             # tables from what exists
-    python scripts/zero_shot_table.py ... -- --tokenizer byte --style compact      # more eval options
-    python scripts/zero_shot_table.py --model runs/x --variants as-is ...           # a trained model as it is
-    python scripts/zero_shot_table.py ... --variants yarn2 --tasks vt --part b       # beside a yarn2 run
-    python scripts/zero_shot_table.py ... --report-only --from eval/other-run       # one table from two OUTs
+    python scripts/real_model/zero_shot_table.py ... --phases ppl --ppl-lengths 2k,4k,8k,16k  # one part
+    python scripts/real_model/zero_shot_table.py ... --report-only                            # tables from what exists
+    python scripts/real_model/zero_shot_table.py ... -- --tokenizer byte --style compact      # more eval options
+    python scripts/real_model/zero_shot_table.py --model runs/x --variants as-is ...          # a trained model as it is
+    python scripts/real_model/zero_shot_table.py ... --variants yarn2 --tasks vt --part b     # beside a yarn2 run
+    python scripts/real_model/zero_shot_table.py ... --report-only --from eval/other-run      # one table from two OUTs
 
 Each (variant, phase) is one `longctx eval` into OUT/VARIANT/PHASE; its finished cells are kept,
 so an interrupted run continues where it stopped when the same command is rerun. OUT/table.md
@@ -38,7 +38,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 from longctx import atomic  # noqa: E402
 from longctx.errors import UserError  # noqa: E402
@@ -329,13 +329,16 @@ def main(argv=None) -> int:
         print(f"error: --phases: {args.phases!r}; valid: ppl, ruler", file=sys.stderr)
         return 2
     if not Path(args.model).is_dir():
-        print(f"error: --model: {args.model} is not a directory (scripts/smollm2.py makes one)", file=sys.stderr)
+        print(f"error: --model: {args.model} is not a directory (scripts/real_model/smollm2.py makes one)",
+              file=sys.stderr)
         return 2
     if "ppl" in phases and not args.ppl_data and not args.report_only:
-        print("error: --ppl-data: needed for the ppl phase (scripts/long_text.py makes one)", file=sys.stderr)
+        print("error: --ppl-data: needed for the ppl phase (scripts/real_model/long_text.py makes one)",
+              file=sys.stderr)
         return 2
     if args.ppl_data and not Path(args.ppl_data).exists():
-        print(f"error: --ppl-data: {args.ppl_data} does not exist (scripts/long_text.py makes one)", file=sys.stderr)
+        print(f"error: --ppl-data: {args.ppl_data} does not exist (scripts/real_model/long_text.py makes one)",
+              file=sys.stderr)
         return 2
     if args.part is not None and not re.fullmatch(r"[A-Za-z0-9_-]+", args.part):
         print(f"error: --part: {args.part!r}; valid: letters, digits, - and _", file=sys.stderr)

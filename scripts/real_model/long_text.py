@@ -1,8 +1,8 @@
 """Long real documents from the Python packages installed here: a train corpus and a disjoint
 held-out set, as jsonl.
 
-    python scripts/long_text.py OUT_DIR [--tokenizer DIR] [--min-chars N] [--heldout-fraction F]
-    python scripts/long_text.py OUT_DIR --roots DIR [DIR ...]      # packages from these directories
+    python scripts/real_model/long_text.py OUT_DIR [--tokenizer DIR] [--min-chars N] [--heldout-fraction F]
+    python scripts/real_model/long_text.py OUT_DIR --roots DIR [DIR ...]      # packages from these directories
 
 A document is one package's source, repository-level (the ProLong recipe's code documents):
 every .py file under a top-level package directory, in sorted path order, each after a header

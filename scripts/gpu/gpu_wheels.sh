@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Download, on a machine with the package index, the wheels the GPU scripts install on a device
 # without network (FlashAttention-4 and its CuTe DSL stack), into WHEELS (default .whl, git-ignored).
-# A wheel over SPLIT_MB (default 40) is unpacked and repacked as NAME.tar.xz (scripts/gpu_env.sh
+# A wheel over SPLIT_MB (default 40) is unpacked and repacked as NAME.tar.xz (scripts/gpu/gpu_env.sh
 # unpacks it into /tmp/site): one device call carries at most 64 MiB.
-#   bash scripts/gpu_wheels.sh            # PY_VERSION (default 3.11: the device's python), PLATFORM
+#   bash scripts/gpu/gpu_wheels.sh            # PY_VERSION (default 3.11: the device's python), PLATFORM
 set -euo pipefail
 dest=${WHEELS:-.whl}
 py=${PYTHON:-python3}
