@@ -14,7 +14,15 @@ from typing import Optional
 import torch
 import torch.distributed as dist
 
-from longctx.checkpoint.resume import ResumePoint, choose_resume, restore, resume_candidates, resume_point
+from longctx.checkpoint.resume import (
+    RankPlace,
+    RestoreTarget,
+    ResumePoint,
+    choose_resume,
+    restore,
+    resume_candidates,
+    resume_point,
+)
 from longctx.checkpoint.state import TrainerState, TrainState
 from longctx.checkpoint.store import CheckpointError, read_trainer_state, rng_state, run_phase, save_checkpoint
 from longctx.config import RunPlan, RunStage, TrainConfig
@@ -249,9 +257,9 @@ class Trainer:
         when it belongs to the stage the run continues with."""
         stage = self.stages[point.continuation.stage]
         mesh = self._mesh(stage.parallel.cp_size)
-        return restore(point, engine=self.engine, model=self.model, state=state, stage=stage, world_size=self.world,
-                       rank=self.rank, grad_accum=self.cfg.train.grad_accum, dp_rank=mesh.dp_rank,
-                       dp_size=mesh.dp_size, announce=self._announce,
+        return restore(point, RestoreTarget(self.engine, self.model, state), stage=stage,
+                       place=RankPlace(self.rank, self.world, mesh.dp_rank, mesh.dp_size),
+                       grad_accum=self.cfg.train.grad_accum, announce=self._announce,
                        fresh_loader=lambda: build_stage_loader(stage, self.cfg.train.seed, tokenizer,
                                                                dp_rank=mesh.dp_rank, dp_size=mesh.dp_size))
 
