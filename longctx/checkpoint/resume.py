@@ -5,7 +5,7 @@
     point = resume_point(checkpoint, stages, ...)    where the run continues; model shape and global
                                                      batch checked before the engine exists
     ... the engine is built ...
-    loader_state = restore(point, engine, ...)       weights, optimizer, counters, RNG, the loader's position:
+    loader_state = restore(point, into, ...)         weights, optimizer, counters, RNG, the loader's position:
                                                      the saved layout's own files, or resharded for this one
                                                      (layout.py, universal.py)
 
@@ -33,7 +33,8 @@ from longctx.checkpoint.store import (
 from longctx.model.config import ModelConfig
 
 log = logging.getLogger("longctx.train")
-__all__ = ["ResumePoint", "choose_resume", "restore", "resume_candidates", "resume_point"]
+__all__ = ["RankPlace", "RestoreTarget", "ResumePoint", "choose_resume", "restore", "resume_candidates",
+           "resume_point"]
 
 
 @dataclass(frozen=True)
@@ -69,19 +70,38 @@ def resume_point(checkpoint: Optional[Path], stages, *, model_config: ModelConfi
     return point
 
 
-def restore(point: ResumePoint, *, engine, model, state: TrainState, stage, world_size: int, rank: int,
-            grad_accum: int, dp_rank: int, dp_size: int, fresh_loader: Callable[[], object],
-            announce: Callable[[str], None]) -> Optional[dict]:
-    """Load the checkpoint into the engine and `state`; returns the loader state when it belongs
-    to the stage the run continues with. A checkpoint of another layout is resharded: the engine
-    through DeepSpeed's universal checkpoint, the loader states to this dp size (`fresh_loader`
-    builds this rank's loader to replay where needed), the RNG state of rank r mod the old world."""
-    continuation = point.continuation
+@dataclass(frozen=True)
+class RestoreTarget:
+    """What a checkpoint is loaded into: the DeepSpeed engine, the plain model it trains (its
+    config is checked against the checkpoint's) and the run's counters."""
+    engine: object
+    model: object
+    state: TrainState
+
+
+@dataclass(frozen=True)
+class RankPlace:
+    """This process among the run's: its global rank of world_size, and its dp rank of dp_size in
+    the stage the run continues with (whose loader state it takes)."""
+    rank: int
+    world_size: int
+    dp_rank: int
+    dp_size: int
+
+
+def restore(point: ResumePoint, into: RestoreTarget, *, stage, place: RankPlace, grad_accum: int,
+            fresh_loader: Callable[[], object], announce: Callable[[str], None]) -> Optional[dict]:
+    """Load the checkpoint into the engine and the state of `into`; returns the loader state when
+    it belongs to the stage the run continues with. A checkpoint of another layout is resharded:
+    the engine through DeepSpeed's universal checkpoint, the loader states to this dp size
+    (`fresh_loader` builds this rank's loader to replay where needed), the RNG state of rank r mod
+    the old world."""
+    continuation, state, world_size = point.continuation, into.state, place.world_size
     cp, micro = stage.parallel.cp_size, stage.data.micro_batch_size
-    record = engine_record(engine)
+    record = engine_record(into.engine)
     layout = Layout(world_size, cp, world_size // cp, record["zero_stage"], record["offload_optimizer"],
                     micro * grad_accum)
-    restored = load_checkpoint(point.checkpoint, engine=engine, model=model, layout=layout)
+    restored = load_checkpoint(point.checkpoint, engine=into.engine, model=into.model, layout=layout)
     state.load_state_dict(restored.trainer_state)
     state.stage, state.stage_step = continuation.stage, continuation.stage_step
     log.info("resumed from %s at step %d", point.checkpoint, state.step)
@@ -91,11 +111,11 @@ def restore(point: ResumePoint, *, engine, model, state: TrainState, stage, worl
         rank_state = restored.rank_states[0]
         set_rng_state(rank_state["rng"])
         return rank_state["data"] if continuation.loader_belongs else None
-    set_rng_state(rng_for(restored.rank_states, rank))
+    set_rng_state(rng_for(restored.rank_states, place.rank))
     if not continuation.loader_belongs:
         return None
-    data, note = loader_state(restored.rank_states, dp_rank=dp_rank, dp_size=dp_size, micro_batch_size=micro,
-                              fresh_loader=fresh_loader)
+    data, note = loader_state(restored.rank_states, dp_rank=place.dp_rank, dp_size=place.dp_size,
+                              micro_batch_size=micro, fresh_loader=fresh_loader)
     if note:
         announce(note)
     return data

@@ -33,7 +33,8 @@ from longctx.config.stages import (
     resolve_stages,
     stage_model_config,
 )
-from longctx.data.config import DataConfig, SourceConfig
+from longctx.data.config import DataConfig
+from longctx.data.source_config import SourceConfig
 
 
 def load_config(path: Optional[str] = None, overrides: Optional[list[str]] = None) -> TrainConfig:

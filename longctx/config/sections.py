@@ -15,7 +15,8 @@ from omegaconf import MISSING
 
 from longctx.attention.backends import BACKENDS
 from longctx.config.validation import ValidationSection
-from longctx.data.config import DataConfig, SourceConfig
+from longctx.data.config import DataConfig
+from longctx.data.source_config import SourceConfig
 from longctx.errors import UserError
 from longctx.model.config import PRESETS
 from longctx.parallel.layout import CP_IMPLS

@@ -17,7 +17,8 @@ from dataclasses import dataclass, field
 from typing import List, Optional, Sequence
 
 from longctx.config.probe import ProbeSection
-from longctx.data.config import DataConfig, SourceConfig, as_data_config, resolve_kind, source_label
+from longctx.data.config import DataConfig, as_data_config
+from longctx.data.source_config import SourceConfig, resolve_kind, source_label
 from longctx.errors import UserError
 
 SOURCES_FIELD = "validation.sources"

@@ -6,11 +6,12 @@ from longctx.lazy_exports import exported_names, lazy_exports
 
 _EXPORTS = {
     "check": ["check_data"],
-    "config": ["DataConfig", "SourceConfig", "SyntheticConfig", "UpsampleBucket", "as_data_config",
-               "validate_data_config"],
+    "config": ["DataConfig", "as_data_config", "validate_data_config"],
     "fingerprint": ["changed_sources", "compare_sources", "fingerprint_sources"],
     "loader": ["DataLoader", "build_loader"],
+    "source_config": ["SourceConfig", "UpsampleBucket"],
     "synthetic": ["SyntheticCorpus", "SyntheticDocument", "generate_document"],
+    "synthetic_config": ["SyntheticConfig"],
     "tokenizer": ["ByteTokenizer", "HFTokenizer", "check_vocab", "load_tokenizer"],
 }
 __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

@@ -33,11 +33,12 @@ from typing import Optional
 import numpy as np
 
 from longctx import atomic
-from longctx.data.config import DataConfig, SourceConfig, resolve_kind, source_label
+from longctx.data.config import DataConfig
 from longctx.data.documents import DocFraming, DocumentStream, StreamOrder
 from longctx.data.fingerprint import fingerprint_source
 from longctx.data.packers import make_packer
 from longctx.data.packing import Row, segment_ids_from_position_ids
+from longctx.data.source_config import SourceConfig, resolve_kind, source_label
 from longctx.data.sources import open_table
 from longctx.data.tokenizer import adds_bos_for, tokenizer_fingerprint
 from longctx.errors import UserError

@@ -14,8 +14,9 @@ import itertools
 import os
 
 from longctx.data.cache import cache_path
-from longctx.data.config import DataConfig, as_data_config, resolve_kind, validate_data_config
+from longctx.data.config import DataConfig, as_data_config, validate_data_config
 from longctx.data.loader import check_special_tokens
+from longctx.data.source_config import resolve_kind
 from longctx.data.sources import open_table
 from longctx.data.tokenizer import load_tokenizer
 

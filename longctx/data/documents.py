@@ -16,7 +16,7 @@ from typing import Callable, List, Optional
 
 import numpy as np
 
-from longctx.data.config import SourceConfig, source_label
+from longctx.data.source_config import SourceConfig, source_label
 from longctx.errors import UserError
 
 

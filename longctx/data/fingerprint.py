@@ -23,8 +23,9 @@ import os
 from typing import Dict, List, Optional, Tuple
 
 from longctx import atomic
-from longctx.data.config import DataConfig, SourceConfig, as_data_config, has_glob, resolve_kind, source_label
+from longctx.data.config import DataConfig, as_data_config
 from longctx.data.peek import list_files
+from longctx.data.source_config import SourceConfig, has_glob, resolve_kind, source_label
 from longctx.errors import UserError
 
 CHUNK = 1 << 20

@@ -23,16 +23,11 @@ from dataclasses import dataclass
 from typing import Iterable, Iterator, List, Optional
 
 from longctx.data.cache import CachedRows, open_cache
-from longctx.data.config import (
-    DataConfig,
-    SourceConfig,
-    as_data_config,
-    resolve_kind,
-    validate_data_config,
-)
+from longctx.data.config import DataConfig, as_data_config, validate_data_config
 from longctx.data.documents import DocFraming, DocumentStream, StreamOrder, uniform
 from longctx.data.packers import make_packer
 from longctx.data.packing import Row, empty_row, fold_trailing_padding, rows_to_batch, trim_unscored_tail
+from longctx.data.source_config import SourceConfig, resolve_kind
 from longctx.data.sources import open_table
 from longctx.data.tokenizer import adds_bos_for
 from longctx.errors import UserError

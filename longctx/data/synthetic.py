@@ -23,8 +23,8 @@ import random
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Tuple
 
-from longctx.data.config import SYNTHETIC_TASKS, SyntheticConfig, fallback_chain
 from longctx.data.filler import filler_text
+from longctx.data.synthetic_config import SYNTHETIC_TASKS, SyntheticConfig, fallback_chain
 from longctx.data.templates import (
     NEEDLE,
     RECALL_ENTRY,

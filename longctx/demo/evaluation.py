@@ -16,7 +16,7 @@ from longctx.checkpoint.find import tokenizer_spec_for
 from longctx.data import load_tokenizer
 from longctx.demo.config import EVAL_TASKS, HEATMAP_TASK, DemoConfig
 from longctx.errors import UserError
-from longctx.eval.api import write_outputs
+from longctx.eval.outputs import Results, write_outputs
 from longctx.eval.report import aggregate
 from longctx.eval.runner import Engine, run_samples
 from longctx.eval.tasks import TaskOptions, build_samples
@@ -100,7 +100,7 @@ def evaluate_model(model_dir: Path, demo: DemoConfig, out_dir: Path, *, label: s
     notes = [f"{t}: not evaluated at {', '.join(map(str, Ls))} (the compact prompt needs more tokens)"
              for t, Ls in missing.items()]
     out_dir.mkdir(parents=True, exist_ok=True)
-    write_outputs(out_dir, meta, summary, records, None, notes, [],
+    write_outputs(out_dir, Results(meta, summary, records, ppl=None, skipped=notes, warnings=[], comparability=None),
                   max_position=model.config.max_position_embeddings)
     return {"summary": summary, "wall_seconds": wall, "missing": missing, "parameters": count_parameters(model)}
 

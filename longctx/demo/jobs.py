@@ -28,8 +28,10 @@ from longctx.config import (
 from longctx.config import check_out_dir as check_writable_dir
 from longctx.config.probe import ProbeSection
 from longctx.config.validation import ValidationSection
-from longctx.data.config import DataConfig, SourceConfig, SyntheticConfig
+from longctx.data.config import DataConfig
 from longctx.data.hf_tokenizer import TokenizerFiles
+from longctx.data.source_config import SourceConfig
+from longctx.data.synthetic_config import SyntheticConfig
 from longctx.demo.config import DemoConfig
 from longctx.errors import UserError
 from longctx.model.hf import load_pretrained, save_pretrained

@@ -9,7 +9,8 @@ use, so importing one light module of the package (eval/fields.py for `--help`) 
 import importlib
 
 _EXPORTS = {
-    "longctx.eval.api": ("evaluate", "generate_all"),
+    "longctx.eval.api": ("evaluate",),
+    "longctx.eval.prepare": ("generate_all",),
     "longctx.eval.config": ("DEFAULT_DEPTHS", "EvalConfig", "EvalSelection", "select"),
     "longctx.eval.runner": ("Engine", "run_samples"),
     "longctx.eval.state": ("EvalContext", "EvalResult"),

@@ -20,7 +20,7 @@ from longctx.checkpoint.manifest import gather_objects
 from longctx.checkpoint.safe_load import check_files
 from longctx.data.tokenizer import check_tokenizer_spec
 from longctx.errors import UserError
-from longctx.eval.api import evaluate, out_lock, prepare
+from longctx.eval.api import evaluate, out_lock
 from longctx.eval.cells import run_identity
 from longctx.eval.comparability import warning_line
 from longctx.eval.config import TOKENIZER_FIELD, EvalConfig, select
@@ -37,6 +37,7 @@ from longctx.eval.model_io import (
     tokenizer_spec_for,
 )
 from longctx.eval.model_overrides import apply_overrides, base_model_config
+from longctx.eval.prepare import prepare
 from longctx.eval.ruler_prompts import write_prompts
 from longctx.eval.stall_watch import WatchedStop, stalls_end_the_job, start_watch
 from longctx.eval.state import EvalContext, EvalResult

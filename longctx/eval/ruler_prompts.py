@@ -11,10 +11,10 @@ from pathlib import Path
 
 from longctx.data.tokenizer import load_tokenizer
 from longctx.errors import UserError
-from longctx.eval.api import generate_all
 from longctx.eval.chat import with_chat_template
 from longctx.eval.config import TOKENIZER_FIELD, EvalConfig, select
 from longctx.eval.model_io import load_tokenizer_for, resolve_model_dir
+from longctx.eval.prepare import generate_all
 from longctx.eval.ruler_format import DATA_FILE, write_ruler_data
 
 

@@ -17,6 +17,7 @@ import torch.distributed as dist
 
 from longctx.attention.kernel import AttentionKernel
 from longctx.parallel.comm import all_gather_stack, reduce_scatter_stack
+from longctx.parallel.saved import SavedForward
 from longctx.parallel.sharding import zigzag_permutation
 
 Tensor = torch.Tensor
@@ -77,9 +78,12 @@ def allgather_forward(q: Tensor, k: Tensor, v: Tensor, spec: AllGatherSpec, caus
     return torch.cat(outs, dim=2), torch.cat(lses, dim=2)
 
 
-def allgather_backward(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
-                       spec: AllGatherSpec, causal: bool, scale: float, q_seg: Optional[Tensor] = None,
+def allgather_backward(dout: Tensor, saved: SavedForward, spec: AllGatherSpec, causal: bool, scale: float,
+                       q_seg: Optional[Tensor] = None,
                        full_seg: Optional[Tensor] = None) -> Tuple[Tensor, Tensor, Tensor]:
+    """Gradients of allgather_forward given its inputs and final out/lse (`saved`): (dq, dk, dv)
+    for the local shard."""
+    q, k, v, out, lse = saved.q, saved.k, saved.v, saved.out, saved.lse
     T = q.shape[2]
     kv = _gather_kv(k, v, spec)  # gathered again instead of kept alive since forward
     dout = dout.to(q.dtype)  # strided is fine for the block kernels

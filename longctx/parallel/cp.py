@@ -29,6 +29,7 @@ from longctx.parallel.comm import RingComm, all_gather_stack, group_ranks
 from longctx.parallel.hybrid import hybrid_backward, hybrid_forward
 from longctx.parallel.layout import CPLayout, resolve_layout, validate_heads, validate_layout
 from longctx.parallel.ring import RingSpec
+from longctx.parallel.saved import SavedForward
 from longctx.parallel.sharding import unshard_sequence
 from longctx.parallel.ulysses import UlyssesSpec
 
@@ -102,12 +103,12 @@ class ContextParallelAttention:
         return hybrid_forward(q, k, v, ulysses=self.ulysses, ring=self.ring, kernel=self.kernel, causal=causal,
                               scale=scale, full_seg=full_seg)
 
-    def backward(self, dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, causal: bool,
-                 scale: float, segment_ids: Optional[Tensor]) -> Tuple[Tensor, Tensor, Tensor]:
+    def backward(self, dout: Tensor, saved: SavedForward, causal: bool, scale: float,
+                 segment_ids: Optional[Tensor]) -> Tuple[Tensor, Tensor, Tensor]:
         full_seg = None if segment_ids is None else self._global_segments(segment_ids)
         if self.layout.impl == "allgather":
-            return allgather_backward(dout, q, k, v, out, lse, self.allgather, causal, scale, segment_ids, full_seg)
-        return hybrid_backward(dout, q, k, v, out, lse, ulysses=self.ulysses, ring=self.ring, kernel=self.kernel,
+            return allgather_backward(dout, saved, self.allgather, causal, scale, segment_ids, full_seg)
+        return hybrid_backward(dout, saved, ulysses=self.ulysses, ring=self.ring, kernel=self.kernel,
                                causal=causal, scale=scale, full_seg=full_seg)
 
     # -- the attention function ---------------------------------------------------------------
@@ -155,7 +156,7 @@ def _cp_setup_context(ctx, inputs, output):
 
 def _cp_backward(ctx, dout, _dlse):
     q, k, v, out, lse, segment_ids = ctx.saved_tensors
-    dq, dk, dv = ctx.attn.backward(dout, q, k, v, out, lse, ctx.causal, ctx.scale, segment_ids)
+    dq, dk, dv = ctx.attn.backward(dout, SavedForward(q, k, v, out, lse), ctx.causal, ctx.scale, segment_ids)
     return dq, dk, dv, None, None, None, None
 
 

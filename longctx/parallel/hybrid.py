@@ -27,6 +27,7 @@ import torch
 from longctx.attention.kernel import AttentionKernel
 from longctx.parallel.heads import HeadShards
 from longctx.parallel.ring import RingSpec, ring_backward, ring_forward
+from longctx.parallel.saved import SavedForward
 from longctx.parallel.sharding import shard_sequence
 from longctx.parallel.ulysses import (
     UlyssesSpec,
@@ -96,11 +97,12 @@ def _group_heads(x: Tensor, U: int, groups: int, g: int) -> Tensor:
     return x.unflatten(1, (U, groups, h))[:, :, g].flatten(1, 2)
 
 
-def _ulysses_backward_by_head_groups(dout, q, k, v, out, lse, how: _Attention, groups: int):
+def _ulysses_backward_by_head_groups(dout, saved: SavedForward, how: _Attention, groups: int):
     """Pure Ulysses backward over `groups` groups of heads in turn (a group: one kv head per member
     and its query heads): the whole sequence's head-sharded tensors exist for one group at a time,
     so the backward's working set is 1/groups of all heads'. Heads are independent: the results
     are those of one pass over all heads."""
+    q, k, v, out, lse = saved.q, saved.k, saved.v, saved.out, saved.lse
     ulysses = how.ulysses
     U = ulysses.size
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
@@ -117,16 +119,18 @@ def _ulysses_backward_by_head_groups(dout, q, k, v, out, lse, how: _Attention, g
     return dq, dk, dv
 
 
-def hybrid_backward(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, *,
-                    ulysses: UlyssesSpec, ring: RingSpec, kernel: AttentionKernel, causal: bool, scale: float,
+def hybrid_backward(dout: Tensor, saved: SavedForward, *, ulysses: UlyssesSpec, ring: RingSpec,
+                    kernel: AttentionKernel, causal: bool, scale: float,
                     full_seg: Optional[Tensor] = None) -> Tuple[Tensor, Tensor, Tensor]:
+    """Gradients of hybrid_forward given its inputs and final out/lse (`saved`, local layout):
+    (dq, dk, dv) for the local shard."""
+    q, k, v, out, lse = saved.q, saved.k, saved.v, saved.out, saved.lse
     U = ulysses.size
     if U > 1 and not HeadShards(q.shape[1], k.shape[1], U).even:
-        return _uneven_backward(dout.to(out.dtype), q, k, v, out, lse,
-                                _Attention(ulysses, ring, kernel, causal, scale, full_seg))
+        return _uneven_backward(dout.to(out.dtype), saved, _Attention(ulysses, ring, kernel, causal, scale, full_seg))
     groups = k.shape[1] // U  # kv heads per member (0 when they are replicated)
     if U > 1 and ring.size == 1 and groups > 1:
-        return _ulysses_backward_by_head_groups(dout.to(out.dtype), q, k, v, out, lse,
+        return _ulysses_backward_by_head_groups(dout.to(out.dtype), saved,
                                                 _Attention(ulysses, ring, kernel, causal, scale, full_seg), groups)
     q2, k2, v2 = _to_heads(q, k, v, ulysses)
     if U > 1:
@@ -138,7 +142,7 @@ def hybrid_backward(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, 
         grads = kernel.backward(dout2, q2, k2, v2, out2, lse2, causal=causal, scale=scale, segment_ids=full_seg)
     else:
         q_seg, kv_segs = _ring_segments(full_seg, ring)
-        grads = ring_backward(dout2, q2, k2, v2, out2, lse2, ring, causal, scale, q_seg, kv_segs)
+        grads = ring_backward(dout2, SavedForward(q2, k2, v2, out2, lse2), ring, causal, scale, q_seg, kv_segs)
     if U == 1:
         return grads
     del q2, k2, v2, out2, dout2, lse2  # the head-sharded copies: freed before the gradients' all-to-alls
@@ -163,12 +167,13 @@ def _attend(q2, k2, v2, how: _Attention):
     return ring_forward(q2, k2, v2, how.ring, how.causal, how.scale, q_seg, kv_segs)
 
 
-def _attend_backward(dout2, q2, k2, v2, out2, lse2, how: _Attention):
+def _attend_backward(dout2, saved2: SavedForward, how: _Attention):
+    """Backward of _attend given its head-sharded inputs and out/lse (`saved2`)."""
     if how.ring.size == 1:
-        return how.kernel.backward(dout2, q2, k2, v2, out2, lse2, causal=how.causal, scale=how.scale,
-                                   segment_ids=how.full_seg)
+        return how.kernel.backward(dout2, saved2.q, saved2.k, saved2.v, saved2.out, saved2.lse, causal=how.causal,
+                                   scale=how.scale, segment_ids=how.full_seg)
     q_seg, kv_segs = _ring_segments(how.full_seg, how.ring)
-    return ring_backward(dout2, q2, k2, v2, out2, lse2, how.ring, how.causal, how.scale, q_seg, kv_segs)
+    return ring_backward(dout2, saved2, how.ring, how.causal, how.scale, q_seg, kv_segs)
 
 
 def _uneven_forward(q, k, v, how: _Attention):
@@ -192,10 +197,11 @@ def _uneven_forward(q, k, v, how: _Attention):
     return out, lse
 
 
-def _uneven_backward(dout, q, k, v, out, lse, how: _Attention):
+def _uneven_backward(dout, saved: SavedForward, how: _Attention):
     """hybrid_backward for an uneven head split, round by round: in round r every member takes
     its r-th run (one kv head and its query heads; none once its runs are done), so the whole
     sequence's head-sharded tensors exist for one kv head per member at a time."""
+    q, k, v, out, lse = saved.q, saved.k, saved.v, saved.out, saved.lse
     ulysses = how.ulysses
     B, H, T, D = q.shape
     Hkv = k.shape[1]
@@ -211,7 +217,7 @@ def _uneven_backward(dout, q, k, v, out, lse, how: _Attention):
         lse2 = scatter_ranges(lse.unsqueeze(-1), q_ranges, ulysses).squeeze(-1)
         k2, v2 = scatter_ranges(k, kv_ranges, ulysses), scatter_ranges(v, kv_ranges, ulysses)  # (B, 0|1, L, D)
         if q2.shape[1]:
-            gq, gk, gv = _attend_backward(dout2, q2, k2, v2, out2, lse2, how)
+            gq, gk, gv = _attend_backward(dout2, SavedForward(q2, k2, v2, out2, lse2), how)
         else:  # this member is done: it only relays the others' heads
             gq, gk, gv = q2, k2, v2
         del q2, k2, v2, out2, dout2, lse2

@@ -26,6 +26,7 @@ import torch
 from longctx.attention.kernel import AttentionKernel
 from longctx.attention.lse import NEG_INF, merge_attention
 from longctx.parallel.comm import RingComm
+from longctx.parallel.saved import SavedForward
 
 Tensor = torch.Tensor
 
@@ -88,10 +89,11 @@ def ring_forward(q: Tensor, k: Tensor, v: Tensor, spec: RingSpec, causal: bool, 
     return out.to(q.dtype), lse
 
 
-def ring_backward(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, spec: RingSpec,
-                  causal: bool, scale: float, q_seg: Optional[Tensor] = None,
-                  kv_segs: Optional[Tensor] = None) -> Tuple[Tensor, Tensor, Tensor]:
-    """Gradients of ring_forward given its final out/lse: (dq, dk, dv) for the local shard."""
+def ring_backward(dout: Tensor, saved: SavedForward, spec: RingSpec, causal: bool, scale: float,
+                  q_seg: Optional[Tensor] = None, kv_segs: Optional[Tensor] = None) -> Tuple[Tensor, Tensor, Tensor]:
+    """Gradients of ring_forward given its inputs and final out/lse (`saved`): (dq, dk, dv) for
+    the local shard."""
+    q, k, v, out, lse = saved.q, saved.k, saved.v, saved.out, saved.lse
     P, r = spec.size, spec.index
     c = q.shape[2] // 2
     dout = dout.to(q.dtype)  # the block kernels take strided q / out / dout (no layout copies)

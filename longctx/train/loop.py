@@ -1,12 +1,11 @@
 """The training job, top to bottom: build (model, parallelize, engine) -> per stage (enter it,
-its loader, its steps) -> checkpoints -> the HF export. The step itself is train/step.py; what
-a checkpoint holds and how a run resumes from one is longctx/checkpoint/ (resume.py)."""
+its loader, its steps) -> checkpoints -> the HF export. The step itself is train/step.py; where
+the run reports (log lines, metrics, progress, the end summary) train/reporting.py; what its
+checkpoints record train/saving.py, and how a run resumes from one longctx/checkpoint/ (resume.py)."""
 from __future__ import annotations
 
 import dataclasses
 import logging
-import signal
-import sys
 import time
 from pathlib import Path
 from typing import Optional
@@ -14,23 +13,26 @@ from typing import Optional
 import torch
 import torch.distributed as dist
 
-from longctx.checkpoint.resume import ResumePoint, choose_resume, restore, resume_candidates, resume_point
-from longctx.checkpoint.state import TrainerState, TrainState
-from longctx.checkpoint.store import CheckpointError, read_trainer_state, rng_state, run_phase, save_checkpoint
+from longctx.checkpoint.resume import (
+    RankPlace,
+    RestoreTarget,
+    ResumePoint,
+    choose_resume,
+    restore,
+    resume_candidates,
+    resume_point,
+)
+from longctx.checkpoint.state import TrainState
+from longctx.checkpoint.store import CheckpointError, read_trainer_state
 from longctx.config import RunPlan, RunStage, TrainConfig
 from longctx.config.probe import original_context
 from longctx.config.validation import bucket_ends
 from longctx.data import check_vocab, load_tokenizer
-from longctx.data.fingerprint import fingerprint_sources
-from longctx.data.hf_tokenizer import TokenizerFiles
 from longctx.data.loader import ModelInputs
 from longctx.errors import UserError
 from longctx.launch_env import read_env
-from longctx.model.hf import save_hf_weights
 from longctx.parallel.mesh import build_mesh, init_distributed, shutdown_distributed
 from longctx.parallel.parallelize import attention_for, parallel_engine
-from longctx.parallel.zero import full_state_dict
-from longctx.progress import Progress
 from longctx.train import run_lock
 from longctx.train.build import (
     build_plain_model,
@@ -40,20 +42,19 @@ from longctx.train.build import (
     setup_logging,
     train_dtype,
 )
-from longctx.train.cpu_dtype import slow_dtype_note
-from longctx.train.metrics import MetricsWriter, progress_fields
+from longctx.train.metrics import progress_fields
 from longctx.train.mfu import peak_flops_per_device
-from longctx.train.nonfinite import NonFiniteGuard, NonFiniteStop, report_stop, weights_finite
+from longctx.train.nonfinite import NonFiniteGuard, NonFiniteStop, report_stop
+from longctx.train.reporting import Reporter
 from longctx.train.run_files import changed_resumed_sources, take_run_lock, write_run_files
+from longctx.train.saving import RunCheckpoints
 from longctx.train.schedule import lr_at
-from longctx.train.signals import PREEMPTED_EXIT_CODE, PREEMPTED_MARKER, PreemptionFlag
+from longctx.train.signals import PREEMPTED_EXIT_CODE, PreemptionFlag, stopped_after_save, stopped_in_startup
 from longctx.train.stages import build_stage_loader, check_sources
 from longctx.train.step import StepSetup, train_step
 from longctx.train.step_metrics import StepRates, stage_rates, step_record
-from longctx.train.summary import RunTotals, end_summary, layout_line, rope_line
+from longctx.train.summary import RunTotals, layout_line, rope_line
 from longctx.train.validation import Validator, check_resumed_heldout
-from longctx.train.validation_plot import plot_probe, plot_validation
-from longctx.wandb_log import open_run
 from longctx.watchdog import Watchdog, is_collective_timeout, watched_batches
 
 log = logging.getLogger("longctx.train")
@@ -65,13 +66,6 @@ class StageRun:
     mesh: object  # parallel.mesh.Mesh
     setup: StepSetup
     rates: StepRates
-
-
-@dataclasses.dataclass(frozen=True)
-class Outputs:
-    """Where a running job reports: the metrics writer and the progress display."""
-    writer: MetricsWriter
-    progress: Progress
 
 
 class Trainer:
@@ -104,6 +98,7 @@ class Trainer:
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
         self.lock = take_run_lock(self.out, self.rank)  # before anything in out_dir is written
         setup_logging(self.out, self.rank)
+        self.report = Reporter(self.out, self.rank, cfg)
         self.watchdog = Watchdog(rank=self.rank, world=self.world, timeout_s=cfg.parallel.timeout_s,
                                  startup_timeout_s=cfg.parallel.startup_timeout_s,
                                  log_path=self.out / "logs" / f"rank_{self.rank:05d}.log", marker_dir=self.out,
@@ -115,12 +110,13 @@ class Trainer:
         self.guard = NonFiniteGuard(cfg.train.nonfinite, cfg.train.max_nonfinite_steps)
         self.resume_from: Optional[Path] = None
         self.restart_sources: set = set()
-        self._source_fingerprints: dict[int, list] = {}
-        self.last_checkpoint: Optional[Path] = None
+        self.checkpoints = RunCheckpoints(self.out, cfg.checkpoint, self.stages, self.validator,
+                                          tokenizer=cfg.data.tokenizer, world=self.world, rank=self.rank,
+                                          dtype=self.dtype)
         self.pending_validation: Optional[tuple] = None  # (stage, step) a signal stopped before the checkpoint
         self.peak, self.peak_src = peak_flops_per_device(cfg.log.peak_tflops, self.dtype)  # a table, or a cache
-        # built by run(), in this order: the engine and its model (_build_engine), then the outputs
-        self.engine = self.model = self.outputs = None
+        # built by run(): the engine and its model (_build_engine); the reporter's outputs open after them
+        self.engine = self.model = None
 
     def _check_probe(self) -> None:
         """Build every stage's probe rows now (kept for the validations): a length below a
@@ -135,7 +131,7 @@ class Trainer:
         cfg = self.cfg
         if self._preempted_in_startup():  # a signal during the imports, the rendezvous or the lock
             return PREEMPTED_EXIT_CODE
-        self.resume_from = self.last_checkpoint = choose_resume(self.resume_candidates, cfg.checkpoint.resume)
+        self.resume_from = self.checkpoints.last = choose_resume(self.resume_candidates, cfg.checkpoint.resume)
         self.restart_sources = changed_resumed_sources(self.resume_from, self.stages)
         check_resumed_heldout(self.resume_from, self.stages, self.validator, cfg.data.allow_changed_sources)
         if self._preempted_in_startup():  # ... during the checkpoint's verification
@@ -154,7 +150,7 @@ class Trainer:
         if self._preempted_in_startup():  # ... while the checkpoint loaded (from here: the step loop's check)
             return PREEMPTED_EXIT_CODE
         totals = RunTotals(first_step=state.step, first_tokens=state.tokens)
-        self._open_outputs(state.step)
+        self.report.open(state.step, sum(s.steps for s in self.stages), self.dtype, self.device)
         rc = 0
         try:
             if point is not None and self._redo_validation(tokenizer) == PREEMPTED_EXIT_CODE:
@@ -167,61 +163,17 @@ class Trainer:
             totals.train_seconds = time.monotonic() - totals.loop_start
             if rc == 0 and cfg.checkpoint.export_hf:
                 with self.watchdog.slow_phase("export"):
-                    problem = self._write_hf(self.out / "hf")
+                    problem = self.checkpoints.write_hf(self.engine, self.model, self.out / "hf")
                 if problem:
                     raise CheckpointError(f"checkpoint.export_hf: cannot write {self.out / 'hf'}: {problem}")
                 totals.export = self.out / "hf"
         finally:
-            self._close_outputs()
-        self._plot_validation()
-        totals.step, totals.tokens, totals.last_checkpoint = state.step, state.tokens, self.last_checkpoint
-        self._print_summary(totals, preempted=rc == PREEMPTED_EXIT_CODE)
-        return rc
-
-    def _open_outputs(self, start_step: int) -> None:
-        """Metrics writer and the progress display (a bar on a terminal, a plain line every 30 s
-        or 10% of the steps elsewhere)."""
-        cfg = self.cfg
-        writer = MetricsWriter(self.out, self.rank == 0, cfg.log.tensorboard, start_step=start_step,
-                               notify=self._announce, wandb_run=self._wandb_run())
-        if self.rank == 0 and (note := slow_dtype_note(self.dtype, self.device)):
-            self._announce(note)
-        self.outputs = Outputs(writer, Progress(sum(s.steps for s in self.stages), "train", "step", initial=start_step,
-                                                enabled=self.rank == 0 and cfg.log.progress))
-
-    def _wandb_run(self):
-        """Rank 0's W&B run (log.wandb), with the resolved config; a resumed run keeps its id."""
-        w = self.cfg.log.wandb
-        if w is None or self.rank != 0:
-            return None
-        return open_run(self.out, w.project, w.entity, w.name, w.mode, dataclasses.asdict(self.cfg), keep_id=True)
-
-    def _close_outputs(self) -> None:
-        outputs, self.outputs = self.outputs, None
-        outputs.progress.close()
-        outputs.writer.close()
-
-    def _plot_validation(self) -> None:
-        """Rank 0: validation.png (and probe.png) beside the metrics; a failed picture is a
-        warning, not a failed run."""
-        if self.rank != 0 or not self.cfg.validation.enabled:
-            return
-        try:
-            if (path := plot_validation(self.out)) is not None:
-                self._announce(f"validation: loss by position in {path}")
-            if (path := plot_probe(self.out)) is not None:
-                self._announce(f"validation: probe scores in {path}")
-        except Exception as e:  # noqa: BLE001 - the run's results are written already
-            log.warning("validation: no picture (%s)", e)
-
-    def _print_summary(self, totals: RunTotals, preempted: bool) -> None:
-        """The run's last lines on rank 0: steps, final loss, times, throughput, where its
-        checkpoint and export are (also in every rank's log)."""
+            self.report.close()
+        self.report.plot_validation()
+        totals.step, totals.tokens, totals.last_checkpoint = state.step, state.tokens, self.checkpoints.last
         totals.wall_seconds = time.monotonic() - self.start_time
-        text = end_summary(totals, self.out, stages=len(self.stages), preempted=preempted)
-        log.info("%s", text)
-        if self.rank == 0:
-            print(text, file=sys.stderr, flush=True)
+        self.report.print_summary(totals, stages=len(self.stages), preempted=rc == PREEMPTED_EXIT_CODE)
+        return rc
 
     # ------------------------------------------------------------------ building blocks
     def _mesh(self, cp: int):
@@ -249,9 +201,9 @@ class Trainer:
         when it belongs to the stage the run continues with."""
         stage = self.stages[point.continuation.stage]
         mesh = self._mesh(stage.parallel.cp_size)
-        return restore(point, engine=self.engine, model=self.model, state=state, stage=stage, world_size=self.world,
-                       rank=self.rank, grad_accum=self.cfg.train.grad_accum, dp_rank=mesh.dp_rank,
-                       dp_size=mesh.dp_size, announce=self._announce,
+        return restore(point, RestoreTarget(self.engine, self.model, state), stage=stage,
+                       place=RankPlace(self.rank, self.world, mesh.dp_rank, mesh.dp_size),
+                       grad_accum=self.cfg.train.grad_accum, announce=self._announce,
                        fresh_loader=lambda: build_stage_loader(stage, self.cfg.train.seed, tokenizer,
                                                                dp_rank=mesh.dp_rank, dp_size=mesh.dp_size))
 
@@ -279,7 +231,7 @@ class Trainer:
         Unscored row tails are dropped in the stage's trim multiple (config.run_plan.trim_multiple)."""
         collate = ModelInputs(stage.data.document_masking, self.cfg.train.answer_loss_weight,
                               trim_multiple=self.plan.trim_multiple(stage.index))
-        self._fingerprints(stage.index)  # the files as the loader opens them (hashes remembered per version)
+        self.checkpoints.fingerprints(stage.index)  # the files as the loader opens them (hashes remembered per version)
         loader = build_stage_loader(stage, self.cfg.train.seed, tokenizer, dp_rank=mesh.dp_rank,
                                     dp_size=mesh.dp_size, collate=collate)
         if loader_state is not None:
@@ -287,14 +239,7 @@ class Trainer:
         return loader
 
     def _announce(self, line: str) -> None:
-        """A line confirming what the run does: in every rank's log, and on rank 0's console
-        (above the progress bar when one is shown)."""
-        log.info("%s", line)
-        if self.rank == 0:
-            if self.outputs is not None:
-                self.outputs.progress.write(line)
-            else:
-                print(line, file=sys.stderr)
+        self.report.announce(line)
 
     def close(self) -> None:
         """Release out_dir's lock, then the DeepSpeed engine's hooks and buffers (its documented
@@ -341,7 +286,7 @@ class Trainer:
                 if row is None:
                     pending = (si, state.step)  # checkpoint N says so: the resumed run redoes it first
                 else:
-                    self.outputs.writer.write_validation(row)
+                    self.report.outputs.writer.write_validation(row)
             preempt = self.flag.agreed()
             due = self.cfg.checkpoint.every > 0 and state.step % self.cfg.checkpoint.every == 0
             if stage_done:
@@ -349,7 +294,8 @@ class Trainer:
                 state.stage_step = 0
             if due or stage_done or preempt:
                 with self.watchdog.slow_phase("checkpoint"):
-                    self._save(state, loader.state_dict(), data_stage=si, cp=run.mesh.cp_size, pending=pending)
+                    self.checkpoints.save(self.engine, self.model, state, loader.state_dict(), data_stage=si,
+                                          cp=run.mesh.cp_size, pending=pending)
             if preempt:
                 self._report_preemption(state.step)
                 return PREEMPTED_EXIT_CODE
@@ -370,7 +316,7 @@ class Trainer:
         if row is None:
             self._report_preemption(step)
             return PREEMPTED_EXIT_CODE
-        self.outputs.writer.write_validation(row)
+        self.report.outputs.writer.write_validation(row)
         return None
 
     def _step(self, run: StageRun, batches, stage: RunStage, state: TrainState) -> dict:
@@ -385,76 +331,28 @@ class Trainer:
         state.step += 1
         try:
             record["skipped"] = self.guard.observe(state.step, record["loss"], record["grad_norm"],
-                                                   record.pop("update_applied"), self.last_checkpoint)
+                                                   record.pop("update_applied"), self.checkpoints.last)
         except NonFiniteStop:
-            self.outputs.writer.write(dict(record, step=state.step, stage=si, skipped=True))
+            self.report.outputs.writer.write(dict(record, step=state.step, stage=si, skipped=True))
             raise
         state.stage_step += 1
         state.tokens += record["tokens"]
-        self.outputs.progress.update(1, **progress_fields(record, si if len(self.stages) > 1 else None))
+        outputs = self.report.outputs
+        outputs.progress.update(1, **progress_fields(record, si if len(self.stages) > 1 else None))
         if record["skipped"] or state.step % self.cfg.log.every == 0 or state.stage_step == stage.steps:
             record.update(step=state.step, stage=si, tokens_seen=state.tokens, peak_flops_source=self.peak_src)
-            self.outputs.writer.write(record)
+            outputs.writer.write(record)
 
     def _preempted_in_startup(self) -> bool:
-        """Collective, before the first step: True on every rank when any rank was signalled.
-        Rank 0 then writes PREEMPTED with the step the next start continues from (0: none), so
-        launchers requeue; nothing else was written that the next start would find."""
+        """Collective, before the first step: True on every rank when any rank was signalled
+        (rank 0 then writes PREEMPTED: signals.stopped_in_startup)."""
         if not self.flag.agreed():
             return False
-        resumes = self.resume_from or next(iter(self.resume_candidates), None)
-        step = int(resumes.name.split("_")[-1]) if resumes is not None else 0  # its name: it may not verify
-        name = signal.Signals(self.flag.received).name if self.flag.received else "a signal on another rank"
-        after = f"resumes from step {step}" if step else "starts the run"
-        log.warning("preemption signal %s during start-up: stopping before the first step, exit %d",
-                    name, PREEMPTED_EXIT_CODE)
-        if self.rank == 0:
-            (self.out / PREEMPTED_MARKER).write_text(f"{step}\n")
-            print(f"preempted ({name}) during start-up, before the first step: nothing trained; exit code "
-                  f"{PREEMPTED_EXIT_CODE}; the same command {after}", file=sys.stderr, flush=True)
+        stopped_in_startup(self.flag, self.rank, self.out, self.resume_from or next(iter(self.resume_candidates), None))
         return True
 
     def _report_preemption(self, step: int) -> None:
-        log.warning("preemption signal %s: checkpoint saved at step %d, exiting with %d",
-                    self.flag.received, step, PREEMPTED_EXIT_CODE)
-        if self.rank == 0:
-            # torchrun reports its own exit code, so launchers can also read this marker
-            (self.out / PREEMPTED_MARKER).write_text(f"{step}\n")
-            self.outputs.progress.write(f"preempted: saved step {step}, exit code {PREEMPTED_EXIT_CODE}")
-
-    # --------------------------------------------------------------------- checkpoints
-    def _write_hf(self, path: Path) -> Optional[str]:
-        """Collective: rank 0 writes the HF export; returns the agreed failure, or None."""
-        state = full_state_dict(self.engine, self.model)  # collective under ZeRO-3
-
-        def write() -> None:
-            if self.rank == 0:
-                save_hf_weights(state, self.model.config, path, tokenizer=TokenizerFiles(self.cfg.data.tokenizer))
-
-        return run_phase(write)
-
-    def _fingerprints(self, si: int) -> list:
-        """Stage si's data source fingerprints, as taken when its loader was built."""
-        if si not in self._source_fingerprints:
-            self._source_fingerprints[si] = fingerprint_sources(self.stages[si].data)
-        return self._source_fingerprints[si]
-
-    def _save(self, state: TrainState, loader_state: dict, data_stage: int, cp: int,
-              pending: Optional[tuple] = None) -> None:
-        if not weights_finite(self.model):
-            kept = f"last checkpoint: {self.last_checkpoint}" if self.last_checkpoint else "no checkpoint written yet"
-            raise NonFiniteStop(f"train: non-finite weights at step {state.step}; not checkpointed ({kept})",
-                                state.step)
-        trainer_state = TrainerState.of(state, world_size=self.world, cp_size=cp,
-                                        stage_steps=[s.steps for s in self.stages], data_stage=data_stage,
-                                        data_sources=self._fingerprints(data_stage), model=self.model.config,
-                                        dtype=self.dtype, tokenizer=self.cfg.data.tokenizer)
-        rank_state = {"data": loader_state, "rng": rng_state()}
-        recorded = dict(trainer_state.state_dict(), validation_sources=self.validator.fingerprints(data_stage),
-                        validation_pending=list(pending) if pending else None)
-        self.last_checkpoint = save_checkpoint(
-            self.out, state.step, engine=self.engine, trainer_state=recorded, rank_state=rank_state,
-            keep_last=self.cfg.checkpoint.keep_last, hf_writer=self._write_hf if self.cfg.checkpoint.save_hf else None)
+        stopped_after_save(self.flag, self.rank, self.out, step, self.report.outputs.progress)
 
 
 def train(cfg: TrainConfig, plan: Optional[RunPlan] = None) -> int:

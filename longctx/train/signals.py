@@ -5,11 +5,15 @@ A second signal while saving only sets the flag again: the save is never interru
 (and checkpoints are atomic anyway, so even SIGKILL cannot leave a partial one that counts).
 A SIGUSR1 that arrives after the work finished (a time budget or SLURM's warning just too late)
 does nothing while the process exits: its default action would kill a finished run, and the
-launcher would report it as failed.
+launcher would report it as failed. Once the ranks agree on a signal, stopped_in_startup /
+stopped_after_save write the PREEMPTED marker and say where the next start continues.
 """
 from __future__ import annotations
 
+import logging
 import signal
+import sys
+from pathlib import Path
 from typing import Optional
 
 import torch
@@ -20,6 +24,7 @@ from longctx import startup
 PREEMPTED_EXIT_CODE = 85
 PREEMPTED_MARKER = "PREEMPTED"  # written in the run directory (holds the saved step)
 HANDLED = startup.HANDLED
+log = logging.getLogger("longctx.train")
 
 
 class PreemptionFlag:
@@ -65,3 +70,29 @@ class PreemptionFlag:
 
 def _after_the_work(signum, frame) -> None:  # noqa: ARG001
     """SIGUSR1 once the work finished: nothing left to stop."""
+
+
+def stopped_in_startup(flag: PreemptionFlag, rank: int, out: Path, resumes: Optional[Path]) -> None:
+    """The ranks agreed on a signal before the first step: rank 0 writes PREEMPTED with the step
+    the next start continues from (`resumes`' number, 0: none), so launchers requeue; nothing
+    else was written that the next start would find."""
+    step = int(resumes.name.split("_")[-1]) if resumes is not None else 0  # its name: it may not verify
+    name = signal.Signals(flag.received).name if flag.received else "a signal on another rank"
+    after = f"resumes from step {step}" if step else "starts the run"
+    log.warning("preemption signal %s during start-up: stopping before the first step, exit %d",
+                name, PREEMPTED_EXIT_CODE)
+    if rank == 0:
+        (out / PREEMPTED_MARKER).write_text(f"{step}\n")
+        print(f"preempted ({name}) during start-up, before the first step: nothing trained; exit code "
+              f"{PREEMPTED_EXIT_CODE}; the same command {after}", file=sys.stderr, flush=True)
+
+
+def stopped_after_save(flag: PreemptionFlag, rank: int, out: Path, step: int, progress) -> None:
+    """The ranks agreed on a signal and step `step` is saved: rank 0 writes PREEMPTED with it and
+    says so on `progress` (the run's Progress)."""
+    log.warning("preemption signal %s: checkpoint saved at step %d, exiting with %d",
+                flag.received, step, PREEMPTED_EXIT_CODE)
+    if rank == 0:
+        # torchrun reports its own exit code, so launchers can also read this marker
+        (out / PREEMPTED_MARKER).write_text(f"{step}\n")
+        progress.write(f"preempted: saved step {step}, exit code {PREEMPTED_EXIT_CODE}")

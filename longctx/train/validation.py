@@ -27,9 +27,10 @@ from longctx.checkpoint.continuation import continue_from
 from longctx.checkpoint.store import read_trainer_state
 from longctx.config.validation import SOURCES_FIELD, ValidationSection, bucket_ends, heldout_data
 from longctx.data import build_loader
-from longctx.data.config import DataConfig, source_label
+from longctx.data.config import DataConfig
 from longctx.data.fingerprint import changed_sources, fingerprint_sources
 from longctx.data.loader import ModelInputs
+from longctx.data.source_config import source_label
 from longctx.errors import UserError
 from longctx.labels import IGNORE_INDEX
 from longctx.parallel.sharding import shard_batch

@@ -110,6 +110,7 @@ def _ring_variants_worker(rank, world):
 def _head_groups_worker(rank, world):
     """The pure-Ulysses backward by head groups against one pass over every head (groups=1)."""
     from longctx.parallel.hybrid import _Attention, _ulysses_backward_by_head_groups
+    from longctx.parallel.saved import SavedForward
 
     attn = make_cp_attention(None, "ulysses")
     B, Hq, Hkv, L, D = 2, 8, 4, 32, 8
@@ -124,7 +125,7 @@ def _head_groups_worker(rank, world):
         out, lse = attn.attention_with_lse(ql, kl, vl, causal=True, segment_ids=seg_l)
         full_seg = attn._global_segments(seg_l)
         by_groups, one_pass = (
-            _ulysses_backward_by_head_groups(dl, ql, kl, vl, out, lse,
+            _ulysses_backward_by_head_groups(dl, SavedForward(ql, kl, vl, out, lse),
                                              _Attention(attn.ulysses, attn.ring, attn.kernel, True, D ** -0.5,
                                                         full_seg), groups)
             for groups in (Hkv // world, 1))

@@ -16,8 +16,9 @@ from longctx.cli import main
 from longctx.data.tokenizer import load_tokenizer
 from longctx.errors import UserError
 from longctx.eval import cells
-from longctx.eval.api import evaluate, prepare
+from longctx.eval.api import evaluate
 from longctx.eval.config import EvalConfig
+from longctx.eval.prepare import prepare
 
 BYTE = load_tokenizer("byte")
 

@@ -7,8 +7,9 @@ import sys
 import pytest
 
 LAZY_PACKAGES = ["longctx.attention", "longctx.data", "longctx.model", "longctx.parallel"]
-LIGHT_MODULES = ["longctx.config", "longctx.data.config", "longctx.model.config", "longctx.model.hf_config",
-                 "longctx.parallel.layout", "longctx.plan", "longctx.eval.config", "longctx.attention.backends"]
+LIGHT_MODULES = ["longctx.config", "longctx.data.config", "longctx.data.source_config", "longctx.data.synthetic_config",
+                 "longctx.model.config", "longctx.model.hf_config", "longctx.parallel.layout", "longctx.plan",
+                 "longctx.eval.config", "longctx.attention.backends"]
 
 
 @pytest.mark.parametrize("package", LAZY_PACKAGES)

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from longctx.data.bpe import MIN_VOCAB, train_bpe
-from longctx.data.config import SyntheticConfig
 from longctx.data.synthetic import generate_document
+from longctx.data.synthetic_config import SyntheticConfig
 from longctx.data.tokenizer import load_tokenizer
 from longctx.errors import UserError
 

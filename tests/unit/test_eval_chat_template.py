@@ -135,8 +135,8 @@ def test_cli_uses_the_tokenizers_template_and_records_it(model_dir, tmp_path, ca
 
 
 def test_stop_ids_beyond_the_eos_are_in_the_cells_key(model_dir):
-    from longctx.eval.api import prepare
     from longctx.eval.config import EvalConfig
+    from longctx.eval.prepare import prepare
 
     cfg = EvalConfig(tasks=["passkey"], lengths=["512"], samples=1, style="compact", out=None)
     cells = prepare(cfg, load_tokenizer(str(model_dir)), model_path=str(model_dir)).cells
@@ -148,9 +148,9 @@ def test_stop_ids_beyond_the_eos_are_in_the_cells_key(model_dir):
 def test_a_tokenizer_that_adds_no_bos_gets_none_in_prompts_and_perplexity_windows(tmp_path, add_bos_token):
     """SmolLM2's tokenizer_config.json says add_bos_token false although <|im_start|> looks like a
     BOS: its template's own leading <|im_start|> is the only one, and raw documents start bare."""
-    from longctx.eval.api import prepare
     from longctx.eval.config import EvalConfig
     from longctx.eval.ppl import make_windows
+    from longctx.eval.prepare import prepare
     from longctx.eval.runner import Engine
 
     ids = _write_tokenizer(tmp_path / "tok", add_bos_token=add_bos_token)

@@ -3,7 +3,9 @@ section (disjoint from training), the rows each dp rank runs."""
 import torch
 
 from longctx.config.validation import ValidationSection, bucket_ends, bucket_labels, heldout_data
-from longctx.data.config import DataConfig, SourceConfig, SyntheticConfig
+from longctx.data.config import DataConfig
+from longctx.data.source_config import SourceConfig
+from longctx.data.synthetic_config import SyntheticConfig
 from longctx.train.positions import means_by_position
 from longctx.train.validation import rank_batches
 
