@@ -282,7 +282,7 @@ def stall_problems(start: Start, out: Path, rc: Optional[int], launcher: str) ->
 # ------------------------------------------------------------------ faults between starts
 def dead_holder_lock(path: Path) -> None:
     """A lock file whose holder (a real process, already exited) is gone, as a SIGKILL leaves it."""
-    code = ("import sys; from pathlib import Path; from longctx.locks import this_process, try_take; "
+    code = ("import sys; from pathlib import Path; from longctx.storage.locks import this_process, try_take; "
             "assert try_take(Path(sys.argv[1]), this_process())")
     subprocess.run([PY, "-c", code, str(path)], check=True, env=env())
 
@@ -443,5 +443,5 @@ def check_eval(out: Path, ref_out: Path, last_rc: Optional[int]) -> Verdict:
 
 
 def atomic_size(n: int) -> str:
-    from longctx.atomic import human_size
+    from longctx.storage.atomic import human_size
     return human_size(n)

@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import List, Optional
 
-from longctx.errors import UserError
+from longctx.base.errors import UserError
 
 FIELD = "validation.probe"
 

@@ -22,10 +22,10 @@ import json
 import os
 from typing import Dict, List, Optional, Tuple
 
-from longctx import atomic
+from longctx.base.errors import UserError
 from longctx.data.config import DataConfig, SourceConfig, as_data_config, has_glob, resolve_kind, source_label
 from longctx.data.peek import list_files
-from longctx.errors import UserError
+from longctx.storage import atomic
 
 CHUNK = 1 << 20
 SAMPLE_BLOCK = 1 << 12

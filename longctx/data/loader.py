@@ -22,6 +22,7 @@ import threading
 from dataclasses import dataclass
 from typing import Iterable, Iterator, List, Optional
 
+from longctx.base.errors import UserError
 from longctx.data.cache import CachedRows, open_cache
 from longctx.data.config import (
     DataConfig,
@@ -35,7 +36,6 @@ from longctx.data.packers import make_packer
 from longctx.data.packing import Row, empty_row, fold_trailing_padding, rows_to_batch, trim_unscored_tail
 from longctx.data.sources import open_table
 from longctx.data.tokenizer import adds_bos_for
-from longctx.errors import UserError
 
 STATE_VERSION = 1
 

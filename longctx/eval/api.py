@@ -29,9 +29,8 @@ from typing import Callable, Iterator, Optional, Sequence
 
 import torch.distributed as dist
 
-from longctx import atomic
+from longctx.base.errors import UserError
 from longctx.data.tokenizer import prepends_bos
-from longctx.errors import UserError
 from longctx.eval import plots
 from longctx.eval.cells import MARKER, PPL, CellStore, acquire, ppl_cells, release_lock, task_cells
 from longctx.eval.chat import ChatChoice, stop_ids, tokenizer_dir, with_chat_template
@@ -51,8 +50,9 @@ from longctx.eval.state import (
     samples_done,
 )
 from longctx.eval.tasks import BelowMinimum, Sample, TaskOptions, build_samples, get_task, no_fit_error, skip_notice
-from longctx.launch_env import read_env
-from longctx.progress import Progress
+from longctx.reporting.progress import Progress
+from longctx.runtime.launch_env import read_env
+from longctx.storage import atomic
 
 TIMING = "timing.json"  # wall and generation seconds: apart from results.json, which two runs write alike
 

@@ -14,16 +14,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, List
 
+from longctx.base.errors import UserError
 from longctx.config import check_out_dir
 from longctx.data.tokenizer import check_tokenizer_spec
-from longctx.errors import UserError
 from longctx.eval.dtypes import check_dtype_name
 from longctx.eval.fields import TOKENIZER_FIELD, EvalFields
 from longctx.eval.model_overrides import check_keys
 from longctx.eval.tasks import NIAH_GRID_TASK, RULER_TASKS, TaskOptions, get_task
 from longctx.parallel.layout import DECODE_CP_IMPLS
 from longctx.parallel.timeout_values import timeout_problem
-from longctx.wandb_log import check_installed, check_mode
+from longctx.reporting.wandb_log import check_installed, check_mode
 
 SUITES = ("ruler", "niah", "passkey", "ppl")
 DEFAULT_DEPTHS = [i / 10 for i in range(11)]

@@ -14,6 +14,7 @@ from typing import Optional
 import torch
 import torch.distributed as dist
 
+from longctx.base.errors import UserError
 from longctx.checkpoint.resume import ResumePoint, choose_resume, restore, resume_candidates, resume_point
 from longctx.checkpoint.state import TrainerState, TrainState
 from longctx.checkpoint.store import CheckpointError, read_trainer_state, rng_state, run_phase, save_checkpoint
@@ -24,13 +25,14 @@ from longctx.data import check_vocab, load_tokenizer
 from longctx.data.fingerprint import fingerprint_sources
 from longctx.data.hf_tokenizer import TokenizerFiles
 from longctx.data.loader import ModelInputs
-from longctx.errors import UserError
-from longctx.launch_env import read_env
 from longctx.model.hf import save_hf_weights
 from longctx.parallel.mesh import build_mesh, init_distributed, shutdown_distributed
 from longctx.parallel.parallelize import attention_for, parallel_engine
 from longctx.parallel.zero import full_state_dict
-from longctx.progress import Progress
+from longctx.reporting.progress import Progress
+from longctx.reporting.wandb_log import open_run
+from longctx.runtime.launch_env import read_env
+from longctx.runtime.watchdog import Watchdog, is_collective_timeout, watched_batches
 from longctx.train import run_lock
 from longctx.train.build import (
     build_plain_model,
@@ -53,8 +55,6 @@ from longctx.train.step_metrics import StepRates, stage_rates, step_record
 from longctx.train.summary import RunTotals, end_summary, layout_line, rope_line
 from longctx.train.validation import Validator, check_resumed_heldout
 from longctx.train.validation_plot import plot_probe, plot_validation
-from longctx.wandb_log import open_run
-from longctx.watchdog import Watchdog, is_collective_timeout, watched_batches
 
 log = logging.getLogger("longctx.train")
 
@@ -78,7 +78,7 @@ class Trainer:
     def __init__(self, cfg: TrainConfig, plan: Optional[RunPlan] = None):
         self.start_time = time.monotonic()  # the end summary's wall time
         # from here a SIGTERM/SIGUSR1 stops the run at its next safe point (before the process's
-        # first statement too: longctx/startup.py recorded it); start-up checks in run()
+        # first statement too: longctx/runtime/startup.py recorded it); start-up checks in run()
         self.flag = PreemptionFlag().install()
         try:
             self._set_up(cfg, plan)

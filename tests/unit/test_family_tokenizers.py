@@ -7,10 +7,10 @@ import json
 import pytest
 
 from helpers.byte_level_files import write_byte_level_tokenizer
+from longctx.base.errors import UserError
 from longctx.data.config import DataConfig, SourceConfig
 from longctx.data.loader import DataLoader
 from longctx.data.tokenizer import adds_bos_for, load_tokenizer, prepends_bos
-from longctx.errors import UserError
 from longctx.eval import chat
 
 # Qwen3's template, reduced to what decides the rendering of one user turn: the thinking switch
