@@ -8,12 +8,9 @@ question, so that documents of 64-128 tokens still have room for filler.
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Dict, Tuple
+from typing import Dict, Protocol, Tuple
 
 from longctx.data.words import LONGEST_PAIR
-
-if TYPE_CHECKING:  # annotation only: config.py imports this module
-    from longctx.data.config import SyntheticConfig
 
 NEEDLE = "One of the special magic numbers for {key} is: {value}."
 _PASSKEY_NEEDLE = "The pass key is {value}. Remember it. {value} is the pass key."
@@ -63,6 +60,13 @@ TEMPLATES: Dict[str, Dict[str, object]] = {
 STYLES = tuple(TEMPLATES)
 
 
+class NeedleValues(Protocol):
+    """What a document's shortest length depends on (data.config's SyntheticConfig has both)."""
+
+    value_digits: int  # digits of each needle's value
+    num_values: int  # values per key in a multivalue document
+
+
 def passkey_digits(value_digits: int) -> int:
     """Digits of a pass key: value_digits, at most 5 (RULER's pass keys)."""
     return max(1, min(value_digits, 5))
@@ -76,7 +80,7 @@ def head_and_question(tpl: Dict[str, object], task: str, key: str) -> Tuple[str,
     return head, "\n" + (q.format(key=key) + " " if q else "") + prefix.format(key=key)
 
 
-def min_document_chars(cfg: "SyntheticConfig", task: str, style: str) -> int:
+def min_document_chars(cfg: NeedleValues, task: str, style: str) -> int:
     """Characters (BOS/EOS excluded) of the shortest `task` document: queried needle(s),
     question and answer, no distractor, no filler (longest key, as a bound)."""
     if task == "recall":  # one single-value entry, asked once
