@@ -60,13 +60,6 @@ TEMPLATES: Dict[str, Dict[str, object]] = {
 STYLES = tuple(TEMPLATES)
 
 
-class NeedleValues(Protocol):
-    """What a document's shortest length depends on (data.config's SyntheticConfig has both)."""
-
-    value_digits: int  # digits of each needle's value
-    num_values: int  # values per key in a multivalue document
-
-
 def passkey_digits(value_digits: int) -> int:
     """Digits of a pass key: value_digits, at most 5 (RULER's pass keys)."""
     return max(1, min(value_digits, 5))
@@ -78,6 +71,14 @@ def head_and_question(tpl: Dict[str, object], task: str, key: str) -> Tuple[str,
     intro = tpl["intro"].get(task, "")
     head = intro + "\n" if intro else ""
     return head, "\n" + (q.format(key=key) + " " if q else "") + prefix.format(key=key)
+
+
+class NeedleValues(Protocol):
+    """What a document's shortest length depends on (a SyntheticConfig has these fields): the
+    digits of a value and the values of the queried key in a multivalue document."""
+
+    value_digits: int
+    num_values: int
 
 
 def min_document_chars(cfg: NeedleValues, task: str, style: str) -> int:
