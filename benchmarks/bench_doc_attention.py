@@ -40,13 +40,13 @@ import torch
 import torch.nn.functional as F
 from benchlib.machine import machine_facts
 
-from longctx import atomic
 from longctx.attention.core import build_mask
 from longctx.attention.flex import flex_available, flex_document_attention
 from longctx.attention.sdpa import document_runs_attention
 from longctx.attention.select import get_attention
 from longctx.attention.varlen import make_varlen_attention
 from longctx.attention.varlen_ops import make_varlen_ops, varlen_problem
+from longctx.storage import atomic
 
 FLOOR = "causal floor"
 AUTO = "auto"

@@ -25,8 +25,8 @@ from benchlib.cpu_limits import head_inputs
 from benchlib.machine import machine_facts
 from safetensors import safe_open
 
-from longctx import atomic
 from longctx.model.loss import chunked_cross_entropy
+from longctx.storage import atomic
 
 HEAD_KEYS = ("lm_head.weight", "model.embed_tokens.weight")  # untied head first, else the tied embedding
 

@@ -18,7 +18,7 @@ from collections import defaultdict
 
 from bench_train import TrainStep
 
-from longctx import atomic
+from longctx.storage import atomic
 
 # a kernel's kind from its name (CUDA kernel names, or aten op names on CPU); first match wins
 KINDS = [

@@ -44,8 +44,8 @@ def _keep_batch(cfg, stage, world: int, rows: int) -> str:
 
 
 def check(world: int, config: str | None, overrides: list[str], gpu_mem: str | None, weights: bool = True) -> str:
+    from longctx.base.errors import UserError
     from longctx.config import load_config, resolve_stages, validate_config
-    from longctx.errors import UserError
     from longctx.plan.target import cluster_line
 
     cfg = load_config(config, overrides)
@@ -104,8 +104,8 @@ def check_eval(world: int, argv: list[str]) -> str:
     directory and its tokenizer (the weights are not read). Returns the absolute --out ("" for
     out=null, an eval that writes nothing)."""
     from longctx import recipes
-    from longctx.cli import OneLineParser
     from longctx.commands import eval as eval_command
+    from longctx.commands.cli import OneLineParser
     from longctx.eval import command as eval_run
 
     parser = OneLineParser(prog="longctx eval")
@@ -145,8 +145,8 @@ def inspects_only(rest: list[str]) -> bool:
 
 def main(argv: list[str] | None = None) -> int:
     from longctx import recipes
-    from longctx.cli import OneLineParser
-    from longctx.errors import UserError
+    from longctx.base.errors import UserError
+    from longctx.commands.cli import OneLineParser
 
     ap = OneLineParser(prog="launch/preflight.py", description=__doc__,
                        formatter_class=argparse.RawDescriptionHelpFormatter)

@@ -107,7 +107,7 @@ echo "[torchrun.sh on $(hostname)] $nnodes node(s) x $nproc processes${endpoint:
 longctx_print_env >&2
 started=$(date +%s)
 # the agent is SIGKILLed when this script is (die_with_parent.py), and its workers die with it
-# (longctx/launcher_tie.py): a `kill -9` of this script leaves nothing running
+# (longctx/runtime/launcher_tie.py): a `kill -9` of this script leaves nothing running
 "$PY" "$HERE/die_with_parent.py" "$PY" -m torch.distributed.run "${args[@]}" -m longctx "$@" &
 agent=$!
 
@@ -144,7 +144,7 @@ if (( rc != 0 )) && [[ -n $marker && -f $marker ]] && (( $(stat -c %Y "$marker")
     fi
     exit 85
 fi
-# a rank that stalled (longctx/watchdog.py) wrote STALLED, the line that ended the job, and every
+# a rank that stalled (longctx/runtime/watchdog.py) wrote STALLED, the line that ended the job, and every
 # worker exited: exit 86, which the SLURM scripts requeue as for a lost node
 stalled=${out_dir:+$out_dir/STALLED}
 if (( rc != 0 )) && [[ -n $stalled && -f $stalled ]] && (( $(stat -c %Y "$stalled") >= started )); then

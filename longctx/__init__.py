@@ -5,7 +5,7 @@
 """
 __version__ = "0.1.0"
 
-from longctx.errors import UserError
+from longctx.base.errors import UserError
 
 
 def load_pretrained(path, dtype=None, attn_fn=None):

@@ -1,10 +1,10 @@
 import sys
 
-from longctx import startup
+from longctx.runtime import startup
 
 startup.begin(sys.argv[1:])  # before the slow imports: preemption signals recorded, a worker tied to its launcher
 
-from longctx.cli import main  # noqa: E402
+from longctx.commands.cli import main  # noqa: E402
 
 code = main()
 startup.end()  # the result is decided: a late signal must not change it

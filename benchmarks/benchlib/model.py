@@ -16,7 +16,7 @@ from pathlib import Path
 
 import torch
 
-from longctx.errors import UserError
+from longctx.base.errors import UserError
 from longctx.model import build_model, get_preset
 from longctx.model.config import ModelConfig
 from longctx.model.hf import _weight_files as weight_files

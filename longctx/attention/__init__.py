@@ -5,7 +5,7 @@
     get_kernel(name) -> AttentionKernel   explicit forward (with LSE) / backward, for context parallelism
     get_attention(name) -> AttentionFn    name in auto | sdpa | flash | fa4 | varlen | flex | eager
 """
-from longctx.lazy_exports import exported_names, lazy_exports
+from longctx.base.lazy_exports import exported_names, lazy_exports
 
 _EXPORTS = {
     "backends": ["BACKENDS", "check_backend_available"],

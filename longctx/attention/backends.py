@@ -14,7 +14,7 @@ from __future__ import annotations
 import difflib
 from typing import TYPE_CHECKING, Optional
 
-from longctx.errors import UserError
+from longctx.base.errors import UserError
 
 if TYPE_CHECKING:
     import torch

@@ -9,6 +9,7 @@
     manifest.py      MANIFEST.json: every file's size and SHA-256
     model.py         which model a checkpoint holds; its ZeRO shards consolidated
     find.py          any directory a user points at (HF, checkpoint, run, Hub id) -> a model
+    export.py        `longctx export`'s work: any of those as an HF directory with its tokenizer
 
-Train, eval and export use this package; nothing here imports train/ or eval/.
+Train and eval use this package; nothing here imports train/ or eval/.
 """

@@ -16,13 +16,13 @@ from typing import Optional
 import torch
 
 from longctx.attention import AttentionFn
+from longctx.base.errors import UserError
 from longctx.checkpoint import manifest
 from longctx.checkpoint.manifest import COMPLETE
 from longctx.checkpoint.model import CheckpointModel, has_export, load_consolidated, recorded_model, trained_model
-from longctx.errors import UserError
-from longctx.hub import MODEL_FILES, hub_or_local
 from longctx.model.hf import load_pretrained
 from longctx.model.llama import Transformer
+from longctx.storage.hub import MODEL_FILES, hub_or_local
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "tokenizer_config.json")
 

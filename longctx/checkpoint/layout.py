@@ -25,12 +25,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Optional
 
+from longctx.base.errors import UserError
 from longctx.checkpoint.model import RECORD_CONFIG
 from longctx.checkpoint.safe_load import load_checkpoint_file
 from longctx.checkpoint.universal import zero_stage_of
 from longctx.data.cache import PackedCache, cache_path
 from longctx.data.reshard import CachedSource, by_dp_rank, reshard_cached, rows_consumed, rows_per_rank
-from longctx.errors import UserError
 from longctx.model.config import ModelConfig
 from longctx.model.hf_config import config_from_hf
 

@@ -24,9 +24,9 @@ from typing import Optional
 import torch
 
 from longctx.attention import AttentionFn, sdpa_attention
+from longctx.base.errors import UserError
 from longctx.checkpoint.safe_load import check_files, load_checkpoint_file
 from longctx.config import load_config, resolve_stages, stage_model_config
-from longctx.errors import UserError
 from longctx.model.config import ModelConfig
 from longctx.model.hf_config import config_from_hf, config_to_hf
 from longctx.model.llama import Transformer

@@ -19,7 +19,7 @@ from typing import Any, Iterable
 
 import torch
 
-from longctx.errors import UserError
+from longctx.base.errors import UserError
 
 
 def _numpy_types() -> list:

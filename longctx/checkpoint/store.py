@@ -38,7 +38,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from longctx import atomic
+from longctx.base.errors import UserError
 from longctx.checkpoint import manifest
 from longctx.checkpoint.layout import (
     Layout,
@@ -51,8 +51,8 @@ from longctx.checkpoint.layout import (
 from longctx.checkpoint.manifest import COMPLETE, gather_objects, rank_and_world
 from longctx.checkpoint.safe_load import check_files, load_checkpoint_file
 from longctx.checkpoint.universal import load_universal, to_universal
-from longctx.errors import UserError
 from longctx.parallel.zero import optimizer_param_names
+from longctx.storage import atomic
 
 log = logging.getLogger("longctx.train")
 _SPACE_MARGIN = 1.1  # the next checkpoint may be a little larger than the last one

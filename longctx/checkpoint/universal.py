@@ -24,8 +24,8 @@ from typing import Iterable
 import torch
 from torch import nn
 
+from longctx.base.errors import UserError
 from longctx.checkpoint.safe_load import load_checkpoint_file
-from longctx.errors import UserError
 from longctx.parallel.checkpointing import model_key
 
 TAG = "ds"  # the converted checkpoint's tag inside the universal folder (as in a training checkpoint)

@@ -16,7 +16,7 @@ import signal
 import sys
 from pathlib import Path
 
-from longctx.errors import UserError
+from longctx.base.errors import UserError
 
 
 def add_parser(p: argparse.ArgumentParser) -> None:

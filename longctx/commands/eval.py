@@ -56,7 +56,7 @@ def config_from_args(args: argparse.Namespace):
 
 
 def run(args: argparse.Namespace) -> int:
-    from longctx.launch_env import read_env
+    from longctx.runtime.launch_env import read_env
 
     cfg = config_from_args(args)
     cfg.validate(read_env().world_size)  # every bad field before torch, the model and the tasks load

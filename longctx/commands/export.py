@@ -11,7 +11,7 @@ the files an export writes (config.json, weights, tokenizer files) replaced and 
 file kept. An existing, non-empty --out is refused without --overwrite. One export at a time
 writes an --out (a lock beside it, `.OUT.lock`); a second one exits 2 naming the first.
 Temporaries a killed export left beside --out are removed by the next one, with a notice.
-The work is longctx/export.py (torch), loaded when the command runs.
+The work is longctx/checkpoint/export.py (torch), loaded when the command runs.
 """
 from __future__ import annotations
 
@@ -31,6 +31,6 @@ def add_parser(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from longctx import export  # torch and the model: loaded when the command runs, not for --help
+    from longctx.checkpoint import export  # torch and the model: loaded when the command runs, not for --help
 
     return export.run(args)

@@ -8,7 +8,7 @@ import argparse
 import math
 import sys
 
-from longctx.errors import UserError
+from longctx.base.errors import UserError
 
 
 def add_parser(p: argparse.ArgumentParser) -> None:
@@ -36,7 +36,7 @@ def run(args: argparse.Namespace) -> int:
         to_yaml,
         validate_config,
     )
-    from longctx.launch_env import read_env
+    from longctx.runtime.launch_env import read_env
 
     cfg = load_config(args.config, args.overrides)
     stages = resolve_stages(cfg)  # the one resolution: validate_config takes these

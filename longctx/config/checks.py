@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 from longctx.attention.backends import check_backend_available
+from longctx.base.errors import UserError
 from longctx.config.probe import check_probe_lengths
 from longctx.config.run_plan import RunPlan, derive_plan
 from longctx.config.sections import TrainConfig
@@ -18,11 +19,10 @@ from longctx.config.stages import RunStage, resolve_stages
 from longctx.config.validation import check_buckets, check_heldout
 from longctx.data.config import validate_data_config
 from longctx.data.tokenizer import check_local_tokenizer_vocab
-from longctx.errors import UserError
-from longctx.hub import MODEL_FILES, hub_or_local
 from longctx.model.config import ModelConfig
 from longctx.parallel.layout import CPFields, ulysses_degree, validate_cp
-from longctx.wandb_log import check_installed
+from longctx.reporting.wandb_log import check_installed
+from longctx.storage.hub import MODEL_FILES, hub_or_local
 
 WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin")  # what load_pretrained reads
 

@@ -8,7 +8,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import List, Optional
 
-from longctx.errors import UserError
+from longctx.base.errors import UserError
+from longctx.eval.lengths import parse_lengths
+from longctx.eval.tasks import STYLES, TASKS, TaskOptions
 
 FIELD = "validation.probe"
 
@@ -28,10 +30,6 @@ class ProbeSection:
 
     def validate(self, validation_every: int) -> None:
         """The section's own fields (no tokenizer, any stage)."""
-        # eval.config imports longctx.config, so eval's modules are imported here, not at the top
-        from longctx.eval.config import parse_lengths
-        from longctx.eval.tasks import STYLES, TASKS, TaskOptions
-
         for name, minimum in (("samples", 1), ("seed", 0)):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
@@ -53,8 +51,6 @@ class ProbeSection:
     def stage_lengths(self, seq_len: int, original: int) -> List[int]:
         """The probe's lengths at a stage of `seq_len` tokens whose model's original context is
         `original` (the default: both, the original capped at seq_len)."""
-        from longctx.eval.config import parse_lengths
-
         if self.lengths is None:
             return sorted({min(original, seq_len), seq_len})
         return parse_lengths(self.lengths, f"{FIELD}.lengths")

@@ -14,14 +14,14 @@ from typing import Any, Dict, List, Optional
 from omegaconf import MISSING
 
 from longctx.attention.backends import BACKENDS
+from longctx.base.errors import UserError
 from longctx.config.validation import ValidationSection
 from longctx.data.config import DataConfig
 from longctx.data.source_config import SourceConfig
-from longctx.errors import UserError
 from longctx.model.config import PRESETS
 from longctx.parallel.layout import CP_IMPLS
 from longctx.parallel.timeout_values import DEFAULT_STARTUP_TIMEOUT_S, DEFAULT_TIMEOUT_S, timeout_problem
-from longctx.wandb_log import check_mode
+from longctx.reporting.wandb_log import check_mode
 
 DTYPES = ("float32", "bfloat16")
 SCHEDULES = ("cosine", "linear", "constant")
@@ -51,7 +51,7 @@ def require_finite(where: str, value: float, *, positive: bool) -> None:
 @dataclass
 class ModelSection:
     preset: str = "debug-tiny"
-    init_from: Optional[str] = None  # HF Llama directory or Hub id ("org/name") to start from (longctx/hub.py)
+    init_from: Optional[str] = None  # HF Llama directory or Hub id ("org/name") to start from (longctx/storage/hub.py)
     revision: Optional[str] = None  # the Hub revision of init_from (branch, tag or commit; default main)
     rope_parameters: Optional[Dict[str, Any]] = None  # replaces the preset's / checkpoint's RoPE
     max_position_embeddings: Optional[int] = None
@@ -175,7 +175,7 @@ class CheckpointSection:
 
 @dataclass
 class WandbSection:
-    """log.wandb: Weights & Biases logging beside TensorBoard (longctx/wandb_log.py); unset: off."""
+    """log.wandb: Weights & Biases logging beside TensorBoard (longctx/reporting/wandb_log.py); unset: off."""
 
     project: str = "longctx"
     entity: Optional[str] = None  # W&B's default entity of the logged-in user when null

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, Optional
 
+from longctx.base.errors import UserError
 from longctx.config.sections import (
     ModelSection,
     OptimSection,
@@ -20,12 +21,11 @@ from longctx.config.sections import (
     require_finite,
 )
 from longctx.data.config import DataConfig
-from longctx.errors import UserError
-from longctx.hub import CONFIG_FILES, hub_or_local
 from longctx.model.config import ModelConfig, check_window, get_preset
 from longctx.model.hf_config import read_hf_config
 from longctx.model.rope_parameters import normalize_rope_parameters, require_explicit_fields
 from longctx.parallel.zigzag import check_seq_len
+from longctx.storage.hub import CONFIG_FILES, hub_or_local
 
 # RoPE types whose frequencies do not depend on max_position_embeddings (scaled ones, once
 # original_max_position_embeddings is set): a stage longer than it raises it to its length

@@ -16,10 +16,10 @@ import os
 from dataclasses import dataclass, field
 from typing import List, Optional, Sequence
 
+from longctx.base.errors import UserError
 from longctx.config.probe import ProbeSection
 from longctx.data.config import DataConfig, as_data_config
 from longctx.data.source_config import SourceConfig, resolve_kind, source_label
-from longctx.errors import UserError
 
 SOURCES_FIELD = "validation.sources"
 MAX_DEFAULT_BUCKETS = 8  # default buckets: powers of two, the first at seq_len / 2^7

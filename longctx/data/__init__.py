@@ -1,8 +1,8 @@
 """Data pipeline: tokenizers, 🤗 datasets sources, packing with document boundaries,
 weighted mixtures, exact resume, the built-in synthetic corpus and a pre-tokenized cache.
 See docs/data.md."""
-from longctx.labels import IGNORE_INDEX
-from longctx.lazy_exports import exported_names, lazy_exports
+from longctx.base.labels import IGNORE_INDEX
+from longctx.base.lazy_exports import exported_names, lazy_exports
 
 _EXPORTS = {
     "check": ["check_data"],

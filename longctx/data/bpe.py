@@ -15,8 +15,8 @@ from typing import Iterable
 
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
-from longctx import atomic
-from longctx.errors import UserError
+from longctx.base.errors import UserError
+from longctx.storage import atomic
 
 SPECIAL_TOKENS = ("<s>", "</s>", "<pad>")  # ids 0, 1, 2: found by load_tokenizer's BOS/EOS/PAD candidates
 MIN_VOCAB = 256 + len(SPECIAL_TOKENS)  # the byte alphabet and the specials

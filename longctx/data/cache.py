@@ -13,8 +13,8 @@ sizes and SHA-256 (fingerprint.py: an edit that keeps size and modification time
 the tokenizer's fingerprint, seq_len, BOS/EOS, packing policy and
 cross-document labels. The rows are built once (one epoch of the source, documents in a fixed
 seeded order; whoever takes the lock builds while the other processes wait, and a lock whose
-holder died is taken over at once: longctx/locks.py), showing its progress
-(longctx/progress.py); each epoch then visits the rows in a fresh seeded order, sharded across
+holder died is taken over at once: longctx/storage/locks.py), showing its progress
+(longctx/reporting/progress.py); each epoch then visits the rows in a fresh seeded order, sharded across
 data-parallel ranks.
 Segment ids are derived from the position ids, so `document_masking` needs no rebuild.
 """
@@ -32,7 +32,7 @@ from typing import Optional
 
 import numpy as np
 
-from longctx import atomic
+from longctx.base.errors import UserError
 from longctx.data.config import DataConfig
 from longctx.data.documents import DocFraming, DocumentStream, StreamOrder
 from longctx.data.fingerprint import fingerprint_source
@@ -41,9 +41,9 @@ from longctx.data.packing import Row, segment_ids_from_position_ids
 from longctx.data.source_config import SourceConfig, resolve_kind, source_label
 from longctx.data.sources import open_table
 from longctx.data.tokenizer import adds_bos_for, tokenizer_fingerprint
-from longctx.errors import UserError
-from longctx.locks import is_alive, liveness_lock, read_holder
-from longctx.progress import Progress
+from longctx.reporting.progress import Progress
+from longctx.storage import atomic
+from longctx.storage.locks import is_alive, liveness_lock, read_holder
 
 CACHE_VERSION = 1
 BUILD_SEED = 0  # document order inside the cache; the training seed only orders rows

@@ -16,11 +16,11 @@ from typing import List, Optional
 
 from omegaconf import DictConfig, OmegaConf
 
+from longctx.base.errors import UserError
 from longctx.data.field_checks import check_int
 from longctx.data.source_config import PACKING_MODES, SourceConfig, UpsampleBucket
 from longctx.data.synthetic_config import SyntheticConfig
 from longctx.data.tokenizer import check_tokenizer_spec, check_vocab, load_tokenizer
-from longctx.errors import UserError
 
 FINAL_PARTIAL = ("pad", "drop")
 
@@ -57,7 +57,7 @@ class DataConfig:
     hf_cache_dir: Optional[str] = None  # 🤗 datasets' own cache (null: its default)
     emit_answer_mask: bool = False  # add `answer_mask` (labels[t] is an answer token) to batches
     prefetch: int = 2  # batches prepared ahead in a background thread (0: none)
-    progress: bool = True  # progress while a cache is built (longctx/progress.py: a bar, or lines in a log)
+    progress: bool = True  # progress while a cache is built (longctx/reporting/progress.py: a bar, or lines in a log)
     # resume even though a source's files changed since the checkpoint (a warning; that source
     # restarts its order from the beginning, the others continue where they were)
     allow_changed_sources: bool = False

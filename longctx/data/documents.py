@@ -16,8 +16,8 @@ from typing import Callable, List, Optional
 
 import numpy as np
 
+from longctx.base.errors import UserError
 from longctx.data.source_config import SourceConfig, source_label
-from longctx.errors import UserError
 
 
 @dataclass

@@ -1,7 +1,7 @@
 """The one-line checks the data sections share: a field's value, or a UserError naming it."""
 from __future__ import annotations
 
-from longctx.errors import UserError
+from longctx.base.errors import UserError
 
 
 def check_int(value, name: str, minimum: int = 1) -> None:

@@ -22,11 +22,11 @@ import json
 import os
 from typing import Dict, List, Optional, Tuple
 
-from longctx import atomic
+from longctx.base.errors import UserError
 from longctx.data.config import DataConfig, as_data_config
 from longctx.data.peek import list_files
 from longctx.data.source_config import SourceConfig, has_glob, resolve_kind, source_label
-from longctx.errors import UserError
+from longctx.storage import atomic
 
 CHUNK = 1 << 20
 SAMPLE_BLOCK = 1 << 12

@@ -22,6 +22,7 @@ import threading
 from dataclasses import dataclass
 from typing import Iterable, Iterator, List, Optional
 
+from longctx.base.errors import UserError
 from longctx.data.cache import CachedRows, open_cache
 from longctx.data.config import DataConfig, as_data_config, validate_data_config
 from longctx.data.documents import DocFraming, DocumentStream, StreamOrder, uniform
@@ -30,7 +31,6 @@ from longctx.data.packing import Row, empty_row, fold_trailing_padding, rows_to_
 from longctx.data.source_config import SourceConfig, resolve_kind
 from longctx.data.sources import open_table
 from longctx.data.tokenizer import adds_bos_for
-from longctx.errors import UserError
 
 STATE_VERSION = 1
 

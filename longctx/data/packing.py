@@ -22,8 +22,8 @@ from typing import Optional
 import numpy as np
 import torch
 
+from longctx.base.labels import IGNORE_INDEX
 from longctx.data.documents import Doc
-from longctx.labels import IGNORE_INDEX
 
 
 @dataclass

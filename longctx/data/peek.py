@@ -13,7 +13,7 @@ import json
 import os
 from typing import List, Optional
 
-from longctx.errors import UserError
+from longctx.base.errors import UserError
 
 KIND_EXTS = {
     "json": (".jsonl", ".json", ".jsonl.gz", ".json.gz", ".jsonl.zst"),

@@ -26,9 +26,9 @@ from typing import Optional, Sequence
 
 import numpy as np
 
+from longctx.base.errors import UserError
 from longctx.data.documents import uniform
 from longctx.data.loader import STATE_VERSION
-from longctx.errors import UserError
 
 _SHARED = ("version", "dp_size", "seed", "seq_len", "cached")  # the same in every rank's state
 

@@ -9,9 +9,9 @@ import os
 from dataclasses import dataclass, field
 from typing import List, Optional
 
+from longctx.base.errors import UserError
 from longctx.data.peek import KIND_EXTS, list_files, peek_files
 from longctx.data.synthetic_config import SyntheticConfig
-from longctx.errors import UserError
 
 # kinds a source may have; "auto" infers from path / hub_name.
 FILE_KINDS = ("json", "jsonl", "parquet", "text", "arrow", "csv")

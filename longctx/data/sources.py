@@ -13,6 +13,7 @@ import logging
 import os
 from typing import Callable, List, Optional, Sequence, Tuple
 
+from longctx.base.errors import UserError
 from longctx.data.config import DataConfig
 from longctx.data.fingerprint import content_key, source_files
 from longctx.data.peek import list_files
@@ -20,7 +21,6 @@ from longctx.data.rowscan import first_bad_row, first_non_text
 from longctx.data.source_config import EXT_TO_KIND, SourceConfig, has_glob, resolve_kind, source_label
 from longctx.data.synthetic import SyntheticCorpus
 from longctx.data.tokenizer import adds_bos_for
-from longctx.errors import UserError
 
 # ----------------------------------------------------------------------------- tables
 

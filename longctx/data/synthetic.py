@@ -23,6 +23,7 @@ import random
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Tuple
 
+from longctx.base.errors import UserError
 from longctx.data.filler import filler_text
 from longctx.data.synthetic_config import SYNTHETIC_TASKS, SyntheticConfig, fallback_chain
 from longctx.data.templates import (
@@ -34,7 +35,6 @@ from longctx.data.templates import (
     passkey_digits,
 )
 from longctx.data.words import WORD_PAIRS
-from longctx.errors import UserError
 
 log = logging.getLogger(__name__)
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Dict, Optional, Tuple
 
+from longctx.base.errors import UserError
 from longctx.data.field_checks import check_int, check_probability
 from longctx.data.filler import FILLER_KINDS
 from longctx.data.templates import STYLES, min_document_chars
-from longctx.errors import UserError
 
 SYNTHETIC_TASKS = ("niah", "multivalue", "passkey", "recall")
 DEFAULT_TASKS = {"niah": 0.6, "multivalue": 0.2, "passkey": 0.2}

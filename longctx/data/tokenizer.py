@@ -22,9 +22,9 @@ from typing import List, Optional, Sequence, Tuple
 import numpy as np
 from tokenizers import Tokenizer
 
+from longctx.base.errors import UserError
 from longctx.data.pieces import PIECE_CHARS, encode_long
-from longctx.errors import UserError
-from longctx.hub import HUB_ID, TOKENIZER_FILES, fetch
+from longctx.storage.hub import HUB_ID, TOKENIZER_FILES, fetch
 
 Spans = Sequence[Tuple[int, int]]  # [start, end) character offsets
 
@@ -265,7 +265,7 @@ def load_tokenizer(spec: str, field: str = "data.tokenizer"):
         return ByteTokenizer()
     check_tokenizer_spec(spec, field)
     path = os.path.expanduser(spec)
-    if not os.path.exists(path):  # a hub id: its tokenizer files, fetched into the HF cache (longctx/hub.py)
+    if not os.path.exists(path):  # a hub id: its tokenizer files, fetched into the HF cache (longctx/storage/hub.py)
         path = str(fetch(spec, field, TOKENIZER_FILES))
     if os.path.isfile(path):
         return _from_file(path, spec, _read_special_tokens(os.path.dirname(os.path.abspath(path)), field), path, field)

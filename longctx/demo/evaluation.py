@@ -12,10 +12,10 @@ from pathlib import Path
 
 import torch
 
+from longctx.base.errors import UserError
 from longctx.checkpoint.find import tokenizer_spec_for
 from longctx.data import load_tokenizer
 from longctx.demo.config import EVAL_TASKS, HEATMAP_TASK, DemoConfig
-from longctx.errors import UserError
 from longctx.eval.outputs import Results, write_outputs
 from longctx.eval.report import aggregate
 from longctx.eval.runner import Engine, run_samples

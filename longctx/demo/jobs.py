@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 from typing import Any, Dict, Optional
 
+from longctx.base.errors import UserError
 from longctx.checkpoint.find import tokenizer_spec_for
 from longctx.config import (
     CheckpointSection,
@@ -33,7 +34,6 @@ from longctx.data.hf_tokenizer import TokenizerFiles
 from longctx.data.source_config import SourceConfig
 from longctx.data.synthetic_config import SyntheticConfig
 from longctx.demo.config import DemoConfig
-from longctx.errors import UserError
 from longctx.model.hf import load_pretrained, save_pretrained
 from longctx.model.hf_config import read_hf_config
 

@@ -7,11 +7,11 @@ import math
 from pathlib import Path
 from typing import Dict, Optional
 
-from longctx import atomic
 from longctx.demo.config import EVAL_TASKS, DemoConfig
 from longctx.demo.training_curves import training_section
 from longctx.eval.plots import pyplot, save_png
 from longctx.eval.report import write_markdown
+from longctx.storage import atomic
 
 # variant key -> (label, what it is)
 VARIANTS = {

@@ -34,7 +34,7 @@ from longctx.eval.prepare import Evaluation, Plan, is_main, prepare
 from longctx.eval.runner import Engine, dp_layout, run_cell
 from longctx.eval.state import EvalContext, EvalResult, PplCellState, TaskCellState, is_complete, samples_done
 from longctx.eval.tasks import Sample
-from longctx.progress import Progress
+from longctx.reporting.progress import Progress
 
 
 @contextmanager

@@ -29,12 +29,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Optional, Sequence
 
-from longctx import __version__, atomic
+from longctx import __version__
+from longctx.base.errors import UserError
 from longctx.checkpoint.manifest import MANIFEST, read_manifest
 from longctx.data.fingerprint import file_digest
-from longctx.errors import UserError
 from longctx.eval.tasks import Sample
-from longctx.locks import Holder, is_alive, read_holder, release, this_process, try_take
+from longctx.storage import atomic
+from longctx.storage.locks import Holder, is_alive, read_holder, release, this_process, try_take
 
 FORMAT = "longctx-eval-cell"
 CELLS = "cells"

@@ -23,8 +23,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
+from longctx.base.errors import UserError
 from longctx.data.tokenizer import prepends_bos
-from longctx.errors import UserError
 from longctx.eval.tasks.base import CHAT_TEMPLATES
 
 AUTO = "auto"

@@ -15,11 +15,10 @@ from pathlib import Path
 
 import torch
 
-from longctx import atomic
+from longctx.base.errors import UserError
 from longctx.checkpoint.manifest import gather_objects
 from longctx.checkpoint.safe_load import check_files
 from longctx.data.tokenizer import check_tokenizer_spec
-from longctx.errors import UserError
 from longctx.eval.api import evaluate, out_lock
 from longctx.eval.cells import run_identity
 from longctx.eval.comparability import warning_line
@@ -42,9 +41,10 @@ from longctx.eval.ruler_prompts import write_prompts
 from longctx.eval.stall_watch import WatchedStop, stalls_end_the_job, start_watch
 from longctx.eval.state import EvalContext, EvalResult
 from longctx.eval.wandb_table import log_results
-from longctx.launch_env import read_env
 from longctx.model.config import check_window
 from longctx.parallel.mesh import build_mesh, init_distributed, shutdown_distributed
+from longctx.runtime.launch_env import read_env
+from longctx.storage import atomic
 from longctx.train.signals import PREEMPTED_EXIT_CODE, PreemptionFlag
 
 

@@ -14,16 +14,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, List
 
+from longctx.base.errors import UserError
 from longctx.config import check_out_dir
 from longctx.data.tokenizer import check_tokenizer_spec
-from longctx.errors import UserError
 from longctx.eval.dtypes import check_dtype_name
 from longctx.eval.fields import TOKENIZER_FIELD, EvalFields
+from longctx.eval.lengths import parse_lengths
 from longctx.eval.model_overrides import check_keys
 from longctx.eval.tasks import NIAH_GRID_TASK, RULER_TASKS, TaskOptions, get_task
 from longctx.parallel.layout import DECODE_CP_IMPLS
 from longctx.parallel.timeout_values import timeout_problem
-from longctx.wandb_log import check_installed, check_mode
+from longctx.reporting.wandb_log import check_installed, check_mode
 
 SUITES = ("ruler", "niah", "passkey", "ppl")
 DEFAULT_DEPTHS = [i / 10 for i in range(11)]
@@ -123,30 +124,6 @@ def select(cfg: EvalConfig) -> EvalSelection:
     ppl_lengths = ((parse_lengths(cfg.ppl_lengths, "eval.ppl_lengths") if cfg.ppl_lengths else lengths)
                    if want_ppl else [])
     return EvalSelection(lengths, list(dict.fromkeys(tasks)), grids, ppl_lengths, cfg.task_options())
-
-
-def parse_lengths(items: List[str], field: str = "eval.lengths") -> List[int]:
-    """["4096", "8k", "1m"] -> sorted distinct token counts."""
-    out = []
-    for item in items:
-        s = str(item).strip().lower()
-        if not s:
-            continue
-        mult = 1
-        if s.endswith("k"):
-            s, mult = s[:-1], 1024
-        elif s.endswith("m"):
-            s, mult = s[:-1], 1024 * 1024
-        try:
-            value = int(float(s) * mult)
-        except ValueError:
-            raise UserError(f"{field}: {item!r} is not a length (use integers or 4k/8k-style values)") from None
-        if value <= 0:
-            raise UserError(f"{field}: lengths must be positive, got {item!r}")
-        out.append(value)
-    if not out:
-        raise UserError(f"{field}: no lengths given")
-    return sorted(set(out))
 
 
 def _check_cp(cp: int, world: int) -> None:

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from typing import Optional
 
-from longctx.errors import UserError
+from longctx.base.errors import UserError
 
 TORCH_NAMES = {"fp32": "float32", "float32": "float32", "bf16": "bfloat16", "bfloat16": "bfloat16",
                "fp16": "float16", "float16": "float16"}

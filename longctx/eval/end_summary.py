@@ -7,7 +7,7 @@ import os
 from typing import Optional
 
 from longctx.eval.state import EvalResult
-from longctx.progress import format_duration
+from longctx.reporting.progress import format_duration
 
 
 def _scored(result: EvalResult) -> str:

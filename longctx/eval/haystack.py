@@ -21,8 +21,8 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Optional
 
+from longctx.base.errors import UserError
 from longctx.data.words import ADJECTIVES, NOUNS, SINGLE_WORDS, VERBS, WORD_PAIRS  # noqa: F401  (re-exported)
-from longctx.errors import UserError
 
 NEEDLE = "One of the special magic {type_needle_v} for {key} is: {value}."
 NOISE = "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again."

@@ -8,11 +8,12 @@ from typing import Optional
 
 import torch
 
+from longctx.base.errors import UserError
+
 # which model and tokenizer a directory holds (an HF directory, a checkpoint, a run): one place
 from longctx.checkpoint.find import is_ds_only_checkpoint, load_model_dir, resolve_model_dir, tokenizer_spec_for
 from longctx.checkpoint.model import trained_model
 from longctx.data.tokenizer import load_tokenizer
-from longctx.errors import UserError
 from longctx.eval import sequence_rope
 from longctx.eval.dtypes import TORCH_NAMES, check_dtype_name
 from longctx.eval.fields import TOKENIZER_FIELD

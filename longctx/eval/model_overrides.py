@@ -17,7 +17,7 @@ import difflib
 from pathlib import Path
 from typing import Any, Mapping
 
-from longctx.errors import UserError
+from longctx.base.errors import UserError
 from longctx.model.config import ModelConfig
 from longctx.model.hf_config import read_hf_config
 

@@ -9,7 +9,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional, Sequence
 
-from longctx import atomic
 from longctx.data.tokenizer import prepends_bos
 from longctx.eval import plots
 from longctx.eval.cells import MARKER, PPL
@@ -19,6 +18,7 @@ from longctx.eval.report import aggregate, render_markdown, write_markdown, writ
 from longctx.eval.ruler_format import write_predictions
 from longctx.eval.state import EvalResult, samples_done
 from longctx.eval.tasks import Sample
+from longctx.storage import atomic
 
 TIMING = "timing.json"  # wall and generation seconds: apart from results.json, which two runs write alike
 

@@ -6,7 +6,7 @@ from typing import Optional
 
 import numpy as np
 
-from longctx import atomic
+from longctx.storage import atomic
 
 
 def pyplot():

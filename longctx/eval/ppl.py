@@ -16,14 +16,14 @@ from typing import Optional, Sequence
 import torch
 import torch.distributed as dist
 
+from longctx.base.errors import UserError
+from longctx.base.labels import IGNORE_INDEX
 from longctx.data.tokenizer import prepends_bos
-from longctx.errors import UserError
 from longctx.eval.haystack import BUILTIN_ESSAY
 from longctx.eval.sequence_rope import row_lengths
-from longctx.labels import IGNORE_INDEX
 from longctx.parallel import make_cp_attention, shard_sequence
 from longctx.parallel.zigzag import zigzag_multiple
-from longctx.progress import Progress
+from longctx.reporting.progress import Progress
 
 
 def load_documents(path: Optional[str]) -> tuple[list[str], str]:

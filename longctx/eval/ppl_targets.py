@@ -21,8 +21,8 @@ from typing import Sequence
 
 import torch
 
+from longctx.base.labels import IGNORE_INDEX
 from longctx.data.tokenizer import prepends_bos
-from longctx.labels import IGNORE_INDEX
 
 
 def target_ends(n_tokens: int, max_length: int, positions: int) -> list[int]:

@@ -16,16 +16,16 @@ from typing import Callable, Optional, Sequence
 
 import torch.distributed as dist
 
-from longctx import atomic
+from longctx.base.errors import UserError
 from longctx.data.tokenizer import prepends_bos
-from longctx.errors import UserError
 from longctx.eval.cells import PPL, CellStore, ppl_cells, task_cells
 from longctx.eval.chat import ChatChoice, stop_ids, tokenizer_dir, with_chat_template
 from longctx.eval.config import EvalConfig, EvalSelection, select
 from longctx.eval.ruler_format import read_ruler_data
 from longctx.eval.state import CellState, EvalContext, PplCellState, TaskCellState, is_complete, samples_done
 from longctx.eval.tasks import BelowMinimum, Sample, TaskOptions, build_samples, get_task, no_fit_error, skip_notice
-from longctx.launch_env import read_env
+from longctx.runtime.launch_env import read_env
+from longctx.storage import atomic
 
 
 def is_main() -> bool:

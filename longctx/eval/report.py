@@ -7,8 +7,8 @@ import math
 from pathlib import Path
 from typing import Optional, Sequence
 
-from longctx import atomic
 from longctx.eval.scoring import DEFAULT_THRESHOLD, effective_length, mean, weighted_average
+from longctx.storage import atomic
 
 
 def aggregate(records: Sequence[dict], threshold: float = DEFAULT_THRESHOLD) -> dict:

@@ -20,11 +20,11 @@ import json
 from pathlib import Path
 from typing import Optional, Sequence
 
-from longctx import atomic
-from longctx.errors import UserError
+from longctx.base.errors import UserError
 from longctx.eval.scoring import postprocess_pred, ruler_round
 from longctx.eval.tasks import RULER_TASKS, TASKS, Sample, TaskOptions
 from longctx.eval.tasks.base import count_tokens_fn
+from longctx.storage import atomic
 
 DATA_FILE = "validation.jsonl"  # prepare.py's default subset
 GENERATOR_KEY, GENERATOR = "generator", "longctx"  # marks the lines --write-data writes (prepare.py has no such key)

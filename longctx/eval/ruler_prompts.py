@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from longctx.base.errors import UserError
 from longctx.data.tokenizer import load_tokenizer
-from longctx.errors import UserError
 from longctx.eval.chat import with_chat_template
 from longctx.eval.config import TOKENIZER_FIELD, EvalConfig, select
 from longctx.eval.model_io import load_tokenizer_for, resolve_model_dir

@@ -30,7 +30,7 @@ from longctx.eval.tasks import Sample
 from longctx.eval.teacher_forced import forced_row, score_batch
 from longctx.model.generate import generate
 from longctx.parallel.cp_decode import cp_generate
-from longctx.progress import Progress
+from longctx.reporting.progress import Progress
 
 
 def _is_dist() -> bool:

@@ -1,5 +1,5 @@
 """A stalled rank ends a `longctx eval` of several processes (cp > 1, or dp over samples) as it
-ends a training job (longctx/watchdog.py): one line naming the rank, each rank's Python stacks
+ends a training job (longctx/runtime/watchdog.py): one line naming the rank, each rank's Python stacks
 in its stderr (torchrun's per-rank log), OUT/STALLED, exit code 86, which launch/torchrun.sh and
 slurm/eval*.sbatch treat as a lost node; the finished cells are in OUT/cells/, and the same
 command continues from them.
@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Iterator, Optional
 
 from longctx.eval.config import EvalConfig
-from longctx.watchdog import STALLED_MARKER, Watchdog, is_collective_timeout
+from longctx.runtime.watchdog import STALLED_MARKER, Watchdog, is_collective_timeout
 
 PHASE = "eval"  # a round of batches (decoding or a perplexity cell): held to the collective timeout
 

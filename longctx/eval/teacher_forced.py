@@ -18,8 +18,8 @@ from typing import Callable, Sequence
 
 import torch
 
+from longctx.base.labels import IGNORE_INDEX
 from longctx.eval.tasks import Sample
-from longctx.labels import IGNORE_INDEX
 
 
 @dataclass(frozen=True)

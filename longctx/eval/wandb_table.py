@@ -6,7 +6,7 @@ import dataclasses
 from pathlib import Path
 
 from longctx.eval.state import EvalResult
-from longctx.wandb_log import log_table, open_run
+from longctx.reporting.wandb_log import log_table, open_run
 
 COLUMNS = ["task", "length", "metric", "value"]
 

@@ -1,5 +1,5 @@
 """The plain LLaMA model, its configuration, RoPE family, cache, generation and HF interop."""
-from longctx.lazy_exports import exported_names, lazy_exports
+from longctx.base.lazy_exports import exported_names, lazy_exports
 
 _EXPORTS = {
     "cache": ["KVCache"],

@@ -9,7 +9,7 @@ import dataclasses
 from dataclasses import InitVar, dataclass, field
 from typing import Any, Optional
 
-from longctx.errors import UserError
+from longctx.base.errors import UserError
 from longctx.model.families import FAMILIES, check_family, family_defaults
 from longctx.model.rope_parameters import normalize_rope_parameters
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from longctx.errors import UserError
+from longctx.base.errors import UserError
 
 
 @dataclass(frozen=True)

@@ -15,12 +15,12 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from longctx import atomic
 from longctx.attention import AttentionFn, sdpa_attention
-from longctx.errors import UserError
+from longctx.base.errors import UserError
 from longctx.model.config import ModelConfig
 from longctx.model.hf_config import config_to_hf, read_hf_config
 from longctx.model.llama import Transformer
+from longctx.storage import atomic
 
 
 # ------------------------------------------------------------------------------ names

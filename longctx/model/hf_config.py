@@ -7,7 +7,7 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from longctx.errors import UserError
+from longctx.base.errors import UserError
 from longctx.model.config import ModelConfig
 from longctx.model.families import ARCHITECTURES, FAMILIES, Family
 from longctx.model.rope_parameters import rope_parameters_from_hf

@@ -12,7 +12,7 @@ from typing import Optional
 
 import torch
 
-from longctx.labels import IGNORE_INDEX
+from longctx.base.labels import IGNORE_INDEX
 
 ROW_BLOCK = 256  # rows per compute-dtype GEMM and cast inside a chunk
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from longctx.errors import UserError
+from longctx.base.errors import UserError
 
 _COMMON = {"rope_type", "rope_theta"}
 ROPE_KEYS: dict[str, set[str]] = {

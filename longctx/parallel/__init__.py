@@ -2,7 +2,7 @@
 attention, activation checkpointing, compile, ZeRO engine); one module per CP strategy (ring,
 allgather, ulysses, hybrid) with their communication in comm.py; zigzag sharding helpers;
 process meshes; decode-time CP (cp_decode.py)."""
-from longctx.lazy_exports import exported_names, lazy_exports
+from longctx.base.lazy_exports import exported_names, lazy_exports
 
 _EXPORTS = {
     "cp": ["ContextParallelAttention", "make_cp_attention"],

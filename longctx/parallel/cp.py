@@ -23,7 +23,7 @@ import torch.distributed as dist
 
 from longctx.attention import get_kernel
 from longctx.attention.kernel import AttentionKernel, resolve_scale
-from longctx.errors import require
+from longctx.base.errors import require
 from longctx.parallel.allgather import AllGatherSpec, allgather_backward, allgather_forward
 from longctx.parallel.comm import RingComm, all_gather_stack, group_ranks
 from longctx.parallel.hybrid import hybrid_backward, hybrid_forward

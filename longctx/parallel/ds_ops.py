@@ -9,7 +9,7 @@ DeepSpeed compiles some ops on first use into torch's extensions cache:
   DeepSpeed itself consults to skip the op where it cannot be built), so a run builds nothing.
 - `cpu_adam`: optimizer offload needs it. `longctx setup` (scripts/bootstrap.sh runs it) builds
   it ahead; at run time `ensure_built` builds it under a lock judged by the liveness of its
-  holder (longctx/locks.py): one process builds, the others wait with a line naming it.
+  holder (longctx/storage/locks.py): one process builds, the others wait with a line naming it.
 
 torch's own lock (`<op>/lock` in the cache) names nobody, and torch waits on it forever. Under
 our lock, one that no process of this host holds open is what a killed build left behind: it
@@ -26,7 +26,7 @@ from typing import Callable
 import torch
 from torch.utils.cpp_extension import get_default_build_root
 
-from longctx.locks import liveness_lock
+from longctx.storage.locks import liveness_lock
 
 log = logging.getLogger("longctx.parallel")
 BUILD_TAKES = "a first build takes 1-3 minutes on a small CPU"

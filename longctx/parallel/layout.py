@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
-from longctx.errors import require
+from longctx.base.errors import require
 from longctx.parallel.heads import auto_ulysses_size
 from longctx.parallel.zigzag import check_seq_len
 
@@ -106,7 +106,7 @@ def validate_heads(layout: CPLayout, num_heads: int, num_kv_heads: int, fields: 
 
 def validate_cp(world_size: int, cp_size: int, impl: str, ulysses_size: Optional[int], num_heads: int,
                 num_kv_heads: int, seq_len: int, fields: CPFields = CPFields()) -> CPLayout:
-    """Every user-facing CP check; raises longctx.errors.UserError naming the config field (`fields`)."""
+    """Every user-facing CP check; raises longctx.base.errors.UserError naming the config field (`fields`)."""
     layout = resolve_layout(validate_layout(cp_size, impl, ulysses_size, world_size, fields), num_heads, num_kv_heads)
     validate_heads(layout, num_heads, num_kv_heads, fields)
     check_seq_len(seq_len, cp_size, seq_len_field=fields.seq_len, cp_size_field=fields.cp_size)

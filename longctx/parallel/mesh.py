@@ -15,9 +15,9 @@ from typing import Optional, Sequence
 import torch
 import torch.distributed as dist
 
-from longctx.launch_env import DistEnv, read_env
 from longctx.parallel.timeouts import DEFAULT_STARTUP_TIMEOUT_S, as_timedelta, enable_nccl_async_errors
-from longctx.third_party_logs import quiet_other_ranks
+from longctx.runtime.launch_env import DistEnv, read_env
+from longctx.runtime.third_party_logs import quiet_other_ranks
 
 
 def init_distributed(timeout_s: float = DEFAULT_STARTUP_TIMEOUT_S, preload: Sequence[str] = ()) -> DistEnv:

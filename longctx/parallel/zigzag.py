@@ -2,7 +2,7 @@
 rule (checked by config validation before torch loads). sharding.py applies it to tensors."""
 from __future__ import annotations
 
-from longctx.errors import require
+from longctx.base.errors import require
 
 
 def zigzag_multiple(cp_size: int) -> int:

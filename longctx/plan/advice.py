@@ -12,8 +12,8 @@ from typing import Optional
 
 from omegaconf import OmegaConf
 
+from longctx.base.errors import UserError
 from longctx.config import RunPlan, RunStage, derive_plan, load_config, missing_weights_note, validate_portable
-from longctx.errors import UserError
 from longctx.model.config import ModelConfig
 from longctx.parallel.layout import ulysses_degree, validate_cp
 from longctx.plan import (

@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
+from longctx.base.errors import UserError
 from longctx.config import RunStage, TrainConfig, load_deepspeed_json
-from longctx.errors import UserError
 from longctx.parallel.heads import HeadShards, auto_ulysses_size
 from longctx.parallel.layout import ulysses_degree
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 import re
 from typing import Optional
 
-from longctx.errors import UserError
+from longctx.base.errors import UserError
 from longctx.plan.memory import COMPONENTS, GPU_USABLE, GiB, MemoryEstimate
 
 

@@ -10,7 +10,7 @@ import re
 from pathlib import Path
 from typing import Optional
 
-from longctx.errors import UserError
+from longctx.base.errors import UserError
 from longctx.plan.report import parse_size
 
 DEVICES = ("gpu", "cpu")

@@ -10,7 +10,7 @@ from __future__ import annotations
 import difflib
 from pathlib import Path
 
-from longctx.errors import UserError
+from longctx.base.errors import UserError
 
 PREFIX = "recipe:"
 RECIPES_DIR = Path(__file__).resolve().parent

@@ -13,6 +13,7 @@ from typing import Optional
 import torch
 import torch.distributed as dist
 
+from longctx.base.errors import UserError
 from longctx.checkpoint.resume import (
     RankPlace,
     RestoreTarget,
@@ -29,10 +30,10 @@ from longctx.config.probe import original_context
 from longctx.config.validation import bucket_ends
 from longctx.data import check_vocab, load_tokenizer
 from longctx.data.loader import ModelInputs
-from longctx.errors import UserError
-from longctx.launch_env import read_env
 from longctx.parallel.mesh import build_mesh, init_distributed, shutdown_distributed
 from longctx.parallel.parallelize import attention_for, parallel_engine
+from longctx.runtime.launch_env import read_env
+from longctx.runtime.watchdog import Watchdog, is_collective_timeout, watched_batches
 from longctx.train import run_lock
 from longctx.train.build import (
     build_plain_model,
@@ -55,7 +56,6 @@ from longctx.train.step import StepSetup, train_step
 from longctx.train.step_metrics import StepRates, stage_rates, step_record
 from longctx.train.summary import RunTotals, layout_line, rope_line
 from longctx.train.validation import Validator, check_resumed_heldout
-from longctx.watchdog import Watchdog, is_collective_timeout, watched_batches
 
 log = logging.getLogger("longctx.train")
 
@@ -72,7 +72,7 @@ class Trainer:
     def __init__(self, cfg: TrainConfig, plan: Optional[RunPlan] = None):
         self.start_time = time.monotonic()  # the end summary's wall time
         # from here a SIGTERM/SIGUSR1 stops the run at its next safe point (before the process's
-        # first statement too: longctx/startup.py recorded it); start-up checks in run()
+        # first statement too: longctx/runtime/startup.py recorded it); start-up checks in run()
         self.flag = PreemptionFlag().install()
         try:
             self._set_up(cfg, plan)

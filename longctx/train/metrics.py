@@ -13,8 +13,8 @@ from typing import Optional
 
 import torch
 
-from longctx import atomic
-from longctx.wandb_log import log_scalars
+from longctx.reporting.wandb_log import log_scalars
+from longctx.storage import atomic
 
 
 def peak_memory_bytes() -> int:
@@ -118,7 +118,7 @@ class MetricsWriter:
                  notify=None, wandb_run=None):
         self.enabled = enabled
         self._file = self._val = self._tb = None
-        self._wandb = wandb_run  # a W&B run (longctx/wandb_log.py) given the same scalars, or None
+        self._wandb = wandb_run  # a W&B run (longctx/reporting/wandb_log.py) given the same scalars, or None
         if not enabled:
             return
         dropped = trim_metrics(out_dir, start_step)

@@ -25,8 +25,8 @@ from typing import Optional
 
 import torch
 
-from longctx import atomic
 from longctx.model.config import ModelConfig
+from longctx.storage import atomic
 
 GPU_PEAK_TFLOPS = {"H200": 989.0, "H100": 989.0, "A100": 312.0, "L40S": 362.0, "A10": 125.0, "V100": 125.0}
 CPU_RATES_FILE = "longctx-cpu-gemm.json"  # in sys.prefix: one file per Python environment

@@ -17,12 +17,12 @@ from typing import Callable, Optional, Sequence
 
 import torch
 
+from longctx.base.errors import UserError
+from longctx.base.labels import IGNORE_INDEX
 from longctx.config.probe import FIELD, ProbeSection
 from longctx.data.tokenizer import prepends_bos
-from longctx.errors import UserError
 from longctx.eval.tasks import TaskOptions, build_samples
 from longctx.eval.teacher_forced import ForcedRow, forced_row, reference_tallies, row_tensors, sample_score
-from longctx.labels import IGNORE_INDEX
 from longctx.parallel.sharding import shard_batch
 from longctx.train.step import all_reduce_sum
 

@@ -10,12 +10,12 @@ from pathlib import Path
 from typing import Optional
 
 from longctx.config import TrainConfig
-from longctx.progress import Progress
+from longctx.reporting.progress import Progress
+from longctx.reporting.wandb_log import open_run
 from longctx.train.cpu_dtype import slow_dtype_note
 from longctx.train.metrics import MetricsWriter
 from longctx.train.summary import RunTotals, end_summary
 from longctx.train.validation_plot import plot_probe, plot_validation
-from longctx.wandb_log import open_run
 
 log = logging.getLogger("longctx.train")
 

@@ -10,19 +10,19 @@ from typing import Optional
 
 import torch.distributed as dist
 
-from longctx import atomic
+from longctx.base.errors import UserError
 from longctx.checkpoint.continuation import continue_from
 from longctx.checkpoint.manifest import gather_objects
 from longctx.checkpoint.store import read_trainer_state
 from longctx.config import RunStage, TrainConfig, to_yaml
 from longctx.data.fingerprint import changed_sources, compare_sources, fingerprint_sources
-from longctx.errors import UserError
 from longctx.parallel.mesh import shutdown_distributed
+from longctx.runtime.watchdog import STALLED_MARKER
+from longctx.storage import atomic
 from longctx.train import run_lock
 from longctx.train.build import resolved_header
 from longctx.train.nonfinite import NONFINITE_MARKER
 from longctx.train.signals import PREEMPTED_MARKER
-from longctx.watchdog import STALLED_MARKER
 
 log = logging.getLogger("longctx.train")
 

@@ -13,8 +13,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Callable, Optional
 
-from longctx.errors import UserError
-from longctx.locks import Holder, is_alive, read_holder, release, remove_dead, this_process, try_take
+from longctx.base.errors import UserError
+from longctx.storage.locks import Holder, is_alive, read_holder, release, remove_dead, this_process, try_take
 
 LOCK_NAME = ".longctx.lock"
 

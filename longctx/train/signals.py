@@ -19,7 +19,7 @@ from typing import Optional
 import torch
 import torch.distributed as dist
 
-from longctx import startup
+from longctx.runtime import startup
 
 PREEMPTED_EXIT_CODE = 85
 PREEMPTED_MARKER = "PREEMPTED"  # written in the run directory (holds the saved step)

@@ -26,8 +26,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from longctx.errors import UserError
-from longctx.labels import IGNORE_INDEX
+from longctx.base.errors import UserError
+from longctx.base.labels import IGNORE_INDEX
 from longctx.parallel.mesh import Mesh
 from longctx.parallel.sharding import shard_batch
 from longctx.train.nonfinite import backward_factor, optimizer_step_skipped

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
-from longctx.progress import format_duration
+from longctx.reporting.progress import format_duration
 
 
 def _value(v: Any) -> str:

@@ -23,6 +23,8 @@ from typing import Callable, Optional, Sequence
 
 import torch
 
+from longctx.base.errors import UserError
+from longctx.base.labels import IGNORE_INDEX
 from longctx.checkpoint.continuation import continue_from
 from longctx.checkpoint.store import read_trainer_state
 from longctx.config.validation import SOURCES_FIELD, ValidationSection, bucket_ends, heldout_data
@@ -31,8 +33,6 @@ from longctx.data.config import DataConfig
 from longctx.data.fingerprint import changed_sources, fingerprint_sources
 from longctx.data.loader import ModelInputs
 from longctx.data.source_config import source_label
-from longctx.errors import UserError
-from longctx.labels import IGNORE_INDEX
 from longctx.parallel.sharding import shard_batch
 from longctx.train.positions import means_by_position, split_sums
 from longctx.train.probe import ProbeItem, build_items, run_probe

@@ -148,7 +148,7 @@ def full_disk(start: kit.Start, run_dir: Path, out: Path, work: Path, problems: 
 
 
 def human_size(n: int) -> str:
-    from longctx.atomic import human_size  # longctx's own wording of a size
+    from longctx.storage.atomic import human_size  # longctx's own wording of a size
     return human_size(n)
 
 
@@ -225,7 +225,7 @@ def stall_problems(start: kit.Start, out: Path, rc: Optional[int], launcher: str
 # ------------------------------------------------------------------ faults between starts
 def dead_holder_lock(path: Path) -> None:
     """A lock file whose holder (a real process, already exited) is gone, as a SIGKILL leaves it."""
-    code = ("import sys; from pathlib import Path; from longctx.locks import this_process, try_take; "
+    code = ("import sys; from pathlib import Path; from longctx.storage.locks import this_process, try_take; "
             "assert try_take(Path(sys.argv[1]), this_process())")
     subprocess.run([kit.PY, "-c", code, str(path)], check=True, env=kit.env())
 

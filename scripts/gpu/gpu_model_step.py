@@ -19,11 +19,11 @@ import time
 import torch
 
 from longctx.attention import get_attention
+from longctx.base.errors import UserError
 from longctx.config import load_config
 from longctx.config.run_plan import derive_plan
 from longctx.data import load_tokenizer
 from longctx.data.loader import ModelInputs
-from longctx.errors import UserError
 from longctx.parallel.checkpointing import apply_activation_checkpointing
 from longctx.train.build import build_plain_model
 from longctx.train.mfu import flops_per_token, peak_flops_per_device

@@ -11,7 +11,7 @@ template) and generation_config.json with every end-of-sequence/turn id. Before 
 installed, longctx loads it and its logits on a short prompt are compared with transformers'
 GGUF-loaded model; the result is longctx_check.json in the directory.
 
-The directory is built in a temporary sibling and renamed into place (longctx.atomic).
+The directory is built in a temporary sibling and renamed into place (longctx.storage.atomic).
 """
 from __future__ import annotations
 
@@ -27,9 +27,9 @@ from tokenizers import pre_tokenizers
 from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig, LlamaConfig, LlamaForCausalLM
 
 import longctx
-from longctx import atomic
-from longctx.errors import UserError
+from longctx.base.errors import UserError
 from longctx.model.generate import generate
+from longctx.storage import atomic
 
 CHECK_FILE = "longctx_check.json"
 CHECK_PROMPT = "The capital of France is"

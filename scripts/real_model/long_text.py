@@ -37,8 +37,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator, Optional
 
-from longctx import atomic
-from longctx.errors import UserError
+from longctx.base.errors import UserError
+from longctx.storage import atomic
 
 PROSE_SUFFIXES = (".rst", ".md", ".txt")
 _SKIP_DIRS = {"__pycache__", "site-packages", "dist-packages"}

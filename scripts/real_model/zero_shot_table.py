@@ -40,9 +40,9 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
-from longctx import atomic  # noqa: E402
-from longctx.errors import UserError  # noqa: E402
+from longctx.base.errors import UserError  # noqa: E402
 from longctx.eval.cells import CellStore  # noqa: E402
+from longctx.storage import atomic  # noqa: E402
 
 # name -> (label, rope_parameters override or None); all but dynamic NTK and as-is run with
 # max_position_embeddings raised; as-is runs the model with no override (a trained model's own RoPE)

@@ -16,7 +16,7 @@ import pathlib
 import signal
 import sys
 
-from longctx import cli
+from longctx.commands import cli
 from longctx.eval import cells, runner
 
 

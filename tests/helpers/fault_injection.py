@@ -16,7 +16,7 @@ import sys
 
 import torch
 
-from longctx import cli
+from longctx.commands import cli
 from longctx.train import loop
 
 

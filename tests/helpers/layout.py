@@ -33,7 +33,7 @@ def without_moments(ds_dir, folder, names):
         state = torch.load(file, weights_only=False)
         torch.save(dict(state, param=torch.zeros_like(state["param"])), file)
 checkpoint.to_universal = without_moments
-from longctx.cli import main
+from longctx.commands.cli import main
 sys.exit(main(sys.argv[1:]))
 """
 

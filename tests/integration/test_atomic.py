@@ -1,4 +1,4 @@
-"""longctx/atomic.py: a result file or directory is the old one or the new one, never a mix;
+"""longctx/storage/atomic.py: a result file or directory is the old one or the new one, never a mix;
 temporaries of dead writers are removed by the next writer, a live writer's are kept."""
 import errno
 import json
@@ -9,8 +9,8 @@ import sys
 
 import pytest
 
-from longctx import atomic
-from longctx.errors import UserError
+from longctx.base.errors import UserError
+from longctx.storage import atomic
 
 HOST = socket.gethostname()
 

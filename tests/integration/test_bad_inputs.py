@@ -4,7 +4,7 @@ deleted in the working directory (a recursive listing with sizes and mtimes, bef
 
 One case is one tuple, `(id, argv, needle)`: argv is a `longctx` command line (or a launcher's),
 "{w}" in it is the working directory, needle a substring the error line must hold. Append new
-cases to the table they belong to. Most run in-process through longctx.cli.main; a few run as
+cases to the table they belong to. Most run in-process through longctx.commands.cli.main; a few run as
 real subprocesses (`python -m longctx`, the shell launchers) to prove exit code and output end
 to end; those start together and are awaited together.
 """
@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from longctx.attention.flash import flash_available
-from longctx.cli import main
+from longctx.commands.cli import main
 
 ROOT = Path(__file__).resolve().parents[2]
 RUN = "out_dir={w}/run"  # every train case points its run directory into the working dir

@@ -6,12 +6,12 @@ import sys
 import pytest
 
 from longctx import __version__, recipes
-from longctx.cli import COMMANDS, main
-from longctx.errors import UserError
+from longctx.base.errors import UserError
+from longctx.commands.cli import COMMANDS, main
 
 HELP_PROBE = """
 import contextlib, io, sys
-from longctx.cli import main
+from longctx.commands.cli import main
 with contextlib.redirect_stdout(io.StringIO()) as out:
     rc = main(sys.argv[1:])
 heavy = sorted(m for m in ("torch", "deepspeed", "transformers", "numpy") if m in sys.modules)
@@ -28,7 +28,7 @@ def test_help_and_version_load_no_heavy_module(argv):
 
 CHECK_PROBE = """
 import contextlib, io, sys
-from longctx.cli import main
+from longctx.commands.cli import main
 with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()) as err:
     rc = main(sys.argv[1:])
 heavy = sorted(m for m in ("torch", "deepspeed", "transformers") if m in sys.modules)

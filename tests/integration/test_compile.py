@@ -6,8 +6,8 @@ from torch._dynamo.utils import counters
 
 from helpers.attention import packed_ids
 from helpers.model import tiny_model
+from longctx.base.errors import UserError
 from longctx.config import load_config, validate_config
-from longctx.errors import UserError
 from longctx.parallel.checkpointing import apply_activation_checkpointing, model_key
 from longctx.parallel.compiled import compile_pointwise
 

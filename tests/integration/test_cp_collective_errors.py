@@ -5,7 +5,7 @@ import torch.distributed as dist
 
 from helpers.cp import run_distributed
 from longctx.attention import eager_attention
-from longctx.errors import UserError
+from longctx.base.errors import UserError
 from longctx.parallel import gather_sequence, make_cp_attention, shard_batch, shard_sequence
 
 

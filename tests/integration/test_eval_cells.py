@@ -11,14 +11,14 @@ from pathlib import Path
 import pytest
 
 from helpers.model import save_byte_model
-from longctx import locks
-from longctx.cli import main
+from longctx.base.errors import UserError
+from longctx.commands.cli import main
 from longctx.data.tokenizer import load_tokenizer
-from longctx.errors import UserError
 from longctx.eval import cells
 from longctx.eval.api import evaluate
 from longctx.eval.config import EvalConfig
 from longctx.eval.prepare import prepare
+from longctx.storage import locks
 
 BYTE = load_tokenizer("byte")
 

@@ -25,16 +25,17 @@ import longctx
 import longctx.model.hf as hf
 from helpers.model import tiny_model
 from helpers.train import env
-from longctx import atomic, cli
+from longctx.commands import cli
 from longctx.model.hf import load_pretrained
+from longctx.storage import atomic
 
 HOST = socket.gethostname()
 DRIVER = textwrap.dedent("""
     import os, sys, time
     from pathlib import Path
     import longctx.model.hf as hf
-    from longctx import atomic
-    from longctx.cli import main
+    from longctx.storage import atomic
+    from longctx.commands.cli import main
 
     point, go = sys.argv[1], Path(sys.argv[2])
 
@@ -263,7 +264,7 @@ def test_an_export_too_big_for_the_disk_is_refused_before_writing(tmp_path, mode
 def test_an_unwritable_out_is_one_line(tmp_path, models, monkeypatch, capsys):
     def refuse(path, me):
         raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), str(path))
-    monkeypatch.setattr("longctx.locks.try_take", refuse)
+    monkeypatch.setattr("longctx.storage.locks.try_take", refuse)
     out = tmp_path / "hf"
     assert cli.main(["export", "--checkpoint", str(models[0]), "--out", str(out)]) == 2
     assert _error_lines(capsys.readouterr().err) == [f"error: --out: cannot write {out} (Permission denied)"]

@@ -1,6 +1,6 @@
 """Workers die with their launcher: whatever process the user started -- torchrun,
 launch/torchrun.sh (torchrun is its child), `accelerate launch` -- is SIGKILLed during start-up
-or mid-run, and no worker outlives it (longctx/launcher_tie.py, launch/die_with_parent.py). The
+or mid-run, and no worker outlives it (longctx/runtime/launcher_tie.py, launch/die_with_parent.py). The
 same command started again resumes the run. The waits are hang guards, not timings: the workers
 go within a second here (docs/launch.md)."""
 import os

@@ -16,8 +16,8 @@ import longctx
 from helpers.process_hooks import held_after_work_env, slow_batches_env
 from helpers.recipes import ROOT
 from helpers.train import env
-from longctx.locks import this_process, try_take
 from longctx.model import build_model, get_preset
+from longctx.storage.locks import this_process, try_take
 from longctx.train.run_lock import lock_path
 
 RECIPE = ROOT / "configs" / "cpu" / "smollm2-135m-32k.yaml"

@@ -1,4 +1,4 @@
-"""The packages whose __init__ loads names on first use (longctx/lazy_exports.py): every listed
+"""The packages whose __init__ loads names on first use (longctx/base/lazy_exports.py): every listed
 name resolves to its submodule's object, and importing a light submodule loads no torch."""
 import importlib
 import subprocess

@@ -1,4 +1,4 @@
-"""longctx/locks.py: a lock is judged by whether its holder runs, never by its age."""
+"""longctx/storage/locks.py: a lock is judged by whether its holder runs, never by its age."""
 import json
 import os
 import socket
@@ -10,12 +10,12 @@ import time
 
 import pytest
 
-from longctx import locks
+from longctx.storage import locks
 
 HOLD = textwrap.dedent("""
     import sys, time
     from pathlib import Path
-    from longctx.locks import liveness_lock
+    from longctx.storage.locks import liveness_lock
     with liveness_lock(Path(sys.argv[1]), what="a test", notify=print):
         print("held", flush=True)
         time.sleep(float(sys.argv[2]))
@@ -127,7 +127,7 @@ def test_a_breaker_a_dead_process_left_is_removed(tmp_path):
 RACE = textwrap.dedent("""
     import os, sys, time
     from pathlib import Path
-    from longctx import locks
+    from longctx.storage import locks
     path, inside = Path(sys.argv[1]), Path(sys.argv[2])
     with locks.liveness_lock(path, what="w", notify=lambda line: None, poll_s=0.01):
         fd = os.open(inside, os.O_CREAT | os.O_EXCL | os.O_WRONLY)  # fails if another holds it too

@@ -72,8 +72,8 @@ def test_two_ranks_print_each_third_party_warning_once(tmp_path):
 
 QUIET_PROBE = r"""
 import logging, sys, warnings
-from longctx.third_party_logs import quiet_other_ranks
-quiet_other_ranks()  # as the command line does (longctx/cli.py main) before any command loads
+from longctx.runtime.third_party_logs import quiet_other_ranks
+quiet_other_ranks()  # as the command line does (longctx/commands/cli.py main) before any command loads
 import torch.utils.cpp_extension as cpp
 cpp._find_cuda_home()  # with CUDA_HOME set and no CUDA runtime: torch's 'No CUDA runtime' notice
 logging.getLogger("DeepSpeed").addHandler(logging.StreamHandler(sys.stderr))

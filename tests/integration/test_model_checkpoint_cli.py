@@ -9,7 +9,7 @@ import torch
 from safetensors.torch import save_file
 
 from helpers.model import tiny_model
-from longctx.errors import UserError
+from longctx.base.errors import UserError
 from longctx.model.hf import load_pretrained, save_pretrained
 
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from helpers.train import env
-from longctx.errors import UserError
+from longctx.base.errors import UserError
 from longctx.eval import plots, report, ruler_format
 
 # Writes results.json through report.write_results with a payload of many samples, after

@@ -8,8 +8,8 @@ from dataclasses import asdict
 
 import pytest
 
-from longctx.errors import UserError
-from longctx.locks import Holder, process_start, read_holder
+from longctx.base.errors import UserError
+from longctx.storage.locks import Holder, process_start, read_holder
 from longctx.train import run_lock
 
 

@@ -8,7 +8,7 @@ import sys
 import longctx
 from helpers.train import TINY, env
 from helpers.wandb_file import history_steps, read_records
-from longctx.cli import main
+from longctx.commands.cli import main
 from longctx.data.hf_tokenizer import TokenizerFiles
 from longctx.model.config import get_preset
 from longctx.model.llama import build_model

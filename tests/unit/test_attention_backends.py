@@ -18,7 +18,7 @@ from longctx.attention import (
     sdpa_attention,
 )
 from longctx.attention.sdpa import SdpaKernel, document_groups, document_runs_attention
-from longctx.errors import UserError
+from longctx.base.errors import UserError
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])

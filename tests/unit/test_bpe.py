@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 
+from longctx.base.errors import UserError
 from longctx.data.bpe import MIN_VOCAB, train_bpe
 from longctx.data.synthetic import generate_document
 from longctx.data.synthetic_config import SyntheticConfig
 from longctx.data.tokenizer import load_tokenizer
-from longctx.errors import UserError
 
 CFG = SyntheticConfig(num_keys=6, num_values=4, filler="mixed", tasks={"niah": 0.5, "multivalue": 0.3, "passkey": 0.2})
 

@@ -3,7 +3,7 @@ real process group are in tests/integration/test_cp_collective_errors.py)."""
 import pytest
 import torch
 
-from longctx.errors import UserError
+from longctx.base.errors import UserError
 from longctx.parallel import (
     positions_from_segments,
     shard_batch,

@@ -11,10 +11,10 @@ import pyarrow.parquet as pq
 import pytest
 
 from helpers.data import make_texts, train_bpe
+from longctx.base.errors import UserError
 from longctx.data import ByteTokenizer, DataConfig, SourceConfig, build_loader, check_data
 from longctx.data import check as check_mod
 from longctx.data import fingerprint as fp
-from longctx.errors import UserError
 
 TOK = ByteTokenizer()
 TEXTS = make_texts(300, seed=11)

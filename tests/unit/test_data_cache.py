@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 
 from helpers.data import collect, make_texts, rebuild_documents, train_bpe, write_jsonl
-from longctx import locks
+from longctx.base.errors import UserError
 from longctx.data import ByteTokenizer, DataConfig, SourceConfig, SyntheticConfig, build_loader, load_tokenizer
 from longctx.data import cache as cache_mod
-from longctx.errors import UserError
+from longctx.storage import locks
 
 TOK = ByteTokenizer()
 TEXTS = make_texts(80, seed=31, min_words=2, max_words=60)

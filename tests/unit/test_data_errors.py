@@ -7,6 +7,7 @@ import pytest
 from tokenizers import Tokenizer
 
 from helpers.data import train_bpe, write_jsonl
+from longctx.base.errors import UserError
 from longctx.data import (
     ByteTokenizer,
     DataConfig,
@@ -18,7 +19,6 @@ from longctx.data import (
     load_tokenizer,
     validate_data_config,
 )
-from longctx.errors import UserError
 
 TOK = ByteTokenizer()
 

@@ -7,11 +7,11 @@ import shutil
 import pytest
 
 from helpers.data import make_texts, write_jsonl
-from longctx.atomic import human_size
+from longctx.base.errors import UserError
 from longctx.data import DataConfig, SourceConfig, SyntheticConfig
 from longctx.data import fingerprint as fp
 from longctx.data.fingerprint import changed_sources, compare_sources, fingerprint_sources
-from longctx.errors import UserError
+from longctx.storage.atomic import human_size
 
 TEXTS = make_texts(50, seed=3)
 

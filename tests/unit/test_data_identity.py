@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 
 from helpers.data import collect, make_texts, write_jsonl
+from longctx.base.errors import UserError
 from longctx.data import ByteTokenizer, DataConfig, SourceConfig, build_loader
 from longctx.data import fingerprint as fp
-from longctx.errors import UserError
 
 TOK = ByteTokenizer()
 

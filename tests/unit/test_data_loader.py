@@ -16,8 +16,8 @@ from helpers.data import (
     write_jsonl,
     write_parquet,
 )
+from longctx.base.errors import UserError
 from longctx.data import ByteTokenizer, DataConfig, SourceConfig, SyntheticConfig, build_loader
-from longctx.errors import UserError
 
 TOK = ByteTokenizer()
 

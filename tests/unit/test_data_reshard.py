@@ -4,10 +4,10 @@ loaders then hand out the same batches."""
 import pytest
 
 from helpers.data import collect, make_texts, write_jsonl
+from longctx.base.errors import UserError
 from longctx.checkpoint.layout import loader_state
 from longctx.data import ByteTokenizer, DataConfig, SourceConfig, build_loader
 from longctx.data.reshard import by_dp_rank
-from longctx.errors import UserError
 
 TOK = ByteTokenizer()
 

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from helpers.data import train_bpe
+from longctx.base.errors import UserError
 from longctx.data import (
     ByteTokenizer,
     DataConfig,
@@ -19,7 +20,6 @@ from longctx.data import (
 from longctx.data.filler import NOISE
 from longctx.data.templates import TEMPLATES, min_document_chars
 from longctx.data.words import WORD_PAIRS
-from longctx.errors import UserError
 
 TOK = ByteTokenizer()
 

@@ -5,8 +5,8 @@ import pytest
 import torch
 
 from helpers.data import train_bpe
+from longctx.base.errors import UserError
 from longctx.data import ByteTokenizer, HFTokenizer, load_tokenizer
-from longctx.errors import UserError
 
 TEXT = "Héllo wörld — 你好! The pass key is 12345.\n\ttabs"
 

@@ -25,11 +25,11 @@ from helpers.attention import (
     reference,
 )
 from helpers.model import FAMILY_CASES, hf_twin, tiny_config, tiny_model
-from longctx import cli
 from longctx.attention import eager_attention, get_attention, get_kernel, kernel_attention, sdpa_attention
 from longctx.attention.flex import flex_available, flex_document_attention
 from longctx.attention.varlen import VarlenKernel, make_varlen_attention
 from longctx.attention.varlen_ops import make_varlen_ops, varlen_problem
+from longctx.commands import cli
 from longctx.model import build_model, get_preset
 from longctx.model.generate import generate
 from longctx.model.hf import save_pretrained

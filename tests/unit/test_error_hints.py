@@ -8,9 +8,9 @@ import json
 import pytest
 
 import longctx
+from longctx.base.errors import UserError
 from longctx.config import load_config, load_structured, validate_config
 from longctx.data.tokenizer import load_tokenizer
-from longctx.errors import UserError
 from longctx.eval.config import EvalConfig
 from longctx.eval.model_io import check_lengths, tokenizer_spec_for
 from longctx.eval.ruler_format import read_ruler_data, write_ruler_data

@@ -8,9 +8,9 @@ import torch
 
 import longctx
 from helpers.byte_level_files import write_byte_level_tokenizer
-from longctx.cli import main
+from longctx.base.errors import UserError
+from longctx.commands.cli import main
 from longctx.data.tokenizer import load_tokenizer
-from longctx.errors import UserError
 from longctx.eval import chat
 from longctx.eval.runner import Engine
 from longctx.model import build_model, get_preset

@@ -5,10 +5,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from longctx.cli import build_parser
+from longctx.base.errors import UserError
+from longctx.commands.cli import build_parser
 from longctx.commands.eval import config_from_args
 from longctx.config import load_structured
-from longctx.errors import UserError
 from longctx.eval.config import EvalConfig, select
 from longctx.eval.model_io import eval_device
 

@@ -7,9 +7,9 @@ import re
 import pytest
 
 import longctx
-from longctx.cli import main
+from longctx.base.errors import UserError
+from longctx.commands.cli import main
 from longctx.data.tokenizer import load_tokenizer
-from longctx.errors import UserError
 from longctx.eval.api import evaluate
 from longctx.eval.config import EvalConfig
 from longctx.eval.tasks import RULER_TASKS, BelowMinimum, TaskOptions, build_samples

@@ -8,9 +8,9 @@ import pytest
 import torch
 
 import longctx
-from longctx.cli import main
+from longctx.base.errors import UserError
+from longctx.commands.cli import main
 from longctx.data.tokenizer import load_tokenizer
-from longctx.errors import UserError
 from longctx.eval import command, sequence_rope
 from longctx.eval.api import evaluate
 from longctx.eval.config import EvalConfig

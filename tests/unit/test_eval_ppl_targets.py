@@ -5,9 +5,9 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from longctx.base.labels import IGNORE_INDEX
 from longctx.data.tokenizer import load_tokenizer
 from longctx.eval.ppl_targets import perplexity, plan_targets, score_windows, target_ends, windows_for
-from longctx.labels import IGNORE_INDEX
 from longctx.model import build_model, get_preset
 
 

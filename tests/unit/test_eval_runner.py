@@ -6,9 +6,9 @@ import pytest
 import torch
 
 import longctx
-from longctx.cli import main
+from longctx.base.errors import UserError
+from longctx.commands.cli import main
 from longctx.data.tokenizer import load_tokenizer
-from longctx.errors import UserError
 from longctx.eval.api import evaluate
 from longctx.eval.config import EvalConfig
 from longctx.eval.runner import Engine

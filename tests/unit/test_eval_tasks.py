@@ -4,8 +4,8 @@ import re
 
 import pytest
 
+from longctx.base.errors import UserError
 from longctx.data.tokenizer import load_tokenizer
-from longctx.errors import UserError
 from longctx.eval.haystack import NOISE
 from longctx.eval.scoring import score_sample
 from longctx.eval.tasks import RULER_TASKS, TASKS, TaskOptions, build_samples, get_task, task_min_length

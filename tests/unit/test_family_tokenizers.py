@@ -7,11 +7,11 @@ import json
 import pytest
 
 from helpers.byte_level_files import write_byte_level_tokenizer
+from longctx.base.errors import UserError
 from longctx.data.config import DataConfig
 from longctx.data.loader import DataLoader
 from longctx.data.source_config import SourceConfig
 from longctx.data.tokenizer import adds_bos_for, load_tokenizer, prepends_bos
-from longctx.errors import UserError
 from longctx.eval import chat
 
 # Qwen3's template, reduced to what decides the rendering of one user turn: the thinking switch

@@ -6,8 +6,8 @@ from torch.autograd.graph import saved_tensors_hooks
 
 import longctx.model.norm as norm_module
 from helpers.model import loss_and_grads, tiny_model
+from longctx.base.errors import UserError
 from longctx.config.sections import ParallelSection
-from longctx.errors import UserError
 from longctx.model.norm import RMSNorm
 from longctx.model.swiglu import swiglu, tiled_swiglu
 from longctx.parallel.checkpointing import apply_activation_checkpointing

@@ -7,7 +7,7 @@ import torch
 
 import longctx
 from helpers.model import tiny_model
-from longctx.errors import UserError
+from longctx.base.errors import UserError
 from longctx.model import build_model, count_parameters, get_preset
 from longctx.model.hf import load_pretrained, save_pretrained
 

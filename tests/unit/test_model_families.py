@@ -8,7 +8,7 @@ import torch
 
 from helpers.model import FAMILY_CASES, ORIGINAL, hf_twin, tiny_model
 from longctx import load_pretrained, save_pretrained
-from longctx.errors import UserError
+from longctx.base.errors import UserError
 from longctx.eval.model_io import load_model
 from longctx.eval.model_overrides import apply_overrides
 from longctx.model import ModelConfig, build_model, count_parameters, get_preset

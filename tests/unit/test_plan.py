@@ -13,10 +13,10 @@ import torch.nn.functional as F
 
 from helpers.memory import held_bytes
 from helpers.recipes import CPU_RECIPES, RECIPES, cluster
-from longctx import cli
 from longctx.attention import sdpa as sdpa_module
+from longctx.base.errors import UserError
+from longctx.commands import cli
 from longctx.config import load_config, resolve_stages, stage_model_config
-from longctx.errors import UserError
 from longctx.model import build_model, count_parameters, get_preset
 from longctx.plan import (
     GPU_USABLE,

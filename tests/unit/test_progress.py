@@ -1,7 +1,7 @@
-"""longctx.progress: plain lines off a terminal (when, and what they say), the bar on one."""
+"""longctx.reporting.progress: plain lines off a terminal (when, and what they say), the bar on one."""
 import io
 
-from longctx.progress import LINE_EVERY_S, Progress, format_duration
+from longctx.reporting.progress import LINE_EVERY_S, Progress, format_duration
 
 
 class Clock:

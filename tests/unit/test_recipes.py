@@ -8,7 +8,7 @@ import huggingface_hub
 import pytest
 
 from helpers.recipes import CPU_RECIPES, PRESET_OF, RECIPES, ROOT, cluster
-from longctx.cli import main
+from longctx.commands.cli import main
 from longctx.config import load_config, resolve_stages, stage_model_config
 from longctx.model import build_model, count_parameters, get_preset
 

@@ -3,9 +3,9 @@ and the one-line refusals (model shape, global batch)."""
 import pytest
 import torch
 
+from longctx.base.errors import UserError
 from longctx.checkpoint.layout import Layout, check_global_batch, check_model_shape, engine_native, saved_layout
 from longctx.data.loader import STATE_VERSION
-from longctx.errors import UserError
 from longctx.model.config import get_preset
 from longctx.model.hf import config_to_hf
 

@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 import longctx
-from longctx.cli import main
+from longctx.commands.cli import main
 from longctx.data.tokenizer import load_tokenizer
 from longctx.eval.api import evaluate
 from longctx.eval.config import EvalConfig

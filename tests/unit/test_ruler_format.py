@@ -8,8 +8,8 @@ import re
 
 import pytest
 
+from longctx.base.errors import UserError
 from longctx.data.tokenizer import load_tokenizer
-from longctx.errors import UserError
 from longctx.eval.report import aggregate
 from longctx.eval.ruler_format import read_ruler_data, write_predictions, write_ruler_data
 from longctx.eval.runner import Engine, run_samples

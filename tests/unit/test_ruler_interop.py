@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 
 from helpers.model import save_byte_model
-from longctx.cli import main
+from longctx.base.errors import UserError
+from longctx.commands.cli import main
 from longctx.data.tokenizer import load_tokenizer
-from longctx.errors import UserError
 from longctx.eval.ruler_format import read_ruler_data
 
 BYTE = load_tokenizer("byte")

@@ -5,8 +5,8 @@ import re
 
 import pytest
 
+from longctx.base.errors import UserError
 from longctx.data.tokenizer import load_tokenizer
-from longctx.errors import UserError
 from longctx.eval.haystack import NOISE, SINGLE_WORDS
 from longctx.eval.tasks import TaskOptions, build_samples
 

@@ -7,9 +7,9 @@ import json
 
 import pytest
 
+from longctx.base.errors import UserError
 from longctx.config import load_config, trim_multiple, validate_config
 from longctx.config import stages as stages_module
-from longctx.errors import UserError
 from longctx.model import get_preset
 from longctx.model.hf import save_pretrained
 from longctx.model.llama import build_model

@@ -6,10 +6,10 @@ from __future__ import annotations
 import pytest
 from omegaconf import OmegaConf
 
+from longctx.base.errors import UserError
 from longctx.config import load_config, resolve_stages, validate_config
 from longctx.data import load_tokenizer
 from longctx.data.synthetic_config import DEFAULT_TASKS, SyntheticConfig
-from longctx.errors import UserError
 from longctx.train.stages import build_stage_loader
 
 

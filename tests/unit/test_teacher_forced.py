@@ -3,12 +3,12 @@ score follows from its references' argmax hits."""
 import pytest
 import torch
 
-from longctx.errors import UserError
+from longctx.base.errors import UserError
+from longctx.base.labels import IGNORE_INDEX
 from longctx.eval.cells import task_cells
 from longctx.eval.config import EvalConfig
 from longctx.eval.tasks import Sample
 from longctx.eval.teacher_forced import forced_row, reference_pieces, score_batch
-from longctx.labels import IGNORE_INDEX
 
 
 def _sample(outputs, metric="string_match_all"):

@@ -2,7 +2,7 @@
 tests/integration/test_zero3_offload.py)."""
 import pytest
 
-from longctx.launch_env import read_env
+from longctx.runtime.launch_env import read_env
 from longctx.train.schedule import lr_at
 
 LAUNCHERS = {

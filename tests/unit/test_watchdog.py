@@ -1,4 +1,4 @@
-"""The stall watch's rules (longctx/watchdog.py, parallel/timeouts.py): which limit applies
+"""The stall watch's rules (longctx/runtime/watchdog.py, parallel/timeouts.py): which limit applies
 when, which peers a report names, and a stalled phase ending the process with its stacks."""
 import subprocess
 import sys
@@ -7,7 +7,7 @@ import textwrap
 import pytest
 
 from longctx.parallel.timeouts import timeout_problem
-from longctx.watchdog import (
+from longctx.runtime.watchdog import (
     STALLED_EXIT_CODE,
     STEP_MULTIPLE,
     Watchdog,
@@ -100,7 +100,7 @@ def test_is_collective_timeout(text, timed_out):
 GLOO_PEER_LOST = textwrap.dedent("""
     import datetime, os, sys, time
     import torch, torch.distributed as dist
-    from longctx.watchdog import is_collective_timeout
+    from longctx.runtime.watchdog import is_collective_timeout
     rank = int(sys.argv[1])
     dist.init_process_group("gloo", init_method="file://" + sys.argv[2], rank=rank, world_size=2,
                             timeout=datetime.timedelta(seconds=1))
@@ -135,7 +135,7 @@ def test_a_stalled_phase_ends_the_process_with_its_stacks(tmp_path):
     on_end callback, exit 86 -- while the main thread is still stuck."""
     script = textwrap.dedent(f"""
         import pathlib, time
-        from longctx.watchdog import Watchdog
+        from longctx.runtime.watchdog import Watchdog
         out = pathlib.Path({str(tmp_path)!r})
         w = Watchdog(rank=3, world=1, timeout_s=1.0, startup_timeout_s=1.0, log_path=out / "rank.log",
                      marker_dir=out, on_end=lambda: (out / "ended").touch()).start()
@@ -159,7 +159,7 @@ def test_a_silent_peer_ends_a_long_phase_after_timeout_s(tmp_path):
     longer than timeout_s is stopped or cut off: the waiting rank ends the job then."""
     script = textwrap.dedent(f"""
         import pathlib, time
-        from longctx.watchdog import Watchdog
+        from longctx.runtime.watchdog import Watchdog
 
         class Peers:  # rank 1 reported once, 50 s ago, then nothing (SIGSTOPped)
             def publish(self, step, phase, idle_s):
@@ -191,7 +191,7 @@ def test_a_live_or_finished_peer_does_not_end_a_long_phase(tmp_path, peer):
     finished its work long ago (rank 0 still writes its reports): no stall."""
     script = f"PEER = {peer!r}\n" + textwrap.dedent("""
         import time
-        from longctx.watchdog import Watchdog
+        from longctx.runtime.watchdog import Watchdog
 
         class Peers:
             def publish(self, step, phase, idle_s):

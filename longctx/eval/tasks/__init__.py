@@ -10,7 +10,7 @@ from __future__ import annotations
 import warnings
 from typing import Optional, Sequence, Union
 
-from longctx.errors import UserError
+from longctx.base.errors import UserError
 from longctx.eval.tasks.base import (
     STYLES,
     Sample,

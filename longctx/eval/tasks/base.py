@@ -14,8 +14,8 @@ import random
 from dataclasses import asdict, dataclass, field
 from typing import Callable, Optional, Sequence
 
+from longctx.base.errors import UserError
 from longctx.data.tokenizer import prepends_bos
-from longctx.errors import UserError
 
 STYLES = ("ruler", "compact")
 

@@ -13,7 +13,7 @@ import dataclasses
 import random
 from typing import Callable, Iterator, Optional, Sequence
 
-from longctx.errors import UserError
+from longctx.base.errors import UserError
 from longctx.eval.tasks.base import Draft, Task, TaskOptions, count_tokens_fn, draft_wrap, resolve_chat_template
 
 MAX_SEARCH_STEPS = 30  # need(length) settles in 1-3 steps; past these, doubling

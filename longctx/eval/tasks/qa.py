@@ -17,7 +17,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Optional
 
-from longctx.errors import UserError
+from longctx.base.errors import UserError
 from longctx.eval.tasks.base import Draft, Task, TaskOptions
 
 _TEMPLATE = ("Answer the question based on the given documents. Only give me the answer and do not output "

@@ -9,7 +9,7 @@ On global ranks other than 0, `quiet_other_ranks` drops them before they are emi
 - Python warnings raised outside longctx (a warnings filter).
 
 Rank 0 prints everything, every rank prints errors and longctx's own warnings and logs.
-The command line calls it before any command module loads (longctx/cli.py),
+The command line calls it before any command module loads (longctx/commands/cli.py),
 init_distributed before it imports DeepSpeed.
 """
 from __future__ import annotations
@@ -18,7 +18,7 @@ import logging
 import warnings
 from typing import Optional
 
-from longctx.launch_env import read_env
+from longctx.runtime.launch_env import read_env
 
 # logger name -> what it prints per rank
 QUIETED_LOGGERS = {

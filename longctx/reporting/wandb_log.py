@@ -19,8 +19,8 @@ import secrets
 from pathlib import Path
 from typing import Any, Optional
 
-from longctx import atomic
-from longctx.errors import UserError
+from longctx.base.errors import UserError
+from longctx.storage import atomic
 
 MODES = ("online", "offline")
 RUN_ID_FILE = "wandb_run.json"

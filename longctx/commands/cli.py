@@ -14,9 +14,10 @@ import os
 import sys
 from typing import NoReturn, Optional
 
-from longctx import __version__, recipes, startup
-from longctx.errors import UserError
-from longctx.third_party_logs import quiet_other_ranks
+from longctx import __version__, recipes
+from longctx.base.errors import UserError
+from longctx.runtime import startup
+from longctx.runtime.third_party_logs import quiet_other_ranks
 
 # command -> help; its module is longctx.commands.<command>
 COMMANDS = {
@@ -151,7 +152,7 @@ def build_parser(command: Optional[str] = None) -> argparse.ArgumentParser:
 
 
 def main(argv: Optional[list[str]] = None) -> int:
-    if argv is None:  # the process's entry point (not a call from Python): see longctx/startup.py
+    if argv is None:  # the process's entry point (not a call from Python): see longctx/runtime/startup.py
         startup.begin(sys.argv[1:])
         try:
             return _main(None)

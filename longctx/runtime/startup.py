@@ -6,7 +6,7 @@
   recorded signal up (train/signals.py) and stop with the preemption exit code at their next safe
   point.
 - A worker started by torch's elastic agent (torchrun, `accelerate launch`) dies with that agent
-  (longctx/launcher_tie.py).
+  (longctx/runtime/launcher_tie.py).
 
 Stdlib only, so it costs nothing before the imports it guards.
 """
@@ -15,7 +15,7 @@ from __future__ import annotations
 import signal
 from typing import Optional
 
-from longctx.launcher_tie import tie_to_launcher
+from longctx.runtime.launcher_tie import tie_to_launcher
 
 HANDLED = (signal.SIGUSR1, signal.SIGTERM)
 PREEMPTIBLE = ("train", "eval")  # the commands that stop for a preemption at a safe point

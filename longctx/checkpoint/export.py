@@ -11,14 +11,14 @@ from typing import Iterator, Optional
 
 import torch
 
-from longctx import atomic, locks
+from longctx.base.errors import UserError
 from longctx.checkpoint import manifest
 from longctx.checkpoint.find import is_checkpoint, is_ds_only_checkpoint, resolve_model_dir, tokenizer_spec_for
 from longctx.checkpoint.model import DTYPES, load_consolidated, trained_model, zero_masters
 from longctx.data.hf_tokenizer import TokenizerFiles
-from longctx.errors import UserError
 from longctx.model.hf import export_target, load_pretrained, save_hf_weights
 from longctx.model.hf_config import read_hf_config
+from longctx.storage import atomic, locks
 
 
 def _inside(a: Path, b: Path) -> bool:

@@ -26,8 +26,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Callable, Iterator, Optional
 
-from longctx.errors import UserError
-from longctx.locks import Holder, is_alive
+from longctx.base.errors import UserError
+from longctx.storage.locks import Holder, is_alive
 
 _TEMP = re.compile(r"\.(?P<name>.+)\.(?P<kind>tmp|old)-(?P<host>[^/]+)-(?P<pid>\d+)-[a-z0-9_]+")
 _OS_ERROR = re.compile(r"\(os error (\d+)\)")  # how Rust libraries (safetensors) report an errno

@@ -32,8 +32,8 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Callable, Iterator, NoReturn, Optional
 
-from longctx import atomic
 from longctx.parallel.timeouts import set_collective_timeout
+from longctx.storage import atomic
 
 STALLED_EXIT_CODE = 86  # launchers requeue it, as a lost node
 STALLED_MARKER = "STALLED"  # in the run directory: the line that ended the job
@@ -47,7 +47,7 @@ KEY = "longctx/progress/{rank}"
 DONE = "done"  # a rank whose work is over (it waits at the last barrier, or has exited): not silent
 IN_STEP = ("data", "compute")  # the phases held to the step-time limit; between steps: the start-up one
 
-log = logging.getLogger("longctx.watchdog")
+log = logging.getLogger("longctx.runtime.watchdog")
 
 
 # What torch raises when a collective gave up on a peer: its timeout ran out, or the peer's

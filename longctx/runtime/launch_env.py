@@ -1,7 +1,7 @@
 """What the launcher told this process: its global rank, the world size and its local rank.
 
 Read from the environment only (no torch import), so that the command line can act on the
-rank before anything heavy loads (longctx/third_party_logs.py).
+rank before anything heavy loads (longctx/runtime/third_party_logs.py).
 """
 from __future__ import annotations
 

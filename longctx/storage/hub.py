@@ -17,7 +17,7 @@ import re
 from pathlib import Path
 from typing import Optional, Sequence
 
-from longctx.errors import UserError
+from longctx.base.errors import UserError
 
 HUB_ID = re.compile(r"^[A-Za-z0-9][\w.\-]*/[\w.\-]+$")
 
