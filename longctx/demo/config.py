@@ -55,7 +55,7 @@ def _curriculum() -> List[DemoStage]:
     # the short stages teach copying on passkey documents only (the only task whose byte-level
     # document fits 128-192 tokens), then the task mix at 256
     return [DemoStage("len128", 128, 100, {"passkey": 1.0}), DemoStage("len192", 192, 150, {"passkey": 1.0}),
-            DemoStage("len256", 256, 1600)]
+            DemoStage("len256", 256, 1200)]
 
 
 @dataclass
@@ -84,7 +84,7 @@ class DemoConfig:
     answer_loss_weight: float = 10.0
     # step 3: extension (continued pretraining at factor x train_len, cp=2, ZeRO-3)
     factor: int = 4
-    extend_steps: int = 450
+    extend_steps: int = 350
     extend_batch: int = 4  # rows of factor*train_len tokens per step (both cp ranks share each row)
     extend_lr: float = 1e-3
     extend_warmup: int = 10
