@@ -229,7 +229,7 @@ def test_training_configs_carry_the_measured_recipe(tmp_path):
     b, e = load_config(str(base)), load_config(str(ext))
     b_syn, e_syn = b.data.sources[0].synthetic, e.data.sources[0].synthetic
     assert b.optim.lr == 1e-3 and b_syn.length_min_ratio == 0.95 and b_syn.filler == "noise"
-    assert [(s.seq_len, s.steps) for s in b.stages] == [(128, 100), (192, 150), (256, 1600)]  # the curriculum
+    assert [(s.seq_len, s.steps) for s in b.stages] == [(128, 100), (192, 150), (256, 1200)]  # the curriculum
     assert e_syn.length_min_ratio == 0.25 and e_syn.num_keys == 12 and b_syn.num_keys == 4
     assert e_syn.queries == 8 and b_syn.queries == 1  # no room for 2 questions at 256
     assert e.data.seq_len == 1024 and e.parallel.cp_size == 2 and e.parallel.zero_stage == 3
