@@ -1,7 +1,6 @@
 """The demo report's section on what the extension's validation saw while it trained: the
 held-out loss by position (first and last validation) and the retrieval probe (every
-validation), with the two
-pictures the trainer drew (extend/validation.png, extend/probe.png)."""
+validation), with the two pictures the trainer drew (extend/validation.png, extend/probe.png)."""
 from __future__ import annotations
 
 from pathlib import Path
