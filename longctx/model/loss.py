@@ -58,12 +58,17 @@ def _accumulate_grads(grad_hidden, grad_weight, dlogits, h, weight) -> None:
             grad_weight.addmm_(dlogits[a:b].t(), h[a:b].float())
 
 
-def _chunk_loss(h, weight, y, w, grad_hidden, grad_weight) -> torch.Tensor:
+def _chunk_loss(h, weight, y, w, grad_hidden, grad_weight, softcap=None) -> torch.Tensor:
     """One chunk: its weighted token losses (c,), and (when grad_hidden is given) its gradients written
     into grad_hidden (c, d) and added to grad_weight. A function of its own so that the chunk's
-    (c, V) buffer is freed before the next chunk allocates its own."""
+    (c, V) buffer is freed before the next chunk allocates its own. `softcap` c caps each logit
+    z at c * tanh(z / c) (Gemma 2's final-logit softcapping)."""
     # h (c, d), y (c,), w (c,) fp32
     logits = _logits_fp32(h, weight)  # (c, V) fp32
+    capped = None
+    if softcap is not None:
+        capped = logits.div_(softcap).tanh_()  # (c, V): tanh(z / c), kept for the backward
+        logits = capped * softcap
     lse = _logsumexp_rows(logits)  # (c,)
     picked = logits.gather(1, y[:, None]).squeeze(1)  # (c,)
     losses = (lse - picked) * w  # (c,)
@@ -71,13 +76,16 @@ def _chunk_loss(h, weight, y, w, grad_hidden, grad_weight) -> torch.Tensor:
         dlogits = logits.sub_(lse[:, None]).exp_()  # softmax, in place: (c, V) fp32
         dlogits[torch.arange(len(y), device=y.device), y] -= 1.0
         dlogits.mul_(w[:, None])  # d loss / d logits
+        if capped is not None:
+            dlogits.mul_(capped.mul_(capped).neg_().add_(1.0))  # through the cap: 1 - tanh^2
         _accumulate_grads(grad_hidden, grad_weight, dlogits, h, weight)
     return losses
 
 
 class _ChunkedLinearCrossEntropy(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, hidden, weight, labels, token_weights, buckets, n_buckets, chunk_size, grad_enabled):
+    def forward(ctx, hidden, weight, labels, token_weights, buckets, n_buckets, chunk_size, grad_enabled,
+                softcap=None):
         # hidden (N, d), weight (V, d), labels (N,), token_weights (N,) fp32 (0 where ignored),
         # buckets (N,) int64: each token's position bucket (n_buckets of them), or None.
         # needs_input_grad stays True for a weight that requires grad under torch.no_grad, so the
@@ -91,7 +99,7 @@ class _ChunkedLinearCrossEntropy(torch.autograd.Function):
         for start in range(0, hidden.shape[0], chunk_size):
             end = start + chunk_size
             losses = _chunk_loss(hidden[start:end], weight, safe_labels[start:end], token_weights[start:end],
-                                 None if grad_hidden is None else grad_hidden[start:end], grad_weight)
+                                 None if grad_hidden is None else grad_hidden[start:end], grad_weight, softcap)
             total += losses.sum()
             if buckets is not None:  # the same token losses, summed per position bucket on the device
                 by_bucket.index_add_(0, buckets[start:end], losses)
@@ -104,12 +112,13 @@ class _ChunkedLinearCrossEntropy(torch.autograd.Function):
     def backward(ctx, grad_out, _grad_by_bucket):
         grad_hidden, grad_weight = ctx.saved_tensors
         return (grad_hidden * grad_out.to(grad_hidden.dtype), grad_weight * grad_out.to(grad_weight.dtype),
-                None, None, None, None, None, None)
+                None, None, None, None, None, None, None)
 
 
 def chunked_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor,
                           token_weights: Optional[torch.Tensor] = None, chunk_size: int = 1024,
-                          buckets: Optional[torch.Tensor] = None, n_buckets: int = 0):
+                          buckets: Optional[torch.Tensor] = None, n_buckets: int = 0,
+                          softcap: Optional[float] = None):
     """Sum of (weighted) token losses and the sum of weights over non-ignored labels.
 
     hidden (..., d) and labels (...) are flattened; weight is the (V, d) head. Returns
@@ -119,6 +128,7 @@ def chunked_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, labels: to
     With `buckets` (...) int64 in [0, n_buckets) -- each token's position bucket -- it also
     returns a (2, n_buckets) fp32 tensor: row 0 the loss sum of each bucket's tokens, row 1 their
     weight sum. Both come from the same chunks, on the device (no host read), without gradient.
+    `softcap` caps the logits (c * tanh(z / c)) before the softmax.
     """
     h = hidden.reshape(-1, hidden.shape[-1])  # (N, d)
     y = labels.reshape(-1)  # (N,)
@@ -126,7 +136,7 @@ def chunked_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, labels: to
     w = valid if token_weights is None else token_weights.reshape(-1).float() * valid
     b = None if buckets is None else buckets.reshape(-1)  # (N,)
     loss, by_bucket = _ChunkedLinearCrossEntropy.apply(h, weight, y, w, b, n_buckets, chunk_size,
-                                                       torch.is_grad_enabled())
+                                                       torch.is_grad_enabled(), softcap)
     if b is None:
         return loss, w.sum()
     counts = torch.zeros(n_buckets, dtype=torch.float32, device=w.device).index_add_(0, b, w)  # (K,)

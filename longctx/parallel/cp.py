@@ -23,6 +23,7 @@ import torch.distributed as dist
 
 from longctx.attention import get_kernel
 from longctx.attention.kernel import AttentionKernel, resolve_scale
+from longctx.attention.sinks import add_sinks, sinks_grad
 from longctx.base.errors import require
 from longctx.parallel.allgather import AllGatherSpec, allgather_backward, allgather_forward
 from longctx.parallel.comm import RingComm, all_gather_stack, group_ranks
@@ -49,6 +50,7 @@ class ContextParallelAttention:
         if layout.ulysses_size:  # else (automatic hybrid degree) at the first call, from its head counts
             self._set_layout(layout)
         self._seg_cache = None  # (local segment tensor, its version, gathered natural-order ids)
+        self._variants: dict = {}  # block kernel key -> the same CP attention over that kernel
         self.handle = next(_next_handle)
         _INSTANCES[self.handle] = self
 
@@ -65,6 +67,20 @@ class ContextParallelAttention:
         L = self.layout
         return (f"ContextParallelAttention(impl={L.impl}, cp={L.cp_size}, ulysses={L.ulysses_size}, "
                 f"ring={L.ring_size}, kernel={self.kernel.name}, overlap={self.overlap})")
+
+    def with_kernel(self, kernel: AttentionKernel) -> "ContextParallelAttention":
+        """This CP attention (group, layout) over another block kernel (e.g. a windowed one), made
+        once per kernel key and kept alive with this one."""
+        key = (type(kernel), getattr(kernel, "key", lambda: kernel.name)())
+        if key not in self._variants:
+            self._variants[key] = ContextParallelAttention(self.group, self.layout, kernel, self.overlap)
+        return self._variants[key]
+
+    def sum_over_sequence(self, t: Tensor) -> Tensor:
+        """`t` summed over the cp group (whose ranks hold the shards of one sequence); no gradient."""
+        t = t.detach().clone()
+        dist.all_reduce(t, group=self.group)
+        return t
 
     # -- helpers ----------------------------------------------------------------------------
     def _global_segments(self, seg: Tensor) -> Tensor:
@@ -121,9 +137,14 @@ class ContextParallelAttention:
 
     def attention_with_lse(self, q: Tensor, k: Tensor, v: Tensor, *, causal: bool = True,
                            scale: Optional[float] = None, segment_ids: Optional[Tensor] = None,
-                           kv_segment_ids: Optional[Tensor] = None) -> Tuple[Tensor, Tensor]:
-        """(out, lse) of the local queries; differentiable in q, k, v (one dispatcher op)."""
+                           kv_segment_ids: Optional[Tensor] = None,
+                           sinks: Optional[Tensor] = None) -> Tuple[Tensor, Tensor]:
+        """(out, lse) of the local queries; differentiable in q, k, v and `sinks` (Hq,), the
+        attention sinks added to every query's softmax (one dispatcher op)."""
         self._check(q, k, v, segment_ids, kv_segment_ids)
+        if sinks is not None:
+            return cp_attention_sinks_op(q, k, v, sinks, self.handle, causal, resolve_scale(scale, q.shape[-1]),
+                                         segment_ids)
         return cp_attention_op(q, k, v, self.handle, causal, resolve_scale(scale, q.shape[-1]), segment_ids)
 
 
@@ -161,6 +182,37 @@ def _cp_backward(ctx, dout, _dlse):
 
 
 cp_attention_op.register_autograd(_cp_backward, setup_context=_cp_setup_context)
+
+
+@torch.library.custom_op("longctx::cp_attention_sinks", mutates_args=())
+def cp_attention_sinks_op(q: Tensor, k: Tensor, v: Tensor, sinks: Tensor, handle: int, causal: bool, scale: float,
+                          segment_ids: Optional[Tensor]) -> Tuple[Tensor, Tensor]:
+    """cp_attention with attention sinks (attention/sinks.py) merged into the finished (out, lse)."""
+    out, lse = _INSTANCES[handle].forward_with_lse(q, k, v, causal, scale, segment_ids)
+    return add_sinks(out, lse, sinks)
+
+
+@cp_attention_sinks_op.register_fake
+def _cp_attention_sinks_fake(q, k, v, sinks, handle, causal, scale, segment_ids):
+    return torch.empty_like(q), q.new_empty(q.shape[:3], dtype=torch.float32)
+
+
+def _cp_sinks_setup_context(ctx, inputs, output):
+    q, k, v, sinks, handle, causal, scale, segment_ids = inputs
+    out, lse = output
+    ctx.save_for_backward(q, k, v, sinks, out, lse, segment_ids)
+    ctx.attn, ctx.causal, ctx.scale = _INSTANCES[handle], causal, scale
+    ctx.mark_non_differentiable(lse)
+
+
+def _cp_sinks_backward(ctx, dout, _dlse):
+    q, k, v, sinks, out, lse, segment_ids = ctx.saved_tensors
+    # the kernels' backward given the output and lse with the sinks is the sink attention's own
+    dq, dk, dv = ctx.attn.backward(dout, SavedForward(q, k, v, out, lse), ctx.causal, ctx.scale, segment_ids)
+    return dq, dk, dv, sinks_grad(dout, out, lse, sinks), None, None, None, None
+
+
+cp_attention_sinks_op.register_autograd(_cp_sinks_backward, setup_context=_cp_sinks_setup_context)
 
 
 def make_cp_attention(group: Optional[dist.ProcessGroup] = None, impl: str = "ring",

@@ -1,0 +1,92 @@
+"""longctx's attention inside transformers' own model: the function registered with
+transformers' `AttentionInterface` under the name "longctx".
+
+transformers calls it from each attention module after RoPE, with q (B, Hq, T, D) and k/v
+(B, Hkv, T, D), and the module's own extras as keyword arguments: `scaling`, `sliding_window`
+(Qwen2-MoE keeps it on the module only), `softcap` (Gemma 2) and `s_aux` (GPT-OSS's sinks).
+The name is not in transformers' mask registry, so no 4D mask is ever built; document ids and
+global positions come from longctx (the model's `AttentionState`), never from transformers'
+kwargs. Plain layers run the installed attention function (a local kernel or a
+context-parallel one) as the native model does; windowed and softcapped layers run the same
+distribution over `PositionalKernel`, and sinks are merged into the finished (out, lse).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional
+
+import torch
+
+from longctx.attention import AttentionFn, get_kernel
+from longctx.attention.function import kernel_attention
+from longctx.attention.positional import PositionalKernel, position_codes
+
+Tensor = torch.Tensor
+ATTENTION_NAME = "longctx"
+_MISSING = object()
+
+
+@dataclass
+class AttentionState:
+    """What every attention module of one model shares: the installed attention function and the
+    current forward call's document ids and positions (B, T) of this rank's tokens."""
+
+    attn_fn: AttentionFn
+    segment_ids: Optional[Tensor] = None
+    position_ids: Optional[Tensor] = None
+    _codes: Optional[Tensor] = None
+    _kernels: dict = field(default_factory=dict)
+
+    def set_inputs(self, segment_ids: Optional[Tensor], position_ids: Tensor) -> None:
+        self.segment_ids, self.position_ids, self._codes = segment_ids, position_ids, None
+
+    def codes(self) -> Tensor:
+        if self._codes is None:  # one tensor per forward: the CP code gathers it once
+            self._codes = position_codes(self.segment_ids, self.position_ids)
+        return self._codes
+
+    def kernel(self, window: Optional[int], softcap: Optional[float]) -> PositionalKernel:
+        key = (window, softcap)
+        if key not in self._kernels:
+            self._kernels[key] = PositionalKernel(window, softcap)
+        return self._kernels[key]
+
+
+def _window(module, kwargs) -> Optional[int]:
+    window = kwargs.get("sliding_window", _MISSING)
+    if window is _MISSING:
+        window = getattr(module, "sliding_window", None)
+    return int(window) if window else None
+
+
+def longctx_attention(module, query: Tensor, key: Tensor, value: Tensor, attention_mask, *, scaling=None,
+                      dropout: float = 0.0, **kwargs):
+    """transformers' attention signature -> (out (B, T, Hq, D), None)."""
+    state: Optional[AttentionState] = getattr(module, "longctx_state", None)
+    if state is None:
+        raise RuntimeError(f"{type(module).__name__}: attention 'longctx' runs only inside a longctx model "
+                           "(longctx.model.auto.AutoCausalLM)")
+    if dropout:
+        raise ValueError("attention dropout > 0 cannot run under longctx (set the config's attention_dropout to 0)")
+    window, softcap, sinks = _window(module, kwargs), kwargs.get("softcap"), kwargs.get("s_aux")
+    fn = state.attn_fn
+    if not window and not softcap and sinks is None:
+        out = fn(query, key, value, causal=True, scale=scaling, segment_ids=state.segment_ids)
+        return out.transpose(1, 2), None
+    kernel = state.kernel(window, softcap) if (window or softcap) else None
+    ids = state.codes() if kernel is not None else state.segment_ids
+    if hasattr(fn, "attention_with_lse"):  # context parallel: the same groups, another block kernel
+        cp = fn.with_kernel(kernel) if kernel is not None else fn
+        out, _ = cp.attention_with_lse(query, key, value, causal=True, scale=scaling, segment_ids=ids, sinks=sinks)
+    else:
+        kernel = kernel if kernel is not None else get_kernel("auto", query.device)
+        out, _ = kernel_attention(kernel, query, key, value, causal=True, scale=scaling, segment_ids=ids,
+                                  sinks=sinks)
+    return out.transpose(1, 2), None
+
+
+def register_attention() -> None:
+    """Make "longctx" an attention implementation transformers' models can be built with."""
+    from transformers import AttentionInterface
+
+    AttentionInterface.register(ATTENTION_NAME, longctx_attention)
