@@ -85,7 +85,7 @@ class PositionalKernel(AttentionKernel):
     def forward(self, q, k, v, *, causal=True, scale=None, segment_ids=None, kv_segment_ids=None):
         """-> out (B, Hq, T, D) in q.dtype, lse (B, Hq, T) fp32 (-inf where no key is visible)."""
         B, Hq, T, D = q.shape
-        S, Hkv = k.shape[2], k.shape[1]
+        S = k.shape[2]
         scale = resolve_scale(scale, D)
         qc, kc = self._codes(q, k, segment_ids, kv_segment_ids)
         out = torch.zeros(B, Hq, T, D, dtype=q.dtype, device=q.device)

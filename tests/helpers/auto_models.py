@@ -21,8 +21,9 @@ EXTRA = {
     "glm4": dict(partial_rotary_factor=0.5),
     "cohere2": dict(sliding_window=WINDOW, layer_types=["sliding_attention", "full_attention"], logit_scale=0.5,
                     layer_norm_eps=1e-5),
-    "gpt_oss": dict(sliding_window=WINDOW, layer_types=["sliding_attention", "full_attention"], num_local_experts=4,
-                    rope_parameters={"rope_type": "default", "rope_theta": 10000.0}, **MOE),
+    # six query heads: Ulysses at cp 4 takes its uneven-head path, with sinks
+    "gpt_oss": dict(num_attention_heads=6, sliding_window=WINDOW, layer_types=["sliding_attention", "full_attention"],
+                    num_local_experts=4, rope_parameters={"rope_type": "default", "rope_theta": 10000.0}, **MOE),
     "mixtral": dict(num_local_experts=4, **MOE),
     "qwen3_moe": dict(num_experts=4, moe_intermediate_size=24, decoder_sparse_step=1, **MOE),
     "qwen2_moe": dict(num_experts=4, moe_intermediate_size=24, shared_expert_intermediate_size=32,

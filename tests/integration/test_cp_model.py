@@ -1,10 +1,13 @@
 """The whole model under context parallelism gives the loss and parameter gradients of cp = 1,
 for each family (Llama, Qwen2's q/k/v biases, Qwen3's q/k norms and wide head_dim, Mistral with
-a window no shorter than the sequence)."""
+a window no shorter than the sequence), and two training steps of every transformers-path model
+type (windows, softcaps, sinks, MoE load-balancing loss) give one process's losses and weights."""
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
+from helpers.auto_cp import auto_checks
+from helpers.auto_models import TYPES as AUTO_TYPES
 from helpers.cp import run_distributed
 from helpers.model import perturb_norms_and_biases
 from longctx.eval.teacher_forced import ForcedRow
@@ -132,8 +135,9 @@ def _validation_checks(rank, world, impls, L):
 
 
 def _model_worker(rank, world, impls, L, ckpt_impls=(), families=("llama",), ckpt_families=("llama",),
-                  val_impls=None):
+                  val_impls=None, auto_types=()):
     checks = _validation_checks(rank, world, val_impls or impls, L)
+    checks += auto_checks(rank, world, impls, L, auto_types)
     for family in families:
         checks += _family_checks(rank, world, FAMILIES[family], impls, L,
                                  ckpt_impls if family in ckpt_families else ())
@@ -215,10 +219,12 @@ def _sac_keeps_cp_op(rank, world, cfg, L):
     return checks
 
 
-def _check(results, variants_by_family):
+def _check(results, variants_by_family, auto_impls=0):
     from helpers.cp import check_all
     n_params = {f: len(list(build_model(get_preset(FAMILIES[f]), device="meta").parameters())) for f in FAMILIES}
-    check_all(results, min_checks=sum(2 * n * (1 + n_params[f]) for f, n in variants_by_family.items()))
+    # transformers-path models: per impl two losses and at least one weight per type
+    check_all(results, min_checks=sum(2 * n * (1 + n_params[f]) for f, n in variants_by_family.items())
+              + 3 * auto_impls * len(AUTO_TYPES))
 
 
 def test_model_cp2_matches_cp1():
@@ -228,11 +234,15 @@ def test_model_cp2_matches_cp1():
     ckpt_impls = ("ring", "ulysses")
     ckpt_families = ("llama", "qwen3")
     val_impls = dict(impls, hybrid=("hybrid", 1))  # validation also under hybrid (1 x 2) at cp = 2
-    results = run_distributed(_model_worker, 2, impls, 24, ckpt_impls, tuple(FAMILIES), ckpt_families, val_impls)
-    _check(results, {f: len(impls) + (3 * len(ckpt_impls) if f in ckpt_families else 0) for f in FAMILIES})
+    results = run_distributed(_model_worker, 2, impls, 24, ckpt_impls, tuple(FAMILIES), ckpt_families, val_impls,
+                              AUTO_TYPES)
+    _check(results, {f: len(impls) + (3 * len(ckpt_impls) if f in ckpt_families else 0) for f in FAMILIES},
+           len(impls))
 
 
 def test_model_cp4_matches_cp1():
+    """Also every transformers-path model type (helpers/auto_cp.py): two SGD steps' losses and weights."""
     impls = {"ring": ("ring", None), "allgather": ("allgather", None), "ulysses": ("ulysses", None),
              "hybrid2x2": ("hybrid", 2)}
-    _check(run_distributed(_model_worker, 4, impls, 24, (), tuple(FAMILIES)), {f: len(impls) for f in FAMILIES})
+    _check(run_distributed(_model_worker, 4, impls, 24, (), tuple(FAMILIES), ("llama",), None, AUTO_TYPES,
+                           timeout=600), {f: len(impls) for f in FAMILIES}, len(impls))

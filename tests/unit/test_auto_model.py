@@ -1,0 +1,88 @@
+"""The transformers path (longctx/model/auto/) against transformers' own models: logits, the
+loss with the MoE load-balancing term, and gradients equal for every tested model type, packed
+documents equal to each document alone, and a one-line refusal for what cannot be exact."""
+import pytest
+import torch
+
+from helpers.auto_models import MOE_TYPES, TYPES, reference_twin, tiny_auto_model, tiny_hf_config
+from longctx.base.errors import UserError
+from longctx.model.auto import check_supported
+
+TOL = 1e-4  # fp32
+
+
+def _ids(B=2, T=24, seed=0):
+    return torch.randint(3, 96, (B, T), generator=torch.Generator().manual_seed(seed))
+
+
+@pytest.mark.parametrize("model_type", TYPES)
+def test_logits_loss_and_grads_equal_transformers(model_type):
+    model = tiny_auto_model(model_type)
+    twin = reference_twin(model)
+    ids = _ids()
+    with torch.no_grad():
+        assert (model(ids) - twin(ids).logits).abs().max().item() <= TOL
+    # the loss as transformers trains it: mean token CE (+ coef * aux for MoE with output_router_logits)
+    labels = torch.cat([ids[:, 1:], torch.full((2, 1), -100)], 1)
+    loss_sum, n = model(ids, labels=labels, loss_chunk_size=7)
+    aux = model.auxiliary_loss()
+    assert (aux is not None) == (model_type in MOE_TYPES)
+    ours = loss_sum / n + (aux if aux is not None else 0.0)
+    ours.backward()
+    ref = twin(ids, labels=ids)
+    ref.loss.backward()
+    assert abs(ours.item() - ref.loss.item()) <= TOL * abs(ref.loss.item())
+    if aux is not None:
+        assert abs(model.aux_loss_value().item() - ref.aux_loss.item()) <= TOL
+    twin_grads = dict(twin.named_parameters())
+    for name, p in model.named_parameters():
+        want = twin_grads[name].grad
+        assert want is not None and p.grad is not None, name
+        rel = (p.grad - want).abs().max().item() / max(want.abs().max().item(), 1e-12)
+        assert rel <= TOL, f"{model_type} grad {name}: rel err {rel:.2e}"
+
+
+@pytest.mark.parametrize("model_type", ["gemma2", "gpt_oss", "qwen2_moe", "cohere2"])
+def test_packed_documents_equal_each_alone(model_type):
+    """Windows, softcaps and sinks stay inside each document; positions restart per document."""
+    model = tiny_auto_model(model_type)
+    twin = reference_twin(model)
+    ids = _ids(1, 24, seed=1)
+    seg = torch.tensor([[0] * 10 + [1] * 14])
+    pos = torch.cat([torch.arange(10), torch.arange(14)])[None]
+    with torch.no_grad():
+        packed = model(ids, position_ids=pos, segment_ids=seg)
+        alone = torch.cat([twin(ids[:, :10]).logits, twin(ids[:, 10:]).logits], 1)
+    assert (packed - alone).abs().max().item() <= TOL
+
+
+def test_parameter_names_are_the_models_own():
+    model = tiny_auto_model("mixtral")
+    names = set(model.state_dict())
+    assert "lm_head.weight" in names and "model.embed_tokens.weight" in names
+    assert not any(n.startswith("hf.") for n in names)
+
+
+@pytest.mark.parametrize("change, says", [
+    ({"layer_types": ["linear_attention", "full_attention"]}, "linear-attention layers"),
+    ({"attention_chunk_size": 8}, "chunked attention"),
+    ({"rope_parameters": {"rope_type": "dynamic", "factor": 2.0, "rope_theta": 1e4}}, "rope_type 'dynamic'"),
+    ({"rope_parameters": {"rope_type": "longrope", "rope_theta": 1e4, "short_factor": [1.0], "long_factor": [2.0]}},
+     "rope_type 'longrope'"),
+    ({"is_causal": False}, "non-causal attention"),
+    ({"attention_dropout": 0.1}, "attention_dropout=0.1"),
+])
+def test_refuses_what_sharding_cannot_compute_exactly(change, says):
+    hf = {**tiny_hf_config("mixtral"), **change}
+    with pytest.raises(UserError, match="cannot run under longctx's exact context parallelism") as err:
+        check_supported(hf, "m/config.json")
+    assert says in str(err.value) and "\n" not in str(err.value)
+
+
+def test_refuses_untested_types_naming_the_tested_ones_and_the_switch():
+    hf = {**tiny_hf_config("olmo2"), "model_type": "olmo3"}
+    with pytest.raises(UserError) as err:
+        check_supported(hf, "m/config.json")
+    msg = str(err.value)
+    assert "'olmo3' has not been tested" in msg and "gemma2" in msg and "model.allow_untested=true" in msg
+    assert check_supported(hf, "m/config.json", allow_untested=True).model_type == "olmo3"
