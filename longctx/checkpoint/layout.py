@@ -110,9 +110,9 @@ def check_model_shape(ckpt: Path, trainer_state: dict, config: ModelConfig) -> N
     recorded = trainer_state.get(RECORD_CONFIG)
     if not isinstance(recorded, dict):
         return
-    saved = config_from_hf(recorded, where=f"{ckpt / 'trainer_state.json'} ({RECORD_CONFIG})")
+    saved = config_from_hf(recorded, where=f"{ckpt / 'trainer_state.json'} ({RECORD_CONFIG})", any_decoder=True)
     for field in SHAPE_FIELDS:
-        if getattr(saved, field) != getattr(config, field):
+        if getattr(saved, field, None) != getattr(config, field, None):
             raise UserError(f"checkpoint.resume: {ckpt} holds a model with {field}={getattr(saved, field)}; this run's "
                             f"model has {field}={getattr(config, field)} (a checkpoint resumes only into a model of "
                             "its shape: resume with that model, or start a new run in another out_dir)")

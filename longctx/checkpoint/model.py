@@ -27,6 +27,7 @@ from longctx.attention import AttentionFn, sdpa_attention
 from longctx.base.errors import UserError
 from longctx.checkpoint.safe_load import check_files, load_checkpoint_file
 from longctx.config import load_config, resolve_stages, stage_model_config
+from longctx.model.auto.support import AutoModelSpec
 from longctx.model.config import ModelConfig
 from longctx.model.hf_config import config_from_hf, config_to_hf
 from longctx.model.llama import Transformer
@@ -77,7 +78,7 @@ def recorded_model(ckpt: Path) -> Optional[CheckpointModel]:
     hf = state.get(RECORD_CONFIG)
     if not isinstance(hf, dict):
         return None
-    config = config_from_hf(hf, where=f"{ckpt / 'trainer_state.json'} ({RECORD_CONFIG})")
+    config = config_from_hf(hf, where=f"{ckpt / 'trainer_state.json'} ({RECORD_CONFIG})", any_decoder=True)
     return CheckpointModel(config, state.get(RECORD_TOKENIZER), DTYPES.get(hf.get("dtype"), torch.float32))
 
 
@@ -142,7 +143,19 @@ def ds_state_dict(ckpt: Path) -> dict[str, torch.Tensor]:
 
 def load_consolidated(ckpt: Path, config: ModelConfig, *, dtype: Optional[torch.dtype] = None,
                       attn_fn: Optional[AttentionFn] = None, device: str | torch.device = "cpu") -> Transformer:
-    """A Transformer of `config` with the weights of `ckpt/ds/`, cast to `dtype` (None: as stored)."""
+    """A Transformer of `config` with the weights of `ckpt/ds/`, cast to `dtype` (None: as stored);
+    a transformers-path model (AutoModelSpec) as transformers' own class."""
+    if isinstance(config, AutoModelSpec):
+        from longctx.model.auto.model import build_auto_model
+
+        model = build_auto_model(config, dtype=dtype, attn_fn=attn_fn or sdpa_attention, device=device)
+        state = {k: v for k, v in ds_state_dict(ckpt).items()
+                 if not (k == "lm_head.weight" and config.tie_word_embeddings)}
+        try:
+            model.load_state_dict(state, strict=not config.tie_word_embeddings)
+        except RuntimeError as e:
+            raise UserError(f"{ckpt / 'ds'}: the weights do not fit the recorded model config ({e})") from None
+        return model
     with torch.device("meta"):
         model = Transformer(config, attn_fn or sdpa_attention)
     expected = model.state_dict()

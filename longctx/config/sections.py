@@ -55,7 +55,9 @@ class ModelSection:
     revision: Optional[str] = None  # the Hub revision of init_from (branch, tag or commit; default main)
     rope_parameters: Optional[Dict[str, Any]] = None  # replaces the preset's / checkpoint's RoPE
     max_position_embeddings: Optional[int] = None
-    overrides: Dict[str, Any] = field(default_factory=dict)  # any other ModelConfig field
+    overrides: Dict[str, Any] = field(default_factory=dict)  # any other ModelConfig (or config.json) field
+    # a model type the transformers path has not been tested on: run it after an exactness self-check
+    allow_untested: bool = False
 
     def validate(self) -> None:
         if self.init_from is None and self.preset not in PRESETS:

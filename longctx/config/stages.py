@@ -21,8 +21,9 @@ from longctx.config.sections import (
     require_finite,
 )
 from longctx.data.config import DataConfig
+from longctx.model.auto.support import AutoModelSpec
 from longctx.model.config import ModelConfig, check_window, get_preset
-from longctx.model.hf_config import read_hf_config
+from longctx.model.hf_config import read_model_config
 from longctx.model.rope_parameters import normalize_rope_parameters, require_explicit_fields
 from longctx.parallel.zigzag import check_seq_len
 from longctx.storage.hub import CONFIG_FILES, hub_or_local
@@ -129,12 +130,12 @@ def missing_data_note(stages: list[RunStage]) -> Optional[str]:
     return f"{', '.join(missing)}: {verb} not exist yet (training checks the data when it starts)"
 
 
-def origin_config(model: ModelSection) -> ModelConfig:
+def origin_config(model: ModelSection) -> ModelConfig | AutoModelSpec:
     """The architecture before the model section's changes: model.init_from's config.json (the
     preset's when that directory does not exist yet, see missing_weights_note). Reads only
     config.json; validate_config reads it once for the whole run (RunPlan.origin)."""
     local = init_from_dir(model)
-    return read_hf_config(local) if local is not None else get_preset(model.preset)
+    return read_model_config(local, model.allow_untested) if local is not None else get_preset(model.preset)
 
 
 def stage_model_config(stage: RunStage, base: Optional[ModelConfig] = None) -> ModelConfig:
@@ -147,7 +148,8 @@ def stage_model_config(stage: RunStage, base: Optional[ModelConfig] = None) -> M
         changes.pop("rope_parameters", None)  # the model section's (or stage's) own field wins
     if m.max_position_embeddings is not None:
         changes["max_position_embeddings"] = m.max_position_embeddings
-    valid = {f.name for f in dataclasses.fields(type(base))}
+    # the transformers path takes any config.json key; the native path its ModelConfig fields
+    valid = set(base.hf) if isinstance(base, AutoModelSpec) else {f.name for f in dataclasses.fields(type(base))}
     for key in changes:
         if key not in valid:
             close = difflib.get_close_matches(key, sorted(valid), n=1)

@@ -17,6 +17,7 @@ from safetensors.torch import save_file
 
 from longctx.attention import AttentionFn, sdpa_attention
 from longctx.base.errors import UserError
+from longctx.model.auto.support import AutoModelSpec
 from longctx.model.config import ModelConfig
 from longctx.model.hf_config import config_to_hf, read_hf_config
 from longctx.model.llama import Transformer
@@ -249,11 +250,12 @@ def save_hf_weights(state_dict: dict[str, torch.Tensor], config: ModelConfig, pa
     tmp = atomic.make_temp_dir(target)
     try:
         state = {}
+        own_names = isinstance(config, AutoModelSpec)  # transformers-path weights carry their HF names
         for key, tensor in state_dict.items():
             if key == "lm_head.weight" and config.tie_word_embeddings:
                 continue
             t = tensor.detach().to("cpu")
-            state[to_hf_key(key)] = (t.to(dtype) if dtype is not None else t).contiguous()
+            state[key if own_names else to_hf_key(key)] = (t.to(dtype) if dtype is not None else t).contiguous()
         out_dtype = next(iter(state.values())).dtype
         shards = _shards(state, max_shard_bytes)
         if len(shards) == 1:

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from longctx.base.errors import UserError
+from longctx.model.auto.support import AutoModelSpec, check_supported
 from longctx.model.config import ModelConfig
 from longctx.model.families import ARCHITECTURES, FAMILIES, Family
 from longctx.model.rope_parameters import rope_parameters_from_hf
@@ -55,7 +56,11 @@ def _window_from_hf(hf: dict, family: Family, layers: int) -> dict:
     return {"sliding_window": window, "layer_types": list(types)}
 
 
-def config_from_hf(hf: dict, where: str = "config.json") -> ModelConfig:
+def config_from_hf(hf: dict, where: str = "config.json", any_decoder: bool = False) -> "ModelConfig | AutoModelSpec":
+    """A native family's ModelConfig; with `any_decoder`, another decoder's AutoModelSpec (what a
+    checkpoint records of a transformers-path run: its type was already allowed when it trained)."""
+    if any_decoder and not _is_native(hf) and hf.get("model_type") not in FAMILIES:
+        return check_supported(hf, where, allow_untested=True)
     model_type = family_of(hf, where)
     family = FAMILIES[model_type]
     act = hf.get("hidden_act", "silu")
@@ -92,8 +97,14 @@ def _window_to_hf(cfg: ModelConfig, family: Family) -> dict:
                             for i in range(cfg.num_hidden_layers)]}
 
 
-def config_to_hf(cfg: ModelConfig, dtype: "torch.dtype") -> dict:
-    """The config.json of cfg's family, which transformers' Auto classes load as the same model."""
+def config_to_hf(cfg: "ModelConfig | AutoModelSpec", dtype: "torch.dtype") -> dict:
+    """The config.json of cfg's family, which transformers' Auto classes load as the same model
+    (a transformers-path model: its own config.json with the run's RoPE and maximum length)."""
+    if isinstance(cfg, AutoModelSpec):
+        hf = {k: v for k, v in cfg.hf.items() if not k.startswith("_") and k != "attn_implementation"}
+        hf["dtype"] = str(dtype).replace("torch.", "")
+        hf["torch_dtype"] = hf["dtype"]
+        return hf
     family = FAMILIES[cfg.model_type]
     hf = {"architectures": [family.architecture], "model_type": cfg.model_type, "hidden_act": "silu"}
     hf.update({k: getattr(cfg, k) for k in _SAME_NAME_FIELDS if k not in family.fixed})
@@ -108,6 +119,32 @@ def config_to_hf(cfg: ModelConfig, dtype: "torch.dtype") -> dict:
     hf["torch_dtype"] = hf["dtype"]  # the name before transformers 5
     hf["use_cache"] = True
     return hf
+
+
+def read_model_config(path: str | os.PathLike, allow_untested: bool = False) -> "ModelConfig | AutoModelSpec":
+    """The model a directory holds: a native family's ModelConfig, or the spec of a decoder the
+    transformers path runs (model/auto/support.py; refused in one line when it cannot be exact)."""
+    hf, cfg_file = _read_json(Path(path))
+    if _is_native(hf):
+        return config_from_hf(hf, where=str(cfg_file))
+    return check_supported(hf, str(cfg_file), allow_untested)
+
+
+def _is_native(hf: dict) -> bool:
+    archs = hf.get("architectures") or []
+    return any(a in ARCHITECTURES for a in archs) or (not archs and hf.get("model_type") in FAMILIES)
+
+
+def _read_json(path: Path) -> tuple[dict, Path]:
+    if not path.is_dir():
+        raise UserError(f"{path}: model directory does not exist")
+    cfg_file = path / "config.json"
+    if not cfg_file.is_file():
+        raise UserError(f"{cfg_file}: missing (a Hugging Face model directory needs config.json)")
+    try:
+        return json.loads(cfg_file.read_text()), cfg_file
+    except json.JSONDecodeError as e:
+        raise UserError(f"{cfg_file}: invalid JSON ({e})") from None
 
 
 def read_hf_config(path: str | os.PathLike) -> ModelConfig:

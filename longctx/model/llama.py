@@ -125,6 +125,13 @@ class Transformer(nn.Module):
             for module, fn in zip(modules, saved):
                 module.attn_fn = fn
 
+    def auxiliary_loss(self) -> Optional[torch.Tensor]:
+        """A dense model has no auxiliary loss (the transformers path's MoE models do)."""
+        return None
+
+    def aux_loss_value(self) -> Optional[torch.Tensor]:
+        return None
+
     def set_mlp_tiling(self, tile_tokens: int) -> None:
         """Run every block's MLP in sequence tiles of `tile_tokens` tokens (0: the whole sequence
         at once): the backward then holds one tile's MLP activations instead of the sequence's."""

@@ -12,6 +12,7 @@ from torch import nn
 
 from longctx.config import RunPlan, TrainConfig, validate_config
 from longctx.config.stages import init_from_dir
+from longctx.model.auto.support import AutoModelSpec
 from longctx.model.config import ModelConfig
 from longctx.model.hf import load_pretrained
 from longctx.model.llama import Transformer, build_model, count_parameters
@@ -24,20 +25,35 @@ def train_dtype(cfg) -> torch.dtype:
     return getattr(torch, cfg.train.dtype)
 
 
-def build_plain_model(cfg, model_cfg: ModelConfig, device: torch.device) -> tuple[Transformer, str]:
+def build_plain_model(cfg, model_cfg: ModelConfig | AutoModelSpec, device: torch.device) -> tuple[nn.Module, str]:
     """The model of `model_cfg` in train.dtype: model.init_from's weights, else model.preset's
-    architecture initialised from train.seed. Returns (model, the line that says where the
-    weights come from)."""
+    architecture initialised from train.seed. A native family is longctx's own model; any other
+    decoder is transformers' own class with longctx's attention (model/auto/). Returns (model,
+    the lines that say which path it takes and where the weights come from)."""
     m = cfg.model
     source = m.init_from
-    if m.init_from:
+    if isinstance(model_cfg, AutoModelSpec):
+        from longctx.model.auto.model import load_auto_model  # imports transformers: this path only
+
+        local = init_from_dir(m) or Path(m.init_from)
+        model = load_auto_model(local, model_cfg, device=device)
+        source = m.init_from if str(local) == m.init_from else f"{m.init_from} ({local})"
+    elif m.init_from:
         local = init_from_dir(m) or Path(m.init_from)  # a Hub id: its snapshot, downloaded by validate_config
         model = load_pretrained(local, config=model_cfg, device=device)
         source = m.init_from if str(local) == m.init_from else f"{m.init_from} ({local})"
     else:
         model = build_model(model_cfg, device=device, seed=cfg.train.seed)
     line = weights_line(source, m.preset, len(model.state_dict()), count_parameters(model), cfg.train.seed)
-    return model.to(train_dtype(cfg)), line
+    return model.to(train_dtype(cfg)), f"{path_line(model)}\n{line}"
+
+
+def path_line(model: nn.Module) -> str:
+    """Which model path a run takes (the run's first lines say so)."""
+    if isinstance(model, Transformer):
+        return f"model path: native ({model.config.model_type}, longctx/model/llama.py)"
+    return (f"model path: transformers ({model.config.model_type}: transformers' {type(model.hf).__name__} "
+            "with longctx's attention)")
 
 
 def optimizer_for(model: nn.Module, optim, offload: bool) -> torch.optim.Optimizer:

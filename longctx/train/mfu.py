@@ -33,10 +33,16 @@ CPU_RATES_FILE = "longctx-cpu-gemm.json"  # in sys.prefix: one file per Python e
 
 
 def matmul_params(cfg: ModelConfig) -> int:
+    """Weights each token multiplies by: for a mixture of experts (the transformers path's
+    AutoModelSpec) the router and the experts a token is routed to, not every expert."""
     d, f, L = cfg.hidden_size, cfg.intermediate_size, cfg.num_hidden_layers
     qo = 2 * d * cfg.num_attention_heads * cfg.head_dim
     kv = 2 * d * cfg.num_key_value_heads * cfg.head_dim
-    return L * (qo + kv + 3 * d * f) + cfg.vocab_size * d
+    mlp = 3 * d * f
+    experts = getattr(cfg, "num_experts", 0)
+    if experts:
+        mlp = d * experts + cfg.experts_per_token * 3 * d * cfg.moe_intermediate_size
+    return L * (qo + kv + mlp) + cfg.vocab_size * d
 
 
 def flops_per_token(cfg: ModelConfig, seq_len: int, causal: bool = True) -> float:

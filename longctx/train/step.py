@@ -20,7 +20,7 @@ import contextlib
 import math
 import time
 from dataclasses import dataclass
-from typing import Iterator
+from typing import Iterator, Optional
 
 import torch
 import torch.distributed as dist
@@ -60,6 +60,7 @@ class StepResult:
     computed: float  # share of the columns run (unscored row tails are cut)
     micro_batches: int
     by_position: list  # [loss sums per position bucket, weight sums per bucket], over the whole step
+    aux_loss: Optional[float] = None  # MoE load-balancing loss, the mean over the step's forward calls
 
 
 def all_reduce_sum(values: torch.Tensor) -> list[float]:
@@ -109,14 +110,23 @@ def forward_backward(engine, model: nn.Module, shards: list[dict], scale: float,
                                         segment_ids=inputs.get("segment_ids"), labels=inputs["labels"],
                                         loss_weights=inputs.get("loss_weights"),
                                         loss_chunk_size=setup.loss_chunk_size, loss_buckets=setup.loss_buckets)
-        engine.backward(loss_sum * (scale * backward_factor(loss_sum)))  # see train/nonfinite.py
+        objective = loss_sum * scale
+        aux = model.auxiliary_loss()  # this rank's share of the forward call's MoE loss (times its coefficient)
+        if aux is not None:
+            # the shares of a cp group sum to the call's loss; DeepSpeed averages over dp x cp and
+            # micro-batches, so x cp_size makes the update the mean of the calls' losses
+            objective = objective + aux * setup.mesh.cp_size
+        engine.backward(objective * backward_factor(objective))  # see train/nonfinite.py
         if engine.is_gradient_accumulation_boundary() and engine.zero_optimization_stage() == 0:
             grad_norm = replicated_grad_norm(model)  # DeepSpeed does not report it without ZeRO
             # a plain torch optimizer (no bf16/fp16 wrapper) has no overflow check of its own
             dropped = not math.isfinite(grad_norm) and not (engine.bfloat16_enabled() or engine.fp16_enabled())
         with optimizer_step_skipped(engine.optimizer) if dropped else contextlib.nullcontext():
             engine.step()
-        loss = torch.cat([loss_sum.detach().reshape(1), by_bucket.flatten()]).to(torch.float64)  # (1 + 2K,)
+        aux_value = model.aux_loss_value()  # logged: the sum of a cp group's shares is the call's loss
+        aux_value = loss_sum.new_zeros(()) if aux_value is None else aux_value
+        loss = torch.cat([loss_sum.detach().reshape(1), by_bucket.flatten(),
+                          aux_value.detach().reshape(1).to(loss_sum.device)]).to(torch.float64)  # (1 + 2K + 1,)
         loss_total = loss if loss_total is None else loss_total + loss
     return loss_total, grad_norm, dropped
 
@@ -137,7 +147,7 @@ def train_step(engine, model: nn.Module, batches: Iterator[dict], lr: float, set
         raise UserError("data: a whole optimizer step has no label tokens (all labels ignored)")
     scale = setup.world * setup.grad_accum / total_weight
     loss_total, grad_norm, dropped = forward_backward(engine, model, shards, scale, setup)
-    global_loss, *by_position = all_reduce_sum(loss_total)
+    global_loss, *by_position, aux_total = all_reduce_sum(loss_total)
     elapsed = time.perf_counter() - t0
     if grad_norm is None:
         grad_norm = engine.get_global_grad_norm()
@@ -145,7 +155,9 @@ def train_step(engine, model: nn.Module, batches: Iterator[dict], lr: float, set
                       grad_norm=float(grad_norm) if grad_norm is not None else float("nan"), tokens=int(round(real)),
                       update_applied=not dropped and engine.was_step_applied(), elapsed_s=elapsed,
                       data_wait_s=t_data, computed=columns / (setup.seq_len * len(micro)),
-                      micro_batches=len(micro), by_position=by_position)
+                      micro_batches=len(micro), by_position=by_position,
+                      aux_loss=aux_total / (setup.mesh.dp_size * len(micro)) if model.aux_loss_value() is not None
+                      else None)
 
 
 def real_tokens(inputs: dict, setup: StepSetup) -> torch.Tensor:

@@ -25,8 +25,9 @@ def stage_rates(model_cfg: ModelConfig, setup: StepSetup, peak_flops: float) -> 
 def step_record(result: StepResult, setup: StepSetup, rates: StepRates) -> dict:
     """The metrics record of one step (metrics.jsonl, TensorBoard, the progress line)."""
     sums, counts = split_sums(result.by_position, len(setup.bucket_ends))
+    moe = {} if result.aux_loss is None else {"moe_aux_loss": result.aux_loss}  # MoE models only
     return {"loss": result.loss, "lr": result.lr, "grad_norm": result.grad_norm, "tokens": result.tokens,
-            **throughput(setup, rates, result.elapsed_s, result.data_wait_s, result.computed),
+            **moe, **throughput(setup, rates, result.elapsed_s, result.data_wait_s, result.computed),
             "loss_by_position": means_by_position(sums, counts, setup.bucket_ends),
             "update_applied": result.update_applied}
 

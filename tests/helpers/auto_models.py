@@ -70,3 +70,15 @@ def reference_twin(model, implementation: str = "eager"):
     missing, unexpected = twin.load_state_dict(model.state_dict(), strict=False)
     assert not unexpected and all("rotary" in k for k in missing), (missing, unexpected)
     return twin.eval()
+
+
+def save_tiny_hf(model_type: str, path, vocab_size: int = 512, seed: int = 3):
+    """A tiny random `model_type` model saved by transformers itself (config.json + safetensors),
+    with a vocabulary the byte tokenizer fits: what a user points model.init_from at."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    cfg = AutoConfig.for_model(model_type, **{**COMMON, **EXTRA[model_type], "vocab_size": vocab_size})
+    torch.manual_seed(seed)
+    model = perturb(AutoModelForCausalLM.from_config(cfg, dtype=torch.float32))
+    model.save_pretrained(str(path))
+    return path

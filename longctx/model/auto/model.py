@@ -93,6 +93,11 @@ class AutoCausalLM(nn.Module):
 
     def set_context(self, spec: AutoModelSpec) -> None:
         """Switch to `spec`'s RoPE and maximum length (a stage's context extension)."""
+        same = (spec.rope_parameters == self.config.rope_parameters
+                and spec.max_position_embeddings == self.config.max_position_embeddings)
+        self.config = spec
+        if same:
+            return
         hf = self.hf.config
         current = getattr(hf, "rope_parameters", None)
         rope = {"rope_parameters": current} if current is not None else {}
@@ -100,9 +105,8 @@ class AutoCausalLM(nn.Module):
         hf.rope_parameters = rope["rope_parameters"]
         hf.max_position_embeddings = spec.max_position_embeddings
         old = self.model.rotary_emb
-        device = next(iter(old.buffers())).device
-        self.model.rotary_emb = type(old)(config=hf, device=device)
-        self.config = spec
+        with torch.device(next(iter(old.buffers())).device):
+            self.model.rotary_emb = type(old)(config=hf)  # its frequencies from the new RoPE
 
     def auxiliary_loss(self) -> Optional[Tensor]:
         """The last forward call's MoE load-balancing loss share of this rank, times the config's
