@@ -41,6 +41,7 @@ from longctx.eval.ruler_prompts import write_prompts
 from longctx.eval.stall_watch import WatchedStop, stalls_end_the_job, start_watch
 from longctx.eval.state import EvalContext, EvalResult
 from longctx.eval.wandb_table import log_results
+from longctx.model.auto.support import AutoModelSpec
 from longctx.model.config import check_window
 from longctx.parallel.mesh import build_mesh, init_distributed, shutdown_distributed
 from longctx.runtime.launch_env import read_env
@@ -168,8 +169,12 @@ def _preempted_line(info: dict) -> str:
 
 def _checks_before_writing(cfg: EvalConfig, model_dir: Path, model_config) -> None:
     """What would stop the evaluation once the weights load, checked before --out is made: a
-    checkpoint without model/ has its DeepSpeed files read by the weights_only unpickler
+    transformers-path model at cp > 1 (no CP decoding for it), a checkpoint without model/ has its
+    DeepSpeed files read by the weights_only unpickler
     (DeepSpeed's consolidation unpickles freely), and the sliding window fits the lengths."""
+    if isinstance(model_config, AutoModelSpec) and cfg.cp > 1:
+        raise UserError(f"eval.cp: {cfg.cp} needs longctx's own context-parallel decoding of the native families; a "
+                        f"{model_config.model_type} model (transformers path) evaluates at eval.cp=1")
     if is_ds_only_checkpoint(model_dir):
         check_files(sorted((model_dir / "ds").glob("*.pt")))
     if cfg.ruler_data is None:  # with ruler_data the lengths are the data's: checked once it is read

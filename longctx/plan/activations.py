@@ -17,7 +17,8 @@ def activation_bytes(m, lay: Layout, device: str, document_masking: bool = True)
 def _saved(m, lay: Layout, device: str, document_masking: bool, b: int, t: int) -> dict:
     """What the forward keeps for the backward, under the checkpointing policy."""
     cp = lay.cp_size
-    d, f, L = m.hidden_size, m.intermediate_size, m.num_hidden_layers
+    # a mixture of experts: the width of the experts each token is routed to (AutoModelSpec)
+    d, f, L = m.hidden_size, getattr(m, "active_intermediate_size", m.intermediate_size), m.num_hidden_layers
     q, kv = m.num_attention_heads * m.head_dim, m.num_key_value_heads * m.head_dim
     Hq = m.num_attention_heads
     # MLP activations: gate, its silu, up and their product; with parallel.mlp_tile_tokens the

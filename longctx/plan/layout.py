@@ -135,7 +135,12 @@ def relative_time_per_token(m, lay: Layout) -> float:
 
 # ----------------------------------------------------------------------------- counting
 def parameter_counts(m) -> dict:
-    """Exact parameter counts of longctx's Transformer for a ModelConfig (no model built)."""
+    """Exact parameter counts of longctx's Transformer for a ModelConfig (no model built); of
+    transformers' own class for a transformers-path model (built on the meta device)."""
+    if hasattr(m, "hf"):  # AutoModelSpec
+        from longctx.model.auto.counts import parameter_counts as auto_counts
+
+        return auto_counts(m)
     d, f, D = m.hidden_size, m.intermediate_size, m.head_dim
     q, kv = m.num_attention_heads * D, m.num_key_value_heads * D
     attn = d * q + 2 * d * kv + q * d + ((q + 2 * kv + d) if m.attention_bias else 0)

@@ -12,6 +12,7 @@ from typing import Optional
 from longctx.config import RunPlan, TrainConfig, derive_plan
 from longctx.model import build_model, count_parameters
 from longctx.plan import estimate_memory, format_estimate
+from longctx.plan.layout import parameter_counts
 from longctx.plan.target import cluster_line, memory_per_process, planned_device, this_machine_device
 
 
@@ -24,8 +25,9 @@ def dry_run(cfg: TrainConfig, world_size: int, config_path: Optional[str] = None
     device_bytes, _ = memory_per_process(device, cluster, world_size)
     lines = []
     for stage, model_cfg in zip(plan.stages, plan.model_configs):
-        model = build_model(model_cfg, device="meta")
-        n = count_parameters(model)
+        # the native model on the meta device; a transformers-path model's exact count from its class
+        n = (parameter_counts(model_cfg)["total"] if hasattr(model_cfg, "hf")
+             else count_parameters(build_model(model_cfg, device="meta")))
         cp = stage.parallel.cp_size
         lines.append(f"stage {stage.index} ({stage.name}): seq_len {stage.seq_len}, steps {stage.steps}, "
                      f"cp {cp} x dp {world_size // cp}, rope {model_cfg.rope_type}, params {n:,}")

@@ -86,3 +86,28 @@ def test_refuses_untested_types_naming_the_tested_ones_and_the_switch():
     msg = str(err.value)
     assert "'olmo3' has not been tested" in msg and "gemma2" in msg and "model.allow_untested=true" in msg
     assert check_supported(hf, "m/config.json", allow_untested=True).model_type == "olmo3"
+
+
+@pytest.mark.parametrize("model_type", ["gemma2", "gpt_oss", "qwen2_moe", "glm4"])
+def test_greedy_decoding_with_the_kv_cache_equals_transformers_generate(model_type):
+    """`longctx eval`'s decoding (model/generate.py: left padding, longctx's KV cache) gives
+    transformers' own greedy tokens, windows and sinks included."""
+    from longctx.model.generate import generate
+
+    model = tiny_auto_model(model_type).eval()
+    twin = reference_twin(model)
+    prompts = [[5, 7, 9, 11, 13, 15, 17, 19, 21], [8, 6, 4, 30, 31]]  # the second row is left-padded
+    ours = generate(model, prompts, 8)
+    for prompt, got in zip(prompts, ours):
+        want = twin.generate(torch.tensor([prompt]), max_new_tokens=8, do_sample=False, eos_token_id=None,
+                             pad_token_id=0)[0, len(prompt):].tolist()
+        assert got == want
+
+
+def test_eval_refuses_context_parallel_decoding_of_a_transformers_path_model(tmp_path):
+    from longctx.eval.command import _checks_before_writing
+    from longctx.eval.config import EvalConfig
+
+    spec = tiny_auto_model("mixtral").config
+    with pytest.raises(UserError, match=r"eval.cp: 2 .* evaluates at eval.cp=1"):
+        _checks_before_writing(EvalConfig(model=str(tmp_path), cp=2), tmp_path, spec)

@@ -20,6 +20,7 @@ import torch
 from longctx.attention import AttentionFn, get_kernel
 from longctx.attention.function import kernel_attention
 from longctx.attention.positional import PositionalKernel, position_codes
+from longctx.model.cache import KVCache
 
 Tensor = torch.Tensor
 ATTENTION_NAME = "longctx"
@@ -34,16 +35,27 @@ class AttentionState:
     attn_fn: AttentionFn
     segment_ids: Optional[Tensor] = None
     position_ids: Optional[Tensor] = None
+    kv_segment_ids: Optional[Tensor] = None  # decoding: the ids of every cached key (B, S)
+    cache: Optional[KVCache] = None  # decoding: longctx's K/V cache, filled by every layer
     _codes: Optional[Tensor] = None
+    _kv_codes: Optional[Tensor] = None  # decoding: the position codes of the cached keys
     _kernels: dict = field(default_factory=dict)
 
-    def set_inputs(self, segment_ids: Optional[Tensor], position_ids: Tensor) -> None:
+    def set_inputs(self, segment_ids: Optional[Tensor], position_ids: Tensor,
+                   kv_segment_ids: Optional[Tensor] = None, cache: Optional[KVCache] = None) -> None:
         self.segment_ids, self.position_ids, self._codes = segment_ids, position_ids, None
+        self.kv_segment_ids, self.cache = kv_segment_ids, cache
+        if cache is not None:  # the keys' codes grow with the cache (a new cache starts them anew)
+            new = self.codes()
+            self._kv_codes = new if cache.seq_len == 0 else torch.cat([self._kv_codes, new], dim=1)
 
     def codes(self) -> Tensor:
         if self._codes is None:  # one tensor per forward: the CP code gathers it once
             self._codes = position_codes(self.segment_ids, self.position_ids)
         return self._codes
+
+    def kv_codes(self) -> Optional[Tensor]:
+        return self._kv_codes if self.cache is not None else None
 
     def kernel(self, window: Optional[int], softcap: Optional[float]) -> PositionalKernel:
         key = (window, softcap)
@@ -70,18 +82,22 @@ def longctx_attention(module, query: Tensor, key: Tensor, value: Tensor, attenti
         raise ValueError("attention dropout > 0 cannot run under longctx (set the config's attention_dropout to 0)")
     window, softcap, sinks = _window(module, kwargs), kwargs.get("softcap"), kwargs.get("s_aux")
     fn = state.attn_fn
+    if state.cache is not None:  # decoding: this layer's keys so far (S >= T)
+        key, value = state.cache.update(module.layer_idx, key, value)
     if not window and not softcap and sinks is None:
-        out = fn(query, key, value, causal=True, scale=scaling, segment_ids=state.segment_ids)
+        out = fn(query, key, value, causal=True, scale=scaling, segment_ids=state.segment_ids,
+                 kv_segment_ids=state.kv_segment_ids)
         return out.transpose(1, 2), None
     kernel = state.kernel(window, softcap) if (window or softcap) else None
     ids = state.codes() if kernel is not None else state.segment_ids
+    kv_ids = state.kv_codes() if kernel is not None else state.kv_segment_ids
     if hasattr(fn, "attention_with_lse"):  # context parallel: the same groups, another block kernel
         cp = fn.with_kernel(kernel) if kernel is not None else fn
         out, _ = cp.attention_with_lse(query, key, value, causal=True, scale=scaling, segment_ids=ids, sinks=sinks)
     else:
         kernel = kernel if kernel is not None else get_kernel("auto", query.device)
         out, _ = kernel_attention(kernel, query, key, value, causal=True, scale=scaling, segment_ids=ids,
-                                  sinks=sinks)
+                                  kv_segment_ids=kv_ids, sinks=sinks)
     return out.transpose(1, 2), None
 
 

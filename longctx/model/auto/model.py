@@ -122,19 +122,23 @@ class AutoCausalLM(nn.Module):
     def forward_hidden(self, input_ids: Tensor, position_ids: Optional[Tensor] = None,
                        segment_ids: Optional[Tensor] = None, kv_segment_ids: Optional[Tensor] = None,
                        cache=None) -> Tensor:
-        """input_ids (B, T) -> final-normed hidden states (B, T, hidden)."""
-        if cache is not None or (kv_segment_ids is not None and kv_segment_ids is not segment_ids):
-            raise ValueError("the transformers path runs whole sequences (no KV cache)")
+        """input_ids (B, T) -> final-normed hidden states (B, T, hidden). With `cache` (longctx's
+        KVCache, decoding) every layer adds its keys to it and attends to all cached keys, whose
+        document ids are `kv_segment_ids` (B, S) (transformers' own cache is not used)."""
         B, T = input_ids.shape
         if position_ids is None:
-            position_ids = torch.arange(T, device=input_ids.device).expand(B, T)
-        self.state.set_inputs(segment_ids, position_ids)
+            start = cache.seq_len if cache is not None else 0
+            position_ids = torch.arange(start, start + T, device=input_ids.device).expand(B, T)
+        self.state.set_inputs(segment_ids, position_ids, kv_segment_ids if cache is not None else None, cache)
         self.routers.logits.clear()
         self.routers.recording = True
         try:
             h = self.model(input_ids=input_ids, position_ids=position_ids, use_cache=False).last_hidden_state
         finally:
             self.routers.recording = False
+            self.state.set_inputs(None, position_ids)  # no cache or decoding ids left for a later call
+        if cache is not None:
+            cache.advance(T)
         self._moe_loss()
         return h
 

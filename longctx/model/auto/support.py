@@ -131,6 +131,14 @@ class AutoModelSpec:
         return self.rope_parameters.get("rope_type", "default")
 
     @property
+    def active_intermediate_size(self) -> int:
+        """The MLP width a token's activations have: its routed experts' (and a shared expert's)."""
+        if not self.num_experts:
+            return self.intermediate_size
+        shared = self.hf.get("shared_expert_intermediate_size") or 0
+        return self.experts_per_token * self.moe_intermediate_size + shared
+
+    @property
     def sliding_layers(self) -> list[int]:
         return [i for i, t in enumerate(self.hf.get("layer_types") or []) if t == "sliding_attention"]
 
