@@ -32,12 +32,21 @@ def build_plain_model(cfg, model_cfg: ModelConfig | AutoModelSpec, device: torch
     the lines that say which path it takes and where the weights come from)."""
     m = cfg.model
     source = m.init_from
+    checked = ""
     if isinstance(model_cfg, AutoModelSpec):
-        from longctx.model.auto.model import load_auto_model  # imports transformers: this path only
+        # imports transformers: this path only
+        from longctx.model.auto.model import build_auto_model, load_auto_model
+        from longctx.model.auto.selfcheck import self_check
+        from longctx.model.auto.support import TESTED
 
-        local = init_from_dir(m) or Path(m.init_from)
-        model = load_auto_model(local, model_cfg, device=device)
-        source = m.init_from if str(local) == m.init_from else f"{m.init_from} ({local})"
+        if m.init_from:
+            local = init_from_dir(m) or Path(m.init_from)
+            model = load_auto_model(local, model_cfg, device=device)
+            source = m.init_from if str(local) == m.init_from else f"{m.init_from} ({local})"
+        else:
+            model = build_auto_model(model_cfg, seed=cfg.train.seed, device=device)
+        if model_cfg.model_type not in TESTED:  # model.allow_untested: exact on this model, or stop
+            checked = "\n" + self_check(model)
     elif m.init_from:
         local = init_from_dir(m) or Path(m.init_from)  # a Hub id: its snapshot, downloaded by validate_config
         model = load_pretrained(local, config=model_cfg, device=device)
@@ -45,7 +54,7 @@ def build_plain_model(cfg, model_cfg: ModelConfig | AutoModelSpec, device: torch
     else:
         model = build_model(model_cfg, device=device, seed=cfg.train.seed)
     line = weights_line(source, m.preset, len(model.state_dict()), count_parameters(model), cfg.train.seed)
-    return model.to(train_dtype(cfg)), f"{path_line(model)}\n{line}"
+    return model.to(train_dtype(cfg)), f"{path_line(model)}\n{line}{checked}"
 
 
 def path_line(model: nn.Module) -> str:

@@ -111,3 +111,24 @@ def test_eval_refuses_context_parallel_decoding_of_a_transformers_path_model(tmp
     spec = tiny_auto_model("mixtral").config
     with pytest.raises(UserError, match=r"eval.cp: 2 .* evaluates at eval.cp=1"):
         _checks_before_writing(EvalConfig(model=str(tmp_path), cp=2), tmp_path, spec)
+
+
+def test_an_untested_type_runs_only_after_its_self_check():
+    """phi3 (with its default RoPE) is not in the tested table: refused, then built on request and
+    checked against transformers' eager attention before any training; a broken path fails it."""
+    from transformers import AutoConfig
+
+    from longctx.model.auto import build_auto_model
+    from longctx.model.auto.selfcheck import self_check
+
+    hf = AutoConfig.for_model("phi3", vocab_size=96, hidden_size=32, intermediate_size=40, num_hidden_layers=2,
+                              num_attention_heads=4, num_key_value_heads=2, pad_token_id=0,
+                              sliding_window=None).to_dict()
+    with pytest.raises(UserError, match="has not been tested"):
+        check_supported(hf, "phi3/config.json")
+    model = build_auto_model(check_supported(hf, "phi3/config.json", allow_untested=True), seed=1,
+                             dtype=torch.float32)
+    assert "max |d log p|" in self_check(model)
+    model.state.set_inputs = lambda *a, **k: None  # documents no longer reach the attention: not exact
+    with pytest.raises(UserError, match="not exact"):
+        self_check(model)
