@@ -132,3 +132,26 @@ def test_an_untested_type_runs_only_after_its_self_check():
     model.state.set_inputs = lambda *a, **k: None  # documents no longer reach the attention: not exact
     with pytest.raises(UserError, match="not exact"):
         self_check(model)
+
+
+@pytest.mark.parametrize("model_type", ["gemma2", "qwen2_moe"])
+def test_activation_checkpointing_keeps_the_gradients(model_type):
+    """Checkpointed blocks recompute their attention in the backward with the same documents and
+    positions (and the routers record once): the gradients of packed rows are unchanged."""
+    from longctx.parallel.checkpointing import apply_activation_checkpointing, model_key
+
+    ids = _ids(2, 24, seed=2)
+    seg = torch.tensor([[0] * 7 + [1] * 17, [0] * 15 + [1] * 9])
+    pos = torch.cat([torch.cat([torch.arange(7), torch.arange(17)])[None],
+                     torch.cat([torch.arange(15), torch.arange(9)])[None]])
+    labels = torch.cat([ids[:, 1:], torch.full((2, 1), -100)], 1)
+    grads = []
+    for policy in ("none", "full"):
+        model = tiny_auto_model(model_type)
+        apply_activation_checkpointing(model, policy)
+        loss_sum, n = model(ids, position_ids=pos, segment_ids=seg, labels=labels)
+        aux = model.auxiliary_loss()
+        (loss_sum / n + (aux if aux is not None else 0.0)).backward()
+        grads.append({model_key(k): p.grad for k, p in model.named_parameters()})
+    for name, want in grads[0].items():
+        assert (grads[1][name] - want).abs().max().item() <= 1e-6 * max(want.abs().max().item(), 1.0), name

@@ -136,7 +136,9 @@ class AutoCausalLM(nn.Module):
             h = self.model(input_ids=input_ids, position_ids=position_ids, use_cache=False).last_hidden_state
         finally:
             self.routers.recording = False
-            self.state.set_inputs(None, position_ids)  # no cache or decoding ids left for a later call
+            # the documents and positions stay: an activation-checkpoint recompute in the backward
+            # runs the attention again; a decoding cache does not outlive its call
+            self.state.cache = self.state.kv_segment_ids = None
         if cache is not None:
             cache.advance(T)
         self._moe_loss()
