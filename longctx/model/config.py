@@ -10,6 +10,7 @@ from dataclasses import InitVar, dataclass, field
 from typing import Any, Optional
 
 from longctx.base.errors import UserError
+from longctx.model.auto import presets as auto_presets
 from longctx.model.families import FAMILIES, check_family, family_defaults
 from longctx.model.rope_parameters import normalize_rope_parameters
 
@@ -251,6 +252,9 @@ PRESETS = {
     "qwen3-0.6b": _qwen3_06b,
     "qwen3-8b": _qwen3_8b,
     "mistral-7b-v0.3": _mistral_7b_v03,
+    # transformers-path models (longctx/model/auto/): their config.json as an AutoModelSpec
+    "qwen3-30b-a3b": auto_presets.qwen3_30b_a3b,
+    "debug-tiny-qwen3-moe": auto_presets.debug_tiny_qwen3_moe,
 }
 
 

@@ -11,6 +11,7 @@ from helpers.recipes import CPU_RECIPES, PRESET_OF, RECIPES, ROOT, cluster
 from longctx.commands.cli import main
 from longctx.config import load_config, resolve_stages, stage_model_config
 from longctx.model import build_model, count_parameters, get_preset
+from longctx.plan.layout import parameter_counts
 
 
 def test_every_recipe_has_a_cpu_version_a_source_and_a_cluster_shape():
@@ -143,7 +144,9 @@ def test_a_recipe_is_inspected_without_its_weights_and_training_asks_for_them(tm
         assert notes == [f"note: model.init_from {cfg.model.init_from} does not exist yet (nor in the Hugging Face "
                          f"cache): architecture from model.preset={PRESET_OF[name]} (training checks the weights, "
                          "or downloads them, when it starts)"]
-    preset_params = count_parameters(build_model(get_preset(PRESET_OF[name]), device="meta"))
+    preset = get_preset(PRESET_OF[name])
+    preset_params = (parameter_counts(preset)["total"] if hasattr(preset, "hf")  # a transformers-path preset
+                     else count_parameters(build_model(preset, device="meta")))
     assert f"params {preset_params:,}" in captured.out and "memory per GPU" in captured.out
     assert main(["train", "--config", path, f"out_dir={out}"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
