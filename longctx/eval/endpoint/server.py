@@ -72,7 +72,7 @@ def _models(client: EndpointClient) -> list:
             raise UserError(f"eval.api_key_env: {client.url} refuses the request ({e.reason}); set the variable "
                             "--api-key-env names to the server's API key") from None
         if e.retryable:
-            raise UserError(f"eval.endpoint: cannot reach {client.url}: {e.reason}; is the server running and the "
+            raise UserError(f"eval.endpoint: cannot reach {e.reason}; is the server running and the "
                             "URL right (its OpenAI API root, e.g. http://localhost:8000/v1)?") from None
         raise UserError(f"eval.endpoint: {client.url} is not an OpenAI-compatible API ({e.reason}); give the API "
                         "root, e.g. http://localhost:8000/v1") from None
