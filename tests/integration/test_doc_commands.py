@@ -141,6 +141,10 @@ NOT_RUN = {  # command (DocCommand.key) -> why it is not run
     "longctx eval --endpoint http://localhost:8000/v1 --tokenizer runs/ext/hf --tasks niah_single_1,passkey "
     "--lengths 1k,2k --samples 5 --out eval/served": SERVED,
     "longctx eval --model runs/ext/hf --suite ruler --lengths 4k,8k --samples 50 --out eval/inproc": TRAINED,
+    ".venv/bin/python benchmarks/bench_eval_endpoint.py --json docs/results/2026-12-06-served-eval.json":
+        f"{BENCH} (~6 min: two servers started); rewrites the report's JSON",
+    "longctx eval --endpoint http://localhost:8000/v1 --tokenizer runs/ext/hf --suite ruler --lengths 4k,8k "
+    "--out eval/served": f"{SERVED.replace('of the line above', 'docs/eval.md starts')}",
     "longctx eval --endpoint http://localhost:8000/v1 --tokenizer runs/ext/hf --suite ruler --lengths 4k,8k "
     "--samples 50 --out eval/served": SERVED,
     "kill -USR1 $(cat $S/1000.pid)": "preempts the stub job above once it trains; tests/integration/test_slurm.py "
