@@ -18,10 +18,14 @@ from typing import Optional
 import httpx
 
 BYTE_VOCAB = 259  # the byte tokenizer's 256 bytes + BOS, EOS, PAD: every id the model emits decodes
+# a chat template of the tokenizer's own: the eval applies it on its side (completions), the server on its (chat)
+CHAT_TEMPLATE = ("{% for message in messages %}<|{{ message['role'] }}|>\n{{ message['content'] }}\n{% endfor %}"
+                 "{% if add_generation_prompt %}<|assistant|>\n{% endif %}")
 
 
 def write_tiny_model(directory: Path, max_position_embeddings: int = 4096) -> Path:
-    """debug-tiny (random, fp32) with the byte tokenizer's tokenizer.json, as `longctx export` writes a run's."""
+    """debug-tiny (random, fp32) with the byte tokenizer's tokenizer.json, as `longctx export` writes a run's,
+    and a chat template (chat_template.jinja)."""
     import longctx
     from longctx.data.hf_tokenizer import TokenizerFiles
     from longctx.model import build_model, get_preset
@@ -29,6 +33,7 @@ def write_tiny_model(directory: Path, max_position_embeddings: int = 4096) -> Pa
     cfg = get_preset("debug-tiny", initializer_range=0.2, max_position_embeddings=max_position_embeddings,
                      vocab_size=BYTE_VOCAB)
     longctx.save_pretrained(build_model(cfg, seed=0).eval(), directory, tokenizer=TokenizerFiles("byte"))
+    (Path(directory) / "chat_template.jinja").write_text(CHAT_TEMPLATE)
     return Path(directory)
 
 

@@ -1,12 +1,16 @@
 """`longctx eval --endpoint` against a real OpenAI-compatible server: `transformers serve` on CPU
 (fp32) serving a tiny model saved with its tokenizer as `longctx export` writes one.
 
+The server batches requests (--continuous-batching), as a serving stack does.
+
 1. The served model's greedy predictions for RULER tasks equal, text for text, the in-process
    eval of the same weights with the same prompts; the results files have the same form (the
    endpoint's meta adds endpoint, served_model, endpoint_mode and server); RULER's prediction
    files are byte-identical and RULER's scorer (tests/helpers/ruler_scorer.py, a re-implementation
    of its evaluate.py) writes the same summary.csv from both.
-2. The server killed mid-run: the eval stops by itself (exit 1, one error line) with its finished
+2. Chat mode: the server's own template around our prompt gives what the in-process runner
+   generates from that rendering.
+3. The server killed mid-run: the eval stops by itself (exit 1, one error line) with its finished
    cells kept; with the server back, the same command sends only the rest.
 """
 import json
@@ -19,19 +23,25 @@ import pytest
 from benchlib.procs import free_port
 from benchlib.served import ServedModel, write_tiny_model
 
+import longctx
 from helpers.ruler_scorer import ruler_evaluate
 from longctx.commands.cli import main
+from longctx.data.tokenizer import load_tokenizer
+from longctx.eval.chat import render
+from longctx.eval.runner import Engine
+from longctx.eval.tasks import Sample
 
 pytestmark = pytest.mark.slow
 TASKS = "niah_single_1,niah_multikey_1,vt,fwe"
 COMMON = ["--tasks", TASKS, "--lengths", "1024", "--samples", "2", "--max-new-tokens", "24"]
 ENDPOINT_META = {"endpoint", "served_model", "endpoint_mode", "server"}
+BATCHING = ("--continuous-batching",)  # ~10x the requests/s of one at a time (docs/results/2026-12-06-served-eval.md)
 
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
     root = tmp_path_factory.mktemp("served")
-    server = ServedModel(write_tiny_model(root / "hf"), free_port(), log=root / "serve.log").start()
+    server = ServedModel(write_tiny_model(root / "hf"), free_port(), log=root / "serve.log", extra=BATCHING).start()
     yield server
     server.stop()
 
@@ -77,6 +87,30 @@ def test_served_predictions_equal_the_in_process_eval_and_files_have_the_same_fo
     assert scores_a == scores_b and csv_a == csv_b == (pred_b / "summary.csv").read_text()
 
 
+def test_chat_mode_generates_from_the_servers_rendering_of_the_prompt(served, tmp_path, capsys):
+    """The user message is the prompt without a template of ours; the server wraps it in the model's
+    template (no BOS: apply_chat_template adds no special tokens): the in-process runner on that
+    rendering, with our renderer of the same template, gives the same text."""
+    model = str(served.model_dir)
+    out = tmp_path / "chat"
+    assert main(["eval", "--endpoint", served.url, "--tokenizer", model, "--endpoint-mode", "chat", "--tasks",
+                 "niah_single_1,vt", "--lengths", "1024", "--samples", "1", "--max-new-tokens", "24",
+                 "--save-inputs", "--no-progress", "--out", str(out)]) == 0
+    results = json.loads((out / "results.json").read_text())
+    assert results["meta"]["endpoint_mode"] == "chat" and results["meta"]["chat_template"]["choice"] == "server"
+    assert "a chat request is answered" in results["meta"]["server"]["checks"]
+    tokenizer = load_tokenizer(model)
+    engine = Engine(longctx.load_pretrained(model).eval(), tokenizer, add_bos=False)
+    template = render((served.model_dir / "chat_template.jinja").read_text(), {}, "chat_template.jinja",
+                      runner_adds_bos=False)
+    for r in results["samples"]:
+        assert "<|user|>" not in r["prompt"]  # no template of ours
+        sample = Sample(task=r["task"], index=r["index"], input=r["prompt"], answer_prefix="", outputs=r["outputs"],
+                        metric=r["metric"], target_length=r["target_length"], max_new_tokens=r["max_new_tokens"],
+                        chat_template=template)
+        assert engine.complete([sample]) == [r["prediction"]]
+
+
 def _longctx(args, **kwargs) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-m", "longctx", "eval", *args], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, **kwargs)
@@ -111,7 +145,7 @@ def test_a_killed_server_stops_the_eval_and_the_rerun_sends_only_the_rest(served
     assert not (out / "results.json").exists() and not (out / "PREEMPTED").exists()
     done = sum(len(json.loads(b)["records"]) for b in kept.values())
 
-    restarted = ServedModel(served.model_dir, served.port, log=tmp_path / "serve2.log").start()
+    restarted = ServedModel(served.model_dir, served.port, log=tmp_path / "serve2.log", extra=BATCHING).start()
     served.proc = restarted.proc  # the module fixture stops it
     proc = _longctx(args)
     _, err = proc.communicate(timeout=300)

@@ -135,6 +135,7 @@ def test_a_refused_request_stops_the_eval_and_the_rerun_finishes_the_rest(standi
     line = _error_line(err)
     assert rc == 1 and line.startswith("error: the endpoint failed: passkey at 256, sample ")
     assert "HTTP 400: scripted failure 400" in line and "stopped with 1 of 2 cells done" in line
+    assert line.endswith("the server refuses the request: once that is fixed, the same command continues from them")
     first = json.loads((out / "cells/256/niah_single_1.json").read_text())
     assert first["complete"] and first["computed_with"][0]["endpoint"] == url
     assert not (out / "results.json").exists() and not (out / "PREEMPTED").exists()  # nothing to requeue
@@ -145,6 +146,14 @@ def test_a_refused_request_stops_the_eval_and_the_rerun_finishes_the_rest(standi
     assert "resuming: 1 of 2 cells already done" in err
     assert len(_completions(script)) - sent == 2  # only passkey's samples
     assert json.loads((out / "cells/256/niah_single_1.json").read_text()) == first
+
+
+def test_chat_mode_refused_by_the_server_is_one_line_before_any_prompt(standin, tmp_path, capsys):
+    script = Script(fail=lambda n, body: (400, {}) if "messages" in body else None)  # no chat template
+    rc, err = _eval(["--endpoint", standin(script), *RUN, "--endpoint-mode", "chat", "--out", str(tmp_path / "o")],
+                    capsys)
+    assert rc == 2 and "eval.endpoint_mode: " in _error_line(err) and "refuses chat requests for served" in err
+    assert len(_completions(script)) == 1 and not (tmp_path / "o").exists()  # the 1-token probe only
 
 
 def test_chat_mode_sends_the_prompt_as_one_user_message(standin, tmp_path, capsys):

@@ -42,6 +42,7 @@ class EndpointBackend:
     mode: str = "completions"
     concurrency: int = 8
     failure: Optional[str] = None  # why the eval stopped: a request that failed for good
+    refused: bool = False  # the server refused that request (a 4xx): retrying would not help
     totals: dict = field(default_factory=lambda: {"requests": 0, "prompt_tokens": 0, "new_tokens": 0})
     _started: Optional[float] = None
 
@@ -105,6 +106,7 @@ class EndpointBackend:
                     except EndpointError as e:
                         if self.failure is None:
                             self.failure = f"{sample.task} at {sample.target_length}, sample {sample.index}: {e.reason}"
+                            self.refused = not e.retryable
                         abort.set()  # the other requests give up their retries
                         continue
                     records.append(sample_record(sample, cut_at_stops(answer.text, sample.stop)))

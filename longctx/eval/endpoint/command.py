@@ -44,7 +44,7 @@ def run_endpoint(cfg: EvalConfig, stop, *, overwrite: bool = False) -> EvalResul
     client = EndpointClient(cfg.endpoint, api_key=os.environ.get(cfg.api_key_env) or None,
                             timeout_s=cfg.request_timeout_s, retries=cfg.retries, concurrency=cfg.concurrency)
     try:
-        info = probe(client, cfg.served_model, tokenizer, str(cfg.tokenizer))
+        info = probe(client, cfg.served_model, tokenizer, str(cfg.tokenizer), cfg.endpoint_mode)
         chat = cfg.endpoint_mode == "chat"
         run_cfg = dataclasses.replace(cfg, chat_template="none") if chat and cfg.ruler_data is None else cfg
         plan = prepare(run_cfg, tokenizer)
@@ -65,6 +65,7 @@ def run_endpoint(cfg: EvalConfig, stop, *, overwrite: bool = False) -> EvalResul
         client.close()
     if result.preempted is not None and backend.failure is not None:
         result.preempted["failure"] = backend.failure
+        result.preempted["refused"] = backend.refused
     return result
 
 
@@ -92,5 +93,7 @@ def failure_line(result: EvalResult) -> Optional[str]:
     if not info.get("failure"):
         return None
     where = f" in {info['out']}" if info.get("out") else " (no --out: nothing kept)"
+    again = ("the server refuses the request: once that is fixed, the same command continues from them"
+             if info.get("refused") else "run the same command again once the server answers, it continues from them")
     return (f"error: the endpoint failed: {info['failure']}; stopped with {info['cells_done']} of {info['cells']} "
-            f"cells done{where}; run the same command again once the server answers, it continues from them")
+            f"cells done{where}; {again}")

@@ -41,8 +41,10 @@ class ServerInfo:
                 "checks": list(self.checks)}
 
 
-def probe(client: EndpointClient, served_model: Optional[str], tokenizer, tokenizer_name: str) -> ServerInfo:
-    """The server's answers, checked (see the module docstring); UserError for what stops the eval."""
+def probe(client: EndpointClient, served_model: Optional[str], tokenizer, tokenizer_name: str,
+          mode: str = "completions") -> ServerInfo:
+    """The server's answers, checked (see the module docstring); UserError for what stops the eval.
+    mode chat: one 1-token chat request, so a model the server has no chat template for is refused here."""
     models = _models(client)
     listed = [str(m.get("id")) for m in models if isinstance(m, dict) and m.get("id") is not None]
     if served_model is None:
@@ -61,7 +63,22 @@ def probe(client: EndpointClient, served_model: Optional[str], tokenizer, tokeni
     _check_tokenize(client, served_model, tokenizer, tokenizer_name, info)
     if info.limit is not None:
         info.checks.append(f"context limit {info.limit} ({info.limit_source})")
+    if mode == "chat":
+        _check_chat(client, served_model, info)
     return info
+
+
+def _check_chat(client: EndpointClient, model: str, info: ServerInfo) -> None:
+    body = {"model": model, "messages": [{"role": "user", "content": "Hello"}], "max_tokens": 1, "temperature": 0.0}
+    try:
+        client.post("chat/completions", body, retries=0)
+    except EndpointError as e:
+        if e.retryable:
+            return  # busy or down: the eval's own requests retry
+        raise UserError(f"eval.endpoint_mode: {client.url} refuses chat requests for {model} ({e.reason}); use "
+                        "endpoint_mode completions (the template applied here), or serve the model with a chat "
+                        "template") from None
+    info.checks.append("a chat request is answered")
 
 
 def _models(client: EndpointClient) -> list:
