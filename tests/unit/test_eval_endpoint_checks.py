@@ -167,3 +167,20 @@ def test_chat_mode_sends_the_prompt_as_one_user_message(standin, tmp_path, capsy
                for b in bodies)
     meta = json.loads((tmp_path / "o/results.json").read_text())["meta"]
     assert meta["endpoint_mode"] == "chat" and meta["chat_template"]["choice"] == "server"
+
+
+def test_ruler_data_goes_through_the_endpoint_into_rulers_files(standin, tmp_path, capsys):
+    data = tmp_path / "data"
+    assert main(["eval", "--write-data", str(data), "--tokenizer", "byte", "--tasks", "niah_single_1",
+                 "--lengths", "256", "--samples", "2", "--style", "compact"]) == 0
+    script = Script()
+    out = tmp_path / "out"
+    rc, err = _eval(["--endpoint", standin(script), "--tokenizer", "byte", "--ruler-data", str(data),
+                     "--no-progress", "--out", str(out)], capsys)
+    assert rc == 0, err
+    sent = [r[2]["prompt"] for r in _completions(script)]
+    lines = [json.loads(x) for x in (data / "256/data/niah_single_1/validation.jsonl").read_text().splitlines()]
+    assert sorted(sent) == sorted(x["input"] + x["answer_prefix"] for x in lines)  # RULER's input, as call_api.py
+    preds = [json.loads(x) for x in (out / "ruler/256/pred/niah_single_1.jsonl").read_text().splitlines()]
+    assert [p["pred"] for p in preds] == [" 1234567"] * 2
+    assert json.loads((out / "results.json").read_text())["meta"]["suite"] == "ruler_data"
