@@ -50,7 +50,7 @@ def out_lock(out: Optional[str]) -> Iterator[None]:
 
 def evaluate(model, tokenizer, cfg: EvalConfig, *, context: EvalContext = EvalContext(),
              predictor: Optional[Callable[[Sample], str]] = None, identity: Optional[dict] = None,
-             overwrite: bool = False, stop=None, plan: Optional[Plan] = None) -> EvalResult:
+             overwrite: bool = False, stop=None, plan: Optional[Plan] = None, backend=None) -> EvalResult:
     """Run cfg's tasks (and perplexity) and, with cfg.out, write results.json, report.md and figures.
 
     context: where it runs (the CP group) and what results.json adds (see EvalContext);
@@ -60,13 +60,14 @@ def evaluate(model, tokenizer, cfg: EvalConfig, *, context: EvalContext = EvalCo
     `overwrite`). stop: a PreemptionFlag (or anything with a collective agreed()): when it
     agrees, the batch in flight finishes, the finished cells and samples are written and the
     result has `preempted` set (no results.json). plan: from prepare() (the CLI prepares it
-    before loading the weights).
+    before loading the weights). backend: eval/endpoint/backend.EndpointBackend, a served model
+    that runs the task cells in place of `model` (None: no perplexity).
     """
     if plan is not None:
-        return _run_plan(Evaluation(model, tokenizer, cfg, plan, context, predictor, stop))
+        return _run_plan(Evaluation(model, tokenizer, cfg, plan, context, predictor, stop, backend=backend))
     with out_lock(cfg.out if identity is not None else None):
         plan = prepare(cfg, tokenizer, identity=identity, overwrite=overwrite)
-        return _run_plan(Evaluation(model, tokenizer, cfg, plan, context, predictor, stop))
+        return _run_plan(Evaluation(model, tokenizer, cfg, plan, context, predictor, stop, backend=backend))
 
 
 def _device_type(model) -> str:
@@ -103,8 +104,9 @@ def _run_plan(ev: Evaluation) -> EvalResult:
         ppl, ppl_computed = _run_ppl(ev, stopping)
         computed += ppl_computed
     unfinished = [c for c in plan.cells if not is_complete(plan.done.get(c.rel))]
-    if unfinished:
-        return preempted(plan, unfinished, ev.main)
+    if unfinished:  # a signal (PREEMPTED marks --out for the SLURM scripts) or a served model that failed
+        failed = ev.backend is not None and ev.backend.failure is not None
+        return preempted(plan, unfinished, ev.main, marker=not failed)
     return finish(ev, results, stats, ppl, {"wall_seconds": round(time.monotonic() - t0, 3),
                                              "cells_computed": computed, "cells_reused": len(plan.cells) - computed})
 
@@ -124,17 +126,21 @@ def _run_tasks(ev: Evaluation) -> tuple[dict, list, int, bool]:
         prior = plan.done.get(cell.rel) or TaskCellState()
         if not (prior.complete or stopping):
             have = {r["index"] for r in prior.records}
-            ran = run_cell(engine, [s for s in cell.samples if s.index not in have], stop=ev.stop, bar=bar,
-                           predictor=ev.predictor)
+            todo = [s for s in cell.samples if s.index not in have]
+            if ev.backend is not None:  # a served model (eval/endpoint/)
+                ran = ev.backend.run_cell(todo, stop=ev.stop, bar=bar)
+            else:
+                ran = run_cell(engine, todo, stop=ev.stop, bar=bar, predictor=ev.predictor)
             records = sorted(prior.records + _json_roundtrip(ran.records), key=lambda r: r["index"])
             state = TaskCellState(records=records, stats=_add_stats(prior.stats, ran.stats),
                                   seconds=prior.seconds + ran.stats["seconds"], complete=ran.finished,
                                   computed_with=prior.computed_with)
             computed += 1
             if ev.main and store is not None:
+                layout = (ev.backend.layout() if ev.backend is not None
+                          else _layout(engine, ev.model, cell.length, cfg.cp_impl))
                 store.write(cell, {"records": state.records}, complete=state.complete, stats=state.stats,
-                            seconds=state.seconds, layout=_layout(engine, ev.model, cell.length, cfg.cp_impl),
-                            computed_with=prior.computed_with)
+                            seconds=state.seconds, layout=layout, computed_with=prior.computed_with)
             plan.done[cell.rel] = prior = state
             stopping = ran.stop
         results[cell.rel] = prior.records

@@ -104,7 +104,7 @@ def ppl_data_files(path: Optional[str]) -> object:
     return _digests(files, p if p.is_dir() else p.parent)
 
 
-IDENTITY_EXTRAS = ("model_overrides",)  # identity entries present only when set
+IDENTITY_EXTRAS = ("model_overrides", "endpoint_mode")  # identity entries present only when set
 
 
 # ------------------------------------------------------------------------------- cells
@@ -174,6 +174,7 @@ def differences(stored: dict, identity: dict, cell: Optional[Cell]) -> list[str]
     out = []
     old = stored.get("identity") or {}
     old_files, new_files = (old.get("model") or {}), identity["model"]
+    # (a served model's "files" are its endpoint and served_model: eval/endpoint/command.py)
     changed = sorted(n for n in set(old_files) | set(new_files) if old_files.get(n) != new_files.get(n))
     if changed:
         where = f" (it was computed from {stored['model_path']})" if stored.get("model_path") else ""
@@ -181,7 +182,7 @@ def differences(stored: dict, identity: dict, cell: Optional[Cell]) -> list[str]
                    + (f" and {len(changed) - 3} more" if len(changed) > 3 else "")
                    + f" differ{'s' if len(changed) == 1 else ''}{where}")
     for name, what in (("tokenizer", "the tokenizer"), ("dtype", "dtype"), ("longctx", "longctx version"),
-                       ("model_overrides", "model_overrides")):
+                       ("model_overrides", "model_overrides"), ("endpoint_mode", "endpoint_mode")):
         if old.get(name) != identity.get(name):
             out.append(f"{what} {_short(old.get(name))} vs {_short(identity.get(name))}")
     if cell is not None:

@@ -24,6 +24,7 @@ from longctx.eval.cells import run_identity
 from longctx.eval.comparability import warning_line
 from longctx.eval.config import TOKENIZER_FIELD, EvalConfig, select
 from longctx.eval.end_summary import end_summary
+from longctx.eval.endpoint.command import failure_line, run_endpoint
 from longctx.eval.model_io import (
     check_lengths,
     check_pair,
@@ -47,6 +48,8 @@ from longctx.parallel.mesh import build_mesh, init_distributed, shutdown_distrib
 from longctx.runtime.launch_env import read_env
 from longctx.storage import atomic
 from longctx.train.signals import PREEMPTED_EXIT_CODE, PreemptionFlag
+
+ENDPOINT_FAILED_EXIT_CODE = 1  # a served model's requests failed for good: the finished cells are kept
 
 
 def check(cfg: EvalConfig, world_size: int) -> typing.Optional[Path]:
@@ -76,7 +79,13 @@ def run(cfg: EvalConfig, *, overwrite: bool = False) -> int:
         return 0
     flag = PreemptionFlag().install()  # from here: a signal while the weights load stops after one batch
     try:
-        result = _evaluate(cfg, world, flag, overwrite=overwrite)
+        if cfg.endpoint is not None:  # a served model: eval/endpoint/
+            result = run_endpoint(cfg, flag, overwrite=overwrite)
+            if failure_line(result):
+                print(failure_line(result), file=sys.stderr, flush=True)
+                return ENDPOINT_FAILED_EXIT_CODE
+        else:
+            result = _evaluate(cfg, world, flag, overwrite=overwrite)
     finally:
         flag.uninstall()
     if result.preempted:

@@ -13,6 +13,7 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, List
+from urllib.parse import urlparse
 
 from longctx.base.errors import UserError
 from longctx.config import check_out_dir
@@ -31,6 +32,7 @@ DEFAULT_DEPTHS = [i / 10 for i in range(11)]
 DEFAULT_LENGTHS = ["4096"]  # eval.lengths unset (with ruler_data: the data's lengths instead)
 DEVICES = ("auto", "cpu", "cuda")
 MODES = ("generate", "teacher_forced")
+ENDPOINT_MODES = ("completions", "chat")  # eval/endpoint/backend.py
 PATH_FIELDS = ("essay", "squad", "hotpotqa", "ppl_data", "ruler_data", "words")  # must exist
 
 
@@ -40,9 +42,11 @@ class EvalConfig(EvalFields):
 
     def validate(self, world_size: int) -> None:
         """Every check that needs no weights or process group, for `world_size` processes."""
-        if not self.model and self.write_data is None:
+        if self.endpoint is not None:
+            check_endpoint(self, world_size)
+        elif not self.model and self.write_data is None:
             raise UserError("eval.model: required (--model DIR: an HF directory, checkpoint or run directory, or a "
-                            "Hub id org/name)")
+                            "Hub id org/name; or --endpoint URL for a served model)")
         if not self.model and self.tokenizer is None:
             raise UserError("eval.tokenizer: write_data without a model needs the tokenizer that fits the lengths "
                             "(--tokenizer byte, a tokenizer.json or a tokenizer directory)")
@@ -142,6 +146,42 @@ def _check_mode(mode: str, cp: int) -> None:
     if mode == "teacher_forced" and cp > 1:
         raise UserError(f"eval.mode: teacher_forced runs each sample on one process (eval.cp=1), got eval.cp={cp}; "
                         "processes split the samples (data parallel), or use mode=generate for cp prefill")
+
+
+def check_endpoint(cfg: EvalConfig, world_size: int) -> None:
+    """What a served model's evaluation (--endpoint) takes and refuses, before anything runs."""
+    url = urlparse(cfg.endpoint)
+    if url.scheme not in ("http", "https") or not url.netloc:
+        raise UserError(f"eval.endpoint: {cfg.endpoint!r} is not an http(s) URL; give the server's OpenAI API root, "
+                        "e.g. http://localhost:8000/v1")
+    if cfg.model:
+        raise UserError("eval.model: --endpoint evaluates the served model; leave --model out (compare with a "
+                        "checkpoint by a second eval with --model into another --out)")
+    if cfg.tokenizer is None:
+        raise UserError("eval.tokenizer: required with --endpoint: the served model's tokenizer (a directory, a "
+                        "tokenizer.json or a Hub id), which sizes the haystacks")
+    if cfg.endpoint_mode not in ENDPOINT_MODES:
+        raise UserError(f"eval.endpoint_mode: {cfg.endpoint_mode!r} is not valid; valid: {', '.join(ENDPOINT_MODES)}")
+    if cfg.endpoint_mode == "chat" and cfg.chat_template is not None:
+        raise UserError("eval.chat_template: endpoint_mode chat sends messages, which the server wraps in its own "
+                        "template; leave chat_template out, or use endpoint_mode completions")
+    _at_least("concurrency", cfg.concurrency, 1)
+    _at_least("retries", cfg.retries, 0)
+    if problem := timeout_problem(cfg.request_timeout_s):
+        raise UserError(f"eval.request_timeout_s: {problem}")
+    if not cfg.api_key_env or not cfg.api_key_env.replace("_", "a").isalnum():
+        raise UserError(f"eval.api_key_env: {cfg.api_key_env!r} is not an environment variable's name")
+    refused = [("suite", "ppl" in cfg.suite or bool(cfg.ppl_lengths), "ppl scores the model's own log-likelihoods: "
+                "evaluate it in process (--model)"),
+               ("mode", cfg.mode != "generate", "teacher_forced needs the model's logits: evaluate it in process"),
+               ("cp", cfg.cp != 1 or world_size > 1, "one process sends the requests (raise --concurrency); run "
+                "it without torchrun"),
+               ("dtype", cfg.dtype != "auto", "the server's choice (vllm serve --dtype ...)"),
+               ("model_overrides", bool(cfg.model_overrides), "the server's choice (vllm serve --hf-overrides ...)"),
+               ("write_data", cfg.write_data is not None, "writes prompts without a model: leave --endpoint out")]
+    for name, bad, why in refused:
+        if bad:
+            raise UserError(f"eval.{name}: not with --endpoint: {why}")
 
 
 def _at_least(name: str, value: int, minimum: int) -> None:

@@ -75,5 +75,17 @@ class EvalFields:
     wandb_entity: Optional[str] = option(None, "W&B entity (default: the logged-in user's)")
     wandb_name: Optional[str] = option(None, "W&B run name (default: --out's name)")
     wandb_mode: str = option("online", "online | offline (W&B files under --out/wandb, uploaded by `wandb sync`)")
+    endpoint: Optional[str] = option(None, "an OpenAI-compatible server's base URL (http://host:8000/v1: vLLM, SGLang, "
+                                           "TGI, llama.cpp, transformers serve) to evaluate instead of --model; "
+                                           "needs --tokenizer")
+    served_model: Optional[str] = option(None, "the model name the endpoint serves (default: the one it lists)")
+    endpoint_mode: str = option("completions", "completions (our prompt text, chat template applied here) | chat "
+                                               "(messages, the server's own template)")
+    concurrency: int = option(8, "requests to the endpoint in flight at once")
+    request_timeout_s: float = option(600.0, "seconds one request to the endpoint may take")
+    retries: int = option(5, "retries of a request that failed with 429, 5xx, a timeout or a lost connection "
+                             "(exponential backoff); then the eval stops, its finished cells kept")
+    api_key_env: str = option("OPENAI_API_KEY", "environment variable holding the endpoint's API key (sent as a "
+                                                "bearer token when set; never logged or written)")
     # a mapping: set as key=value only (model_overrides.max_position_embeddings=32768), no flag
     model_overrides: Dict[str, Any] = option({}, "ModelConfig fields replaced at eval time (zero-shot RoPE)")

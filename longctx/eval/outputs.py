@@ -76,14 +76,15 @@ def _what_ran(plan: Plan, records: Sequence[dict], ppl: Optional[dict]) -> dict:
             "samples_per_cell": per_cell}
 
 
-def preempted(plan: Plan, unfinished: list, main: bool) -> EvalResult:
-    """The result of a stopped evaluation: what is done, what is left (OUT/PREEMPTED says so too)."""
+def preempted(plan: Plan, unfinished: list, main: bool, *, marker: bool = True) -> EvalResult:
+    """The result of a stopped evaluation: what is done, what is left (OUT/PREEMPTED says so too,
+    unless not `marker`: a stop that requeueing would not cure)."""
     done = len(plan.cells) - len(unfinished)
     partial = [f"{samples_done(plan.done[c.rel])} of {len(c.samples)} samples of {c.label}"
                for c in unfinished if samples_done(plan.done.get(c.rel))]
     info = {"cells_done": done, "cells": len(plan.cells), "partial": partial,
             "out": str(plan.store.out) if plan.store is not None else None}
-    if main and plan.store is not None:
+    if main and marker and plan.store is not None:
         atomic.write_result(plan.store.out / MARKER, f"{done} of {len(plan.cells)} cells\n")
     return EvalResult(summary=None, records=[], ppl=None, skipped=plan.skipped, files=[], meta={},
                       comparability=None, preempted=info, timing=None)

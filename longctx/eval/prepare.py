@@ -123,11 +123,19 @@ def prepare(cfg: EvalConfig, tokenizer, *, identity: Optional[dict] = None, mode
              + ppl_cells(run.ppl_lengths, cfg.ppl_windows, cfg.ppl_data))
     plan = Plan(run, samples, skipped, cells, chat=chat, stop_ids=stops)
     if identity is not None and cfg.out is not None:
-        plan.store = CellStore(cfg.out, identity, model_path)
-        by_rel = {c.rel: c for c in cells}
-        plan.done = {rel: (PplCellState if by_rel[rel].name == PPL else TaskCellState).from_file(doc)
-                     for rel, doc in plan.store.check(cells, overwrite=overwrite, remove=remove,
-                                                      notify=notify).items()}
+        attach_store(plan, cfg.out, identity, model_path, overwrite=overwrite, remove=remove, notify=notify)
+    return plan
+
+
+def attach_store(plan: Plan, out: str, identity: dict, model_path: Optional[str], *, overwrite: bool = False,
+                 remove: bool = True, notify: Callable[[str], None] = atomic.note) -> Plan:
+    """The plan with its cell store in `out` and the stored cells it reuses (prepare's last step,
+    apart for the endpoint backend, which checks the prompts against the server in between)."""
+    plan.store = CellStore(out, identity, model_path)
+    by_rel = {c.rel: c for c in plan.cells}
+    plan.done = {rel: (PplCellState if by_rel[rel].name == PPL else TaskCellState).from_file(doc)
+                 for rel, doc in plan.store.check(plan.cells, overwrite=overwrite, remove=remove,
+                                                  notify=notify).items()}
     return plan
 
 
@@ -144,3 +152,4 @@ class Evaluation:
     predictor: Optional[Callable[[Sample], str]]
     stop: object
     main: bool = field(default_factory=is_main)  # rank 0: the rank that writes
+    backend: object = None  # eval/endpoint/backend.EndpointBackend: a served model instead of `model`

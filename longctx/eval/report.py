@@ -129,8 +129,8 @@ def render_markdown(meta: dict, summary: dict, ppl: Optional[dict], skipped: Seq
                     warnings_: Sequence[str], figures: Sequence[str] = (),
                     comparability: Optional[dict] = None) -> str:
     lines = ["# Long-context evaluation", ""]
-    for key in ("model", "tokenizer", "suite", "style", "samples", "seed", "cp", "dtype", "model_overrides",
-                "wall_seconds"):
+    for key in ("model", "endpoint", "endpoint_mode", "tokenizer", "suite", "style", "samples", "seed", "cp", "dtype",
+                "model_overrides", "wall_seconds"):
         if meta.get(key) not in (None, {}):
             lines.append(f"- **{key}**: {meta[key]}")
     lines.append("")

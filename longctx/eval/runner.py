@@ -112,18 +112,19 @@ class Engine:
         assert len(budgets) == 1, "complete() takes samples that share one generation budget"
         ids = [self.encode(s.prompt) for s in samples]
         out = self.generate_ids(ids, budgets.pop())
-        texts = []
-        for s, o in zip(samples, out):
-            text = self.tokenizer.decode(o)
-            for stop in s.stop:
-                cut = text.find(stop)
-                # a stop string right at the start is skipped (answers often follow a newline)
-                if cut == 0 and text.strip():
-                    cut = text.find(stop, len(text) - len(text.lstrip()))
-                if cut > 0:
-                    text = text[:cut]
-            texts.append(text)
-        return texts, out
+        return [cut_at_stops(self.tokenizer.decode(o), s.stop) for s, o in zip(samples, out)], out
+
+
+def cut_at_stops(text: str, stops: Sequence[str]) -> str:
+    """A continuation cut at its first stop string; a stop string right at the start is skipped
+    (answers often follow a newline). The endpoint backend cuts the server's text the same way."""
+    for stop in stops:
+        cut = text.find(stop)
+        if cut == 0 and text.strip():
+            cut = text.find(stop, len(text) - len(text.lstrip()))
+        if cut > 0:
+            text = text[:cut]
+    return text
 
 
 def dp_layout(cp_size: int) -> tuple[int, int]:
@@ -160,7 +161,7 @@ def run_samples(engine: Engine, samples: Sequence[Sample], *, progress: bool = T
             else:
                 preds, ids = engine.complete_with_ids(batch)
             for s, p, g in zip(batch, preds, ids):
-                records.append(_record(s, p, g))
+                records.append(sample_record(s, p, g))
             # rank 0 counts for all dp groups (they move at the same pace)
             bar.update(min(len(batch) * dp_size, bar.total - bar.n))
     bar.update(bar.total - bar.n)
@@ -220,7 +221,7 @@ def run_cell(engine: Engine, samples: Sequence[Sample], *, stop=None, bar: Optio
             for key in ("prompt_tokens", "new_tokens", "seconds"):
                 stats[key] += engine.stats[key] - before[key]
             stats["peak_cache_bytes"] = max(stats["peak_cache_bytes"], engine.last_cache_bytes)
-            records += [_record(s, p, g, sc) for s, p, g, sc in zip(batch, preds, ids, scores)]
+            records += [sample_record(s, p, g, sc) for s, p, g, sc in zip(batch, preds, ids, scores)]
         done = r + len(round_)
         if bar is not None:
             bar.update(sum(len(b) for b in round_))
@@ -253,7 +254,7 @@ def _gather_cell(records: list, stats: dict, cp_size: int) -> tuple[list, dict]:
     return out, total
 
 
-def _record(s: Sample, pred: str, generated_ids: Optional[list] = None, forced: Optional[dict] = None) -> dict:
+def sample_record(s: Sample, pred: str, generated_ids: Optional[list] = None, forced: Optional[dict] = None) -> dict:
     """forced: teacher_forced's score and answer token counts (None: the prediction text is scored)."""
     return {
         "generated_ids": generated_ids,

@@ -39,6 +39,8 @@ NETWORK = "downloads packages (network)"
 BENCH = "a benchmark: minutes to hours"
 SUITE = "runs test files: minutes"
 ELLIPSIS = "'...' stands for the options of the line above"
+SERVED = "needs the server of the line above, running"
+SERVER_WEIGHTS = "the server and the model's weights (network)"
 SMOLLM2 = "needs scripts/real_model/smollm2.py's download"
 # the zero-shot table on the shipped model, as real_model.md and the SmolLM2 report run it
 ZERO_SHOT = ("OMP_NUM_THREADS=1 nice .venv/bin/python scripts/real_model/zero_shot_table.py "
@@ -120,6 +122,31 @@ NOT_RUN = {  # command (DocCommand.key) -> why it is not run
     "sbatch slurm/eval.sbatch --model runs/yarn-llama2-7b-128k/hf --suite ruler --lengths 4k,16k,64k --cp 4 "
     "--out eval/yarn": CLUSTER,
     "sbatch slurm/eval_array.sbatch runs/yarn-llama2-7b-128k/hf eval/yarn --suite niah --samples 50": CLUSTER,
+    # eval.md: served models (a server of the reader's; tests/integration/test_eval_endpoint.py serves a tiny
+    # export with transformers serve and runs longctx eval --endpoint against it)
+    "vllm serve meta-llama/Llama-3.1-8B-Instruct --max-model-len 131072 --port 8000": f"{GPUS}; {SERVER_WEIGHTS}",
+    "longctx eval --endpoint http://localhost:8000/v1 --tokenizer meta-llama/Llama-3.1-8B-Instruct --suite ruler "
+    "--lengths 4k,8k,16k,32k,64k,128k --samples 500 --concurrency 64 --out eval/llama31-served": SERVED,
+    "python -m sglang.launch_server --model-path meta-llama/Llama-3.1-8B-Instruct --context-length 131072 "
+    "--port 30000": f"{GPUS}; {SERVER_WEIGHTS}",
+    "longctx eval --endpoint http://localhost:30000/v1 --tokenizer meta-llama/Llama-3.1-8B-Instruct --lengths 4k,32k "
+    "--out eval/sglang": SERVED,
+    "llama-server -m llama-3.1-8b-instruct-q8_0.gguf -c 131072 -np 4 --port 8080": f"llama.cpp; {SERVER_WEIGHTS}",
+    "longctx eval --endpoint http://localhost:8080/v1 --tokenizer meta-llama/Llama-3.1-8B-Instruct --lengths 4k,16k "
+    "--concurrency 4 --out eval/llamacpp": SERVED,
+    "text-generation-launcher --model-id meta-llama/Llama-3.1-8B-Instruct --max-input-tokens 32000 "
+    "--max-total-tokens 32768 --port 8080": f"{GPUS}; {SERVER_WEIGHTS}",
+    "transformers serve runs/ext/hf --device cpu --dtype float32 --continuous-batching --port 8000":
+        f"{TRAINED}; a server runs until stopped (benchlib/served.py starts this for the tests)",
+    "longctx eval --endpoint http://localhost:8000/v1 --tokenizer runs/ext/hf --tasks niah_single_1,passkey "
+    "--lengths 1k,2k --samples 5 --out eval/served": SERVED,
+    "longctx eval --model runs/ext/hf --suite ruler --lengths 4k,8k --samples 50 --out eval/inproc": TRAINED,
+    ".venv/bin/python benchmarks/bench_eval_endpoint.py --json docs/results/2026-12-06-served-eval.json":
+        f"{BENCH} (~6 min: two servers started); rewrites the report's JSON",
+    "longctx eval --endpoint http://localhost:8000/v1 --tokenizer runs/ext/hf --suite ruler --lengths 4k,8k "
+    "--out eval/served": f"{SERVED.replace('of the line above', 'docs/eval.md starts')}",
+    "longctx eval --endpoint http://localhost:8000/v1 --tokenizer runs/ext/hf --suite ruler --lengths 4k,8k "
+    "--samples 50 --out eval/served": SERVED,
     "kill -USR1 $(cat $S/1000.pid)": "preempts the stub job above once it trains; tests/integration/test_slurm.py "
                                      "does this and waits for the requeued run (minutes)",
     "accelerate launch --config_file launch/accelerate/zero2.yaml -m longctx train --config configs/x.yaml "

@@ -1,0 +1,99 @@
+"""`longctx eval --endpoint URL`: the evaluation of a served model, from the command line's config.
+
+    result = run_endpoint(cfg, flag, overwrite=False)   # an EvalResult; as eval/command.py's in process
+
+In order: the tokenizer; the server's answers (eval/endpoint/server.py: reachable, the model
+listed, its limit, our tokenizer against its own where it says), the samples and cells, every
+prompt against the server's limit -- all before --out is made or any prompt is sent; then --out's
+lock, the cells it already holds, and the cells run through the backend, N requests at a time.
+A cell's key holds the endpoint, the served model and the mode (with the tokenizer, the samples
+and longctx's version), so a rerun continues and another server's cells are refused.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import sys
+from typing import Optional
+
+from longctx import __version__
+from longctx.data.tokenizer import load_tokenizer
+from longctx.eval.api import evaluate, out_lock
+from longctx.eval.cells import tokenizer_files
+from longctx.eval.chat import ChatChoice
+from longctx.eval.config import TOKENIZER_FIELD, EvalConfig
+from longctx.eval.endpoint.backend import EndpointBackend
+from longctx.eval.endpoint.client import EndpointClient
+from longctx.eval.endpoint.server import ServerInfo, check_prompts, probe
+from longctx.eval.prepare import attach_store, prepare
+from longctx.eval.state import EvalContext, EvalResult
+
+SERVER_TEMPLATE = {"choice": "server", "source": "the server's own chat template (endpoint_mode chat)"}
+
+
+def endpoint_identity(info: ServerInfo, mode: str, tokenizer_spec: str) -> dict:
+    """What every cell of a served evaluation shares: the endpoint and served model (in place of
+    the model's files), the tokenizer's files, the mode and longctx's version."""
+    return {"model": {"endpoint": info.url, "served_model": info.model}, "tokenizer": tokenizer_files(tokenizer_spec),
+            "dtype": "served", "longctx": __version__, "endpoint_mode": mode}
+
+
+def run_endpoint(cfg: EvalConfig, stop, *, overwrite: bool = False) -> EvalResult:
+    """Evaluate cfg.endpoint's model (cfg passed validate); UserError before any prompt is sent."""
+    tokenizer = load_tokenizer(cfg.tokenizer, field=TOKENIZER_FIELD)
+    client = EndpointClient(cfg.endpoint, api_key=os.environ.get(cfg.api_key_env) or None,
+                            timeout_s=cfg.request_timeout_s, retries=cfg.retries, concurrency=cfg.concurrency)
+    try:
+        info = probe(client, cfg.served_model, tokenizer, str(cfg.tokenizer), cfg.endpoint_mode)
+        chat = cfg.endpoint_mode == "chat"
+        run_cfg = dataclasses.replace(cfg, chat_template="none") if chat and cfg.ruler_data is None else cfg
+        plan = prepare(run_cfg, tokenizer)
+        if chat:
+            plan.chat = ChatChoice(None, dict(SERVER_TEMPLATE))
+        check_prompts(plan.samples, info)
+        notes = _limit_notes(info)
+        for note in notes:
+            print(f"warning: {note}", file=sys.stderr)
+        backend = EndpointBackend(client, info.model, mode=cfg.endpoint_mode, concurrency=cfg.concurrency)
+        with out_lock(cfg.out):
+            if cfg.out is not None:
+                attach_store(plan, cfg.out, endpoint_identity(info, cfg.endpoint_mode, str(cfg.tokenizer)),
+                             f"{info.model} at {info.url}", overwrite=overwrite)
+            context = EvalContext(meta=_meta(cfg, info, tokenizer, plan.run), warnings=notes)
+            result = evaluate(None, tokenizer, run_cfg, context=context, stop=stop, plan=plan, backend=backend)
+    finally:
+        client.close()
+    if result.preempted is not None and backend.failure is not None:
+        result.preempted["failure"] = backend.failure
+        result.preempted["refused"] = backend.refused
+    return result
+
+
+def _limit_notes(info: ServerInfo) -> list[str]:
+    if info.limit is not None:
+        return []
+    return [f"{info.url} publishes no context limit for {info.model}: prompts are not checked against it before "
+            "they are sent (a prompt longer than it stops the eval when the server refuses it)"]
+
+
+def _meta(cfg: EvalConfig, info: ServerInfo, tokenizer, selection) -> dict:
+    """results.json's meta: the in-process fields (the server's limit as max_position_embeddings;
+    what the server does not say is null) and the endpoint's."""
+    suite = "ruler_data" if cfg.ruler_data is not None else ",".join(cfg.suite) if cfg.tasks is None else "tasks"
+    return {"model": info.model, "tokenizer": getattr(tokenizer, "name", str(cfg.tokenizer)), "suite": suite,
+            "cp": 1, "dtype": None, "max_position_embeddings": info.limit, "rope_parameters": None,
+            "lengths": selection.lengths, "tasks": selection.tasks, "model_overrides": {},
+            "endpoint": info.url, "served_model": info.model, "endpoint_mode": cfg.endpoint_mode,
+            "server": info.record()}
+
+
+def failure_line(result: EvalResult) -> Optional[str]:
+    """The one line a served evaluation that stopped on a failed request ends with (None otherwise)."""
+    info = result.preempted or {}
+    if not info.get("failure"):
+        return None
+    where = f" in {info['out']}" if info.get("out") else " (no --out: nothing kept)"
+    again = ("the server refuses the request: once that is fixed, the same command continues from them"
+             if info.get("refused") else "run the same command again once the server answers, it continues from them")
+    return (f"error: the endpoint failed: {info['failure']}; stopped with {info['cells_done']} of {info['cells']} "
+            f"cells done{where}; {again}")
