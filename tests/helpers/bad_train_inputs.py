@@ -17,6 +17,14 @@ TRAIN = [
      "not a complete checkpoint (no COMPLETE marker)"),
     ("resume from a checkpoint without manifest", ["train", RUN, "checkpoint.resume={w}/unlisted/step_0000003"],
      "checkpoint.resume: {w}/unlisted/step_0000003: no MANIFEST.json"),
+    # the transformers path: what cannot be sharded exactly, and types never tested
+    ("linear-attention layers", ["train", RUN, "model.init_from={w}/linear-attention"],
+     "model_type 'qwen3_moe' cannot run under longctx's exact context parallelism: layer_types has "
+     "'linear_attention'"),
+    ("longrope on the transformers path", ["train", RUN, "model.init_from={w}/longrope"],
+     "rope_type 'longrope' cannot be sharded exactly"),
+    ("an untested model type", ["train", RUN, "model.init_from={w}/untested"],
+     "model_type 'bloom' has not been tested on longctx's transformers path; tested: gemma2"),
     # config loading
     ("unknown key", ["train", RUN, "train.stpes=3"], "did you mean 'train.steps'"),
     ("wrong type", ["train", RUN, "train.steps=many"], "train.steps"),

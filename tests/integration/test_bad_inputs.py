@@ -220,6 +220,15 @@ def make_workdir(w: Path) -> Path:
     (w / "config-without-fields" / "config.json").write_text(json.dumps({"model_type": "llama"}))
     (w / "full").mkdir()
     (w / "full" / "README.md").write_text("someone's notes")
+    # transformers-path models that cannot be sharded exactly, or were never tested (config.json only)
+    moe = {"model_type": "qwen3_moe", "architectures": ["Qwen3MoeForCausalLM"], "hidden_size": 64,
+           "num_attention_heads": 4, "num_hidden_layers": 2, "vocab_size": 512}
+    for name, changes in (("linear-attention", {"layer_types": ["linear_attention", "full_attention"]}),
+                          ("longrope", {"rope_parameters": {"rope_type": "longrope", "rope_theta": 1e4}}),
+                          ("untested", {"model_type": "bloom", "architectures": ["BloomForCausalLM"]})):
+        (w / name).mkdir()
+        (w / name / "config.json").write_text(json.dumps({**moe, **changes}))
+        (w / name / "model.safetensors").write_bytes(b"")  # refused before any weight is read
     for run, step, complete in (("incomplete", 2, False), ("unlisted", 3, True)):  # checkpoint layouts
         ckpt = w / run / "checkpoints" / f"step_{step:07d}" if run == "unlisted" else w / run / f"step_{step:07d}"
         (ckpt / "ds").mkdir(parents=True)
