@@ -68,6 +68,7 @@ LOST_PEER = re.compile("|".join((
     r"timed out waiting \d+ ?ms for (send|recv) operation",  # gloo: the collective's timeout
     r"application timeout caused pair closure",  # gloo: a peer's side timed out first
     r"connection (closed|reset) by peer",  # gloo: the peer's process or node went away
+    r"tcp/pair\.cc:\d+\] (read|write) error \[",  # gloo: the link to the peer's node failed (timed out)
     r"watchdog caught collective operation timeout",  # NCCL's watchdog (async error handling)
     r"ran for \d+ milliseconds before timing out",
     r"nccl communicator was aborted",  # a timed-out NCCL collective, seen by the waiting call

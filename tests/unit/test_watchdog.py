@@ -125,6 +125,8 @@ def test_describe_peers_names_silent_and_stuck_ranks():
     ("[gloo/transport/tcp/pair.cc:534] Connection closed by peer [127.0.0.1]:1234", True),
     ("[gloo/transport/tcp/pair.cc:598] Read error [10.0.0.2]:40112: Connection reset by peer", True),
     ("[gloo/transport/tcp/pair.cc:446] Application timeout caused pair closure", True),
+    ("[/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:537] Read error [10.231.0.2]:28364: "
+     "Connection timed out. This is typically caused by a remote worker hanging", True),  # a node cut off
     ("[PG ID 0 PG GUID 0 Rank 1] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=9, "
      "OpType=ALLREDUCE, NumelIn=1, NumelOut=1, Timeout(ms)=300000) ran for 300012 milliseconds before timing out.",
      True),
