@@ -32,6 +32,7 @@ PUBLISHES_PER_S = 256.0  # from the whole job, at most (the interval grows with 
 READS_PER_S = 32.0  # from the whole job, at most (one reader per node)
 SILENT_AFTER_PUBLISHES = 5  # a rank that missed this many of its writes is stopped or cut off...
 SILENT_AFTER_S = 10.0  # ... and at least this long
+CHECKS_PER_READ = 16  # ranks looked up one by one in a read, while some rank never wrote
 STORE_TIMEOUT_S = 5.0  # one store call (the courier's; the watch never waits for it)
 
 log = logging.getLogger("longctx.runtime.watchdog")
@@ -228,12 +229,12 @@ class PeerProgress:
         with self._cond:
             self._read_at, self._read_wanted, self._forced = time.monotonic(), False, False
         missing = [r for r in range(self.world) if r not in self._known]
-        if missing:  # one check for all; one per rank only while some rank never wrote
+        if missing:  # one check for all; while some rank never wrote, one per rank for a few of them
             self.requests += 1
             if store.check([KEY.format(rank=r) for r in missing]):
                 self._known.update(missing)
             else:
-                for r in missing:
+                for r in missing[:CHECKS_PER_READ]:
                     self.requests += 1
                     if store.check([KEY.format(rank=r)]):
                         self._known.add(r)
