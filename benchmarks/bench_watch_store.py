@@ -5,9 +5,10 @@ process, each with its own store client, all in the worst case for the watch: ev
 waited longer than timeout_s (a checkpoint save of several minutes), so every rank that may
 read does. Two contenders, interleaved (new, old, new, old), each for --seconds:
 
-- new (counted after a warm-up of two read intervals): longctx's courier (longctx/runtime/peer_progress.py): each rank writes its key once per
-  publish interval (which grows with the world size), one rank per node reads every key in one
-  multi_get at most once per read interval;
+- new (counted after a warm-up of two read intervals): longctx's courier
+  (longctx/runtime/peer_progress.py): each rank writes its key once per publish interval (which
+  grows with the world size), one rank per node reads every key in one multi_get at most once
+  per read interval;
 - old: the watch before issue 68: every rank writes its key every 2 s and reads 2 x world keys
   (check + get per rank) one after another every 2 s.
 
@@ -30,9 +31,9 @@ from datetime import timedelta
 from pathlib import Path
 
 import torch.distributed as dist
-
 from benchlib.procs import free_port
 from benchlib.report import write_json
+
 from longctx.runtime.peer_progress import KEY, PeerProgress, publish_every_s, read_every_s
 
 OLD_EVERY_S = 2.0  # the old watch: publish and read every 2 s
@@ -79,7 +80,8 @@ def run_new(port: int, world: int, per_node: int, seconds: float) -> dict:
     for courier in couriers:
         courier.close(None, wait_s=5)
     nodes = world // per_node
-    return {"requests_per_s": calls / elapsed, "designed_per_s": world / publish_every_s(world) + nodes / read_every_s(nodes),
+    designed = world / publish_every_s(world) + nodes / read_every_s(nodes)
+    return {"requests_per_s": calls / elapsed, "designed_per_s": designed,
             "view_age_s_median": statistics.median(ages) if ages else None, "view_age_s_max": max(ages, default=None)}
 
 
@@ -147,7 +149,8 @@ def main(argv: list[str]) -> int:
     summary["asked_ratio_old_to_new"] = summary["old"]["designed_per_s"] / summary["new"]["designed_per_s"]
     payload = {"command": "python benchmarks/bench_watch_store.py " + " ".join(argv), "world": args.world,
                "per_node": args.per_node, "nodes": args.world // args.per_node, "seconds": args.seconds,
-               "publish_every_s": publish_every_s(args.world), "read_every_s": read_every_s(args.world // args.per_node),
+               "publish_every_s": publish_every_s(args.world),
+               "read_every_s": read_every_s(args.world // args.per_node),
                "rounds": results, "summary": summary}
     print(json.dumps(summary, indent=1))
     if args.json:

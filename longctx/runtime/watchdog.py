@@ -55,6 +55,7 @@ WARM_STEPS = 3  # the first steps of a shape (a run's start, a stage, a resume) 
 POLL_S = 1.0
 REPORT_DEADLINE_S = 30.0  # the stacks, the marker and the lock release, at most
 CLAIM_WAIT_S = 3.0  # how long the reporting rank asks the store whether another rank reported first
+DESCRIBE_SILENT_WRITES = 2  # a stall line names a peer whose progress missed this many writes
 IN_STEP = ("data", "compute")  # the phases held to the step-time limit; between steps: the start-up one
 
 log = logging.getLogger("longctx.runtime.watchdog")
@@ -75,6 +76,8 @@ LOST_PEER = re.compile("|".join((
     r"remote process exited or there was a network error",  # ncclRemoteError
     r"some nccl operations have failed or timed out",
 )), re.IGNORECASE)
+
+TIMED_OUT = re.compile(r"timed out waiting|timeout|milliseconds before timing out", re.IGNORECASE)
 
 
 def is_collective_timeout(exc: BaseException) -> bool:
@@ -244,9 +247,10 @@ class Watchdog:
     def collective_failed(self, exc: BaseException) -> NoReturn:
         """The main thread's end after a collective timed out (is_collective_timeout)."""
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        self.stalled(f"rank {self.rank} at {self.unit} {self.step}, phase {self.phase}: a collective gave up after "
-                     f"{self.collective_s:.0f} s ({first[:200]})", own=False,
-                     detail="".join(traceback.format_exception(exc)))
+        how = (f"gave up after {self.collective_s:.0f} s" if TIMED_OUT.search(first)
+               else "lost its peer")  # a connection reset or timed out below the collective's own limit
+        self.stalled(f"rank {self.rank} at {self.unit} {self.step}, phase {self.phase}: a collective {how} "
+                     f"({first[:200]})", own=False, detail="".join(traceback.format_exception(exc)))
 
     def stalled(self, what: str, *, own: bool, detail: str = "") -> NoReturn:
         """Report and exit (once per process; a second caller waits for the exit). The first rank
@@ -273,8 +277,9 @@ class Watchdog:
             if read_at is None:
                 peers = ["the other ranks' progress is unknown (the job's store did not answer)"]
             else:
+                # the stall is decided: a peer that missed two of its writes is named as silent
                 peers = describe_peers(progress, self.rank, self.world, self.timeout_s, read_at[1], self.unit,
-                                       max(self.timeout_s, self.peers.silent_after_s))
+                                       DESCRIBE_SILENT_WRITES * self.peers.publish_every_s + POLL_S)
         parts = [what, *peers] if own else [*peers, what]  # the stalled rank first
         where = f"; stacks in {self.log_path.parent}/" if self.log_path is not None else "; stacks in each rank's log"
         return f"error: stalled: {'; '.join(parts)}{where}; exit code {STALLED_EXIT_CODE} (resume to continue)"

@@ -295,7 +295,8 @@ def test_a_live_or_finished_peer_does_not_end_a_long_phase(tmp_path, peer):
     """The same long phase with a peer that keeps publishing (it waits at the barrier), or that
     finished its work long ago (rank 0 still writes its reports): no stall."""
     if peer == "done":
-        data = '{"longctx/progress/1": \'{"step": 10, "phase": "done", "idle_s": 0.0, "time": %r}\' % (time.time() - 50)}'
+        data = ('{"longctx/progress/1": \'{"step": 10, "phase": "done", "idle_s": 0.0, "time": %r}\' '
+                '% (time.time() - 50)}')
         keep = ""
     else:
         data = "{}"
