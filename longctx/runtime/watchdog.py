@@ -144,9 +144,11 @@ class Watchdog:
 
     # ------------------------------------------------------------ what the main loop says
     def beat(self, phase: str, step: Optional[int] = None) -> None:
-        """Progress: the rank enters `phase` (of `step`)."""
-        if step is not None:
+        """Progress: the rank enters `phase` (of `step`; a new step goes to the courier at once)."""
+        if step is not None and step != self.step:
             self.step = step
+            if self.peers is not None:
+                self.peers.post(step, phase, 0.0)
         self.phase, self._last = phase, time.monotonic()
 
     @property

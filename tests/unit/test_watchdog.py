@@ -72,16 +72,16 @@ def test_a_new_stage_is_judged_as_a_start():
     assert w.limit_s() == 30.0 + STEP_MULTIPLE * 1.0
 
 
-@pytest.mark.parametrize("first_step_s", [0.05, 2.0])
+@pytest.mark.parametrize("first_step_s", [0.05, 1.0])
 def test_a_slow_second_step_does_not_stall(first_step_s):
     """Steps 2 to 4 take 2 x timeout_s, after a fast or an as slow first step: the watch lets
     them run (the old rule held step 2 to timeout_s alone and ended such a model at every start)."""
     script = textwrap.dedent(f"""
         import time
         from longctx.runtime.watchdog import Watchdog, watched_batches
-        w = Watchdog(rank=0, world=1, timeout_s=1.0, startup_timeout_s=8.0, log_path=None, marker_dir=None).start()
+        w = Watchdog(rank=0, world=1, timeout_s=0.5, startup_timeout_s=8.0, log_path=None, marker_dir=None).start()
         w.new_shape("stage 0")
-        for step, seconds in ((1, {first_step_s}), (2, 2.0), (3, 2.0), (4, 2.0)):
+        for step, seconds in ((1, {first_step_s}), (2, 1.0), (3, 1.0), (4, 1.0)):
             w.beat("data", step=step)
             for _ in watched_batches(iter([0]), w):
                 time.sleep(seconds)  # compute
@@ -266,28 +266,19 @@ def test_a_rank_cut_off_from_the_store_ends_by_itself(tmp_path):
 
 def test_only_the_first_rank_to_report_prints_the_line(tmp_path):
     """Another rank reported the stall first (the store's counter): this one writes its line to
-    its log, leaves that rank's STALLED alone, and exits 86 without printing."""
+    its log, leaves that rank's STALLED alone, and exits 86 without printing. The line names the
+    limit that ran out: a collective in a checkpoint save waited the start-up limit, not timeout_s."""
     (tmp_path / "STALLED").write_text("error: stalled: the first rank's line\n")
     script = _peer_script(tmp_path, '{"longctx/stall-reported": "1"}', """
-        w.beat("compute", step=2)
-        w.stalled("rank 0 at step 2, phase compute: a collective gave up after 2 s (test)", own=False)
-    """)
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
-    assert done.returncode == STALLED_EXIT_CODE, done.stderr
-    assert "error: stalled:" not in done.stderr, done.stderr
-    assert (tmp_path / "STALLED").read_text() == "error: stalled: the first rank's line\n"
-    assert "error: stalled: " in (tmp_path / "rank.log").read_text()
-
-
-def test_the_line_names_the_limit_that_ran_out(tmp_path):
-    """A collective that gave up in a checkpoint save waited the start-up limit, not timeout_s."""
-    script = _peer_script(tmp_path, "{}", """
         with w.slow_phase("checkpoint"):
             w.collective_failed(RuntimeError("Timed out waiting 600000ms for recv operation to complete"))
     """)
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
     assert done.returncode == STALLED_EXIT_CODE, done.stderr
-    assert "phase checkpoint: a collective gave up after 600 s" in done.stderr, done.stderr
+    assert "error: stalled:" not in done.stderr, done.stderr
+    assert (tmp_path / "STALLED").read_text() == "error: stalled: the first rank's line\n"
+    logged = (tmp_path / "rank.log").read_text()
+    assert "error: stalled: " in logged and "phase checkpoint: a collective gave up after 600 s" in logged, logged
 
 
 @pytest.mark.parametrize("peer", ["publishing", "done"])
