@@ -28,8 +28,11 @@ NODE_FAULTS = (PARTITIONED, LOST)
 ENDS_WITHIN = 3  # x parallel.timeout_s, from the fault to the last launcher's end
 
 
-def logged_step(out: Path) -> int:
+def logged_step(out: Path, since: float = 0.0) -> int:
+    """The last step metrics.jsonl logged since `since` (wall clock; 0 before: an earlier start's)."""
     try:
+        if (out / "metrics.jsonl").stat().st_mtime < since:
+            return 0
         lines = (out / "metrics.jsonl").read_text().splitlines()
         return json.loads(lines[-1])["step"] if lines else 0
     except (OSError, ValueError, KeyError, IndexError):
@@ -56,9 +59,9 @@ class TwoNodeJob:
         return [p for proc in self.procs for p in _with_children(proc.pid)]
 
     def wait_for_step(self, out: Path, step: int, deadline_s: float = 900) -> bool:
-        """Until the run logged `step` (False: a launcher ended first, or the deadline passed)."""
+        """Until this start logged `step` (False: a launcher ended first, or the deadline passed)."""
         end = time.monotonic() + deadline_s
-        while logged_step(out) < step:
+        while logged_step(out, self.began) < step:
             if any(p.poll() is not None for p in self.procs) or time.monotonic() > end:
                 return False
             time.sleep(0.1)
