@@ -183,6 +183,10 @@ NOT_RUN = {  # command (DocCommand.key) -> why it is not run
     "python scripts/faults/chaos_soak.py --faults 2 --faults-per-run 2,2 --seed 1 --configs 6 --eval-share 0":
         f"{BENCH} (~8 min; root: two network namespaces); tests/integration/test_node_partition.py runs its "
         "two node faults",
+    # docs/results/2026-12-06-chaos-soak-nodes.md
+    "python scripts/faults/chaos_soak.py --faults 2 --faults-per-run 2,2 --seed 1 --configs 6 --eval-share 0 "
+    "--json docs/results/2026-12-06-chaos-soak-nodes.json --md soak.md": f"{BENCH} (~7 min; root); rewrites the "
+    "report's JSON",
     # docs/results/2026-12-06-watch-store.md
     "python benchmarks/bench_watch_store.py --world 1024 --per-node 8 --seconds 20 --rounds 2 "
     "--json docs/results/2026-12-06-watch-store.json": f"{BENCH} (~10 min); rewrites the report's JSON",
