@@ -86,6 +86,10 @@ class TwoNodes:
         for ns in self.names:
             _ip("netns", "del", ns, check=False)
             shutil.rmtree(ETC_NETNS / ns, ignore_errors=True)
+        try:
+            ETC_NETNS.rmdir()  # when this made it (nothing else there)
+        except OSError:
+            pass
 
     def wrap(self, node: int, cmd: list[str]) -> list[str]:
         """`cmd` run on `node`: inside its network namespace, under its host name."""
