@@ -7,9 +7,13 @@
 #
 #   OMP_NUM_THREADS        CPU threads per process = CPUs of the node / processes per node
 #                          (torchrun would otherwise force 1, and unset it oversubscribes).
-#   TORCH_NCCL_ASYNC_ERROR_HANDLING=1
-#                          a rank that fails makes the others abort with an error instead of
-#                          hanging in a collective until the (30 min) timeout.
+#   TORCH_NCCL_ASYNC_ERROR_HANDLING=2
+#                          a timed-out collective aborts NCCL's communicators and raises in the
+#                          rank, which reports the stall (exit 86, STALLED, requeued); 1 and 3
+#                          end the process with SIGABRT first (docs/operations.md).
+#   TORCH_NCCL_DUMP_ON_TIMEOUT=0
+#                          its dump path ends the process with SIGABRT after a timeout, before
+#                          longctx reports it.
 #   NCCL_DEBUG=WARN        INFO prints the topology/transport NCCL picked: use it when a job is
 #                          slow or hangs at start-up.
 #   PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
@@ -27,7 +31,7 @@
 #   FI_PROVIDER=efa, FI_EFA_USE_DEVICE_RDMA=1   AWS EFA (with the aws-ofi-nccl plugin)
 #   NCCL_P2P_DISABLE / NCCL_IB_DISABLE           only to debug broken links, never for speed
 
-LONGCTX_ENV_VARS=(OMP_NUM_THREADS TORCH_NCCL_ASYNC_ERROR_HANDLING NCCL_DEBUG PYTORCH_CUDA_ALLOC_CONF
+LONGCTX_ENV_VARS=(OMP_NUM_THREADS TORCH_NCCL_ASYNC_ERROR_HANDLING TORCH_NCCL_DUMP_ON_TIMEOUT NCCL_DEBUG PYTORCH_CUDA_ALLOC_CONF
                   NCCL_SOCKET_IFNAME NCCL_IB_HCA NCCL_IB_GID_INDEX NCCL_NET_GDR_LEVEL FI_PROVIDER
                   CUDA_VISIBLE_DEVICES LONGCTX_PYTHON)
 
@@ -38,7 +42,8 @@ longctx_env_defaults() {
     threads=$(( cpus / (nproc > 0 ? nproc : 1) ))
     (( threads >= 1 )) || threads=1
     export OMP_NUM_THREADS=${OMP_NUM_THREADS:-$threads}
-    export TORCH_NCCL_ASYNC_ERROR_HANDLING=${TORCH_NCCL_ASYNC_ERROR_HANDLING:-1}
+    export TORCH_NCCL_ASYNC_ERROR_HANDLING=${TORCH_NCCL_ASYNC_ERROR_HANDLING:-2}
+    export TORCH_NCCL_DUMP_ON_TIMEOUT=${TORCH_NCCL_DUMP_ON_TIMEOUT:-0}
     export NCCL_DEBUG=${NCCL_DEBUG:-WARN}
     export PYTORCH_CUDA_ALLOC_CONF=${PYTORCH_CUDA_ALLOC_CONF:-expandable_segments:True}
     export LONGCTX_PYTHON=${LONGCTX_PYTHON:-python3}

@@ -5,6 +5,8 @@
 #   many nodes:  on every node (same command, same endpoint and id):
 #                launch/torchrun.sh --nnodes 4 --nproc-per-node 8 --rdzv-endpoint node001:29500 \
 #                    --rdzv-id myrun -- train --config configs/x.yaml
+#                (--rdzv-conf is_host=1 on the endpoint's node when torchrun does not recognise the
+#                endpoint as its own address: a second NIC, a network namespace)
 #   CPU test:    launch/torchrun.sh --nproc-per-node 2 -- train --config configs/cpu/yarn-llama2-7b-128k.yaml
 #
 # Everything after `--` is a longctx command line (train / eval / ...). Before a `train` or an
@@ -27,7 +29,7 @@
 #   timeout --foreground --preserve-status --signal=USR1 90m launch/torchrun.sh ...
 set -euo pipefail
 
-usage() { sed -n '2,10p' "$0" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,12p' "$0" | sed 's/^# \{0,1\}//'; }
 die() { echo "error: $*" >&2; exit 2; }
 value() {  # value OPTION [VALUE ...]: the option needs a value that is not the next option
     if (( $# < 2 )) || [[ -z $2 || $2 == -* ]]; then die "$1: needs a value (launch/torchrun.sh --help)"; fi
@@ -37,13 +39,14 @@ HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 # shellcheck source=launch/env.sh
 source "$HERE/env.sh"
 
-nproc="" nnodes=1 endpoint="" rdzv_id="" log_dir="" preflight=1
+nproc="" nnodes=1 endpoint="" rdzv_id="" rdzv_conf="" log_dir="" preflight=1
 while (( $# )); do
     case $1 in
         --nproc-per-node|--nproc_per_node) value "$@"; nproc=$2; shift 2 ;;
         --nnodes) value "$@"; nnodes=$2; shift 2 ;;
         --rdzv-endpoint) value "$@"; endpoint=$2; shift 2 ;;
         --rdzv-id) value "$@"; rdzv_id=$2; shift 2 ;;
+        --rdzv-conf) value "$@"; rdzv_conf=$2; shift 2 ;;
         --log-dir) value "$@"; log_dir=$2; shift 2 ;;
         --no-preflight) preflight=0; shift ;;
         -h|--help) usage; exit 0 ;;
@@ -81,6 +84,7 @@ fi
 args=(--nnodes "$nnodes" --nproc-per-node "$nproc" --max-restarts 0)
 if (( nnodes > 1 )) || [[ -n $endpoint ]]; then
     args+=(--rdzv-backend c10d --rdzv-endpoint "$endpoint" --rdzv-id "${rdzv_id:-longctx}")
+    if [[ -n $rdzv_conf ]]; then args+=(--rdzv-conf "$rdzv_conf"); fi
 else
     args+=(--standalone)
 fi

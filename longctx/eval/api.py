@@ -38,14 +38,19 @@ from longctx.reporting.progress import Progress
 
 
 @contextmanager
-def out_lock(out: Optional[str]) -> Iterator[None]:
-    """One eval writing `out` at a time (rank 0 holds the lock; None: nothing to hold)."""
-    holder = acquire(Path(out)) if out is not None and is_main() else None
+def out_lock(out: Optional[str]) -> Iterator[Callable[[], None]]:
+    """One eval writing `out` at a time (rank 0 holds the lock; None: nothing to hold). Yields
+    the release, for an end that leaves no `finally` to run (a stall's exit: runtime/watchdog.py)."""
+    holder = [acquire(Path(out))] if out is not None and is_main() else []
+
+    def release() -> None:
+        if holder:
+            release_lock(Path(out), holder.pop())
+
     try:
-        yield
+        yield release
     finally:
-        if holder is not None:
-            release_lock(Path(out), holder)
+        release()
 
 
 def evaluate(model, tokenizer, cfg: EvalConfig, *, context: EvalContext = EvalContext(),

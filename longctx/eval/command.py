@@ -115,17 +115,18 @@ def _evaluate(cfg: EvalConfig, world: int, flag: PreemptionFlag, *, overwrite: b
     spec = tokenizer_spec_for(model_dir, cfg.tokenizer)
     tokenizer = load_tokenizer_for(model_dir, cfg.tokenizer)
     identity = run_identity(model_dir, spec, cfg.dtype, model_overrides=overrides) if cfg.out is not None else None
-    with out_lock(cfg.out):
+    with out_lock(cfg.out) as release_lock:
         main = read_env().rank == 0
         plan = prepare(cfg, tokenizer, identity=identity, model_path=str(model_dir), overwrite=overwrite,
                        remove=main, notify=atomic.note if main else (lambda line: None))
         return _load_and_evaluate(cfg, world, flag, model_dir, tokenizer, plan,
-                                  (model_config if overrides else None, overrides))
+                                  (model_config if overrides else None, overrides), release_lock)
 
 
 def _load_and_evaluate(cfg: EvalConfig, world: int, flag: PreemptionFlag, model_dir: Path, tokenizer, plan,
-                       override: tuple) -> EvalResult:
-    """override: (the overridden ModelConfig or None, the overridden fields as the model runs with them)."""
+                       override: tuple, release_lock: typing.Callable[[], None]) -> EvalResult:
+    """override: (the overridden ModelConfig or None, the overridden fields as the model runs with
+    them); release_lock: --out's (a stall's exit runs it)."""
     check_eval_window(override[0] or base_model_config(model_dir), plan.run.lengths + plan.run.ppl_lengths)
     model = load_model(model_dir, dtype=parse_dtype(cfg.dtype), config=override[0]).eval()
     model.to(eval_device(cfg.device, read_env().local_rank))
@@ -134,7 +135,7 @@ def _load_and_evaluate(cfg: EvalConfig, world: int, flag: PreemptionFlag, model_
     cp_group, watchdog = None, None
     if world > 1:
         init_distributed(timeout_s=cfg.startup_timeout_s)
-        watchdog = start_watch(cfg, read_env().rank, world)
+        watchdog = start_watch(cfg, read_env().rank, world, on_end=release_lock)
         mesh = build_mesh(cfg.cp, cfg.startup_timeout_s)
         cp_group = mesh.cp_group if cfg.cp > 1 else None
     completed = False

@@ -14,7 +14,7 @@ from __future__ import annotations
 import contextlib
 import time
 from pathlib import Path
-from typing import Iterator, Optional
+from typing import Callable, Iterator, Optional
 
 from longctx.eval.config import EvalConfig
 from longctx.runtime.watchdog import STALLED_MARKER, Watchdog, is_collective_timeout
@@ -22,16 +22,18 @@ from longctx.runtime.watchdog import STALLED_MARKER, Watchdog, is_collective_tim
 PHASE = "eval"  # a round of batches (decoding or a perplexity cell): held to the collective timeout
 
 
-def start_watch(cfg: EvalConfig, rank: int, world: int) -> Optional[Watchdog]:
+def start_watch(cfg: EvalConfig, rank: int, world: int, on_end: Callable[[], None] = lambda: None
+                ) -> Optional[Watchdog]:
     """The rank's watch (None for one process: no peer to wait for). Rank 0 removes a STALLED an
-    earlier run left in OUT (the SLURM scripts requeue on it)."""
+    earlier run left in OUT (the SLURM scripts requeue on it). `on_end`: run by a stall's exit
+    (the release of OUT's lock)."""
     if world == 1:
         return None
     out = Path(cfg.out) if cfg.out is not None else None
     if out is not None and rank == 0:
         (out / STALLED_MARKER).unlink(missing_ok=True)
     watchdog = Watchdog(rank=rank, world=world, timeout_s=cfg.timeout_s, startup_timeout_s=cfg.startup_timeout_s,
-                        log_path=None, marker_dir=out, unit="batch round").start()
+                        log_path=None, marker_dir=out, on_end=on_end, unit="batch round").start()
     watchdog.beat(PHASE, step=1)
     return watchdog
 

@@ -14,6 +14,8 @@ from typing import List, Optional, Sequence
 import torch
 import torch.distributed as dist
 
+from longctx.parallel.timeouts import p2p_timeout
+
 Tensor = torch.Tensor
 
 
@@ -32,15 +34,15 @@ def reset_comm_stats() -> None:
 
 
 class Pending:
-    """In-flight send/recv; wait() returns the received tensor."""
+    """In-flight send/recv; wait() returns the received tensor, or raises as a collective that
+    timed out when the peer does not answer within the collective timeout."""
 
     def __init__(self, works, send: Tensor, recv: Tensor):
         self._works, self._send, self.recv = works, send, recv
 
     def wait(self) -> Tensor:
         t0 = time.perf_counter()
-        for w in self._works:
-            w.wait()
+        _wait_all(self._works, self.recv)
         COMM_STATS["wait_s"] += time.perf_counter() - t0
         self._works, self._send = [], None
         return self.recv
@@ -102,8 +104,7 @@ def all_to_all(send: Tensor, peers: Sequence[int], index: int, group: Optional[d
         if i != index:
             ops.append(dist.P2POp(dist.isend, send[i], peer, group, tag))
             ops.append(dist.P2POp(dist.irecv, recv[i], peer, group, tag))
-    for w in dist.batch_isend_irecv(ops):
-        w.wait()
+    _wait_all(dist.batch_isend_irecv(ops), recv)
     return recv
 
 
@@ -131,6 +132,18 @@ def all_to_all_v(send: Tensor, send_splits: Sequence[int], recv_splits: Sequence
         if recv_splits[i]:
             ops.append(dist.P2POp(dist.irecv, recv.narrow(0, r_off[i], recv_splits[i]), peer, group, tag))
     if ops:
-        for w in dist.batch_isend_irecv(ops):
-            w.wait()
+        _wait_all(dist.batch_isend_irecv(ops), recv)
     return recv
+
+
+def _wait_all(works, recv: Tensor) -> None:
+    """Point-to-point works, each held to the collective timeout. On gloo a point-to-point wait
+    has no timeout of its own (a rank whose peer's node is cut off would wait for ever); on NCCL
+    the process group's watchdog times it out as any collective, and a timeout given to wait()
+    would block the CPU until the transfer ends (no overlap with compute)."""
+    timeout = None if recv.is_cuda else p2p_timeout()
+    for w in works:
+        if timeout is None:
+            w.wait()
+        else:
+            w.wait(timeout)

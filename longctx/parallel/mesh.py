@@ -15,7 +15,12 @@ from typing import Optional, Sequence
 import torch
 import torch.distributed as dist
 
-from longctx.parallel.timeouts import DEFAULT_STARTUP_TIMEOUT_S, as_timedelta, enable_nccl_async_errors
+from longctx.parallel.timeouts import (
+    DEFAULT_STARTUP_TIMEOUT_S,
+    as_timedelta,
+    enable_nccl_async_errors,
+    set_collective_timeout,
+)
 from longctx.runtime.launch_env import DistEnv, read_env
 from longctx.runtime.third_party_logs import quiet_other_ranks
 
@@ -42,11 +47,12 @@ def init_distributed(timeout_s: float = DEFAULT_STARTUP_TIMEOUT_S, preload: Sequ
     if torch.cuda.is_available():
         torch.cuda.set_device(info.local_rank % torch.cuda.device_count())
         backend = "nccl"
-        enable_nccl_async_errors()
+        enable_nccl_async_errors(timeout_s)
     else:
         backend = "gloo"
     dist.init_process_group(backend, rank=info.rank, world_size=info.world_size,
                             timeout=as_timedelta(timeout_s))
+    set_collective_timeout(timeout_s)  # point-to-point waits too
     return info
 
 

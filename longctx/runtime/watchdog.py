@@ -1,26 +1,32 @@
 """A rank that stops making progress ends the job, says where, and lets the launcher requeue it.
 
 Each rank of `longctx train` and `longctx eval` runs one daemon thread that watches the rank's
-own progress (the main loop calls `beat` as it moves from phase to phase) and publishes it to
-the job's c10d store every few seconds, so any rank can tell which peer went quiet. Two ways a
-stall is seen:
+own progress (the main loop calls `beat` as it moves from phase to phase). A second thread, the
+courier (runtime/peer_progress.py), carries that progress to the job's c10d store and the
+others' back, so any rank can tell which peer went quiet; the watch never waits on the network.
+A stall is seen four ways:
 
-- a collective gives up (parallel/timeouts.py): the main thread catches the error and calls
-  `collective_failed`;
-- a step's phase (data loading, compute) runs far longer than the run's own steps, with no
-  collective to time out (a stuck file system, a rank spinning): the thread sees it.
+- a collective or a point-to-point wait gives up (parallel/timeouts.py): the main thread
+  catches the error and calls `collective_failed`;
+- a phase runs longer than its limit with no collective to time out (a stuck file system, a
+  rank spinning): the watch sees it (`limit_s`);
+- while this rank waits longer than timeout_s, a peer's progress stops changing (its process
+  stopped, its node cut off or lost);
+- the job's store stops answering this rank for longer than that (this node cut off, or the
+  store's node lost).
 
-Either way the rank writes every thread's Python stack to its log, prints one line naming the
-stalled rank(s), the step and the phase, leaves STALLED (that line) in the run directory for
-the launchers, and exits with STALLED_EXIT_CODE; torchrun's agent then ends the other workers,
-and launch/torchrun.sh and slurm/*.sbatch requeue the job as for a lost node. File-system work
-runs in a helper thread with a deadline, so a stuck file system cannot keep the process alive.
+Whichever comes first, the rank writes every thread's Python stack to its log, leaves STALLED
+(the line) in the run directory for the launchers, and exits with STALLED_EXIT_CODE; the first
+rank of the job to report (a counter in the store) also prints the line, naming the stalled
+rank(s), the step, the phase and the limit that ran out. torchrun's agent then ends the other
+workers, and launch/torchrun.sh and slurm/*.sbatch requeue the job as for a lost node.
+File-system work runs in a helper thread with a deadline, so a stuck file system cannot keep
+the process alive.
 """
 from __future__ import annotations
 
 import contextlib
 import faulthandler
-import json
 import logging
 import os
 import re
@@ -28,23 +34,28 @@ import sys
 import threading
 import time
 import traceback
-from datetime import timedelta
 from pathlib import Path
-from typing import Callable, Iterator, NoReturn, Optional
+from typing import Callable, Hashable, Iterator, NoReturn, Optional
 
 from longctx.parallel.timeouts import set_collective_timeout
+from longctx.runtime.peer_progress import (
+    DONE,
+    STORE_TIMEOUT_S,
+    PeerProgress,
+    describe_peers,
+    silent_ranks,
+    store_address,
+)
 from longctx.storage import atomic
 
 STALLED_EXIT_CODE = 86  # launchers requeue it, as a lost node
 STALLED_MARKER = "STALLED"  # in the run directory: the line that ended the job
-STEP_MULTIPLE = 4  # a step's phase may last timeout_s + this many times the slowest step so far
+STEP_MULTIPLE = 4  # a step's phase may last timeout_s + this many times the slowest step of its shape
+WARM_STEPS = 3  # the first steps of a shape (a run's start, a stage, a resume) have the start-up limit
 POLL_S = 1.0
-PUBLISH_EVERY_S = 2.0
-SILENT_AFTER_S = 10.0  # a peer whose thread published nothing for this long is stopped or cut off
-STORE_TIMEOUT_S = 10.0
 REPORT_DEADLINE_S = 30.0  # the stacks, the marker and the lock release, at most
-KEY = "longctx/progress/{rank}"
-DONE = "done"  # a rank whose work is over (it waits at the last barrier, or has exited): not silent
+CLAIM_WAIT_S = 3.0  # how long the reporting rank asks the store whether another rank reported first
+DESCRIBE_SILENT_WRITES = 2  # a stall line names a peer whose progress missed this many writes
 IN_STEP = ("data", "compute")  # the phases held to the step-time limit; between steps: the start-up one
 
 log = logging.getLogger("longctx.runtime.watchdog")
@@ -58,12 +69,15 @@ LOST_PEER = re.compile("|".join((
     r"timed out waiting \d+ ?ms for (send|recv) operation",  # gloo: the collective's timeout
     r"application timeout caused pair closure",  # gloo: a peer's side timed out first
     r"connection (closed|reset) by peer",  # gloo: the peer's process or node went away
+    r"tcp/pair\.cc:\d+\] (read|write) error \[",  # gloo: the link to the peer's node failed (timed out)
     r"watchdog caught collective operation timeout",  # NCCL's watchdog (async error handling)
     r"ran for \d+ milliseconds before timing out",
     r"nccl communicator was aborted",  # a timed-out NCCL collective, seen by the waiting call
     r"remote process exited or there was a network error",  # ncclRemoteError
     r"some nccl operations have failed or timed out",
 )), re.IGNORECASE)
+
+TIMED_OUT = re.compile(r"timed out waiting|timeout|milliseconds before timing out", re.IGNORECASE)
 
 
 def is_collective_timeout(exc: BaseException) -> bool:
@@ -77,71 +91,22 @@ def is_collective_timeout(exc: BaseException) -> bool:
     return False
 
 
-class PeerProgress:
-    """Each rank's last progress in the job's c10d store (the launcher's, or rank 0's): a client
-    of its own, with a short timeout, so a stopped peer or host cannot block the reader long."""
+class StepTimes:
+    """The finished steps of one shape (a stage's sequence length, cp mesh and micro-batch: its
+    kernels, its communicators): how many, and the slowest (the first included)."""
 
-    def __init__(self, rank: int, world: int):
-        self.rank, self.world = rank, world
-        self._store = None
-        self._lock = threading.Lock()  # one client, used by the watch thread and a stalled main thread
+    def __init__(self):
+        self.count, self.slowest_s = 0, 0.0
 
-    def _client(self):
-        if self._store is None:
-            import torch.distributed as dist  # the job has it loaded already
-
-            self._store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False,
-                                        timeout=timedelta(seconds=STORE_TIMEOUT_S), wait_for_workers=False)
-        return self._store
-
-    def publish(self, step: int, phase: str, idle_s: float) -> None:
-        record = {"step": step, "phase": phase, "idle_s": round(idle_s, 1), "time": time.time()}
-        with self._lock:
-            self._client().set(KEY.format(rank=self.rank), json.dumps(record))
-
-    def close(self) -> None:
-        """Drop the store client (the watch thread has ended)."""
-        with self._lock:
-            self._store = None
-
-    def read(self) -> dict[int, dict]:
-        found = {}
-        with self._lock:
-            store = self._client()
-            for rank in range(self.world):
-                key = KEY.format(rank=rank)
-                if store.check([key]):
-                    found[rank] = json.loads(store.get(key))
-        return found
-
-
-def describe_peers(progress: dict[int, dict], me: int, world: int, limit_s: float, now: float,
-                   unit: str = "step") -> list[str]:
-    """The ranks that look stalled, each with where it was: silent (its process stopped or cut
-    off) or stuck in one phase for at least half the limit. `unit`: what a step is called."""
-    found = []
-    for rank in range(world):
-        if rank == me:
-            continue
-        p = progress.get(rank)
-        if p is None:
-            found.append(f"rank {rank} never reported progress")
-            continue
-        if p["phase"] == DONE:  # finished its work: waits for the others, or has exited
-            continue
-        quiet = now - p["time"]
-        if quiet > SILENT_AFTER_S:
-            found.append(f"rank {rank} silent for {quiet:.0f} s (stopped or cut off; last at {unit} {p['step']}, "
-                         f"phase {p['phase']})")
-        elif p["idle_s"] >= limit_s / 2:
-            found.append(f"rank {rank} stuck for {p['idle_s']:.0f} s at {unit} {p['step']}, phase {p['phase']}")
-    return found
+    def add(self, seconds: float) -> None:
+        self.count, self.slowest_s = self.count + 1, max(self.slowest_s, seconds)
 
 
 class Watchdog:
     """One rank's stall watch. `log_path`: the rank's log (stacks are appended); `marker_dir`:
-    where STALLED goes (None: nowhere); `on_end`: run before the exit (release a lock); `unit`:
-    what the line calls a step (an evaluation counts its rounds of batches)."""
+    where STALLED goes (None: nowhere); `on_end`: run before the exit (release a lock); `peers`:
+    the courier (default: one on the job's store when world > 1); `unit`: what the line calls a
+    step (an evaluation counts its rounds of batches)."""
 
     def __init__(self, *, rank: int, world: int, timeout_s: float, startup_timeout_s: float,
                  log_path: Optional[Path], marker_dir: Optional[Path], on_end: Callable[[], None] = lambda: None,
@@ -151,43 +116,58 @@ class Watchdog:
         self.log_path, self.marker_dir, self.on_end = log_path, marker_dir, on_end
         self.peers = peers if peers is not None else (PeerProgress(rank, world) if world > 1 else None)
         self.step, self.phase = 0, "start-up"
-        self.steady = False  # the first step has finished: the short limits apply
-        self.slowest_step_s = 0.0
+        self.shape: Hashable = None
+        self._steps: dict[Hashable, StepTimes] = {None: StepTimes()}
+        self.collective_s = startup_timeout_s  # the collective timeout now
         self._last = time.monotonic()
         self._ending = threading.Lock()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._watch, name="longctx-watchdog", daemon=True)
 
     def start(self) -> "Watchdog":
+        if self.peers is not None:
+            self.peers.start()
         self._thread.start()
         return self
 
     def stop(self) -> None:
-        """The rank's work is over: the watch publishes it as done (a peer that still writes its
-        reports must not take this rank's quiet for a stall) and ends. The thread is joined and
-        its store client closed here: a daemon thread still inside a store call when the
-        interpreter exits aborts the process ("terminate called without an active exception")."""
+        """The rank's work is over: the courier publishes it as done (a peer that still writes
+        its reports must not take this rank's quiet for a stall) and both threads end. They are
+        joined here: a daemon thread still inside a store call when the interpreter exits aborts
+        the process ("terminate called without an active exception")."""
         self.beat(DONE)
         self._stop.set()
         if self._thread.is_alive() and self._thread is not threading.current_thread():
-            self._thread.join(STORE_TIMEOUT_S + 2 * POLL_S)
-        if self.peers is not None and not self._thread.is_alive():
-            self.peers.close()
+            self._thread.join(2 * POLL_S)
+        if self.peers is not None:
+            self.peers.close({"step": self.step, "phase": DONE, "idle_s": 0.0}, wait_s=3 * STORE_TIMEOUT_S)
 
     # ------------------------------------------------------------ what the main loop says
     def beat(self, phase: str, step: Optional[int] = None) -> None:
-        """Progress: the rank enters `phase` (of `step`)."""
-        if step is not None:
+        """Progress: the rank enters `phase` (of `step`; a new step goes to the courier at once)."""
+        if step is not None and step != self.step:
             self.step = step
+            if self.peers is not None:
+                self.peers.post(step, phase, 0.0)
         self.phase, self._last = phase, time.monotonic()
 
+    @property
+    def steady(self) -> bool:
+        """A step of the current shape has finished: collectives get the short timeout."""
+        return self._steps[self.shape].count > 0
+
+    def new_shape(self, shape: Hashable) -> None:
+        """The steps from here on have another shape (a stage: another sequence length, cp mesh,
+        fresh communicators): until one of them has finished, collectives get the start-up
+        timeout again, and until WARM_STEPS of them have, their phases the start-up limit."""
+        self.shape = shape
+        self._steps.setdefault(shape, StepTimes())
+        self._set_collective(self.collective_timeout_s())
+
     def step_done(self, seconds: float) -> None:
-        """A step finished in `seconds`; after the first one, collectives get the short timeout."""
-        if self.steady:
-            self.slowest_step_s = max(self.slowest_step_s, seconds)
-        else:
-            self.steady = True
-            set_collective_timeout(self.timeout_s)
+        """A step of the current shape finished in `seconds`; collectives get the short timeout."""
+        self._steps[self.shape].add(seconds)
+        self._set_collective(self.timeout_s)
         self.beat("between steps")
 
     @contextlib.contextmanager
@@ -195,85 +175,99 @@ class Watchdog:
         """A phase allowed the start-up timeout, collectives included (a checkpoint save: rank 0
         may write for minutes while the others wait at a barrier)."""
         self.beat(phase)
-        set_collective_timeout(self.startup_timeout_s)
+        self._set_collective(self.startup_timeout_s)
         try:
             yield
         finally:
-            if self.steady:
-                set_collective_timeout(self.timeout_s)
+            self._set_collective(self.collective_timeout_s())
             self.beat("between steps")
 
+    def _set_collective(self, seconds: float) -> None:
+        if seconds != self.collective_s:
+            set_collective_timeout(seconds)
+            self.collective_s = seconds
+
     def collective_timeout_s(self) -> float:
-        """The collective timeout now (for a process group created from here on)."""
+        """The collective timeout between steps (for a process group created from here on)."""
         return self.timeout_s if self.steady else self.startup_timeout_s
 
     def limit_s(self) -> float:
-        """How long the current phase may go without progress."""
-        if not self.steady or self.phase not in IN_STEP:
+        """How long the current phase may go without progress. A step's phases: timeout_s plus
+        STEP_MULTIPLE times the slowest step of this shape so far (never shorter than the
+        collective timeout, so a collective's own error comes first), once WARM_STEPS steps of
+        the shape have run; before that, and between steps, the start-up limit."""
+        times = self._steps[self.shape]
+        if self.phase not in IN_STEP or times.count < WARM_STEPS:
             return self.startup_timeout_s
-        return self.timeout_s + STEP_MULTIPLE * self.slowest_step_s  # past a collective's own timeout
+        return self.timeout_s + STEP_MULTIPLE * times.slowest_s
+
+    def cutoff_limit_s(self) -> float:
+        """How long the job's store may leave this rank unanswered: as long as a silent peer
+        (timeout_s, or the courier's silence threshold when longer); the start-up limit before
+        the run's first step (a store busy with a large job's rendezvous)."""
+        if not any(times.count for times in self._steps.values()):
+            return self.startup_timeout_s
+        return max(self.timeout_s, self.peers.silent_after_s)
 
     # ------------------------------------------------------------------------ the watch
     def _watch(self) -> None:
-        published, published_step, checked = -PUBLISH_EVERY_S, -1, -PUBLISH_EVERY_S
-        while True:  # publishes at once, then every PUBLISH_EVERY_S and at each new step
+        while True:
             now = time.monotonic()
             idle = now - self._last
-            if self.peers is not None and (now - published >= PUBLISH_EVERY_S or self.step != published_step):
-                published, published_step = now, self.step
-                try:
-                    self.peers.publish(self.step, self.phase, idle)
-                except Exception as e:  # noqa: BLE001 - the store's host may be gone; the watch goes on
-                    log.warning("watchdog: cannot publish progress (%s)", e)
-            if idle > self.limit_s():
+            if self.peers is not None:
+                self.peers.post(self.step, self.phase, idle)
+            limit = self.limit_s()
+            if idle > limit:
                 self.stalled(f"rank {self.rank} made no progress for {idle:.0f} s at {self.unit} {self.step}, phase "
-                             f"{self.phase} (limit {self.limit_s():.0f} s)", own=True)
-            # waiting longer than timeout_s in a phase with the long limit (a checkpoint save, a
-            # barrier): a peer whose watch went silent as long is stopped or cut off, not slow.
-            # The store is read only then, so a large job's steady steps cost it nothing.
-            if self.peers is not None and idle > self.timeout_s and now - checked >= PUBLISH_EVERY_S:
-                checked = now
-                if self._silent_peers():
-                    self.stalled(f"rank {self.rank} waiting for {idle:.0f} s at {self.unit} {self.step}, phase "
-                                 f"{self.phase}", own=False)
+                             f"{self.phase} (limit {limit:.0f} s)", own=True)
+            if self.peers is not None:
+                self._judge_peers(idle)
             if self._stop.wait(POLL_S):
-                self._publish_done()
                 return
 
-    def _publish_done(self) -> None:
-        if self.peers is not None:
-            try:
-                self.peers.publish(self.step, DONE, 0.0)
-            except Exception as e:  # noqa: BLE001 - best effort, on the way out
-                log.debug("watchdog: cannot publish the end (%s)", e)
-
-    def _silent_peers(self) -> list[int]:
-        """The peers that reported once and then nothing for longer than timeout_s (their watch
-        thread runs whatever their main thread does; hosts' clocks may differ by seconds)."""
-        try:
-            progress = self.peers.read()
-        except Exception:  # noqa: BLE001 - the store's host may be the stopped one: the collective decides
-            return []
-        silent_s = max(self.timeout_s, SILENT_AFTER_S)
-        return [rank for rank, p in progress.items()
-                if rank != self.rank and p["phase"] != DONE and time.time() - p["time"] > silent_s]
+    def _judge_peers(self, idle: float) -> None:
+        """Waiting longer than timeout_s (in any phase, a checkpoint save's too): a peer whose
+        progress stopped changing is stopped or cut off, not slow; a store that stopped
+        answering means this node is cut off (or the store's node is gone). The store is read
+        only then, so a large job's steady steps cost it nothing."""
+        unanswered = self.peers.unanswered_s()
+        if unanswered > self.cutoff_limit_s():
+            self.stalled(f"rank {self.rank} cut off: the job's store ({store_address()}) has not answered for "
+                         f"{unanswered:.0f} s (this node's network, or the store's node, is gone) at {self.unit} "
+                         f"{self.step}, phase {self.phase}", own=True)
+        if idle <= self.timeout_s:
+            return
+        self.peers.want_read()
+        progress, read_at = self.peers.progress()
+        if read_at is None or read_at[0] < self._last:  # not read during this wait yet
+            return
+        silent_s = max(self.timeout_s, self.peers.silent_after_s)
+        if silent_ranks(progress, read_at[1], self.rank, silent_s):
+            self.stalled(f"rank {self.rank} waiting for {idle:.0f} s at {self.unit} {self.step}, phase "
+                         f"{self.phase}", own=False)
 
     def collective_failed(self, exc: BaseException) -> NoReturn:
         """The main thread's end after a collective timed out (is_collective_timeout)."""
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        limit = self.timeout_s if self.steady else self.startup_timeout_s
-        self.stalled(f"rank {self.rank} at {self.unit} {self.step}, phase {self.phase}: a collective gave up after "
-                     f"{limit:.0f} s ({first[:200]})", own=False,
-                     detail="".join(traceback.format_exception(exc)))
+        how = (f"gave up after {self.collective_s:.0f} s" if TIMED_OUT.search(first)
+               else "lost its peer")  # a connection reset or timed out below the collective's own limit
+        self.stalled(f"rank {self.rank} at {self.unit} {self.step}, phase {self.phase}: a collective {how} "
+                     f"({first[:200]})", own=False, detail="".join(traceback.format_exception(exc)))
 
     def stalled(self, what: str, *, own: bool, detail: str = "") -> NoReturn:
-        """Report and exit (once per process; a second caller waits for the exit). `detail`: more
-        for the rank's log (the failed collective's traceback)."""
+        """Report and exit (once per process; a second caller waits for the exit). The first rank
+        of the job to report prints the line (and one that cannot ask the store: a node cut off
+        has no other voice); every rank writes it to its log and leaves STALLED when none is there.
+        `detail`: more for the rank's log (the failed collective's traceback)."""
         self._ending.acquire()
+        first = self.peers.claim_report(CLAIM_WAIT_S) if self.peers is not None else True
+        if first and self.peers is not None:
+            self.peers.read_now(STORE_TIMEOUT_S)  # the line names the others as they are now
         line = self._line(what, own)
-        print(line, file=sys.stderr, flush=True)
-        report = threading.Thread(target=self._report, args=(line, detail), name="longctx-stall-report",
-                                  daemon=True)
+        if first is not False:
+            print(line, file=sys.stderr, flush=True)
+        report = threading.Thread(target=self._report, args=(line, detail, first is not False),
+                                  name="longctx-stall-report", daemon=True)
         report.start()
         report.join(REPORT_DEADLINE_S)
         os._exit(STALLED_EXIT_CODE)
@@ -281,25 +275,28 @@ class Watchdog:
     def _line(self, what: str, own: bool) -> str:
         peers = []
         if self.peers is not None:
-            try:
-                peers = describe_peers(self.peers.read(), self.rank, self.world, self.timeout_s, time.time(), self.unit)
-            except Exception as e:  # noqa: BLE001 - the store's host may be the stopped one
-                peers = [f"the other ranks' progress is unknown ({type(e).__name__})"]
+            progress, read_at = self.peers.progress()
+            if read_at is None:
+                peers = ["the other ranks' progress is unknown (the job's store did not answer)"]
+            else:
+                # the stall is decided: a peer that missed two of its writes is named as silent
+                peers = describe_peers(progress, self.rank, self.world, self.timeout_s, read_at[1], self.unit,
+                                       DESCRIBE_SILENT_WRITES * self.peers.publish_every_s + POLL_S)
         parts = [what, *peers] if own else [*peers, what]  # the stalled rank first
         where = f"; stacks in {self.log_path.parent}/" if self.log_path is not None else "; stacks in each rank's log"
         return f"error: stalled: {'; '.join(parts)}{where}; exit code {STALLED_EXIT_CODE} (resume to continue)"
 
-    def _report(self, line: str, detail: str) -> None:
-        """The line, `detail` and the stacks into the rank's log (not through logging: rank 0's
-        console has the line already; no log: stderr, which torchrun keeps per rank with
-        --log-dir), STALLED into the run directory, then on_end."""
+    def _report(self, line: str, detail: str, first: bool) -> None:
+        """The line, `detail` and the stacks into the rank's log (not through logging: the first
+        rank's console has the line already; no log: stderr, which torchrun keeps per rank with
+        --log-dir), STALLED into the run directory (the first rank's line wins), then on_end."""
         try:
             if self.log_path is not None:
                 with open(self.log_path, "a") as f:
                     _write_stacks(f, f"{line}\n{detail}", self.rank)
             else:
-                _write_stacks(sys.stderr, detail, self.rank)
-            if self.marker_dir is not None:
+                _write_stacks(sys.stderr, f"{line}\n{detail}" if not first else detail, self.rank)
+            if self.marker_dir is not None and (first or not (self.marker_dir / STALLED_MARKER).exists()):
                 atomic.write_text(self.marker_dir / STALLED_MARKER, line + "\n")
             self.on_end()
         except Exception as e:  # noqa: BLE001 - the exit comes anyway

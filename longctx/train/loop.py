@@ -216,6 +216,8 @@ class Trainer:
         if announce:
             self._announce(rope_line(where, self.plan.origin if index == 0 else self.model.config, model_cfg))
         cp = stage.parallel.cp_size
+        # its kernels and communicators are new: the start-up limits until its first steps ran
+        self.watchdog.new_shape((stage.seq_len, cp, stage.data.micro_batch_size))
         mesh = self._mesh(cp)
         self.model.set_context(model_cfg)  # the stage's RoPE and maximum length
         if index > 0:  # the engine was built with stage 0's attention; a resume may enter any stage first

@@ -40,7 +40,7 @@ class TrainConfig:
     overrides: tuple
     data_file: bool = False  # its own jsonl (the edited-data fault needs one)
     cache: bool = False  # data.cache_dir (the stale cache lock fault needs one)
-    launcher: str = "torchrun"  # torchrun | torchrun.sh
+    launcher: str = "torchrun"  # torchrun | torchrun.sh | two nodes (torchrun.sh on each, chaos_nodes.py)
 
     def args(self, out: Path, work: Path) -> list[str]:
         extra = [f"out_dir={out}", f"train.steps={STEPS}", "checkpoint.resume=auto",
@@ -63,6 +63,10 @@ TRAIN_CONFIGS = [
                                                       "parallel.cp_impl=allgather"), data_file=True),
     TrainConfig("2 procs cp 2 ulysses, ZeRO-2, cache", 2, ("parallel.zero_stage=2", "parallel.cp_size=2",
                                                            "parallel.cp_impl=ulysses"), data_file=True, cache=True),
+    # one process on each of two network namespaces (root): a partitioned node, a lost node
+    TrainConfig("2 nodes x 1 proc cp 2 ring, ZeRO-2", 2, ("parallel.zero_stage=2", "parallel.cp_size=2",
+                                                         "parallel.cp_impl=ring"), data_file=True,
+                launcher="two nodes"),
 ]
 EVAL_ARGS = ["--lengths", "128,256,512", "--cp", "1", "--tasks", "passkey,niah_single_1", "--depths", "0,1",
              "--samples", "6", "--style", "compact", "--tokenizer", "byte", "--max-new-tokens", "4",

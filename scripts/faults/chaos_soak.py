@@ -6,7 +6,10 @@ then check each against an uninterrupted run.
 
 Faults, at random moments (start-up, after a step, while a checkpoint is being written):
 SIGKILL of one worker, of the whole job, of the launcher alone (its workers must be gone within
-30 s); SIGTERM and SIGUSR1 (preemption); with several processes, after a step, a stall: SIGSTOP of
+30 s); SIGTERM and SIGUSR1 (preemption); for the two-node configuration (two network namespaces,
+root and `ip netns`; skipped with the reason elsewhere) a partitioned node and a lost node in turn
+(chaos_nodes.py: both launchers, or the survivor, end within 3 x timeout_s with 86 and STALLED);
+with several processes, after a step, a stall: SIGSTOP of
 one worker, or one rank's data read held for good (every run has parallel.timeout_s=15; the
 start must end by itself with the line naming the rank, STALLED and, under torchrun.sh, exit
 86). Between starts: the newest checkpoint truncated or one bit
@@ -40,6 +43,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import chaos_checks  # noqa: E402
 import chaos_faults  # noqa: E402
 import chaos_kit as kit  # noqa: E402
+import chaos_nodes  # noqa: E402
 
 
 class Soak:
@@ -87,7 +91,7 @@ class Soak:
 
     def command(self, cfg: kit.TrainConfig, out: Path) -> list[str]:
         args = cfg.args(out, self.work)
-        if cfg.launcher == "torchrun.sh":
+        if cfg.launcher in ("torchrun.sh", "two nodes"):  # two nodes: its uninterrupted run on one
             return [str(kit.ROOT / "launch" / "torchrun.sh"), "--nproc-per-node", str(cfg.nproc), "--", *args]
         return [kit.PY, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(cfg.nproc),
                 "-m", "longctx", *args]
@@ -134,6 +138,10 @@ class Soak:
     def train_run(self, index: int, run_dir: Path, logs: Path, faults: int, mounted: bool) -> dict:
         ci = self.rng.choice(self.configs)
         cfg, ref = kit.TRAIN_CONFIGS[ci], self.train_ref(ci)
+        if cfg.launcher == "two nodes":
+            return chaos_nodes.node_run(cfg, ref, self.work, index, run_dir, logs, faults, self.rng,
+                                        lambda kind, when, exits, detail: self.row(index, cfg.name, kind, when,
+                                                                                    exits[0], detail))
         out = run_dir / "run"
         kinds = (chaos_faults.DURING * 3 + list(chaos_faults.EDITS) + [chaos_faults.EDITED_DATA] * cfg.data_file
                  + [chaos_faults.FULL_DISK] * mounted + list(chaos_faults.STALLS) * (cfg.nproc > 1))
@@ -280,6 +288,13 @@ def parse(argv: list[str]) -> argparse.Namespace:
         p.exit(2, f"error: --faults >= 1, 1 <= MIN <= MAX, configs in 0-{len(kit.TRAIN_CONFIGS) - 1} and "
                   "0 <= --eval-share <= 1 are required\n")
     args.per_run = (lo, hi)
+    nodes = [i for i in args.configs if kit.TRAIN_CONFIGS[i].launcher == "two nodes"]
+    reason = chaos_nodes.unavailable_reason() if nodes else None
+    if reason:  # the two-node configuration needs two network namespaces
+        print(f"note: configuration {nodes[0]} ({kit.TRAIN_CONFIGS[nodes[0]].name}) skipped: {reason}", flush=True)
+        args.configs = [i for i in args.configs if i not in nodes]
+        if not args.configs:
+            p.exit(0, "note: no configuration left to run\n")
     args.kinds = args.kinds.split(",") if args.kinds else None
     unknown = [k for k in args.kinds or [] if k not in chaos_faults.TRAIN_KINDS]
     if unknown:

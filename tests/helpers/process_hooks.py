@@ -201,6 +201,36 @@ def stalled_data_env(tmp_path: Path, env: dict, rank: int, at_batch: int) -> tup
     return mark, release
 
 
+SLOW_DATA = """
+build = module.build_stage_loader
+
+class _Slow:
+    # every rank's loader: batch $SLOW_AT_BATCH (0-based) takes $SLOW_S seconds more to read
+    def __init__(self, loader):
+        self.loader = loader
+
+    def __getattr__(self, name):
+        return getattr(self.loader, name)
+
+    def __iter__(self):
+        for served, batch in enumerate(self.loader):
+            if served == int(os.environ["SLOW_AT_BATCH"]):
+                time.sleep(float(os.environ["SLOW_S"]))
+            yield batch
+
+def slow(*args, **kwargs):
+    return _Slow(build(*args, **kwargs))
+module.build_stage_loader = slow
+"""
+
+
+def slow_data_env(tmp_path: Path, env: dict, at_batch: int, seconds: float) -> None:
+    """Adds the slow-loader hook to env: every rank's batch `at_batch` (0-based) of the training
+    loader takes `seconds` more (a slow, not a stuck, step)."""
+    _hook_env(tmp_path, env, "longctx.train.stages", SLOW_DATA)
+    env.update(SLOW_AT_BATCH=str(at_batch), SLOW_S=str(seconds))
+
+
 HELD_BATCH = """
 complete = module.Engine.complete_with_ids
 calls = [0]

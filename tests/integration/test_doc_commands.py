@@ -207,6 +207,16 @@ NOT_RUN = {  # command (DocCommand.key) -> why it is not run
     # tests/integration/test_chaos_soak.py)
     "python scripts/faults/chaos_soak.py --faults 100 --seed 1 --json soak.json --md soak.md": f"{BENCH} (~25 min)",
     "python scripts/faults/chaos_soak.py --faults 10 --seed 3 --configs 1 --eval-share 0": "the suite's soak (~5 min)",
+    "python scripts/faults/chaos_soak.py --faults 2 --faults-per-run 2,2 --seed 1 --configs 6 --eval-share 0":
+        f"{BENCH} (~8 min; root: two network namespaces); tests/integration/test_node_partition.py runs its "
+        "two node faults",
+    # docs/results/2026-12-06-chaos-soak-nodes.md
+    "python scripts/faults/chaos_soak.py --faults 2 --faults-per-run 2,2 --seed 1 --configs 6 --eval-share 0 "
+    "--json docs/results/2026-12-06-chaos-soak-nodes.json --md soak.md": f"{BENCH} (~7 min; root); rewrites the "
+    "report's JSON",
+    # docs/results/2026-12-06-watch-store.md
+    "python benchmarks/bench_watch_store.py --world 1024 --per-node 8 --seconds 20 --rounds 2 "
+    "--json docs/results/2026-12-06-watch-store.json": f"{BENCH} (~10 min); rewrites the report's JSON",
     # docs/results/2026-12-06-chaos-soak-stalls.md
     'python scripts/faults/chaos_soak.py --faults 3 --faults-per-run 3,3 --seed 5 --configs 2 --eval-share 0 --kinds '
     '"SIGSTOP a worker,held data read" --json docs/results/2026-12-06-chaos-soak-stalls.json --md soak.md':

@@ -67,6 +67,7 @@ def test_a_stalled_rank_ends_the_eval_and_the_rerun_keeps_the_finished_cell(tmp_
     assert "rank 1 silent for" in line and "rank 0 at batch round" in line and "a collective gave up" in line, line
     assert "[torchrun.sh] stalled:" in text
     assert (out / "STALLED").read_text().startswith("error: stalled:")
+    assert not (out / ".longctx-eval.lock").exists()  # released by the stall's exit (rank 0 held it)
     logs = "".join(p.read_text() for p in (tmp_path / "logs1").rglob("*.log"))
     assert "--- rank 0: Python stacks at the stall ---" in logs and "File " in logs
     kept = (out / "cells" / FIRST_CELL).read_bytes()

@@ -14,7 +14,7 @@ import time
 import psutil
 import pytest
 
-from helpers.process_hooks import stalled_data_env
+from helpers.process_hooks import slow_data_env, stalled_data_env
 from helpers.recipes import ROOT
 from helpers.stalls import left_running, worker
 from helpers.train import TINY, env
@@ -82,3 +82,21 @@ def test_a_stalled_rank_ends_the_job_and_the_run_resumes(tmp_path, stall):
     assert logged == list(range(1, STEPS + 1))  # each step once (the stalled job's step 3 moved aside)
     assert not (out / "STALLED").exists() and not (out / ".longctx.lock").exists()
     print(f"{stall}: the job ended {ended_after:.0f} s after the stall")
+
+
+def test_a_slow_second_step_is_not_a_stall(tmp_path):
+    """Every rank's step 2 takes 2 x timeout_s (its data read, here): the first steps of a run have
+    the start-up limit, so the run goes on (the old rule held step 2 to timeout_s and ended it)."""
+    timeout_s = 4
+    e = _env(tmp_path)
+    slow_data_env(tmp_path, e, at_batch=1, seconds=2 * timeout_s)
+    out = tmp_path / "run"
+    cmd = [str(ROOT / "launch" / "torchrun.sh"), "--nproc-per-node", "2", "--", "train", *TINY, f"out_dir={out}",
+           "train.steps=3", "checkpoint.every=0", "log.every=1", "parallel.cp_size=2",
+           f"parallel.timeout_s={timeout_s}"]
+    done = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, env=e, timeout=600)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    assert "error: stalled" not in done.stderr and not (out / "STALLED").exists()
+    steps = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in steps] == [1, 2, 3]
+    assert steps[1]["step_time_s"] >= 2 * timeout_s  # the slow step did run
