@@ -148,14 +148,6 @@ def _read_json(path: Path) -> tuple[dict, Path]:
 
 
 def read_hf_config(path: str | os.PathLike) -> ModelConfig:
-    path = Path(path)
-    if not path.is_dir():
-        raise UserError(f"{path}: model directory does not exist")
-    cfg_file = path / "config.json"
-    if not cfg_file.is_file():
-        raise UserError(f"{cfg_file}: missing (a Hugging Face model directory needs config.json)")
-    try:
-        hf = json.loads(cfg_file.read_text())
-    except json.JSONDecodeError as e:
-        raise UserError(f"{cfg_file}: invalid JSON ({e})") from None
+    """A native family's ModelConfig from the directory's config.json (any other decoder: one error)."""
+    hf, cfg_file = _read_json(Path(path))
     return config_from_hf(hf, where=str(cfg_file))
