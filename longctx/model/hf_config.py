@@ -11,7 +11,7 @@ from longctx.base.errors import UserError
 from longctx.model.auto.support import AutoModelSpec, check_supported
 from longctx.model.config import ModelConfig
 from longctx.model.families import ARCHITECTURES, FAMILIES, Family
-from longctx.model.rope_parameters import rope_parameters_from_hf
+from longctx.model.rope_parameters import rope_fields_to_hf, rope_parameters_from_hf
 
 if TYPE_CHECKING:
     import torch
@@ -109,12 +109,7 @@ def config_to_hf(cfg: "ModelConfig | AutoModelSpec", dtype: "torch.dtype") -> di
     hf = {"architectures": [family.architecture], "model_type": cfg.model_type, "hidden_act": "silu"}
     hf.update({k: getattr(cfg, k) for k in _SAME_NAME_FIELDS if k not in family.fixed})
     hf.update(_window_to_hf(cfg, family))
-    rope = dict(cfg.rope_parameters)
-    hf["rope_parameters"] = rope
-    # Older transformers (< 5) read these two instead of rope_parameters.
-    hf["rope_theta"] = rope["rope_theta"]
-    legacy = {k: v for k, v in rope.items() if k != "rope_theta"}
-    hf["rope_scaling"] = None if rope["rope_type"] == "default" else {**legacy, "type": rope["rope_type"]}
+    hf.update(rope_fields_to_hf(cfg.rope_parameters, cfg.max_position_embeddings))
     hf["dtype"] = str(dtype).replace("torch.", "")
     hf["torch_dtype"] = hf["dtype"]  # the name before transformers 5
     hf["use_cache"] = True

@@ -22,6 +22,8 @@ from typing import Any, Optional
 import torch
 from torch import nn
 
+from longctx.model.rope_parameters import longrope_attention_factor
+
 
 def _base_inv_freq(base: Any, dim: int) -> torch.Tensor:
     exponents = torch.arange(0, dim, 2, dtype=torch.int64).float() / dim  # (dim/2,)
@@ -104,15 +106,11 @@ def _llama3_inv_freq(p: dict, dim: int) -> torch.Tensor:
 
 def _longrope_inv_freq(p: dict, dim: int, max_position_embeddings: int,
                        seq_len: Optional[int]) -> tuple[torch.Tensor, float]:
-    original = p["original_max_position_embeddings"]
-    factor = p.get("factor") or max_position_embeddings / original
-    attention_factor = p.get("attention_factor")
-    if attention_factor is None:
-        attention_factor = 1.0 if factor <= 1.0 else math.sqrt(1 + math.log(factor) / math.log(original))
-    use_long = seq_len is not None and seq_len > original
+    attention_factor = longrope_attention_factor(p, max_position_embeddings)
+    use_long = seq_len is not None and seq_len > p["original_max_position_embeddings"]
     ext = torch.tensor(p["long_factor"] if use_long else p["short_factor"], dtype=torch.float32)
     exponents = torch.arange(0, dim, 2, dtype=torch.int64).float() / dim
-    return 1.0 / (ext * p["rope_theta"] ** exponents), float(attention_factor)
+    return 1.0 / (ext * p["rope_theta"] ** exponents), attention_factor
 
 
 class RotaryEmbedding(nn.Module):

@@ -4,6 +4,7 @@ The types and fields are rope.py's, which computes the frequencies.
 """
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from longctx.base.errors import UserError
@@ -68,6 +69,39 @@ def rope_parameters_from_hf(config: dict) -> dict:
     if "original_max_position_embeddings" in config and params["rope_type"] in ("llama3", "yarn", "longrope"):
         params["original_max_position_embeddings"] = config["original_max_position_embeddings"]
     return params
+
+
+def longrope_attention_factor(params: dict, max_position_embeddings: int) -> float:
+    """The cos/sin scale of a normalized longrope config: its attention_factor, else the one its
+    factor (by default max_position_embeddings / original_max_position_embeddings) implies."""
+    if params.get("attention_factor") is not None:
+        return float(params["attention_factor"])
+    original = params["original_max_position_embeddings"]
+    factor = params.get("factor") or max_position_embeddings / original
+    return 1.0 if factor <= 1.0 else math.sqrt(1 + math.log(factor) / math.log(original))
+
+
+def rope_fields_to_hf(params: dict, max_position_embeddings: int) -> dict:
+    """The config.json RoPE fields of a normalized config that transformers 4.56 and 5.x both read
+    as it is: `rope_parameters` (5.x's name, and what read_hf_config reads back) beside the legacy
+    top-level `rope_theta` and `rope_scaling` (4.x reads only these; 5.x too prefers a non-null
+    `rope_scaling` over `rope_parameters`).
+
+    longrope: 4.x takes `original_max_position_embeddings` from the top level only (without it
+    the short/long switch happens at max_position_embeddings), and there it replaces `factor` by
+    max_position_embeddings / original when it computes the attention scale; so the top-level
+    field is written and `rope_scaling` carries the attention scale itself."""
+    rope_type = params["rope_type"]
+    fields: dict[str, Any] = {"rope_parameters": dict(params), "rope_theta": params["rope_theta"],
+                              "rope_scaling": None}
+    if rope_type == "default":
+        return fields
+    scaling = {"rope_type": rope_type, **{k: v for k, v in params.items() if k not in ("rope_type", "rope_theta")}}
+    if rope_type == "longrope":
+        scaling["attention_factor"] = longrope_attention_factor(params, max_position_embeddings)
+        fields["original_max_position_embeddings"] = params["original_max_position_embeddings"]
+    fields["rope_scaling"] = scaling
+    return fields
 
 
 def normalize_rope_parameters(params: Any, *, head_dim: int, max_position_embeddings: int,
