@@ -83,11 +83,10 @@ class TrainStep:
             if ckpt:
                 model = LlamaForCausalLM.from_pretrained(ckpt, dtype=torch.bfloat16,
                                                          attn_implementation="sdpa").to(device)
-            else:
-                hf_cfg = config_to_hf(cfg, torch.bfloat16)
-                for key in ("architectures", "model_type", "torch_dtype", "rope_scaling", "rope_theta"):
-                    hf_cfg.pop(key)
-                model = LlamaForCausalLM(LlamaConfig(**hf_cfg, attn_implementation="sdpa")).to(device, torch.bfloat16)
+            else:  # the config.json our export writes, read as from_pretrained reads it
+                hf_cfg = LlamaConfig.from_dict(json.loads(json.dumps(config_to_hf(cfg, torch.bfloat16))))
+                hf_cfg._attn_implementation = "sdpa"
+                model = LlamaForCausalLM(hf_cfg).to(device, torch.bfloat16)
             model.gradient_checkpointing_enable()
             model.config.use_cache = False
 

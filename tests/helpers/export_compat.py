@@ -28,7 +28,10 @@ class ExportCase:
     family: str
     rope: dict  # rope_parameters
     overrides: dict = field(default_factory=dict)  # further ModelConfig fields
-    far: int = 100  # the first position of the second input (past the original length of the tests' RoPE)
+    # first positions of the second and third inputs: past the original length of the tests' RoPE
+    # (32) but not past max_position_embeddings where that is 64, then past both
+    mid: int = 40
+    far: int = 100
 
     def model(self, seed: int):
         return tiny_model("default", "gqa", seed=seed,
@@ -51,8 +54,8 @@ _YARN_32K = {"rope_type": "yarn", "rope_theta": 1e6, "factor": 4.0, "original_ma
 _LONGROPE = ROPE_CASES["longrope"]
 CASES: list[ExportCase] = _matrix() + [
     # Qwen's YaRN x4 from 32k, exported at 64k: max_position_embeddings / original (2) is not the factor (4)
-    ExportCase("qwen2-yarn4-32k-at-64k", "qwen2", _YARN_32K, {"max_position_embeddings": 65536}, far=65000),
-    ExportCase("qwen3-yarn4-32k-at-64k", "qwen3", _YARN_32K, {"max_position_embeddings": 65536}, far=65000),
+    ExportCase("qwen2-yarn4-32k-at-64k", "qwen2", _YARN_32K, {"max_position_embeddings": 65536}, 40000, 65000),
+    ExportCase("qwen3-yarn4-32k-at-64k", "qwen3", _YARN_32K, {"max_position_embeddings": 65536}, 40000, 65000),
     # longrope whose factor (and so attention scale) is not max_position_embeddings / original
     ExportCase("llama-longrope-factor4-at-2x", "llama", {**_LONGROPE, "factor": 4.0}, {"max_position_embeddings": 64}),
     ExportCase("qwen2-longrope-factor4-at-2x", "qwen2", {**_LONGROPE, "factor": 4.0},
@@ -68,12 +71,11 @@ CASES: list[ExportCase] = _matrix() + [
 
 
 def _inputs(case: ExportCase, seed: int) -> list[dict]:
-    """Two inputs to one loaded model: from position 0, then from `far` (longrope's long factors,
-    dynamic NTK's grown base, YaRN far out)."""
+    """Three inputs to one loaded model, from position 0, `mid` and `far`: longrope's short and
+    long factors and where it switches, dynamic NTK's base as it grows, YaRN far out."""
     ids = torch.randint(0, 128, (2, T), generator=torch.Generator().manual_seed(seed))  # (B, T)
-    far = (torch.arange(T) + case.far).expand(2, T)
-    return [{"input_ids": ids.tolist(), "position_ids": None},
-            {"input_ids": ids.tolist(), "position_ids": far.tolist()}]
+    starts = [(torch.arange(T) + start).expand(2, T).tolist() for start in (case.mid, case.far)]
+    return [{"input_ids": ids.tolist(), "position_ids": pos} for pos in [None, *starts]]
 
 
 @dataclass
@@ -82,6 +84,7 @@ class Exported:
     dir: Path
     inputs: list[dict]
     logits: list[torch.Tensor]  # ours, one (B, T, V) per input
+    inv_freq: torch.Tensor  # ours, (head_dim/2,) after the last input
     attention_scaling: float  # ours, after the last input
 
 
@@ -97,7 +100,8 @@ def export_all(root: Path, cases: list[ExportCase] = CASES) -> list[Exported]:
             logits = [model(torch.tensor(x["input_ids"]),
                             position_ids=None if x["position_ids"] is None else torch.tensor(x["position_ids"]))
                       for x in inputs]
-        out.append(Exported(case, directory, inputs, logits, float(model.rotary.attention_scaling)))
+        out.append(Exported(case, directory, inputs, logits, model.rotary.inv_freq.clone(),
+                            float(model.rotary.attention_scaling)))
     return out
 
 
@@ -106,7 +110,8 @@ def _case_files(exported: list[Exported], work: Path) -> list[dict]:
 
 
 def compare(exported: list[Exported], report: dict, work: Path) -> list[dict]:
-    """Per case: the largest |logit difference| over its inputs, the attention scales, and what failed."""
+    """Per case: the largest |logit difference| over its inputs, the largest relative difference of
+    the RoPE frequencies, the attention scales, and what failed."""
     rows = []
     for e, got in zip(exported, report["cases"]):
         row = {"case": e.case.name, "family": e.case.family, "rope_type": e.case.rope["rope_type"],
@@ -116,8 +121,10 @@ def compare(exported: list[Exported], report: dict, work: Path) -> list[dict]:
             continue
         theirs = torch.load(work / f"{e.case.name}.pt")
         diff = max((a - b).abs().max().item() for a, b in zip(e.logits, theirs))
-        row.update(max_abs_logit_diff=diff, attention_scaling_theirs=got["attention_scaling"], hf_class=got["class"])
-        row["ok"] = diff <= TOL and abs(got["attention_scaling"] - e.attention_scaling) <= 1e-6
+        freq = ((torch.tensor(got["inv_freq"]) - e.inv_freq).abs() / e.inv_freq).max().item()
+        row.update(max_abs_logit_diff=diff, inv_freq_max_rel_diff=freq,
+                   attention_scaling_theirs=got["attention_scaling"], hf_class=got["class"])
+        row["ok"] = diff <= TOL and freq <= 1e-6 and abs(got["attention_scaling"] - e.attention_scaling) <= 1e-6
         rows.append(row)
     return rows
 

@@ -5,8 +5,8 @@ torch and transformers (no longctx), so an interpreter with another transformers
 CASES.json: [{"dir": ..., "inputs": [{"input_ids": [[...]], "position_ids": [[...]] | null}, ...],
 "out": FILE.pt}, ...]. FILE.pt holds the list of logits (B, T, V) in fp32, one per input, from one
 loaded model (so dynamic RoPE's state carries from one input to the next, as in a session).
-REPORT.json: the transformers version and, per case, the class transformers built and the RoPE
-attention scale after the last input, or the error that loading or running raised.
+REPORT.json: the transformers version and, per case, the class transformers built and its RoPE
+frequencies and attention scale after the last input, or the error that loading or running raised.
 """
 import json
 import sys
@@ -32,7 +32,9 @@ def _run(case: dict) -> dict:
         with torch.no_grad():
             outputs.append(model(input_ids=ids, position_ids=pos).logits.float())  # (B, T, V)
     torch.save(outputs, case["out"])
-    return {"class": type(model).__name__, "attention_scaling": float(model.model.rotary_emb.attention_scaling)}
+    rotary = model.model.rotary_emb
+    return {"class": type(model).__name__, "attention_scaling": float(rotary.attention_scaling),
+            "inv_freq": rotary.inv_freq.float().tolist()}
 
 
 def run_cases(cases: list[dict]) -> dict:

@@ -72,14 +72,20 @@ FAMILY_CASES = {
 }
 
 
+def hf_config(config: ModelConfig, dtype: torch.dtype = torch.float32):
+    """transformers' config of the family, read from every field of the config.json our export
+    writes (rope_scaling and the legacy fields too), as from_pretrained reads that file."""
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+    written = json.loads(json.dumps(config_to_hf(config, dtype)))
+    return CONFIG_MAPPING[written["model_type"]].from_dict(written)
+
+
 def hf_twin(model):
     """transformers' *ForCausalLM of the model's family with the same config and weights."""
-    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM
 
-    hf_cfg = config_to_hf(model.config, torch.float32)
-    for key in ("architectures", "torch_dtype", "rope_scaling", "rope_theta"):
-        hf_cfg.pop(key)
-    config = AutoConfig.for_model(hf_cfg.pop("model_type"), **hf_cfg)
+    config = hf_config(model.config)
     config._attn_implementation = "eager"
     hf = AutoModelForCausalLM.from_config(config).eval()
     state = {to_hf_key(k): v for k, v in model.state_dict().items()}

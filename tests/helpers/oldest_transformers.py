@@ -44,6 +44,8 @@ def oldest_transformers() -> Path:
     target = Path(sys.prefix) / f"transformers-{floor}"
     if (target / ".complete").is_file():
         return target
+    print(f"[longctx] installing transformers=={floor} into {target} (the export compatibility test's oldest "
+          "transformers)", file=sys.stderr, flush=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
     try:
         _pip_target(tmp, [f"transformers=={floor}"])
@@ -91,4 +93,8 @@ def _unsatisfied_requirements(target: Path, package: str) -> list[str]:
 
 
 if __name__ == "__main__":
-    print(oldest_transformers())
+    try:
+        print(oldest_transformers())
+    except RuntimeError as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(1)

@@ -6,7 +6,7 @@ import json
 import pytest
 import torch
 
-from helpers.model import FAMILY_CASES, ORIGINAL, hf_twin, tiny_model
+from helpers.model import FAMILY_CASES, ORIGINAL, hf_config, hf_twin, tiny_model
 from longctx import load_pretrained, save_pretrained
 from longctx.base.errors import UserError
 from longctx.eval.model_io import load_model
@@ -195,14 +195,11 @@ def test_qwen_layers_slide_from_max_window_layers_and_a_window_off_exports_off()
 @pytest.mark.parametrize("preset", ["qwen2.5-0.5b", "qwen2.5-7b", "qwen3-0.6b", "qwen3-8b", "mistral-7b-v0.3",
                                     "llama3.1-8b", "debug-tiny-qwen2", "debug-tiny-qwen3"])
 def test_parameter_counts_equal_transformers_own_count(preset):
-    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM
 
     cfg = get_preset(preset)
-    hf_cfg = config_to_hf(cfg, torch.bfloat16)
-    for key in ("architectures", "torch_dtype", "rope_scaling", "rope_theta"):
-        hf_cfg.pop(key)
     with torch.device("meta"):
-        hf = AutoModelForCausalLM.from_config(AutoConfig.for_model(hf_cfg.pop("model_type"), **hf_cfg))
+        hf = AutoModelForCausalLM.from_config(hf_config(cfg, torch.bfloat16))
     assert type(hf).__name__ == ARCH[cfg.model_type]
     expected = sum(p.numel() for p in hf.parameters())
     assert parameter_counts(cfg)["total"] == count_parameters(build_model(cfg, device="meta")) == expected

@@ -1,0 +1,64 @@
+"""Every export case of the suite's compatibility test (tests/helpers/export_compat.py: each
+family with each RoPE type, Qwen's YaRN x4 from 32k at 64k, longrope with its own factor,
+windowed configs) exported by longctx and loaded by transformers' AutoModelForCausalLM in the
+installed transformers and in the oldest one pyproject.toml allows; prints one row per case and
+version (largest |logit difference| in fp32 over two inputs, largest relative difference of the
+RoPE frequencies, the attention scales) and writes them as JSON.
+
+    .venv/bin/python scripts/tools/export_compat.py --json docs/results/2026-12-06-export-compat.json
+
+Exit 1 when any case fails to load or differs by more than 1e-5. The oldest transformers is
+installed into the venv on first use (tests/helpers/oldest_transformers.py), as `./run.sh test` does.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "tests"))
+
+from helpers.export_compat import TOL, export_all, load_in_oldest, load_in_this_process  # noqa: E402
+from helpers.oldest_transformers import transformers_floor  # noqa: E402
+
+
+def _row(r: dict) -> str:
+    if "error" in r:
+        return (f"| {r['case']} | {r['transformers']} | - | - | {r['attention_scaling_ours']:.6f} | - | "
+                f"{r['error'][:80]} |")
+    verdict = "ok" if r["ok"] else "DIFFERS"
+    return (f"| {r['case']} | {r['transformers']} | {r['max_abs_logit_diff']:.2e} | {r['inv_freq_max_rel_diff']:.1e} | "
+            f"{r['attention_scaling_ours']:.6f} | {r['attention_scaling_theirs']:.6f} | {verdict} |")
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--json", type=Path, help="write the rows here")
+    args = ap.parse_args(argv)
+    torch.set_num_threads(1)  # tiny models: a second thread only waits
+    with tempfile.TemporaryDirectory() as tmp:
+        tmp = Path(tmp)
+        exported = export_all(tmp / "exports")
+        (tmp / "new").mkdir()
+        (tmp / "old").mkdir()
+        rows = load_in_oldest(exported, tmp / "old") + load_in_this_process(exported, tmp / "new")
+    print("| case | transformers | max abs logit diff | inv_freq max rel diff | attention scale (longctx) "
+          "| (transformers) | result |")
+    print("|---|---|---|---|---|---|---|")
+    for r in rows:
+        print(_row(r))
+    bad = [r for r in rows if not r["ok"]]
+    print(f"\n{len(rows) - len(bad)} of {len(rows)} loads within {TOL:g} "
+          f"(transformers floor in pyproject.toml: {transformers_floor()})")
+    if args.json:
+        args.json.write_text(json.dumps({"tolerance": TOL, "rows": rows}, indent=1) + "\n")
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
