@@ -99,7 +99,9 @@ def rope_fields_to_hf(params: dict, max_position_embeddings: int) -> dict:
     scaling = {"rope_type": rope_type, **{k: v for k, v in params.items() if k not in ("rope_type", "rope_theta")}}
     if rope_type == "longrope":
         scaling["attention_factor"] = longrope_attention_factor(params, max_position_embeddings)
-        fields["original_max_position_embeddings"] = params["original_max_position_embeddings"]
+        fields["original_max_position_embeddings"] = original = params["original_max_position_embeddings"]
+        if scaling.get("factor") is None and max_position_embeddings >= original:
+            scaling["factor"] = max_position_embeddings / original  # 5.x warns when a longrope config has none
     fields["rope_scaling"] = scaling
     return fields
 

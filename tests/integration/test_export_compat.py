@@ -53,3 +53,5 @@ def test_an_export_reads_back_as_its_config_and_spells_rope_for_both_versions(ex
     assert longrope["original_max_position_embeddings"] == 32  # 4.x reads it only at the top level
     assert longrope["rope_scaling"]["attention_factor"] == by_name["llama-longrope-factor4-at-2x"].attention_scaling
     assert "attention_factor" not in longrope["rope_parameters"]  # what the user configured, as configured
+    plain = json.loads((by_name["llama-longrope"].dir / "config.json").read_text())
+    assert "factor" not in plain["rope_parameters"] and plain["rope_scaling"]["factor"] == 128 / 32
