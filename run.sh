@@ -12,8 +12,8 @@ cmd="${1:-demo}"; shift || true
 case "$cmd" in
   demo) exec .venv/bin/longctx demo "$@" ;;
   test) .venv/bin/ruff check --quiet .
-        # the oldest transformers pyproject.toml allows, for tests/unit/test_export_compat.py (once per venv)
-        .venv/bin/python tests/helpers/oldest_transformers.py >/dev/null
+        # the oldest transformers pyproject.toml allows, for tests/integration/test_export_compat.py (once per venv)
+        .venv/bin/python tests/helpers/transformers_overlay.py >/dev/null
         exec .venv/bin/python -m pytest "$@" ;;
   *) echo "usage: ./run.sh demo|test [args...]" >&2; exit 2 ;;
 esac

@@ -9,12 +9,13 @@ import subprocess
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Optional
 
 import torch
 
 from helpers.hf_export_logits import run_cases
 from helpers.model import FAMILY_CASES, HEAD_DIM, ROPE_CASES, tiny_model
-from helpers.oldest_transformers import full_version, oldest_transformers, transformers_floor
+from helpers.transformers_overlay import full_version, transformers_floor, transformers_overlay
 from longctx import save_pretrained
 
 LOGITS_SCRIPT = Path(__file__).with_name("hf_export_logits.py")
@@ -134,9 +135,11 @@ def load_in_this_process(exported: list[Exported], work: Path) -> list[dict]:
     return compare(exported, run_cases(_case_files(exported, work)), work)
 
 
-def load_in_oldest(exported: list[Exported], work: Path) -> list[dict]:
-    """This interpreter with the oldest allowed transformers ahead of the installed one on its path."""
-    overlay = oldest_transformers()
+def load_in_version(exported: list[Exported], work: Path, version: Optional[str] = None) -> list[dict]:
+    """This interpreter with transformers==version (default: the oldest the test extra allows) ahead
+    of the installed one on its path."""
+    version = version or transformers_floor()
+    overlay = transformers_overlay(version)
     cases_file, report_file = work / "cases.json", work / "report.json"
     cases_file.write_text(json.dumps(_case_files(exported, work)))
     env = {**os.environ, "PYTHONPATH": str(overlay), "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
@@ -144,10 +147,9 @@ def load_in_oldest(exported: list[Exported], work: Path) -> list[dict]:
     run = subprocess.run([sys.executable, str(LOGITS_SCRIPT), str(cases_file), str(report_file)], env=env,
                          capture_output=True, text=True, timeout=600)
     if run.returncode != 0:
-        raise RuntimeError(f"{LOGITS_SCRIPT.name} under transformers {transformers_floor()} failed:\n"
+        raise RuntimeError(f"{LOGITS_SCRIPT.name} under transformers {version} failed:\n"
                            f"{run.stderr[-4000:]}")
     report = json.loads(report_file.read_text())
-    if report["transformers"] != full_version(transformers_floor()):
-        raise RuntimeError(f"the overlay {overlay} gave transformers {report['transformers']}, "
-                           f"not {transformers_floor()}")
+    if report["transformers"] != full_version(version):
+        raise RuntimeError(f"the overlay {overlay} gave transformers {report['transformers']}, not {version}")
     return compare(exported, report, work)
