@@ -47,7 +47,7 @@ def test_an_export_reads_back_as_its_config_and_spells_rope_for_both_versions(ex
         assert read_hf_config(e.dir) == e.case.model(0).config, e.case.name
     yarn = json.loads((by_name["qwen3-yarn4-32k-at-64k"].dir / "config.json").read_text())
     assert yarn["max_position_embeddings"] == 65536 and yarn["rope_theta"] == 1e6
-    for key in ("rope_parameters", "rope_scaling"):  # 5.x reads the first, 4.x the second
+    for key in ("rope_parameters", "rope_scaling"):  # longctx reads the first, transformers (4.x, 5.x) the second
         assert yarn[key]["factor"] == 4.0 and yarn[key]["original_max_position_embeddings"] == 32768
     longrope = json.loads((by_name["llama-longrope-factor4-at-2x"].dir / "config.json").read_text())
     assert longrope["original_max_position_embeddings"] == 32  # 4.x reads it only at the top level
