@@ -19,7 +19,7 @@ from longctx.data.hf_tokenizer import TokenizerFiles
 from longctx.model.auto.model import load_auto_model
 from longctx.model.auto.support import AutoModelSpec
 from longctx.model.hf import export_target, load_pretrained, save_hf_weights
-from longctx.model.hf_config import read_model_config
+from longctx.model.hf_config import read_checkpoint_or_model_config
 from longctx.storage import atomic, locks
 
 
@@ -182,7 +182,7 @@ def _weights(model_dir: Path, dtype_name: Optional[str]):
         spec = _tokenizer_spec(model_dir)
         tokenizer = TokenizerFiles(spec) if spec else None
         weights = _fp32_masters(model_dir.parent) if dtype == torch.float32 else None
-        config = read_model_config(model_dir, allow_untested=True)  # a checkpoint's model was allowed to train
+        config = read_checkpoint_or_model_config(model_dir)
         if weights is None:
             weights = (load_auto_model(model_dir, config) if isinstance(config, AutoModelSpec)
                        else load_pretrained(model_dir)).state_dict()

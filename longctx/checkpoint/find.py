@@ -22,7 +22,7 @@ from longctx.checkpoint.manifest import COMPLETE
 from longctx.checkpoint.model import CheckpointModel, has_export, load_consolidated, recorded_model, trained_model
 from longctx.model.auto.support import AutoModelSpec
 from longctx.model.hf import load_pretrained
-from longctx.model.hf_config import read_model_config
+from longctx.model.hf_config import read_checkpoint_or_model_config
 from longctx.model.llama import Transformer
 from longctx.storage.hub import MODEL_FILES, hub_or_local
 
@@ -103,7 +103,7 @@ def load_model_dir(model_dir: Path, dtype: Optional[torch.dtype] = None, attn_fn
     if is_ds_only_checkpoint(model_dir):
         recorded = recorded or checkpoint_model(model_dir)
         return load_consolidated(model_dir, recorded.config, dtype=dtype or recorded.dtype, attn_fn=attn_fn, **kwargs)
-    config = kwargs.pop("config", None) or read_model_config(model_dir, allow_untested=True)
+    config = kwargs.pop("config", None) or read_checkpoint_or_model_config(model_dir)
     if isinstance(config, AutoModelSpec):  # transformers' own class with longctx's attention
         from longctx.model.auto.model import load_auto_model
 

@@ -19,7 +19,7 @@ from typing import Any, Mapping
 
 from longctx.base.errors import UserError
 from longctx.model.config import ModelConfig
-from longctx.model.hf_config import read_model_config
+from longctx.model.hf_config import read_checkpoint_or_model_config
 
 WHERE = "eval.model_overrides"
 # fields that change no weight's shape (or whether the head is tied): valid at eval time
@@ -56,7 +56,7 @@ def base_model_config(model_dir: Path) -> ModelConfig:
     model_dir = Path(model_dir)
     if is_ds_only_checkpoint(model_dir):
         return trained_model(model_dir).config
-    return read_model_config(model_dir, allow_untested=True)  # the transformers path's models too
+    return read_checkpoint_or_model_config(model_dir)  # the transformers path's models too
 
 
 def apply_overrides(base: ModelConfig, overrides: Mapping[str, Any]) -> tuple[ModelConfig, dict]:

@@ -125,6 +125,12 @@ def read_model_config(path: str | os.PathLike, allow_untested: bool = False) -> 
     return check_supported(hf, str(cfg_file), allow_untested)
 
 
+def read_checkpoint_or_model_config(path: str | os.PathLike) -> "ModelConfig | AutoModelSpec":
+    """read_model_config for loading a model to export or evaluate: a checkpoint's model/ (beside its
+    trainer_state.json) was allowed to train, so an untested type passes; any other directory is checked."""
+    return read_model_config(path, allow_untested=(Path(path).parent / "trainer_state.json").is_file())
+
+
 def _is_native(hf: dict) -> bool:
     archs = hf.get("architectures") or []
     return any(a in ARCHITECTURES for a in archs) or (not archs and hf.get("model_type") in FAMILIES)

@@ -24,7 +24,7 @@ TRAIN = [
     ("longrope on the transformers path", ["train", RUN, "model.init_from={w}/longrope"],
      "rope_type 'longrope' cannot be sharded exactly"),
     ("an untested model type", ["train", RUN, "model.init_from={w}/untested"],
-     "model_type 'bloom' has not been tested on longctx's transformers path; tested: gemma2"),
+     "model_type 'bloom' (BloomForCausalLM) has not been tested on longctx's transformers path; tested: gemma2"),
     # config loading
     ("unknown key", ["train", RUN, "train.stpes=3"], "did you mean 'train.steps'"),
     ("wrong type", ["train", RUN, "train.steps=many"], "train.steps"),

@@ -186,7 +186,8 @@ def check_supported(hf: dict, where: str, allow_untested: bool = False) -> AutoM
         raise UserError(f"{where}: model_type {model_type!r} cannot run under longctx's exact context parallelism: "
                         f"{why}")
     if model_type not in TESTED and not allow_untested:
-        raise UserError(f"{where}: model_type {model_type!r} has not been tested on longctx's transformers path; "
-                        f"tested: {tested_list()} (native: {', '.join(NATIVE)}); set {ALLOW_FIELD}=true to run it "
-                        "after an exactness self-check")
+        arch = ", ".join(hf.get("architectures") or []) or "no architectures"
+        raise UserError(f"{where}: model_type {model_type!r} ({arch}) has not been tested on longctx's transformers "
+                        f"path; tested: {tested_list()} (native: {', '.join(NATIVE)}); set {ALLOW_FIELD}=true to run "
+                        "it after an exactness self-check")
     return AutoModelSpec.from_hf(hf, where)
