@@ -282,7 +282,8 @@ class Trainer:
             if self.validator.due(state.step, stage_done):  # before checkpoint N: a resume from it goes on
                 self.watchdog.beat("validation")  # between steps: the start-up limit, as a checkpoint
                 row = self.validator.run(self.engine, run.mesh, self.device, si, state.step, tokenizer,
-                                         stop=self.flag.agreed)  # a signal: stops between its forwards
+                                         stop=self.flag.agreed,  # a signal: stops between its forwards
+                                         slow_phase=self.watchdog.slow_phase)  # the rows, built once
                 if row is None:
                     pending = (si, state.step)  # checkpoint N says so: the resumed run redoes it first
                 else:
@@ -312,7 +313,8 @@ class Trainer:
             return None
         si, step = pending
         run = self._enter_stage(si, announce=False)
-        row = self.validator.run(self.engine, run.mesh, self.device, si, step, tokenizer, stop=self.flag.agreed)
+        row = self.validator.run(self.engine, run.mesh, self.device, si, step, tokenizer, stop=self.flag.agreed,
+                                 slow_phase=self.watchdog.slow_phase)
         if row is None:
             self._report_preemption(step)
             return PREEMPTED_EXIT_CODE
