@@ -86,7 +86,7 @@ def load_checkpoint_file(path: str | Path, map_location: Any = "cpu") -> Any:
 def check_file(path: str | Path) -> None:
     """Read the pickle of torch file `path` as load_checkpoint_file does, without its tensor data:
     the storages are mapped (mmap) and placed on the meta device, so none of their bytes is read
-    (torch before 2.10 reads a meta storage's bytes unless the file is mapped). A file in torch's
+    (older torch releases read a meta storage's bytes unless the file is mapped). A file in torch's
     old, unzipped format cannot be mapped and is read whole."""
     path = Path(path)
     try:
