@@ -8,12 +8,17 @@ torch's `weights_only` unpickler, which builds tensors, numbers, strings and con
 exactly the other types longctx and DeepSpeed write (ALLOWED); DeepSpeed's own loaders, which
 unpickle freely, open a file only after `check_files` has read it this way.
 
+The check reads a file's pickle only: its tensors become meta tensors over the file mapped into
+memory, so no tensor byte is read (a resume reads each optimizer partition once, in DeepSpeed's
+load). Code could only hide in the pickle; tensor bytes are data the unpickler never runs.
+
     state = load_checkpoint_file(path)      # the object, or one UserError naming the file
     check_files(paths)                       # the same check for files another library opens next
 """
 from __future__ import annotations
 
 import re
+import zipfile
 from pathlib import Path
 from typing import Any, Iterable
 
@@ -75,10 +80,26 @@ def load_checkpoint_file(path: str | Path, map_location: Any = "cpu") -> Any:
     """The object in torch file `path`, read by torch's weights_only unpickler with ALLOWED added;
     anything else (a global not on the list, a file that is not a torch file) is one UserError
     naming the file, and nothing from it runs."""
+    return _safe_load(Path(path), map_location=map_location, mmap=False)
+
+
+def check_file(path: str | Path) -> None:
+    """Read the pickle of torch file `path` as load_checkpoint_file does, without its tensor data:
+    the storages are mapped (mmap) and placed on the meta device, so none of their bytes is read
+    (older torch releases read a meta storage's bytes unless the file is mapped). A file in torch's
+    old, unzipped format cannot be mapped and is read whole."""
     path = Path(path)
     try:
+        zipped = zipfile.is_zipfile(path)
+    except OSError as e:
+        raise UserError(f"{path}: unreadable ({e.strerror or e})") from None
+    _safe_load(path, map_location="meta", mmap=zipped)
+
+
+def _safe_load(path: Path, *, map_location: Any, mmap: bool) -> Any:
+    try:
         with torch.serialization.safe_globals(allowed_types()):
-            return torch.load(path, map_location=map_location, weights_only=True)
+            return torch.load(path, map_location=map_location, weights_only=True, mmap=mmap)
     except OSError as e:
         raise UserError(f"{path}: unreadable ({e.strerror or e})") from None
     except Exception as e:  # noqa: BLE001 -- UnpicklingError, RuntimeError, BadZipFile, ... all mean: refuse
@@ -86,7 +107,7 @@ def load_checkpoint_file(path: str | Path, map_location: Any = "cpu") -> Any:
 
 
 def check_files(paths: Iterable[str | Path]) -> None:
-    """Read each file as load_checkpoint_file does (and drop it) before a library that unpickles
-    freely opens it; the first refusal is a UserError naming the file."""
+    """check_file on each file before a library that unpickles freely opens it; the first refusal
+    is a UserError naming the file."""
     for path in paths:
-        load_checkpoint_file(path, map_location="cpu")
+        check_file(path)

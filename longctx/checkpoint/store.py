@@ -30,6 +30,7 @@ import logging
 import os
 import random
 import shutil
+import socket
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Optional
@@ -180,14 +181,27 @@ def _read_rank_file(path: Path, rank: int) -> dict:
 
 def check_torch_files(path: Path) -> None:
     """Collective: every torch file of checkpoint `path` (the rank files and DeepSpeed's, which
-    DeepSpeed unpickles freely when it loads or converts them) read by the weights_only
-    unpickler first, the files shared among the ranks; a refusal on any rank is every rank's
-    UserError naming the file, before anything from the checkpoint is loaded."""
-    rank, world = rank_and_world()
+    DeepSpeed unpickles freely when it loads or converts them) has its pickle read by the
+    weights_only unpickler first (safe_load.check_file: no tensor data), before anything from the
+    checkpoint is loaded; a refusal on any rank is every rank's UserError naming the file.
+
+    The files are shared among the ranks of each node, not of the job: a node-local checkpoint
+    directory (each node holding its own copy) is checked on every node, and each rank checks
+    only files its node can see."""
     files = sorted(path.glob("rank_*.pt")) + sorted((path / "ds").rglob("*.pt"))
-    problem = run_phase(lambda: check_files(files[rank::world]))
+    place, peers = node_place()
+    problem = run_phase(lambda: check_files(files[place::peers]))
     if problem:
         raise UserError(problem.split(": ", 1)[1])  # the file's own line, without "rank r: "
+
+
+def node_place() -> tuple[int, int]:
+    """Collective: (this rank's index among the ranks on its host, how many ranks its host runs),
+    from every rank's host name."""
+    rank, _ = rank_and_world()
+    hosts = gather_objects(socket.gethostname())
+    mine = [r for r, host in enumerate(hosts) if host == hosts[rank]]
+    return mine.index(rank), len(mine)
 
 
 def _universal_bytes(ds_dir: Path) -> int:

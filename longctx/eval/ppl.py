@@ -21,6 +21,7 @@ from longctx.base.labels import IGNORE_INDEX
 from longctx.data.tokenizer import prepends_bos
 from longctx.eval.haystack import BUILTIN_ESSAY
 from longctx.eval.sequence_rope import row_lengths
+from longctx.model.llama import window_positions
 from longctx.parallel import make_cp_attention, shard_sequence
 from longctx.parallel.zigzag import zigzag_multiple
 from longctx.reporting.progress import Progress
@@ -87,6 +88,7 @@ def window_nll(model, ids: torch.Tensor, *, cp_group=None, cp_impl: str = "ring"
     labels[:, -1] = IGNORE_INDEX
     rank = dist.get_rank(cp_group)
     pos = torch.arange(L, device=ids.device).expand_as(ids)
+    window_positions(model.config, pos, "the perplexity windows (eval.ppl_lengths)")  # every cp rank alike
     local_ids, local_pos, local_labels = (shard_sequence(x, rank, P, dim=1).contiguous() for x in (ids, pos, labels))
     with model.attention_scope(make_cp_attention(cp_group, impl=cp_impl)), \
             row_lengths(model, [L] * ids.shape[0]):  # a shard's positions are part of the window

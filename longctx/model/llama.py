@@ -11,6 +11,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from longctx.attention import AttentionFn, sdpa_attention
+from longctx.base.errors import UserError
 from longctx.model.cache import KVCache
 from longctx.model.config import ModelConfig
 from longctx.model.loss import chunked_cross_entropy
@@ -214,14 +215,27 @@ class Transformer(nn.Module):
         return F.linear(h, self.output_weight)
 
 
-def check_within_window(position_ids: torch.Tensor, window: int) -> None:
+def check_within_window(position_ids: torch.Tensor, window: int, what: str = "position_ids") -> None:
     """A model with a sliding window is exact here only while no query is `window` or more
     positions past a key it attends to; positions count from each document's start, so the
-    largest position id bounds that distance (one host read, only for windowed models)."""
+    largest position id bounds that distance (one host read, only for windowed models).
+
+    Under context parallelism the caller checks the global positions (window_positions) before
+    sharding them: every rank of the group holds the same ones, so all raise together before any
+    collective. A rank checking only its own shard could raise while its peers wait in the ring."""
     farthest = int(position_ids.max())
     if farthest >= window:
-        raise ValueError(f"position {farthest} is past the model's sliding_window {window}: longctx computes full "
-                         "attention only (set sliding_window to null to run the model with full attention)")
+        raise UserError(f"sliding_window: {what} reach position {farthest}, past the model's window of {window} "
+                        "tokens: longctx computes full attention only (set the model's sliding_window to null to run "
+                        "it with full attention, or keep sequences within the window)")
+
+
+def window_positions(config: ModelConfig, position_ids: torch.Tensor, what: str) -> None:
+    """check_within_window for a model of `config` (nothing without a window): the global
+    (unsharded) position ids a context-parallel forward is about to shard."""
+    window = getattr(config, "window_limit", None)
+    if window is not None:
+        check_within_window(position_ids, window, what)
 
 
 def count_parameters(model: nn.Module) -> int:

@@ -25,6 +25,7 @@ import torch.nn.functional as F
 
 from longctx.attention import get_kernel
 from longctx.model.generate import greedy_decode
+from longctx.model.llama import window_positions
 from longctx.parallel.cp import make_cp_attention
 from longctx.parallel.sharding import shard_sequence
 from longctx.parallel.zigzag import zigzag_multiple
@@ -112,6 +113,10 @@ def cp_generate(model, prompts: Sequence[Sequence[int]], max_new_tokens: int, *,
         seg[b, L - n:] = 0
         pos[b, L - n:] = torch.arange(n, device=device)
     padded = bool((lengths < L).any())
+    # the prompt's and the decoded tokens' global positions, the same on every rank: a window they
+    # pass is every rank's error here, before the prefill's first collective
+    window_positions(model.config, torch.tensor(longest - 1 + max(max_new_tokens - 1, 0)),
+                     "the prompt and its new tokens (max_new_tokens)")
 
     local_ids, local_pos, local_seg = (shard_sequence(x, rank, P, dim=1).contiguous() for x in (ids, pos, seg))
     owner = rank == P - 1

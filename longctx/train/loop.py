@@ -32,6 +32,7 @@ from longctx.data import check_vocab, load_tokenizer
 from longctx.data.loader import ModelInputs
 from longctx.parallel.mesh import build_mesh, init_distributed, shutdown_distributed
 from longctx.parallel.parallelize import attention_for, parallel_engine
+from longctx.runtime.host_memory import HostMemoryGuard
 from longctx.runtime.launch_env import read_env
 from longctx.runtime.watchdog import Watchdog, is_collective_timeout, watched_batches
 from longctx.train import run_lock
@@ -108,6 +109,7 @@ class Trainer:
                        else torch.device("cpu"))
         self._meshes: dict[int, object] = {}
         self.guard = NonFiniteGuard(cfg.train.nonfinite, cfg.train.max_nonfinite_steps)
+        self.host_memory = HostMemoryGuard()  # flat host memory over a long run (runtime/host_memory.py)
         self.resume_from: Optional[Path] = None
         self.restart_sources: set = set()
         self.checkpoints = RunCheckpoints(self.out, cfg.checkpoint, self.stages, self.validator,
@@ -277,6 +279,7 @@ class Trainer:
             self.watchdog.beat("data", step=state.step + 1)
             record = self._step(run, batches, stage, state)
             self.watchdog.step_done(record["step_time_s"])
+            self.host_memory.after_step()
             self._account(record, state, si, stage)
             totals.final_loss = record["loss"]
             stage_done = state.stage_step == stage.steps
@@ -284,7 +287,8 @@ class Trainer:
             if self.validator.due(state.step, stage_done):  # before checkpoint N: a resume from it goes on
                 self.watchdog.beat("validation")  # between steps: the start-up limit, as a checkpoint
                 row = self.validator.run(self.engine, run.mesh, self.device, si, state.step, tokenizer,
-                                         stop=self.flag.agreed)  # a signal: stops between its forwards
+                                         stop=self.flag.agreed,  # a signal: stops between its forwards
+                                         slow_phase=self.watchdog.slow_phase)  # the rows, built once
                 if row is None:
                     pending = (si, state.step)  # checkpoint N says so: the resumed run redoes it first
                 else:
@@ -314,7 +318,8 @@ class Trainer:
             return None
         si, step = pending
         run = self._enter_stage(si, announce=False)
-        row = self.validator.run(self.engine, run.mesh, self.device, si, step, tokenizer, stop=self.flag.agreed)
+        row = self.validator.run(self.engine, run.mesh, self.device, si, step, tokenizer, stop=self.flag.agreed,
+                                 slow_phase=self.watchdog.slow_phase)
         if row is None:
             self._report_preemption(step)
             return PREEMPTED_EXIT_CODE

@@ -28,6 +28,7 @@ from torch import nn
 
 from longctx.base.errors import UserError
 from longctx.base.labels import IGNORE_INDEX
+from longctx.model.llama import window_positions
 from longctx.parallel.mesh import Mesh
 from longctx.parallel.sharding import shard_batch
 from longctx.train.nonfinite import backward_factor, optimizer_step_skipped
@@ -138,6 +139,8 @@ def train_step(engine, model: nn.Module, batches: Iterator[dict], lr: float, set
     t_data = time.perf_counter() - t0
     set_lr(engine.optimizer, lr)
     columns = sum(inputs["labels"].shape[1] for inputs in micro)  # after the unscored tails were cut
+    for inputs in micro:  # the global positions, before any shard or collective (on the host: no sync)
+        window_positions(model.config, inputs["position_ids"], "a training batch's position_ids")
     shards = [to_rank(inputs, setup) for inputs in micro]
     # every rank of a cp group holds the same rows: the world's sum counts each row cp times
     real = torch.stack([real_tokens(inputs, setup) for inputs in micro]).sum() / setup.mesh.cp_size

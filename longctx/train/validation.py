@@ -12,21 +12,28 @@ checkpointing) under no_grad:
 - each cp rank scores its zigzag shard; buckets come from the global position ids it holds;
 - per bucket, (loss sum, label count) are summed over the world in one all-reduce: the
   numbers are one process's on the same rows.
+
+A stage's rows are built at its first validation, by every rank, in the watchdog's slow phase
+(`slow_phase`): tokenizing held-out files or Hub rows may take minutes, and one rank may finish
+long after another. The ranks agree on the outcome before leaving the phase, so the first
+forward's collectives, held to the short timeout, never wait on a peer still building, and a
+failure to build is every rank's one error line.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import time
 from pathlib import Path
-from typing import Callable, Optional, Sequence
+from typing import Callable, ContextManager, Optional, Sequence
 
 import torch
 
 from longctx.base.errors import UserError
 from longctx.base.labels import IGNORE_INDEX
 from longctx.checkpoint.continuation import continue_from
-from longctx.checkpoint.store import read_trainer_state
+from longctx.checkpoint.store import read_trainer_state, run_phase
 from longctx.config.validation import SOURCES_FIELD, ValidationSection, bucket_ends, heldout_data
 from longctx.data import build_loader
 from longctx.data.config import DataConfig
@@ -127,6 +134,17 @@ class Validator:
                                         rows)
         return self._sets[si]
 
+    def prepare(self, si: int, tokenizer, slow_phase: Callable[[str], ContextManager]) -> None:
+        """Collective: stage si's held-out set built (once) inside `slow_phase("validation rows")`,
+        every rank agreeing on the outcome before the phase ends; a failure on any rank is every
+        rank's UserError (the first failing rank's line)."""
+        if si in self._sets:
+            return  # every rank built it at the same validation
+        with slow_phase("validation rows"):
+            problem = run_phase(lambda: self.heldout(si, tokenizer))
+        if problem:
+            raise UserError(problem.split(": ", 1)[1])  # the line itself, without "rank r: "
+
     def probe_items(self, si: int, tokenizer) -> list[ProbeItem]:
         """Stage si's probe rows (empty without a probe), built once."""
         probe = self.section.probe
@@ -137,10 +155,13 @@ class Validator:
         return self._probes[si]
 
     def run(self, engine, mesh, device: torch.device, si: int, step: int, tokenizer,
-            stop: Optional[Callable[[], bool]] = None) -> Optional[dict]:
+            stop: Optional[Callable[[], bool]] = None,
+            slow_phase: Callable[[str], ContextManager] = lambda phase: contextlib.nullcontext()) -> Optional[dict]:
         """Collective: one validation of stage si at `step`; the row validation.jsonl gets, or
-        None when `stop` (asked between its forwards) agreed to stop: nothing of it is kept."""
+        None when `stop` (asked between its forwards) agreed to stop: nothing of it is kept.
+        `slow_phase`: the watchdog's, for building the rows (prepare)."""
         t0 = time.perf_counter()
+        self.prepare(si, tokenizer, slow_phase)
         held = self.heldout(si, tokenizer)
         batches = rank_batches(held.rows, mesh.dp_rank, mesh.dp_size, self.stages[si].data.micro_batch_size)
         ends = torch.tensor(held.ends, dtype=torch.long, device=device)

@@ -170,7 +170,7 @@ def test_a_window_of_at_least_the_length_is_full_attention_and_a_shorter_one_is_
     ids = torch.randint(0, 128, (1, window), generator=torch.Generator().manual_seed(6))
     with torch.no_grad():  # transformers keeps W keys including the token itself: W tokens see no window
         assert _diff(ours(ids), hf_twin(ours)(input_ids=ids).logits) <= TOL
-        with pytest.raises(ValueError, match="sliding_window 40"):
+        with pytest.raises(UserError, match="window of 40 tokens"):
             ours(torch.cat([ids, ids[:, :1]], 1))
     # packed documents: positions restart per document, so only a document longer than the window counts
     two_docs = torch.cat([torch.arange(window), torch.arange(window)])[None]
