@@ -14,6 +14,7 @@ lending rules, read from the scripts' own settings:
 
     python scripts/gpu/gpu_calls.py check [--strict] [--call NAME]   # every call (or one): all rules
     python scripts/gpu/gpu_calls.py carry NAME                       # the literal carry list of a call
+    python scripts/gpu/gpu_calls.py plan                             # the plan as docs/gpu.md shows it
     python scripts/gpu/gpu_calls.py returned OUT                     # what came back (or would): the rules
 
 A carried path that is not here (the wheels are built by scripts/gpu/gpu_wheels.sh, the GGUF and the
@@ -290,6 +291,22 @@ def returned(out: Path) -> Report:
     return report
 
 
+def plan() -> str:
+    """The plan of calls and sessions as markdown (docs/gpu.md holds this text)."""
+    lines = ["| call | command | carries (cap, MiB) | timeout_s | budget s | returns (besides summary.md, "
+             "steps.tsv, rest.tar.gz) | needs before it |", "|---|---|---|---:|---:|---|---|"]
+    for call in CALLS.values():
+        script = Script.read(call.script, call.args)
+        carry = ", ".join(f"`{c.path}` ({c.cap_mib:g})" for c in call.carry) or "nothing"
+        lines.append(f"| {call.name} | `{call.command}` | {carry} | {call.timeout_s} | {script.budget_s} | "
+                     f"{', '.join(script.keep) or '—'} | {', '.join(call.needs) or '—'} |")
+    lines += ["", "| session (one warm machine) | calls in order | device time with the start (s) |", "|---|---|---:|"]
+    for name, calls in SESSIONS.items():
+        total = START_S + sum(Script.read(CALLS[c].script, CALLS[c].args).budget_s + PER_CALL_S for c in calls)
+        lines.append(f"| {name} | {' → '.join(calls)} | {total} |")
+    return "\n".join(lines)
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -298,7 +315,11 @@ def main(argv=None) -> int:
     c.add_argument("--strict", action="store_true", help="every carried file must be here (not its cap)")
     sub.add_parser("carry", help="a call's literal carry list").add_argument("name", choices=sorted(CALLS))
     sub.add_parser("returned", help="check what a call left under $OUT").add_argument("out", type=Path)
+    sub.add_parser("plan", help="the plan as markdown")
     args = p.parse_args(argv)
+    if args.cmd == "plan":
+        print(plan())
+        return 0
     if args.cmd == "carry":
         print(" ".join(path for item in CALLS[args.name].carry for path in carried(item)[1]))
         return 0

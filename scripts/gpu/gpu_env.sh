@@ -8,7 +8,8 @@
 #      .whl/parts/NAME.parts lists the pieces of a repacked wheel too big for one call, carried by
 #      consecutive calls on a warm machine: once every piece is here they are checked, joined and
 #      unpacked into SITE/SET. A set already installed (same wheels) is not installed again.
-#   2. sets py (PYTHON, default python3), PYTHONPATH (the repository, then each set) and has_cuda.
+#   2. sets py (PYTHON, default python3), PYTHONPATH (the repository, then each set) and has_cuda
+#      (1 where nvidia-smi lists a GPU).
 #   3. gives `step NAME LIMIT CMD...` and `cuda_step ...`: CMD under a timeout of LIMIT seconds,
 #      cut to what is left of budget_s; a cuda_step without CUDA, and any step once the budget is
 #      spent, is recorded as skipped. Each step's line goes to $out/steps.tsv as it ends.
@@ -21,6 +22,7 @@ INSTALL_S=30        # pip of a carried set and the xz unpack of the CuTe DSL lib
 SUMMARY_S=15        # the summary and the pack, after the last step
 KILL_S=10           # a step that outlives its limit gets SIGTERM (the trainer saves), SIGKILL this much later
 py=${PYTHON:-python3}
+gpu_dir=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 wheels=${WHEELS:-.whl}
 site=${SITE:-/tmp/site}
 budget_s=${budget_s:-${BUDGET_S:?set budget_s before sourcing gpu_env.sh}}
@@ -81,21 +83,23 @@ for dir in "$site"/*/; do
   [ -d "${dir}nvidia_cutlass_dsl/dsl_packages" ] && pypath=$pypath:${dir}nvidia_cutlass_dsl/dsl_packages
 done
 export PYTHONPATH=$pypath${PYTHONPATH:+:$PYTHONPATH}
-has_cuda=$($py -c "import torch; print(int(torch.cuda.is_available()))" 2>/dev/null || echo 0)
+# a GPU the driver lists (no torch import: seconds); CUDA_VISIBLE_DEVICES="" hides it as it does from torch
+has_cuda=0
+if [ "${CUDA_VISIBLE_DEVICES-unset}" != "" ] && nvidia-smi -L 2>/dev/null | grep -q '^GPU '; then has_cuda=1; fi
 
 left_s() { echo $((budget_s - SUMMARY_S - SECONDS)); }
 
 step() {  # NAME LIMIT CMD...: CMD's output goes to $out/NAME.log; its line to steps.tsv
   local name=$1 limit=$2 lim t0 rc; shift 2
-  lim=$(( $(left_s) - KILL_S ))
-  [ "$lim" -gt "$limit" ] && lim=$limit
-  if [ "$lim" -lt 5 ]; then
+  lim=$(( $(left_s) - KILL_S ))   # what the budget leaves, the kill grace kept back
+  if [ "$lim" -lt 5 ] && [ "$lim" -lt "$limit" ]; then
     printf '%s\t%s\t0\tskipped: budget spent\n' "$name" "$limit" >> "$out/steps.tsv"
     echo "== $name: skipped, the call's budget is spent"; return 0
   fi
+  [ "$lim" -gt "$limit" ] && lim=$limit
   echo "== $name (limit ${lim} s)"
   t0=$SECONDS
-  export out py budget_s has_cuda
+  export out py budget_s has_cuda gpu_dir
   export -f $(compgen -A function)  # a step may be one of the script's functions: timeout runs it in bash
   # `trap : TERM`: at the limit the step's shell outlives its command's SIGTERM and runs its last
   # lines (copying what the command wrote); the command itself gets the default disposition
@@ -118,18 +122,18 @@ cuda_step() {  # as step, skipped (and said so) where there is no CUDA device
 
 gpu_facts() {  # the GPU, torch, and which attention kernels import here (one line each)
   nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>/dev/null || echo "no nvidia-smi"
-  $py "$(dirname "${BASH_SOURCE[0]}")/gpu_facts.py"
+  $py "$gpu_dir/gpu_facts.py"
 }
 
 finish() {
   local rc=$?
   trap - EXIT
   echo "== summary (from the files in $out; ${SECONDS} s of the call's ${budget_s} s budget used)"
-  { $py "$(dirname "${BASH_SOURCE[0]}")/gpu_summary.py" steps "$out"
+  { $py "$gpu_dir/gpu_summary.py" steps "$out"
     if declare -F summary >/dev/null; then summary; fi
   } 2>&1 | tee "$out/summary.md.tmp"
   mv "$out/summary.md.tmp" "$out/summary.md"
-  $py "$(dirname "${BASH_SOURCE[0]}")/gpu_pack.py" "$out" summary.md steps.tsv $keep
+  $py "$gpu_dir/gpu_pack.py" "$out" summary.md steps.tsv $keep
   exit $rc
 }
 trap finish EXIT

@@ -127,7 +127,8 @@ def profile(out: Path) -> None:
             continue
         found = True
         kinds = r["by_kind"]
-        names = sorted({k for v in kinds.values() for k in v}, key=lambda k: -max(v.get(k, 0.0) for v in kinds.values()))
+        names = sorted({k for v in kinds.values() for k in v},
+                       key=lambda k: -max(v.get(k, 0.0) for v in kinds.values()))
         print(f"\n## ms by kind of work, one step, T={r['seq_len']} ({r['device']})\n\n| kind | "
               + " | ".join(f"{impl} ms" for impl in kinds) + " |\n|---|" + "---:|" * len(kinds))
         for k in names + ["total"]:

@@ -174,8 +174,11 @@ NOT_RUN = {  # command (DocCommand.key) -> why it is not run
         f"{BENCH} (~4 min); {SMOLLM2}; rewrites docs/results/bench_head_limit.json",
     # gpu.md
     "GGUF=SmolLM2-135M-Instruct.Q4_1.gguf WHEELS=.whl TRAIN_S=200 EVAL_S=90 RULER_SAMPLES=6 "
-    "bash scripts/gpu/gpu_smollm2_32k.sh gpu_out": "needs a CUDA GPU, the GGUF and the text (~10 min)",
+    "bash scripts/gpu/gpu_smollm2_32k.sh gpu_out": "the 2026-12-04 report's command, of the script as it was then "
+                                                   "(a CUDA GPU; it takes a phase now: gpu.md)",
     "bash scripts/gpu/gpu_wheels.sh": f"{NETWORK}: the GPU scripts' wheels (~110 MB)",
+    "python scripts/gpu/gpu_calls.py check --strict": "needs gpu_wheels.sh's wheels; tests/unit/test_gpu_calls.py "
+                                                      "runs the check without --strict",
     # docs/operations.md, docs/results/2026-12-05-chaos-soak.md (the suite runs the 10-fault soak:
     # tests/integration/test_chaos_soak.py)
     "python scripts/faults/chaos_soak.py --faults 100 --seed 1 --json soak.json --md soak.md": f"{BENCH} (~25 min)",

@@ -20,8 +20,8 @@ class FA4b40:
 
     def _flash_attn_fwd(self, q, k, v, qv=None, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None,
                         max_seqlen_k=None, softmax_scale=None, causal=False, return_lse=False, out=None, lse=None):
-        o, l = self.ref.fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal)
-        return o, l, None, None, None  # (out, lse, p, row_max, o_lo)
+        o, lse_ = self.ref.fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal)
+        return o, lse_, None, None, None  # (out, lse, p, row_max, o_lo)
 
     def _flash_attn_bwd(self, q, k, v, out, dout, lse, softmax_scale=None, causal=False, cu_seqlens_q=None,
                         cu_seqlens_k=None, max_seqlen_q=None, max_seqlen_k=None, deterministic=False):
