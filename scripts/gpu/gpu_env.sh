@@ -1,4 +1,4 @@
-# Sourced by every scripts/gpu/gpu_*.sh device call (not run alone). Before sourcing, a script sets
+# Sourced by every device call script in this folder (not run alone). Before sourcing, a script sets
 #   out         its output folder (under $OUT on the device: what comes back),
 #   budget_s    the seconds it may run in all (default BUDGET_S): it ends by itself within them,
 #   keep        the files of $out that come back as they are (at most 6); the rest go into one tar.
