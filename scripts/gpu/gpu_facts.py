@@ -7,10 +7,12 @@ from __future__ import annotations
 
 import importlib
 import importlib.metadata as md
+import importlib.util
 import platform
 
 import torch
 
+DISTS = {"cutlass": "nvidia-cutlass-dsl"}
 
 def version_of(dist: str) -> str:
     try:
@@ -19,9 +21,23 @@ def version_of(dist: str) -> str:
         return "?"
 
 
-def where(mod) -> str:
-    path = getattr(mod, "__file__", None) or next(iter(getattr(mod, "__path__", [])), "")
-    return f" ({path.rsplit('/site-packages/', 1)[0] if '/site-packages/' in path else path})" if path else ""
+def where(path: str | None) -> str:
+    """ (the site folder) of a module's file, or nothing."""
+    if not path:
+        return ""
+    return f" ({path.rsplit('/site-packages/', 1)[0] if '/site-packages/' in path else path.rsplit('/', 2)[0]})"
+
+
+def locate(name: str) -> str:
+    """A package's version and folder without importing it (seconds for deepspeed or transformers)."""
+    try:
+        spec = importlib.util.find_spec(name)
+    except (ImportError, ValueError) as e:
+        return f"no ({type(e).__name__}: {e})"
+    if spec is None:
+        return "no (not installed)"
+    path = spec.origin or next(iter(spec.submodule_search_locations or []), None)
+    return f"{version_of(DISTS.get(name, name))}{where(path)}"
 
 
 def try_import(name: str):
@@ -33,13 +49,13 @@ def try_import(name: str):
 
 def flash_attn_lines() -> list[str]:
     iface, why2 = try_import("flash_attn.flash_attn_interface")
-    two = f"flash-attn 2: {version_of('flash-attn')}{where(iface)}" if iface else f"flash-attn 2: no ({why2})"
+    two = f"flash-attn 2: {version_of('flash-attn')}{where(iface.__file__)}" if iface else f"flash-attn 2: no ({why2})"
     cute, why4 = try_import("flash_attn.cute.interface")
     if cute:
         from longctx.attention.varlen_ops import FA4_TESTED
         v = version_of("flash-attn-4")
         pin = "" if v == FA4_TESTED else f" (longctx follows {FA4_TESTED}'s API)"
-        four = f"FlashAttention-4 (flash_attn.cute): {v}{pin}{where(cute)}"
+        four = f"FlashAttention-4 (flash_attn.cute): {v}{pin}{where(cute.__file__)}"
     else:
         four = f"FlashAttention-4 (flash_attn.cute): no ({why4})"
     return [two, four]
@@ -50,11 +66,9 @@ def main() -> None:
     print("python", platform.python_version(), "torch", torch.__version__, "cuda", torch.version.cuda,
           "gpu", torch.cuda.get_device_name() if cuda else None,
           "capability", torch.cuda.get_device_capability() if cuda else None)
-    for name, dist in (("triton", "triton"), ("cutlass", "nvidia-cutlass-dsl"), ("transformers", "transformers"),
-                       ("deepspeed", "deepspeed"), ("omegaconf", "omegaconf"), ("pydantic", "pydantic"),
-                       ("datasets", "datasets"), ("pyarrow", "pyarrow"), ("gguf", "gguf")):
-        mod, why = try_import(name)
-        print(f"{name}: {version_of(dist)}{where(mod)}" if mod else f"{name}: no ({why})")
+    for name in ("triton", "cutlass", "transformers", "deepspeed", "omegaconf", "pydantic", "datasets", "pyarrow",
+                 "gguf"):
+        print(f"{name}: {locate(name)}")
     for line in flash_attn_lines():
         print(line)
     from longctx.attention.dispatch import available_kernels

@@ -8,15 +8,15 @@
 #                 gguf (the SmolLM2 GGUF conversion);
 #   .whl/fa4      FlashAttention-4 and its CuTe DSL stack, less its CUDA 13 libraries;
 #   .whl/parts    those libraries (nvidia-cutlass-dsl-libs-cu13, 92 MB as a wheel, 237 MB unpacked),
-#                 unpacked and repacked with xz, cut into pieces of PIECE_MIB, with a .parts manifest:
-#                 one call cannot carry them beside the repository, so consecutive calls on a warm
-#                 machine carry one piece each and gpu_env.sh joins them once all are there.
+#                 unpacked and repacked with xz (63 MiB), cut in two pieces of at most PIECE_MIB,
+#                 with a .parts manifest: one call cannot carry them beside the repository, so two
+#                 consecutive calls on a warm machine carry one piece each and gpu_env.sh joins them.
 #   bash scripts/gpu/gpu_wheels.sh          # then: python scripts/gpu/gpu_calls.py check --strict
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 dest=${WHEELS:-.whl}
 py=${PYTHON:-python3}
-piece_mib=${PIECE_MIB:-31}
+piece_mib=${PIECE_MIB:-33}   # scripts/gpu/gpu_calls.py counts each piece at this
 deepspeed=deepspeed==0.19.8
 trainer=(omegaconf==2.4.0 pydantic==2.14.4 pydantic-core==2.50.5 annotated-types==0.8.0 typing-inspection==0.4.5
          typing-extensions==4.16.0 hjson==3.1.0 datasets==5.2.0 dill==0.4.1 multiprocess==0.70.19 gguf==0.19.0)
@@ -41,7 +41,7 @@ download "$dest/trainer" "${trainer[@]}"
 echo "== fa4: ${fa4[*]}"
 download "$dest/fa4" "${fa4[@]}"
 
-echo "== parts: $big, repacked with xz and cut into ${piece_mib} MiB pieces"
+echo "== parts: $big, repacked with xz and cut in two"
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 download "$tmp" "$big"
@@ -50,7 +50,12 @@ name=$(basename "$whl" .whl).tar.xz
 mkdir "$tmp/unpacked"
 $py -m zipfile -e "$whl" "$tmp/unpacked"
 XZ_OPT="-6 -T0" tar -C "$tmp/unpacked" -cJf "$tmp/$name" .
-(cd "$tmp" && split -b "${piece_mib}M" -a 2 "$name" "$name.part-")
+(cd "$tmp" && split -n 2 -a 2 "$name" "$name.part-")
+for piece in "$tmp/$name".part-*; do
+  if [ "$(stat -c %s "$piece")" -gt $((piece_mib * 1024 * 1024)) ]; then
+    echo "error: $piece: over PIECE_MIB ($piece_mib MiB); the calls that carry it would not fit" >&2; exit 1
+  fi
+done
 mv "$tmp/$name".part-* "$dest/parts/"
 { echo fa4
   (cd "$dest/parts" && sha256sum "$name".part-*)
