@@ -9,7 +9,7 @@
 #   bash scripts/gpu/gpu_check.sh OUT_DIR        # BUDGET_S (default below): it ends by itself within it
 set -uo pipefail
 out=${1:-gpu_check_out}
-budget_s=${BUDGET_S:-330}
+budget_s=${BUDGET_S:-345}
 keep="machine.log tests.log train_z0.jsonl train_z2.jsonl"
 summary() { $py scripts/gpu/gpu_summary.py check "$out"; }
 . "$(dirname "$0")/gpu_env.sh"
@@ -27,7 +27,7 @@ train() {  # ZeRO stage, then any more key=value
   return $rc
 }
 
-step machine 15 gpu_facts
+step machine 30 gpu_facts
 cuda_step tests 140 $py -m pytest -q -p no:cacheprovider tests/unit/test_device.py
 cuda_step train_z0 45 train 0 checkpoint.export_hf=true
 cuda_step train_z2 45 train 2 checkpoint.export_hf=false

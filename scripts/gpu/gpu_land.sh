@@ -4,8 +4,8 @@
 #   bash scripts/gpu/gpu_land.sh OUT_DIR              # BUDGET_S (default below)
 set -uo pipefail
 out=${1:-gpu_land_out}
-budget_s=${BUDGET_S:-70}
+budget_s=${BUDGET_S:-85}
 keep="machine.log"
 . "$(dirname "$0")/gpu_env.sh"
 
-step machine 15 gpu_facts
+step machine 30 gpu_facts

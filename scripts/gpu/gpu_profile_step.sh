@@ -5,7 +5,7 @@
 #   bash scripts/gpu/gpu_profile_step.sh OUT_DIR      # BUDGET_S (default below)
 set -uo pipefail
 out=${1:-gpu_profile_out}
-budget_s=${BUDGET_S:-230}
+budget_s=${BUDGET_S:-245}
 keep="machine.log profile_8192.json profile_32768.json"
 summary() { $py scripts/gpu/gpu_summary.py profile "$out"; }
 . "$(dirname "$0")/gpu_env.sh"
@@ -15,6 +15,6 @@ profile() {  # T
     --out "$out/profile_$1.json"
 }
 
-step machine 15 gpu_facts
+step machine 30 gpu_facts
 cuda_step profile_8192 70 profile 8192
 cuda_step profile_32768 70 profile 32768

@@ -11,7 +11,7 @@
 # BACKEND (parallel.attention_backend, default auto), OVERRIDES (more key=value for both).
 set -uo pipefail
 out=${1:-gpu_recipe_out}
-budget_s=${BUDGET_S:-300}
+budget_s=${BUDGET_S:-315}
 keep="machine.log train_metrics.jsonl model_step.json"
 summary() { $py scripts/gpu/gpu_summary.py recipe "$out"; }
 . "$(dirname "$0")/gpu_env.sh"
@@ -37,6 +37,6 @@ model_step() {
   $py scripts/gpu/gpu_model_step.py "${args[@]}" --steps 8 --warmup 2 --out "$out/model_step.json"
 }
 
-step machine 15 gpu_facts
+step machine 30 gpu_facts
 cuda_step train "${TRAIN_S:-120}" train
 cuda_step model_step "${STEP_S:-90}" model_step
