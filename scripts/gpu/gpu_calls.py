@@ -215,6 +215,7 @@ def carried(item: Carried) -> tuple[float, list[str], bool]:
 class Report:
     lines: list[str] = field(default_factory=list)
     failed: int = 0
+    rows: list[str] = field(default_factory=list)  # one markdown row per call
 
     def rule(self, ok: bool, text: str) -> None:
         self.lines.append(f"  {'ok  ' if ok else 'FAIL'} {text}")
@@ -223,6 +224,7 @@ class Report:
 
 def check_call(call: Call, repo_mib: float, strict: bool, report: Report) -> None:
     script = Script.read(call.script, call.args)
+    failed_before = report.failed
     report.lines.append(f"\n{call.name}: {call.command}   ({call.does})")
     sizes = []
     for item in call.carry:
@@ -249,6 +251,10 @@ def check_call(call: Call, repo_mib: float, strict: bool, report: Report) -> Non
     depth = call.out.count("/") + 1
     report.rule(depth <= DEPTH_BACK and all(NAME_OK.match(p) for p in call.out.split("/")),
                 f"files {depth} folder(s) down in $OUT <= {DEPTH_BACK}")
+    failed = report.failed - failed_before
+    report.rows.append(f"| {call.name} | {total:.2f}{'' if all(carried(i)[2] for i in call.carry) else ' (caps)'} | "
+                       f"{call.timeout_s} | {script.budget_s} (steps need {script.needed_s}) | {len(set(back))}, "
+                       f"{depth} folder down | {'all rules met' if not failed else f'{failed} rule(s) not met'} |")
 
 
 def check_session(name: str, calls: tuple[str, ...], report: Report) -> None:
@@ -313,6 +319,7 @@ def main(argv=None) -> int:
     c = sub.add_parser("check", help="every rule for every call (or one)")
     c.add_argument("--call", choices=sorted(CALLS))
     c.add_argument("--strict", action="store_true", help="every carried file must be here (not its cap)")
+    c.add_argument("--markdown", action="store_true", help="also one table row per call")
     sub.add_parser("carry", help="a call's literal carry list").add_argument("name", choices=sorted(CALLS))
     sub.add_parser("returned", help="check what a call left under $OUT").add_argument("out", type=Path)
     sub.add_parser("plan", help="the plan as markdown")
@@ -331,6 +338,9 @@ def main(argv=None) -> int:
     else:
         report = check([args.call] if args.call else list(CALLS), args.strict)
     print("\n".join(report.lines))
+    if args.cmd == "check" and args.markdown:
+        print("\n| call | carries MiB, repository included | timeout_s | budget s | files back | rules |\n"
+              "|---|---:|---:|---|---|---|\n" + "\n".join(report.rows))
     print(f"\n{'all rules met' if not report.failed else f'{report.failed} rule(s) not met'}")
     return 1 if report.failed else 0
 

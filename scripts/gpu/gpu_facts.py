@@ -12,7 +12,7 @@ import platform
 
 import torch
 
-DISTS = {"cutlass": "nvidia-cutlass-dsl"}
+DISTS = {"cutlass": "nvidia-cutlass-dsl", "flash_attn.cute": "flash-attn-4"}
 
 def version_of(dist: str) -> str:
     try:
@@ -50,6 +50,8 @@ def try_import(name: str):
 def flash_attn_lines() -> list[str]:
     iface, why2 = try_import("flash_attn.flash_attn_interface")
     two = f"flash-attn 2: {version_of('flash-attn')}{where(iface.__file__)}" if iface else f"flash-attn 2: no ({why2})"
+    if not torch.cuda.is_available():  # its import (the CuTe DSL, seconds to a minute) is for a GPU's run
+        return [two, f"FlashAttention-4 (flash_attn.cute): {locate('flash_attn.cute')}, not imported: no CUDA"]
     cute, why4 = try_import("flash_attn.cute.interface")
     if cute:
         from longctx.attention.varlen_ops import FA4_TESTED

@@ -143,6 +143,12 @@ def wheels(python: str, work: Path, log: Log) -> Path:
     rc, _, out = run([python, "-c", REQUIREMENTS_CHECK, *targets], log, 300, env=env)
     log("```\n" + out.rstrip() + "\n```")
     log.check(rc == 0, "every requirement met")
+    dsl = [f"{site}/fa4/nvidia_cutlass_dsl/{p}" for p in ("python_packages", "dsl_packages")]  # as gpu_env.sh
+    rc, took, out = run([python, "-c", "import flash_attn.cute.interface as i, importlib.metadata as m; "
+                         "print('flash-attn-4', m.version('flash-attn-4'), 'imports;', '_flash_attn_fwd' in dir(i))"],
+                        log, 600, env={**env, "PYTHONPATH": os.pathsep.join(targets + dsl)})
+    log.check(rc == 0, f"FlashAttention-4 imports over the joined pieces ({took:.0f} s here): "
+                       + (out.strip().splitlines() or ["no output"])[-1])
     return site
 
 
