@@ -18,6 +18,7 @@
 #      steps.tsv stay; everything else goes into $out/rest.tar.gz. At most 8 files, no folders.
 # INSTALL_S (below) is what the installs may take; scripts/gpu/gpu_calls.py counts it in every
 # call's budget.
+set -a              # every variable the script sets from here on reaches its steps (each runs in bash -c)
 INSTALL_S=30        # pip of a carried set and the xz unpack of the CuTe DSL libraries (237 MB)
 SUMMARY_S=15        # the summary and the pack, after the last step
 KILL_S=10           # a step that outlives its limit gets SIGTERM (the trainer saves), SIGKILL this much later
@@ -99,7 +100,7 @@ step() {  # NAME LIMIT CMD...: CMD's output goes to $out/NAME.log; its line to s
   [ "$lim" -gt "$limit" ] && lim=$limit
   echo "== $name (limit ${lim} s)"
   t0=$SECONDS
-  export out py budget_s has_cuda gpu_dir
+  export out budget_s keep
   export -f $(compgen -A function)  # a step may be one of the script's functions: timeout runs it in bash
   # `trap : TERM`: at the limit the step's shell outlives its command's SIGTERM and runs its last
   # lines (copying what the command wrote); the command itself gets the default disposition

@@ -196,6 +196,9 @@ def session(python: str, name: str, work: Path, log: Log) -> None:
         steps = [line.split("\t") for line in (out / call.out / "steps.tsv").read_text().splitlines()] \
             if (out / call.out / "steps.tsv").is_file() else []
         cuda = [s for s in steps if s[3].startswith("skipped: no CUDA")]
+        failed = [s[0] for s in steps if s[3].startswith("rc ") and s[3] != "rc 0" and "stopped at" not in s[3]]
+        log.check(not failed, f"{call.name}: the steps that run without CUDA succeed"
+                              + (f"; failed: {', '.join(failed)} (see rest.tar.gz)" if failed else ""))
         stopped = [s[0] for s in steps if "skipped: budget spent" in s[3] or "stopped at" in s[3]]
         log.check(not stopped, f"{call.name}: {len(steps)} steps, {len(cuda)} CUDA steps reported skipped, "
                                f"{'none' if not stopped else ', '.join(stopped)} cut by a limit")
