@@ -75,7 +75,7 @@ GGUF_B = Carried("models/gguf/SmolLM2-135M-Instruct.Q4_1.gguf.part-ab", 47, "the
 GGUF_SUM = Carried("models/gguf/SmolLM2-135M-Instruct.Q4_1.gguf.sha256", 0.01, "the GGUF's SHA-256")
 HELDOUT = Carried("data/longtext/heldout.jsonl.xz", 8, "the held-out text, xz")
 TEXT = Carried("data/longtext/train.jsonl.xz", 40, "the training text, xz")
-SHORT = Carried("data/longtext/short.jsonl.xz", 18, "the short documents, xz")
+SHORT = Carried("data/longtext/short.jsonl.xz", 19, "the short documents, xz")
 
 
 @dataclass(frozen=True)
