@@ -10,7 +10,7 @@
 # Each evaluation is held-out perplexity at 8k/16k/32k and RULER tasks at 32k, within EVAL_S each.
 # Needs the model and the text (docs/real_model.md): MODEL (default models/smollm2-135m-instruct,
 # made from the GGUF's parts by gpu_study_common.sh) and DATA (default data/longtext). Env: TRAIN_S
-# (default 115), EVAL_S (zero-shot default 65, train 35), RULER_TASKS (default
+# (default 115), EVAL_S (zero-shot default 60, train 35), RULER_TASKS (default
 # niah_single_1,niah_multikey_1,vt,fwe), RULER_SAMPLES (default 6), LEN (default 32768), PPL_LENGTHS
 # (default 8k,16k,LEN), GRAD_ACCUM (default 4: 131k tokens per step), TRAIN_OVERRIDES.
 set -uo pipefail
@@ -20,7 +20,7 @@ case $phase in
   zero-shot|train) ;;
   *) echo "error: PHASE: $phase; valid: zero-shot, train" >&2; exit 2 ;;
 esac
-budget_s=${BUDGET_S:-290}
+budget_s=${BUDGET_S:-315}
 keep="zero-shot-ppl.json zero-shot-ruler.json trained-ppl.json trained-ruler.json train_metrics.jsonl"
 summary() { $py scripts/gpu/gpu_summary.py smollm2 "$out"; }
 source scripts/gpu/gpu_study_common.sh
@@ -58,10 +58,10 @@ train() {
 
 # each step line's `# phase:` is what scripts/gpu/gpu_calls.py counts in that call's budget
 if [ "$phase" = zero-shot ]; then
-  step model 50 make_model                                      # phase: zero-shot
+  step model 90 make_model                                      # phase: zero-shot
   step text 20 unpack_text                                      # phase: zero-shot
-  cuda_step zero-shot-ppl "${EVAL_S:-65}" zero_shot ppl         # phase: zero-shot
-  cuda_step zero-shot-ruler "${EVAL_S:-65}" zero_shot ruler     # phase: zero-shot
+  cuda_step zero-shot-ppl "${EVAL_S:-60}" zero_shot ppl         # phase: zero-shot
+  cuda_step zero-shot-ruler "${EVAL_S:-60}" zero_shot ruler     # phase: zero-shot
 else
   step text 20 unpack_text                                      # phase: train
   cuda_step train "${TRAIN_S:-115}" train                       # phase: train

@@ -4,8 +4,8 @@
 #   bash scripts/gpu/gpu_study_model.sh OUT_DIR        # BUDGET_S (default below)
 set -uo pipefail
 out=${1:?OUT_DIR}
-budget_s=${BUDGET_S:-105}
+budget_s=${BUDGET_S:-145}
 keep=""
 source scripts/gpu/gpu_study_common.sh
 
-step model 50 make_model
+step model 90 make_model

@@ -10,7 +10,7 @@
 # model on CPU.
 set -uo pipefail
 out=${1:?OUT_DIR}
-budget_s=${BUDGET_S:-485}
+budget_s=${BUDGET_S:-525}
 keep="real-model.md machine.log"
 summary() { sed -n '/^## RULER tasks/,$p' "$out/real-model.md" 2>/dev/null || echo "no report (see study.log)"; }
 source scripts/gpu/gpu_study_common.sh
@@ -27,5 +27,5 @@ zero_shot() {
 }
 
 step machine 30 gpu_facts
-step model 50 make_model
+step model 90 make_model
 cuda_step study "${STUDY_S:-330}" zero_shot
