@@ -339,7 +339,7 @@ def main(argv=None) -> int:
         report = check([args.call] if args.call else list(CALLS), args.strict)
     print("\n".join(report.lines))
     if args.cmd == "check" and args.markdown:
-        print("\n| call | carries MiB, repository included | timeout_s | budget s | files back | rules |\n"
+        print("\n| call | carries MiB, repository included | timeout_s | budget s | files back (at most) | rules |\n"
               "|---|---:|---:|---|---|---|\n" + "\n".join(report.rows))
     print(f"\n{'all rules met' if not report.failed else f'{report.failed} rule(s) not met'}")
     return 1 if report.failed else 0

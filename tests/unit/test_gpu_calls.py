@@ -55,7 +55,7 @@ def test_the_rules_refuse_a_call_that_does_not_fit():
 def test_each_step_limit_and_setting_is_read_from_the_script():
     script = calls.Script.read("gpu_smollm2_32k.sh", "train")
     assert [name for name, _ in script.steps] == ["text", "train", "trained-ppl", "trained-ruler"]
-    assert calls.Script.read("gpu_smollm2_32k.sh", "zero-shot").steps[0] == ("model", 50)
+    assert calls.Script.read("gpu_smollm2_32k.sh", "zero-shot").steps[0] == ("model", 90)
     assert set(script.env) == {"INSTALL_S", "KILL_S", "SUMMARY_S"}
     with pytest.raises(ValueError, match="neither a number"):
         calls._limit("$SOMETHING")
