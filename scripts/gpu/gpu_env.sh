@@ -1,7 +1,7 @@
 # Sourced by every device call script in this folder (not run alone). Before sourcing, a script sets
 #   out         its output folder (under $OUT on the device: what comes back),
 #   budget_s    the seconds it may run in all (default BUDGET_S): it ends by itself within them,
-#   keep        the files of $out that come back as they are (at most 6); the rest go into one tar.
+#   keep        the files of $out that come back as they are (at most 5); the rest go into one tar.
 # It then
 #   1. installs the carried wheels (WHEELS, default .whl; scripts/gpu/gpu_wheels.sh makes them), one
 #      folder per set: .whl/SET/*.whl go to SITE/SET (SITE default /tmp/site) with pip, no index;
@@ -47,6 +47,7 @@ install_sets() {  # every .whl/SET folder, each into $site/SET once per set of w
     $py -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$site/$set" \
       "$dir"*.whl || { echo "error: $dir: its wheels do not install here (see pip above)"; return 1; }
     echo "$want" > "$stamp"
+    rm -f "$site/$set"/.joined-*  # pip --upgrade replaced the folders the pieces unpack into: again below
     echo "wheels $set: $(echo $want | wc -w) installed to $site/$set"
   done
 }
