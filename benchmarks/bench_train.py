@@ -201,6 +201,8 @@ def run(args, ckpt) -> list[dict]:
             row["model"] = model_source(args)
             rows.append(row)
             print(json.dumps(row), flush=True)
+            if args.out:  # every finished row is on disk: a run stopped at a time limit keeps them
+                write_json(args.out, rows, indent=2)
     return rows
 
 

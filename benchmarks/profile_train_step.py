@@ -91,6 +91,13 @@ def parse(argv=None):
     return args
 
 
+def save(args, profiles: dict) -> None:
+    kinds = {impl: by_kind(rows) for impl, rows in profiles.items()}
+    atomic.write_text(args.out, json.dumps({"command": " ".join(sys.argv), "device": args.device, "preset": args.preset,
+                                            "layers": args.layers, "seq_len": args.seq_len, "by_kind": kinds,
+                                            "kernels": profiles}, indent=1))
+
+
 def main(argv=None) -> int:
     args = parse(argv)
     profiles = {}
@@ -103,6 +110,8 @@ def main(argv=None) -> int:
             import torch
 
             torch.cuda.empty_cache()
+        if args.out:  # each side on disk as it finishes: a run stopped at a time limit keeps it
+            save(args, profiles)
     unit = "self device ms" if args.device == "cuda" else "self CPU ms"
     for impl, rows in profiles.items():
         print(f"\n## {impl}: top {args.rows} by {unit}\n\n| {unit} | calls | kind | kernel |\n|---:|---:|---|---|")
@@ -116,11 +125,6 @@ def main(argv=None) -> int:
     for k in names + ["total"]:
         vals = [sum(v.values()) if k == "total" else v.get(k, 0.0) for v in kinds.values()]
         print(f"| {k} | " + " | ".join(f"{x:.1f}" for x in vals) + " |")
-    if args.out:
-        atomic.write_text(args.out, json.dumps({"command": " ".join(sys.argv), "device": args.device,
-                                                "preset": args.preset, "layers": args.layers,
-                                                "seq_len": args.seq_len, "by_kind": kinds, "kernels": profiles},
-                                               indent=1))
     return 0
 
 

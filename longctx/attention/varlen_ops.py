@@ -138,9 +138,13 @@ class FlashAttnVarlen(VarlenOps):
         return dq, dk, dv
 
 
+FA4_TESTED = "4.0.0b40"  # the flash-attn-4 release whose API this file follows (scripts/gpu/gpu_wheels.sh pins it)
+
+
 class FA4Varlen(VarlenOps):
-    """FlashAttention-4 (`flash_attn.cute`, pip install --pre flash-attn-4): CuTe DSL kernels for SM90
-    (Hopper) and SM100 (Blackwell)."""
+    """FlashAttention-4 (`flash_attn.cute`, pip install flash-attn-4==FA4_TESTED): CuTe DSL kernels for
+    SM90 (Hopper) and SM100 (Blackwell). Its `_flash_attn_fwd` returns (out, lse, p, row_max, o_lo) in
+    4.0.0b40 (two values in earlier betas): the first two are ours either way."""
 
     name = "fa4"
 
@@ -150,15 +154,16 @@ class FA4Varlen(VarlenOps):
             raise RuntimeError("flash-attn-4 (flash_attn.cute) does not import")
 
     def fwd(self, q, k, v, cu_q, cu_k, max_q, max_k, scale, causal):
-        out, lse = _call(self._mod._flash_attn_fwd, q=q, k=k, v=v, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k,
-                         max_seqlen_q=max_q, max_seqlen_k=max_k, softmax_scale=scale, causal=causal,
-                         return_lse=True)
+        res = _call(self._mod._flash_attn_fwd, q=q, k=k, v=v, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k,
+                    max_seqlen_q=max_q, max_seqlen_k=max_k, softmax_scale=scale, causal=causal, return_lse=True)
+        out, lse = res[0], res[1]
         return out, lse.float()
 
     def bwd(self, dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, scale, causal):
-        dq, dk, dv = _call(self._mod._flash_attn_bwd, q=q, k=k, v=v, out=out.contiguous(), dout=dout.contiguous(),
-                           lse=lse.contiguous(), softmax_scale=scale, causal=causal, cu_seqlens_q=cu_q,
-                           cu_seqlens_k=cu_k, max_seqlen_q=max_q, max_seqlen_k=max_k, deterministic=False)
+        grads = _call(self._mod._flash_attn_bwd, q=q, k=k, v=v, out=out.contiguous(), dout=dout.contiguous(),
+                      lse=lse.contiguous(), softmax_scale=scale, causal=causal, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k,
+                      max_seqlen_q=max_q, max_seqlen_k=max_k, deterministic=False)
+        dq, dk, dv = grads[:3]  # a fourth, dsink, only with a learnable sink
         return dq, dk, dv
 
 

@@ -2,14 +2,14 @@
 are readable before the run directory is touched."""
 from __future__ import annotations
 
+from contextlib import contextmanager
 from typing import Optional
-
-import datasets
 
 from longctx.config import RunStage
 from longctx.data import build_loader
 from longctx.data.check import check_data
 from longctx.data.loader import ModelInputs
+from longctx.data.source_config import resolve_kind
 
 
 def build_stage_loader(stage: RunStage, train_seed: int, tokenizer, *, dp_rank: int, dp_size: int,
@@ -27,9 +27,23 @@ def check_sources(stages: list[RunStage]) -> None:
     for stage in stages:
         if stage.data not in sections:
             sections.append(stage.data)
+    for data in sections:
+        with _quiet_datasets(any(resolve_kind(src, i) != "synthetic" for i, src in enumerate(data.sources))):
+            check_data(data)
+
+
+@contextmanager
+def _quiet_datasets(reads_files: bool):
+    """🤗 datasets' progress bars off while a section that reads files is checked. Only such a
+    section imports datasets (seconds to import, and not installed everywhere: a synthetic run
+    never needs it)."""
+    if not reads_files:
+        yield
+        return
+    import datasets  # lazy: see the docstring
+
     datasets.disable_progress_bars()
     try:
-        for data in sections:
-            check_data(data)
+        yield
     finally:
         datasets.enable_progress_bars()

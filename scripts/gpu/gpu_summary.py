@@ -1,7 +1,13 @@
-"""The summary table a GPU script prints last, from the files it wrote in OUT_DIR.
+"""The summary tables a GPU script prints last (gpu_env.sh's exit), from the files already in
+OUT_DIR: they print whatever finished, also after a step ran out of time.
 
+    python scripts/gpu/gpu_summary.py steps OUT_DIR     # every script: each step's limit, time, result
     python scripts/gpu/gpu_summary.py check OUT_DIR     # scripts/gpu/gpu_check.sh
+    python scripts/gpu/gpu_summary.py bench OUT_DIR     # scripts/gpu/gpu_bench_train.sh
     python scripts/gpu/gpu_summary.py recipe OUT_DIR    # scripts/gpu/gpu_recipe_speed.sh
+    python scripts/gpu/gpu_summary.py doc OUT_DIR       # scripts/gpu/gpu_doc_attention.sh
+    python scripts/gpu/gpu_summary.py profile OUT_DIR   # scripts/gpu/gpu_profile_step.sh
+    python scripts/gpu/gpu_summary.py smollm2 OUT_DIR   # scripts/gpu/gpu_smollm2_32k.sh
 """
 from __future__ import annotations
 
@@ -9,6 +15,26 @@ import json
 import statistics
 import sys
 from pathlib import Path
+
+BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
+
+
+def read_json(path: Path):
+    """A JSON file's content, or None when it is missing or cut short."""
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def steps(out: Path) -> None:
+    rows = [line.split("\t") for line in (out / "steps.tsv").read_text().splitlines()] \
+        if (out / "steps.tsv").is_file() else []
+    print("\n| step | limit s | took s | result |\n|---|---:|---:|---|")
+    for name, limit, took, result in (r for r in rows if len(r) == 4):
+        print(f"| {name} | {limit} | {took} | {result} |")
+    if not rows:
+        print("| (no step ran) | | | |")
 
 
 def metrics(path: Path, skip: int = 2) -> dict:
@@ -25,7 +51,8 @@ def metrics(path: Path, skip: int = 2) -> dict:
 
 
 def check(out: Path) -> None:
-    tests = (out / "tests.txt").read_text().strip().splitlines() if (out / "tests.txt").is_file() else []
+    tests = [line for line in (out / "tests.log").read_text().strip().splitlines() if line.strip()] \
+        if (out / "tests.log").is_file() else []
     print("\n| check | result |\n|---|---|")
     print(f"| test_device.py | {tests[-1] if tests else 'no output'} |")
     for stage in (0, 2):
@@ -33,9 +60,15 @@ def check(out: Path) -> None:
         text = (f"{m['steps']} steps, {m['tokens_per_s']:,.0f} tok/s, MFU {m['mfu']:.3f}, peak {m['peak_gb']:.1f} GB"
                 if m else "no metrics (see train_z%d.log)" % stage)
         print(f"| longctx train ZeRO-{stage} | {text} |")
+
+
+def bench(out: Path) -> None:
     rows = []
     for f in sorted(out.glob("bench_train_*.json")):
-        rows += json.loads(f.read_text())
+        rows += read_json(f) or []
+    if not rows:
+        print("\nbench_train: no rows (see the bench_train_*.log files)")
+        return
     by = {(r["impl"], r["seq_len"]): r for r in rows}
     print("\n| T | longctx tok/s | transformers tok/s | ratio | longctx MFU | transformers MFU | peak GB ours / HF |")
     print("|---:|---:|---:|---:|---:|---:|---|")
@@ -58,7 +91,7 @@ def why(r: dict) -> str:
 
 def recipe(out: Path) -> None:
     t = metrics(out / "train_metrics.jsonl", skip=2)
-    s = json.loads((out / "model_step.json").read_text()) if (out / "model_step.json").is_file() else {}
+    s = read_json(out / "model_step.json") or {}
     print("\n| what | tokens/s | MFU | peak GB |\n|---|---:|---:|---:|")
     if t:
         print(f"| longctx train ({t['steps']} steps, median after warm-up) | {t['tokens_per_s']:,.0f} | "
@@ -75,8 +108,63 @@ def recipe(out: Path) -> None:
               "the goal is >= 0.97)")
 
 
+def doc(out: Path) -> None:
+    report = read_json(out / "doc_attention.json")
+    if not report or not report.get("rows"):
+        print("\ndocument attention: no rows (see bench.log)")
+        return
+    sys.path.insert(0, str(BENCHMARKS))
+    from bench_doc_attention import print_table
+
+    print_table(report["rows"])
+
+
+def profile(out: Path) -> None:
+    found = False
+    for f in sorted(out.glob("profile_*.json")):
+        r = read_json(f)
+        if not r:
+            continue
+        found = True
+        kinds = r["by_kind"]
+        names = sorted({k for v in kinds.values() for k in v},
+                       key=lambda k: -max(v.get(k, 0.0) for v in kinds.values()))
+        print(f"\n## ms by kind of work, one step, T={r['seq_len']} ({r['device']})\n\n| kind | "
+              + " | ".join(f"{impl} ms" for impl in kinds) + " |\n|---|" + "---:|" * len(kinds))
+        for k in names + ["total"]:
+            vals = [sum(v.values()) if k == "total" else v.get(k, 0.0) for v in kinds.values()]
+            print(f"| {k} | " + " | ".join(f"{x:.1f}" for x in vals) + " |")
+    if not found:
+        print("\nprofile: no results (see the profile_*.log files)")
+
+
+def smollm2(out: Path) -> None:
+    print("\n| model | phase | result |\n|---|---|---|")
+    for name in ("zero-shot", "trained"):
+        for phase in ("ppl", "ruler"):
+            r = read_json(out / f"{name}-{phase}.json")
+            if not r:
+                print(f"| {name} | {phase} | no results |")
+            elif phase == "ppl":
+                print(f"| {name} | ppl | " + ", ".join(f"{row['length']}: {row['ppl']:.3f}" for row in r["ppl"]["rows"])
+                      + " |")
+            else:
+                scores: dict = {}
+                for sample in r["samples"]:
+                    scores.setdefault(sample["task"], []).append(sample["score"])
+                print(f"| {name} | ruler | " + ", ".join(f"{t}: {sum(v) / len(v):.1f}" for t, v in scores.items())
+                      + " |")
+    m = metrics(out / "train_metrics.jsonl", skip=0)
+    if m:
+        print(f"\ntraining: {m['steps']} steps, loss {m['loss'][0]:.3f} -> {m['loss'][1]:.3f}, "
+              f"{m['tokens_per_s']:,.0f} tok/s, MFU {m['mfu']:.3f}, peak {m['peak_gb']:.1f} GB")
+
+
+TABLES = {"steps": steps, "check": check, "bench": bench, "recipe": recipe, "doc": doc, "profile": profile,
+          "smollm2": smollm2}
+
 if __name__ == "__main__":
-    if len(sys.argv) != 3 or sys.argv[1] not in ("check", "recipe"):
-        print("error: usage: gpu_summary.py check|recipe OUT_DIR", file=sys.stderr)
+    if len(sys.argv) != 3 or sys.argv[1] not in TABLES:
+        print(f"error: usage: gpu_summary.py {'|'.join(TABLES)} OUT_DIR", file=sys.stderr)
         sys.exit(2)
-    {"check": check, "recipe": recipe}[sys.argv[1]](Path(sys.argv[2]))
+    TABLES[sys.argv[1]](Path(sys.argv[2]))

@@ -201,8 +201,19 @@ NOT_RUN = {  # command (DocCommand.key) -> why it is not run
         f"{BENCH} (~4 min); {SMOLLM2}; rewrites docs/results/bench_head_limit.json",
     # gpu.md
     "GGUF=SmolLM2-135M-Instruct.Q4_1.gguf WHEELS=.whl TRAIN_S=200 EVAL_S=90 RULER_SAMPLES=6 "
-    "bash scripts/gpu/gpu_smollm2_32k.sh gpu_out": "needs a CUDA GPU, the GGUF and the text (~10 min)",
+    "bash scripts/gpu/gpu_smollm2_32k.sh gpu_out": "the 2026-12-04 report's command, of the script as it was then "
+                                                   "(a CUDA GPU; it takes a phase now: gpu.md)",
     "bash scripts/gpu/gpu_wheels.sh": f"{NETWORK}: the GPU scripts' wheels (~110 MB)",
+    "python scripts/gpu/gpu_calls.py check --strict": "needs gpu_wheels.sh's wheels; tests/unit/test_gpu_calls.py "
+                                                      "runs the check without --strict",
+    # docs/results/2026-12-06-gpu-rehearsal.md
+    "python3.12 -m venv venv312": "the rehearsal's Python 3.12 environment (a python3.12 on PATH)",
+    "venv312/bin/python -m pip install torch==2.11.0": f"{NETWORK}: torch 2.11 for the rehearsal (~3 GB)",
+    "venv312/bin/python -m pip install -r scripts/gpu/device_packages.txt": f"{NETWORK}: the device's packages",
+    "bash scripts/gpu/gpu_study_pack.sh": "needs scripts/real_model/smollm2.py's download and the long text",
+    "python scripts/gpu/gpu_calls.py check --strict --markdown": "needs gpu_wheels.sh's wheels, the GGUF and the text",
+    ".venv/bin/python scripts/gpu/gpu_rehearse.py --python venv312/bin/python --work /tmp/gpu-rehearsal "
+    "--log docs/results/2026-12-06-gpu-rehearsal.log": "needs the rehearsal's venv312 and the wheels (~20 min)",
     # docs/operations.md, docs/results/2026-12-05-chaos-soak.md (the suite runs the 10-fault soak:
     # tests/integration/test_chaos_soak.py)
     "python scripts/faults/chaos_soak.py --faults 100 --seed 1 --json soak.json --md soak.md": f"{BENCH} (~25 min)",
