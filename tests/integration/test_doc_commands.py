@@ -225,6 +225,9 @@ NOT_RUN = {  # command (DocCommand.key) -> why it is not run
     "python scripts/faults/chaos_soak.py --faults 2 --faults-per-run 2,2 --seed 1 --configs 6 --eval-share 0 "
     "--json docs/results/2026-12-06-chaos-soak-nodes.json --md soak.md": f"{BENCH} (~7 min; root); rewrites the "
     "report's JSON",
+    # docs/results/2026-12-06-model-paths.md
+    "python benchmarks/bench_model_paths.py --lengths 4096,16384 --steps 3 --out "
+    "docs/results/2026-12-06-model-paths.json": f"{BENCH} (~20 min on 2 cores); rewrites the report's JSON",
     # docs/results/2026-12-06-watch-store.md
     "python benchmarks/bench_watch_store.py --world 1024 --per-node 8 --seconds 20 --rounds 2 "
     "--json docs/results/2026-12-06-watch-store.json": f"{BENCH} (~10 min); rewrites the report's JSON",
