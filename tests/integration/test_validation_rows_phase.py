@@ -38,7 +38,7 @@ class _Rows(Validator):
 def _worker(rank, world):
     watchdog = Watchdog(rank=rank, world=world, timeout_s=SHORT_S, startup_timeout_s=120, log_path=None,
                         marker_dir=None)  # not started: its phases and limits only
-    watchdog.steady = True  # after the first step: the short collective timeout
+    watchdog.step_done(0.01)  # after the first step: the short collective timeout
     set_collective_timeout(SHORT_S)
     phases = []
     real = watchdog.slow_phase

@@ -37,8 +37,8 @@ def test_the_plan_holds_each_stage_with_its_model_config_and_trim_multiple(tmp_p
 def test_init_from_config_json_is_read_once_per_validation(tmp_path, monkeypatch):
     save_pretrained(build_model(get_preset("debug-tiny"), seed=0), tmp_path / "hf")
     reads = []
-    real = stages_module.read_hf_config
-    monkeypatch.setattr(stages_module, "read_hf_config", lambda path: reads.append(path) or real(path))
+    real = stages_module.read_model_config
+    monkeypatch.setattr(stages_module, "read_model_config", lambda path, *a: reads.append(path) or real(path, *a))
     plan = validate_config(load_config(None, STAGED + [f"model.init_from={tmp_path}/hf", f"out_dir={tmp_path}/r"]), 2)
     assert len(reads) == 1 and len(plan.model_configs) == 2
 
