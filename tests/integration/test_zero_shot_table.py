@@ -2,9 +2,14 @@
 with the variant's overrides recorded, the table and PNG come from the results, a rerun
 reuses every finished cell, a run at other lengths adds to the table, and so do a --part
 beside a run and the cells of another OUT (--from), one measurement counted once and two
-different ones for one cell refused."""
+different ones for one cell refused. The script and its evals run in this process (the script's
+logic is the point; its one process boundary, `longctx eval`, is tested as a process elsewhere),
+and the script once as a process in test_the_script_runs_as_a_process."""
 from __future__ import annotations
 
+import contextlib
+import importlib.util
+import io
 import json
 import shutil
 import subprocess
@@ -14,10 +19,41 @@ from pathlib import Path
 import pytest
 
 import longctx
+from longctx.commands import cli
 from longctx.model import build_model, get_preset
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "scripts" / "real_model" / "zero_shot_table.py"
+
+
+def _load_script():
+    spec = importlib.util.spec_from_file_location("zero_shot_table", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+zero_shot_table = _load_script()
+
+
+def _eval_in_process(cmd: list[str]) -> int:
+    """The script's `python -m longctx eval ...`, run as `longctx eval` in this process: the test is
+    about the script's cells and tables (test_eval_cells.py runs `longctx eval` as a process)."""
+    assert cmd[1:4] == ["-m", "longctx", "eval"], cmd
+    return cli.main(cmd[3:])
+
+
+def script(*argv: str) -> subprocess.CompletedProcess:
+    """The script's main() in this process, its evals too, with what it printed and its exit code."""
+    stdout, stderr = io.StringIO(), io.StringIO()
+    real_call = zero_shot_table.subprocess.call
+    zero_shot_table.subprocess.call = _eval_in_process
+    try:
+        with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
+            code = zero_shot_table.main(list(argv))
+    finally:
+        zero_shot_table.subprocess.call = real_call
+    return subprocess.CompletedProcess(["zero_shot_table.py", *argv], code, stdout.getvalue(), stderr.getvalue())
 
 
 @pytest.fixture(scope="module")
@@ -31,12 +67,11 @@ def inputs(tmp_path_factory):
 
 
 def run(inputs: Path, out: Path, *extra: str) -> subprocess.CompletedProcess:
-    cmd = [sys.executable, str(SCRIPT), "--model", str(inputs / "model"), "--ppl-data", str(inputs / "heldout.jsonl"),
-           "--out", str(out), "--variants", "shipped,yarn2", "--ppl-lengths", "128,256", "--ppl-windows", "1",
-           "--ruler-lengths", "256", "--tasks", "passkey", "--samples", "1", "--max-positions", "1024",
-           "--pretrained-length", "512", "--quiet", *extra, "--", "--tokenizer", "byte", "--style", "compact",
-           "--max-new-tokens", "4"]
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+    return script("--model", str(inputs / "model"), "--ppl-data", str(inputs / "heldout.jsonl"),
+                  "--out", str(out), "--variants", "shipped,yarn2", "--ppl-lengths", "128,256", "--ppl-windows", "1",
+                  "--ruler-lengths", "256", "--tasks", "passkey", "--samples", "1", "--max-positions", "1024",
+                  "--pretrained-length", "512", "--quiet", *extra, "--", "--tokenizer", "byte", "--style", "compact",
+                  "--max-new-tokens", "4")
 
 
 def test_each_variant_is_an_eval_with_its_overrides_and_a_rerun_reuses_the_cells(inputs, tmp_path):
@@ -79,8 +114,7 @@ def test_each_variant_is_an_eval_with_its_overrides_and_a_rerun_reuses_the_cells
     assert f"{ppl['yarn2'][128]:.2f}" in row and f"{rows[0]['ppl']:.2f}" in row
 
     # a report alone reads no documents: no --ppl-data, the same tables, the documents named from the cells
-    alone = subprocess.run([sys.executable, str(SCRIPT), "--model", str(inputs / "model"), "--out", str(out),
-                            "--report-only", "--pretrained-length", "512"], capture_output=True, text=True, timeout=300)
+    alone = script("--model", str(inputs / "model"), "--out", str(out), "--report-only", "--pretrained-length", "512")
     assert alone.returncode == 0, alone.stderr[-3000:]
     reported = (out / "table.md").read_text().splitlines()
     assert reported[1:] == lines[1:]
@@ -99,11 +133,10 @@ def test_as_is_runs_the_model_without_overrides(inputs, tmp_path):
 
 
 def report_only(inputs: Path, out: Path, *sources: Path) -> subprocess.CompletedProcess:
-    cmd = [sys.executable, str(SCRIPT), "--model", str(inputs / "model"), "--out", str(out), "--report-only",
-           "--pretrained-length", "512"]
+    argv = ["--model", str(inputs / "model"), "--out", str(out), "--report-only", "--pretrained-length", "512"]
     for source in sources:
-        cmd += ["--from", str(source)]
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+        argv += ["--from", str(source)]
+    return script(*argv)
 
 
 def per_task_row(out: Path, label: str) -> list:
@@ -163,3 +196,15 @@ def test_bad_arguments_are_one_line_before_any_eval(inputs, tmp_path):
         res = run(inputs, tmp_path / "bad", *extra)
         assert res.returncode == 2 and res.stderr.strip().startswith(needle), res.stderr
         assert not (tmp_path / "bad").exists()
+
+
+def test_the_script_runs_as_a_process(inputs, tmp_path):
+    """The script as a user starts it: its own process, each eval a `python -m longctx eval`."""
+    out = tmp_path / "zs"
+    res = subprocess.run([sys.executable, str(SCRIPT), "--model", str(inputs / "model"), "--out", str(out),
+                          "--variants", "as-is", "--phases", "ruler", "--ruler-lengths", "256", "--tasks", "passkey",
+                          "--samples", "1", "--pretrained-length", "512", "--quiet", "--", "--tokenizer", "byte",
+                          "--style", "compact", "--max-new-tokens", "4"], capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert "[as-is ruler] -m longctx eval" in res.stdout
+    assert (out / "as-is" / "ruler" / "cells" / "256" / "passkey.json").is_file()
