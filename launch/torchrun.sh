@@ -17,7 +17,9 @@
 #
 # Rendezvous: c10d (torchrun's elastic agent; node ranks are assigned by the store on the
 # endpoint host), fixed size, no restarts: a failed worker fails the job, and the SLURM script
-# decides about requeueing.
+# decides about requeueing. The rendezvous waits for the other nodes at most the command's
+# start-up limit (parallel.startup_timeout_s: its join_timeout), and an agent that outlives its
+# stalled workers (its store calls on a node cut off) is ended (docs/operations.md).
 #
 # Signals: torchrun's agent forwards SIGTERM/SIGINT to its workers but not SIGUSR1. This script
 # forwards SIGUSR1 (SLURM's pre-timeout warning, delivered by srun to every task) to the worker
@@ -77,13 +79,21 @@ PY=$LONGCTX_PYTHON
 world=$(( nnodes * nproc ))
 
 out_dir=""  # a train's out_dir or an eval's --out (absolute, from the preflight): where a preemption leaves PREEMPTED
+startup_s=""  # the command's start-up limit (s): the rendezvous waits no longer for a node that is lost
 if (( preflight )) && [[ $1 == train || $1 == eval ]]; then
-    out_dir=$("$PY" "$HERE/preflight.py" --world-size "$world" --command "$1" -- "${@:2}") || exit 2
+    checked=$("$PY" "$HERE/preflight.py" --world-size "$world" --command "$1" --startup-limit -- "${@:2}") || exit 2
+    out_dir=${checked%$'\n'*}
+    startup_s=${checked##*$'\n'}
 fi
 
 args=(--nnodes "$nnodes" --nproc-per-node "$nproc" --max-restarts 0)
 if (( nnodes > 1 )) || [[ -n $endpoint ]]; then
     args+=(--rdzv-backend c10d --rdzv-endpoint "$endpoint" --rdzv-id "${rdzv_id:-longctx}")
+    # a node that never joins (lost during start-up) fails the rendezvous after the start-up
+    # limit, not torchrun's own 600 s; a join_timeout of the user's wins
+    if [[ -n $startup_s && $rdzv_conf != *join_timeout=* ]]; then
+        rdzv_conf=${rdzv_conf:+$rdzv_conf,}join_timeout=$startup_s
+    fi
     if [[ -n $rdzv_conf ]]; then args+=(--rdzv-conf "$rdzv_conf"); fi
 else
     args+=(--standalone)
