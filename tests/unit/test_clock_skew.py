@@ -13,8 +13,8 @@ from longctx.runtime.peer_progress import PeerProgress
 from longctx.runtime.watchdog import Watchdog
 
 TIMEOUT_S = 0.5
-SILENT_S = 1.0  # the courier's silence threshold (10 s or 5 writes in a job)
-SAVE_S = 2.5  # longer than timeout_s and the silence threshold together
+SILENT_S = 1.5  # the courier's silence threshold (10 s or 5 writes in a job)
+SAVE_S = 3.0  # longer than timeout_s and the silence threshold together
 
 
 class _Rank(Watchdog):
