@@ -64,7 +64,7 @@ def test_the_launcher_ends_an_agent_whose_rendezvous_hangs(tmp_path):
 
 
 def test_a_node_that_never_joins_ends_the_launcher_after_the_startup_limit(tmp_path):
-    startup_s, timeout_s = 15, 20
+    startup_s, timeout_s = 5, 20
     e = dict(env(), LONGCTX_PYTHON=sys.executable, TORCH_EXTENSIONS_DIR=str(tmp_path / "ext"))
     log_path = tmp_path / "launcher.log"
     cmd = [str(ROOT / "launch" / "torchrun.sh"), "--nnodes", "2", "--nproc-per-node", "1", "--rdzv-endpoint",
