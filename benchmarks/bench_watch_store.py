@@ -74,7 +74,7 @@ def run_new(port: int, world: int, per_node: int, seconds: float) -> dict:
         for courier in couriers[::per_node]:
             _, at = courier.progress()
             if at is not None:
-                ages.append(time.monotonic() - at[0])
+                ages.append(time.monotonic() - at)
     calls = sum(c.calls for c in clients) - start_calls
     elapsed = time.monotonic() - counted_from
     for courier in couriers:

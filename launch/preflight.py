@@ -18,11 +18,15 @@ Checks, in order:
      does not fit.
 With `--command eval` it checks `longctx eval` options instead (every option, --cp against the
 world size, the model directory and its tokenizer; no weights are read) and prints the absolute --out.
-On success it prints the absolute out_dir (the SLURM script reads the PREEMPTED marker there).
+On success it prints the absolute out_dir (the SLURM script reads the PREEMPTED marker there);
+with --startup-limit, a second line: the command's start-up limit in whole seconds
+(parallel.startup_timeout_s, or an eval's startup_timeout_s), which launch/torchrun.sh gives
+the rendezvous as its join timeout.
 """
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import sys
 from pathlib import Path
@@ -44,6 +48,12 @@ def _keep_batch(cfg, stage, world: int, rows: int) -> str:
 
 
 def check(world: int, config: str | None, overrides: list[str], gpu_mem: str | None, weights: bool = True) -> str:
+    return check_train(world, config, overrides, gpu_mem, weights)[0]
+
+
+def check_train(world: int, config: str | None, overrides: list[str], gpu_mem: str | None,
+                weights: bool = True) -> tuple[str, float]:
+    """`check`, and the run's start-up limit (parallel.startup_timeout_s)."""
     from longctx.base.errors import UserError
     from longctx.config import load_config, resolve_stages, validate_config
     from longctx.plan.target import cluster_line
@@ -73,7 +83,7 @@ def check(world: int, config: str | None, overrides: list[str], gpu_mem: str | N
                             f"this job has {world}")
     validate_config(cfg, world, weights=weights)  # also a parallel.deepspeed_config JSON against parallel.zero_stage
     _memory_warning(cfg, stages, world, gpu_mem)
-    return str(Path(cfg.out_dir).absolute())
+    return str(Path(cfg.out_dir).absolute()), float(cfg.parallel.startup_timeout_s)
 
 
 def _memory_warning(cfg, stages, world: int, gpu_mem: str | None) -> None:
@@ -103,6 +113,11 @@ def check_eval(world: int, argv: list[str]) -> str:
     """`longctx eval` options for `world` processes, before any starts: every option, the model
     directory and its tokenizer (the weights are not read). Returns the absolute --out ("" for
     out=null, an eval that writes nothing)."""
+    return check_eval_limit(world, argv)[0]
+
+
+def check_eval_limit(world: int, argv: list[str]) -> tuple[str, float]:
+    """`check_eval`, and the evaluation's start-up limit."""
     from longctx import recipes
     from longctx.commands import eval as eval_command
     from longctx.commands.cli import OneLineParser
@@ -114,7 +129,7 @@ def check_eval(world: int, argv: list[str]) -> str:
     args.config = recipes.resolve(args.config)
     cfg = eval_command.config_from_args(args)
     eval_run.check(cfg, world)
-    return str(Path(cfg.out).absolute()) if cfg.out else ""
+    return (str(Path(cfg.out).absolute()) if cfg.out else ""), float(cfg.startup_timeout_s)
 
 
 def _train_args(rest: list[str]) -> tuple[str | None, list[str], int | None]:
@@ -154,6 +169,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--gpu-mem", default=None, help="e.g. 80GB: warn when a stage will not fit")
     ap.add_argument("--command", choices=("train", "eval"), default="train",
                     help="the longctx command whose arguments follow (default train)")
+    ap.add_argument("--startup-limit", action="store_true",
+                    help="print the command's start-up limit in seconds on a second line")
     ap.add_argument("rest", nargs=argparse.REMAINDER, help="-- [--config FILE] [key=value ...]")
     try:
         args = ap.parse_args(argv)
@@ -166,12 +183,16 @@ def main(argv: list[str] | None = None) -> int:
         if args.world_size < 1:
             raise UserError(f"--world-size: must be >= 1, got {args.world_size}")
         if args.command == "eval":
-            print(check_eval(args.world_size, rest))
+            out, startup_s = check_eval_limit(args.world_size, rest)
         else:
             config, overrides, dry_run_world = _train_args(rest)
             inspecting = inspects_only(rest)
             world = dry_run_world if inspecting and dry_run_world else args.world_size  # the world it validates for
-            print(check(world, recipes.resolve(config), overrides, args.gpu_mem, weights=not inspecting))
+            out, startup_s = check_train(world, recipes.resolve(config), overrides, args.gpu_mem,
+                                         weights=not inspecting)
+        print(out)
+        if args.startup_limit:
+            print(math.ceil(startup_s))  # whole seconds: torchrun's rendezvous settings are integers
     except UserError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

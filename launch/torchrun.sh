@@ -17,7 +17,9 @@
 #
 # Rendezvous: c10d (torchrun's elastic agent; node ranks are assigned by the store on the
 # endpoint host), fixed size, no restarts: a failed worker fails the job, and the SLURM script
-# decides about requeueing.
+# decides about requeueing. The rendezvous waits for the other nodes at most the command's
+# start-up limit (parallel.startup_timeout_s: its join_timeout), and an agent that outlives its
+# stalled workers (its store calls on a node cut off) is ended (docs/operations.md).
 #
 # Signals: torchrun's agent forwards SIGTERM/SIGINT to its workers but not SIGUSR1. This script
 # forwards SIGUSR1 (SLURM's pre-timeout warning, delivered by srun to every task) to the worker
@@ -77,13 +79,21 @@ PY=$LONGCTX_PYTHON
 world=$(( nnodes * nproc ))
 
 out_dir=""  # a train's out_dir or an eval's --out (absolute, from the preflight): where a preemption leaves PREEMPTED
+startup_s=""  # the command's start-up limit (s): the rendezvous waits no longer for a node that is lost
 if (( preflight )) && [[ $1 == train || $1 == eval ]]; then
-    out_dir=$("$PY" "$HERE/preflight.py" --world-size "$world" --command "$1" -- "${@:2}") || exit 2
+    checked=$("$PY" "$HERE/preflight.py" --world-size "$world" --command "$1" --startup-limit -- "${@:2}") || exit 2
+    out_dir=${checked%$'\n'*}
+    startup_s=${checked##*$'\n'}
 fi
 
 args=(--nnodes "$nnodes" --nproc-per-node "$nproc" --max-restarts 0)
 if (( nnodes > 1 )) || [[ -n $endpoint ]]; then
     args+=(--rdzv-backend c10d --rdzv-endpoint "$endpoint" --rdzv-id "${rdzv_id:-longctx}")
+    # a node that never joins (lost during start-up) fails the rendezvous after the start-up
+    # limit, not torchrun's own 600 s; a join_timeout of the user's wins
+    if [[ -n $startup_s && $rdzv_conf != *join_timeout=* ]]; then
+        rdzv_conf=${rdzv_conf:+$rdzv_conf,}join_timeout=$startup_s
+    fi
     if [[ -n $rdzv_conf ]]; then args+=(--rdzv-conf "$rdzv_conf"); fi
 else
     args+=(--standalone)
@@ -124,14 +134,35 @@ trap 'to_workers USR1' USR1
 trap 'kill -TERM "$agent" 2>/dev/null || true' TERM
 trap 'kill -INT "$agent" 2>/dev/null || true' INT
 
-rc=0
-while true; do
-    rc=0
-    wait "$agent" || rc=$?
-    # a trapped signal interrupts `wait` (status > 128) while the agent still runs
-    if (( rc > 128 )) && kill -0 "$agent" 2>/dev/null; then continue; fi
-    break
+# A worker that stalled wrote STALLED and exited 86; its agent still makes rendezvous store calls
+# (60 s each, one after another) to a store that a cut-off node cannot reach. Once STALLED from
+# this run is there and the agent has no worker left, the agent gets AGENT_GRACE_S to end by
+# itself, then SIGTERM, then SIGKILL (docs/operations.md, "Every launcher ends").
+AGENT_GRACE_S=5
+stalled=${out_dir:+$out_dir/STALLED}
+stalled_this_run() { [[ -n $stalled && -f $stalled ]] && (( $(stat -c %Y "$stalled" 2>/dev/null || echo 0) >= started )); }
+workers_left() { pgrep -P "$agent" >/dev/null 2>&1; }
+idle_since=""  # when the agent was first seen with STALLED and no worker
+ended_agent=""
+while kill -0 "$agent" 2>/dev/null; do
+    sleep 1 &
+    wait $! 2>/dev/null || true  # a trapped signal interrupts it; the loop goes on
+    if [[ -n $stalled ]] && stalled_this_run && ! workers_left; then
+        now=$(date +%s)
+        idle_since=${idle_since:-$now}
+        waited=$(( now - idle_since ))
+        if (( waited >= AGENT_GRACE_S + 5 )); then
+            kill -KILL "$agent" 2>/dev/null || true
+        elif (( waited >= AGENT_GRACE_S )) && [[ -z $ended_agent ]]; then
+            echo "[torchrun.sh] the job stalled and this node's workers have exited; ending torchrun's agent" \
+                "(its rendezvous store calls did not end within ${AGENT_GRACE_S} s)" >&2
+            ended_agent=1
+            kill -TERM "$agent" 2>/dev/null || true
+        fi
+    fi
 done
+rc=0
+wait "$agent" || rc=$?
 # torchrun reports a worker's preemption exit (85) as a failure (1); a PREEMPTED marker this run
 # wrote says the trainer saved a checkpoint (the eval its cells) and stopped as asked: exit 85
 marker=${out_dir:+$out_dir/PREEMPTED}
@@ -150,8 +181,7 @@ if (( rc != 0 )) && [[ -n $marker && -f $marker ]] && (( $(stat -c %Y "$marker")
 fi
 # a rank that stalled (longctx/runtime/watchdog.py) wrote STALLED, the line that ended the job, and every
 # worker exited: exit 86, which the SLURM scripts requeue as for a lost node
-stalled=${out_dir:+$out_dir/STALLED}
-if (( rc != 0 )) && [[ -n $stalled && -f $stalled ]] && (( $(stat -c %Y "$stalled") >= started )); then
+if (( rc != 0 )) && stalled_this_run; then
     echo "[torchrun.sh] $(head -n 1 "$stalled" | sed 's/^error: //'); the same command resumes the run" >&2
     exit 86
 fi

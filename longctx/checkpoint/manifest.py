@@ -4,8 +4,14 @@ COMPLETE marker (longctx/checkpoint/store.py writes both; loading and resume ver
     {"format": "longctx-checkpoint-manifest", "version": 1, "step": 100,
      "files": {"ds/mp_rank_00_model_states.pt": {"size": 123, "sha256": "..."}, ...}}
 
-Hashing is split over the ranks (file i goes to rank i % world), so a large checkpoint costs
-each rank 1/world of its bytes; sizes alone (cheap) are checked before any process group.
+Hashing is split over the ranks (file i goes to rank i % world on a shared file system), so a
+large checkpoint costs each rank 1/world of its bytes; sizes alone (cheap) are checked before any
+process group.
+
+The checkpoint directory may be node-local (each node sees only the files its ranks wrote): every
+rank lists what it sees, each file is hashed by a rank that sees it, the manifest lists the
+union and is written into every copy of the directory, and a verification finds each file on
+some rank (`shares`).
 """
 from __future__ import annotations
 
@@ -59,41 +65,67 @@ def gather_objects(obj) -> list:
     return out
 
 
+def shares(names: list[str], seen: list[set[str]]) -> dict[int, list[str]]:
+    """Which rank hashes which file: file i goes to the (i mod k)-th of the k ranks that see it
+    (`seen[rank]`: the names rank sees). On a shared file system every rank sees every file:
+    file i goes to rank i % world. A file no rank sees is in no share."""
+    out: dict[int, list[str]] = {rank: [] for rank in range(len(seen))}
+    for i, name in enumerate(names):
+        seers = [rank for rank, mine in enumerate(seen) if name in mine]
+        if seers:
+            out[seers[i % len(seers)]].append(name)
+    return out
+
+
 def write_manifest(ckpt: Path, step: int) -> Optional[str]:
-    """Collective. Every rank hashes its share of the files; rank 0 writes the manifest.
-    `ckpt` must be visible to every rank (the shared file system checkpoints live on).
+    """Collective. Every rank lists the files it sees under `ckpt` and hashes its share of them;
+    the manifest lists them all. Rank 0 writes it, and every rank that does not see rank 0's
+    (a node-local directory) writes the same into its own.
     Returns the first rank's failure as one line (the same on every rank), or None."""
     rank, world = rank_and_world()
-    listed, problem = None, None
-    if rank == 0:
-        try:
-            listed = list_files(ckpt)
-        except OSError as e:
-            problem = f"cannot list {ckpt} ({e.strerror})"
-    names, problem = gather_objects((listed, problem))[0]
+    listed, problem = [], None
+    try:
+        listed = list_files(ckpt)
+    except OSError as e:
+        problem = f"rank {rank}: cannot list {ckpt} ({e.strerror})"
+    gathered = gather_objects((listed, problem))
+    problem = next((p for _, p in gathered if p), None)
     if problem:
         return problem
-    mine, problem = {}, None
+    seen = [set(names) for names, _ in gathered]
+    names = sorted(set().union(*seen))
+    mine = {}
     try:
-        for i, n in enumerate(names):
-            if i % world == rank:
-                mine[n] = {"size": (ckpt / n).stat().st_size, "sha256": sha256_file(ckpt / n)}
+        for n in shares(names, seen)[rank]:
+            mine[n] = {"size": (ckpt / n).stat().st_size, "sha256": sha256_file(ckpt / n)}
     except OSError as e:
         problem = f"rank {rank}: cannot read {e.filename} ({e.strerror})"
     entries: dict = {}
     for part, part_problem in gather_objects((mine, problem)):
         problem = problem or part_problem
         entries.update(part)
+    body = {"format": FORMAT, "version": 1, "step": step, "files": dict(sorted(entries.items()))}
     if problem is None and rank == 0:
-        body = {"format": FORMAT, "version": 1, "step": step, "files": dict(sorted(entries.items()))}
-        try:
-            with open(ckpt / MANIFEST, "w") as f:
-                json.dump(body, f, indent=1)
-                f.flush()
-                os.fsync(f.fileno())
-        except OSError as e:
-            problem = f"{ckpt / MANIFEST} ({e.strerror})"
-    return gather_objects(problem)[0]
+        problem = _write_body(ckpt / MANIFEST, body, ckpt / MANIFEST)
+    problem = gather_objects(problem)[0]
+    if problem is None and rank != 0 and not (ckpt / MANIFEST).is_file():  # a node-local directory
+        problem = _write_body(ckpt / f".{MANIFEST}.{rank}.tmp", body, ckpt / MANIFEST)
+    problems = [p for p in gather_objects(problem) if p]
+    return problems[0] if problems else None
+
+
+def _write_body(path: Path, body: dict, final: Path) -> Optional[str]:
+    """`body` to `path`, synced, then renamed to `final` (the same path: written in place)."""
+    try:
+        with open(path, "w") as f:
+            json.dump(body, f, indent=1)
+            f.flush()
+            os.fsync(f.fileno())
+        if path != final:
+            os.replace(path, final)  # ranks of one node write the same bytes: the last rename wins
+    except OSError as e:
+        return f"{final} ({e.strerror})"
+    return None
 
 
 def read_manifest(ckpt: Path) -> tuple[Optional[dict], Optional[str]]:
@@ -143,13 +175,24 @@ def verify(ckpt: Path, *, under: Optional[str] = None, hashes: bool = True,
 
 
 def verify_collective(ckpt: Path) -> Optional[str]:
-    """Collective `verify`: sizes everywhere, each rank hashes its share; all ranks get the
-    same answer (the lowest rank's problem, or None)."""
-    rank, world = rank_and_world()
+    """Collective `verify`: every rank reads its own copy of the manifest and checks the sizes of
+    the files it sees; each listed file must be seen by some rank (a node-local directory holds
+    only its node's); each rank hashes its share. All ranks get the same answer (the lowest
+    rank's problem, or None)."""
+    rank, _ = rank_and_world()
     files, problem = read_manifest(ckpt)
+    names = selected(files, None) if problem is None else []
+    here = {n for n in names if (ckpt / n).is_file()}
     if problem is None:
-        names = selected(files, None)
-        problem = verify(ckpt, hashes=False) or verify(
-            ckpt, names=[n for i, n in enumerate(names) if i % world == rank])
+        problem = verify(ckpt, hashes=False, names=sorted(here))
+    listing = json.dumps(files, sort_keys=True) if files is not None else None
+    gathered = gather_objects((problem, here, listing))
+    problem = next((p for p, _, _ in gathered if p), None)
+    if problem is None and len({copy for _, _, copy in gathered}) > 1:
+        problem = f"the copies of {MANIFEST} that the ranks see differ (node-local directories from different saves)"
+    if problem is None:
+        seen = [mine for _, mine, _ in gathered]
+        missing = [n for n in names if not any(n in mine for mine in seen)]
+        problem = f"{missing[0]} is missing" if missing else verify(ckpt, names=shares(names, seen)[rank])
     problems = [p for p in gather_objects(problem) if p]
     return problems[0] if problems else None

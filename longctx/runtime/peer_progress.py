@@ -6,9 +6,17 @@ it reads back only what the courier last got, with when. A store that stops answ
 cut off, or the store's host lost) shows as the time since its last answer, which the watch
 judges like any other silence.
 
-What the job's store carries, at any size (benchmarks/bench_watch_store.py measures it):
-- each rank writes its own key once per `publish_every_s(world)`: at most PUBLISHES_PER_S writes
-  a second from the whole job;
+Silence is judged on the reader's own monotonic clock, never by comparing clocks of two hosts:
+each write carries a sequence number, and the reader notes when it first saw each key's value.
+A key whose value has not changed for a while is a silent rank; how far the hosts' wall clocks
+disagree (NTP down, a VM resumed from a pause) does not matter. The writer's wall-clock time is
+in the record only for the people who read a stall line.
+
+What the job's store carries, at any size (benchmarks/bench_watch_store.py and
+benchmarks/bench_courier_writes.py measure it):
+- each rank writes its own key at most once per `publish_every_s(world)`, however often its step
+  changes (a new step waits for the interval's end and goes with the newest record): at most
+  PUBLISHES_PER_S writes a second from the whole job, plus one last write as the rank ends;
 - one rank per node (local rank 0) reads every key in one `multi_get`, only while its rank has
   waited longer than timeout_s, at most once per `read_every_s(nodes)`: at most READS_PER_S
   reads a second from the whole job;
@@ -79,7 +87,8 @@ class PeerProgress:
     an in-memory one); `reader`: this rank reads the others' progress for its node."""
 
     def __init__(self, rank: int, world: int, *, connect: Callable[[], object] = tcp_store_client,
-                 reader: Optional[bool] = None, nodes: Optional[int] = None):
+                 reader: Optional[bool] = None, nodes: Optional[int] = None,
+                 wall_clock: Callable[[], float] = time.time):
         self.rank, self.world = rank, world
         self.reader = is_node_reader() if reader is None else reader
         self.publish_every_s = publish_every_s(world)
@@ -87,14 +96,16 @@ class PeerProgress:
         self.silent_after_s = silent_after_s(world)
         self.requests = 0  # store calls made (the benchmark counts them)
         self._connect, self._store = connect, None
+        self._wall_clock = wall_clock  # the record's time, for people (never compared with another host's)
+        self._seq = 0  # this rank's writes so far: every write changes the key
         self._cond = threading.Condition()
         self._record: Optional[dict] = None  # the newest progress to write
-        self._written_step: Optional[int] = None
         self._written_at = -float("inf")
         self._read_wanted = self._forced = self._read_failed = False
         self._read_at = -float("inf")
         self._progress: dict[int, dict] = {}
-        self._progress_at: Optional[tuple[float, float]] = None  # (monotonic, wall clock) of the last read
+        self._progress_at: Optional[float] = None  # the last read (monotonic)
+        self._seen: dict[int, tuple[bytes, float]] = {}  # rank: (its key's value, when first read so; monotonic)
         self._known: set[int] = set()  # ranks whose key exists
         self._claim_wanted = False
         self._claim: Optional[bool] = None
@@ -108,10 +119,11 @@ class PeerProgress:
         return self
 
     def post(self, step: int, phase: str, idle_s: float) -> None:
-        """This rank's progress now: written at once when the step changed, else when due."""
+        """This rank's progress now: written when the interval since the last write has passed
+        (at once if it has; posts in between are merged, the newest is written)."""
         with self._cond:
-            self._record = {"step": step, "phase": phase, "idle_s": round(idle_s, 1), "time": time.time()}
-            if step != self._written_step:
+            self._record = {"step": step, "phase": phase, "idle_s": round(idle_s, 1)}
+            if self._write_due():
                 self._cond.notify()
 
     def want_read(self) -> None:
@@ -132,8 +144,10 @@ class PeerProgress:
             self._cond.notify()
             self._cond.wait_for(lambda: self._progress_at is not before or self._read_failed, timeout=wait_s)
 
-    def progress(self) -> tuple[dict[int, dict], Optional[tuple[float, float]]]:
-        """The others' progress as last read, and when ((monotonic, wall clock); None: never)."""
+    def progress(self) -> tuple[dict[int, dict], Optional[float]]:
+        """The others' progress as last read, and when (monotonic; None: never). Each record has
+        `unchanged_s`: how long its key had not changed at that read, on this rank's clock (a
+        lower bound: a key first read counts as just changed)."""
         with self._cond:
             return dict(self._progress), self._progress_at
 
@@ -155,7 +169,7 @@ class PeerProgress:
         call after `wait_s` (the caller must not exit the interpreter under it, if it can help it)."""
         with self._cond:
             if last is not None:
-                self._record, self._written_step = dict(last, time=time.time()), None
+                self._record = dict(last)
             self._stopping = True
             self._cond.notify()
         if self._thread.is_alive() and self._thread is not threading.current_thread():
@@ -192,10 +206,7 @@ class PeerProgress:
         return max(0.05, min(waits))
 
     def _write_due(self) -> bool:
-        if self._record is None:
-            return False
-        return (self._record["step"] != self._written_step
-                or time.monotonic() - self._written_at >= self.publish_every_s)
+        return self._record is not None and time.monotonic() - self._written_at >= self.publish_every_s
 
     def _read_due(self) -> bool:
         return self._read_wanted and (self._forced or time.monotonic() - self._read_at >= self.read_every_s)
@@ -221,7 +232,9 @@ class PeerProgress:
 
     def _write(self, store, record: dict) -> None:
         with self._cond:
-            self._written_at, self._written_step = time.monotonic(), record["step"]
+            self._written_at = time.monotonic()
+            self._seq += 1
+            record = dict(record, seq=self._seq, time=round(self._wall_clock(), 1))
         self.requests += 1
         store.set(KEY.format(rank=self.rank), json.dumps(record))
 
@@ -241,9 +254,15 @@ class PeerProgress:
         ranks = sorted(self._known)
         self.requests += 1
         values = store.multi_get([KEY.format(rank=r) for r in ranks])
-        found = {r: json.loads(v) for r, v in zip(ranks, values)}
+        now = time.monotonic()
+        found = {}
+        for r, value in zip(ranks, values):
+            value = bytes(value)
+            if r not in self._seen or self._seen[r][0] != value:
+                self._seen[r] = (value, now)  # written since the last read (or first read)
+            found[r] = dict(json.loads(value), unchanged_s=now - self._seen[r][1])
         with self._cond:
-            self._progress, self._progress_at = found, (time.monotonic(), time.time())
+            self._progress, self._progress_at = found, now
             self._read_failed = False
             self._cond.notify_all()
 
@@ -255,27 +274,29 @@ class PeerProgress:
             self._cond.notify_all()
 
 
-def silent_ranks(progress: dict[int, dict], read_wall: float, me: int, silent_s: float) -> list[int]:
-    """The ranks whose key was older than `silent_s` when it was read (at `read_wall`), and not done."""
+def silent_ranks(progress: dict[int, dict], me: int, silent_s: float) -> list[int]:
+    """The ranks whose key had not changed for longer than `silent_s` when it was read (the
+    reader's clock), and not done."""
     return [rank for rank, p in sorted(progress.items())
-            if rank != me and p["phase"] != DONE and read_wall - p["time"] > silent_s]
+            if rank != me and p["phase"] != DONE and p["unchanged_s"] > silent_s]
 
 
 NAMED_AT_MOST = 8  # ranks a stall line names; the rest are counted
 
 
-def describe_peers(progress: dict[int, dict], me: int, world: int, limit_s: float, now: float,
+def describe_peers(progress: dict[int, dict], me: int, world: int, limit_s: float,
                    unit: str = "step", silent_s: float = SILENT_AFTER_S) -> list[str]:
-    """The ranks that look stalled, each with where it was: silent (its process stopped or cut
-    off) or stuck in one phase for at least half the limit (at most NAMED_AT_MOST of them, then
-    how many more). `unit`: what a step is called; `now`: the wall-clock time `progress` was read at."""
-    found = _stalled_peers(progress, me, world, limit_s, now, unit, silent_s)
+    """The ranks that look stalled, each with where it was: silent (its key unchanged for longer
+    than `silent_s`: its process stopped or cut off) or stuck in one phase for at least half the
+    limit (at most NAMED_AT_MOST of them, then how many more). `unit`: what a step is called. A
+    silent rank's last write is given in its own host's UTC clock, for people to find in its log."""
+    found = _stalled_peers(progress, me, world, limit_s, unit, silent_s)
     if len(found) > NAMED_AT_MOST:
         found = [*found[:NAMED_AT_MOST], f"{len(found) - NAMED_AT_MOST} more ranks as well"]
     return found
 
 
-def _stalled_peers(progress: dict[int, dict], me: int, world: int, limit_s: float, now: float, unit: str,
+def _stalled_peers(progress: dict[int, dict], me: int, world: int, limit_s: float, unit: str,
                    silent_s: float) -> list[str]:
     found = []
     for rank in range(world):
@@ -287,10 +308,18 @@ def _stalled_peers(progress: dict[int, dict], me: int, world: int, limit_s: floa
             continue
         if p["phase"] == DONE:  # finished its work: waits for the others, or has exited
             continue
-        quiet = now - p["time"]
+        quiet = p["unchanged_s"]
         if quiet > silent_s:
             found.append(f"rank {rank} silent for {quiet:.0f} s (stopped or cut off; last at {unit} {p['step']}, "
-                         f"phase {p['phase']})")
+                         f"phase {p['phase']}{_its_clock(p)})")
         elif p["idle_s"] >= limit_s / 2:
             found.append(f"rank {rank} stuck for {p['idle_s']:.0f} s at {unit} {p['step']}, phase {p['phase']}")
     return found
+
+
+def _its_clock(p: dict) -> str:
+    """When the rank wrote its last record, by its own host's clock (for people; never compared)."""
+    wall = p.get("time")
+    if not isinstance(wall, (int, float)):
+        return ""
+    return f", written {time.strftime('%H:%M:%S', time.gmtime(wall))} UTC by its host's clock"

@@ -22,6 +22,10 @@ rank(s), the step, the phase and the limit that ran out. torchrun's agent then e
 workers, and launch/torchrun.sh and slurm/*.sbatch requeue the job as for a lost node.
 File-system work runs in a helper thread with a deadline, so a stuck file system cannot keep
 the process alive.
+
+The watch itself cannot stop quietly: an error inside it is logged once (each distinct error)
+and the watch goes on; when it has failed at every look for longer than timeout_s, the rank
+ends with a line that says so (a rank nobody watches could hang for ever).
 """
 from __future__ import annotations
 
@@ -117,7 +121,8 @@ class Watchdog:
         self.peers = peers if peers is not None else (PeerProgress(rank, world) if world > 1 else None)
         self.step, self.phase = 0, "start-up"
         self.shape: Hashable = None
-        self._steps: dict[Hashable, StepTimes] = {None: StepTimes()}
+        self._steps: dict[Hashable, StepTimes] = {None: StepTimes()}  # read by the watch: an entry exists
+        self._any_step_done = False  # before its shape is published, and is never removed
         self.collective_s = startup_timeout_s  # the collective timeout now
         self._last = time.monotonic()
         self._ending = threading.Lock()
@@ -160,13 +165,14 @@ class Watchdog:
         """The steps from here on have another shape (a stage: another sequence length, cp mesh,
         fresh communicators): until one of them has finished, collectives get the start-up
         timeout again, and until WARM_STEPS of them have, their phases the start-up limit."""
+        self._steps.setdefault(shape, StepTimes())  # first: the watch may read the new shape at once
         self.shape = shape
-        self._steps.setdefault(shape, StepTimes())
         self._set_collective(self.collective_timeout_s())
 
     def step_done(self, seconds: float) -> None:
         """A step of the current shape finished in `seconds`; collectives get the short timeout."""
         self._steps[self.shape].add(seconds)
+        self._any_step_done = True
         self._set_collective(self.timeout_s)
         self.beat("between steps")
 
@@ -205,25 +211,43 @@ class Watchdog:
         """How long the job's store may leave this rank unanswered: as long as a silent peer
         (timeout_s, or the courier's silence threshold when longer); the start-up limit before
         the run's first step (a store busy with a large job's rendezvous)."""
-        if not any(times.count for times in self._steps.values()):
+        if not self._any_step_done:
             return self.startup_timeout_s
         return max(self.timeout_s, self.peers.silent_after_s)
 
     # ------------------------------------------------------------------------ the watch
     def _watch(self) -> None:
+        failing_since: Optional[float] = None  # every look failed since (monotonic)
+        logged: set[str] = set()
         while True:
-            now = time.monotonic()
-            idle = now - self._last
-            if self.peers is not None:
-                self.peers.post(self.step, self.phase, idle)
-            limit = self.limit_s()
-            if idle > limit:
-                self.stalled(f"rank {self.rank} made no progress for {idle:.0f} s at {self.unit} {self.step}, phase "
-                             f"{self.phase} (limit {limit:.0f} s)", own=True)
-            if self.peers is not None:
-                self._judge_peers(idle)
+            try:
+                self._look()
+                failing_since = None
+            except Exception as e:  # noqa: BLE001 - a bug in the watch must not end the watching
+                now, what = time.monotonic(), f"{type(e).__name__}: {e}"[:200]
+                failing_since = now if failing_since is None else failing_since
+                if what not in logged:
+                    logged.add(what)
+                    log.error("watchdog: rank %d's stall watch failed (%s); it goes on", self.rank, what,
+                              exc_info=True)
+                if now - failing_since > self.timeout_s:
+                    self.stalled(f"rank {self.rank}'s stall watch has failed for {now - failing_since:.0f} s "
+                                 f"({what}) at {self.unit} {self.step}, phase {self.phase}: nothing watches this "
+                                 "rank (a bug: please report it)", own=True)
             if self._stop.wait(POLL_S):
                 return
+
+    def _look(self) -> None:
+        """One look of the watch: this rank's progress to the courier, its own limit, its peers."""
+        idle = time.monotonic() - self._last
+        if self.peers is not None:
+            self.peers.post(self.step, self.phase, idle)
+        limit = self.limit_s()
+        if idle > limit:
+            self.stalled(f"rank {self.rank} made no progress for {idle:.0f} s at {self.unit} {self.step}, phase "
+                         f"{self.phase} (limit {limit:.0f} s)", own=True)
+        if self.peers is not None:
+            self._judge_peers(idle)
 
     def _judge_peers(self, idle: float) -> None:
         """Waiting longer than timeout_s (in any phase, a checkpoint save's too): a peer whose
@@ -239,10 +263,10 @@ class Watchdog:
             return
         self.peers.want_read()
         progress, read_at = self.peers.progress()
-        if read_at is None or read_at[0] < self._last:  # not read during this wait yet
+        if read_at is None or read_at < self._last:  # not read during this wait yet
             return
         silent_s = max(self.timeout_s, self.peers.silent_after_s)
-        if silent_ranks(progress, read_at[1], self.rank, silent_s):
+        if silent_ranks(progress, self.rank, silent_s):
             self.stalled(f"rank {self.rank} waiting for {idle:.0f} s at {self.unit} {self.step}, phase "
                          f"{self.phase}", own=False)
 
@@ -260,17 +284,38 @@ class Watchdog:
         has no other voice); every rank writes it to its log and leaves STALLED when none is there.
         `detail`: more for the rank's log (the failed collective's traceback)."""
         self._ending.acquire()
-        first = self.peers.claim_report(CLAIM_WAIT_S) if self.peers is not None else True
-        if first and self.peers is not None:
-            self.peers.read_now(STORE_TIMEOUT_S)  # the line names the others as they are now
-        line = self._line(what, own)
-        if first is not False:
-            print(line, file=sys.stderr, flush=True)
-        report = threading.Thread(target=self._report, args=(line, detail, first is not False),
-                                  name="longctx-stall-report", daemon=True)
-        report.start()
-        report.join(REPORT_DEADLINE_S)
+        try:
+            first = self.peers.claim_report(CLAIM_WAIT_S) if self.peers is not None else True
+            if first and self.peers is not None:
+                self._look_at_peers()
+            line = self._line(what, own)
+            if first is not False:
+                print(line, file=sys.stderr, flush=True)
+            report = threading.Thread(target=self._report, args=(line, detail, first is not False),
+                                      name="longctx-stall-report", daemon=True)
+            report.start()
+            report.join(REPORT_DEADLINE_S)
+        except BaseException as e:  # noqa: BLE001 - the rank ends with its line whatever failed in the report
+            print(f"error: stalled: {what}; exit code {STALLED_EXIT_CODE} (resume to continue; the report failed: "
+                  f"{type(e).__name__}: {e})", file=sys.stderr, flush=True)
         os._exit(STALLED_EXIT_CODE)
+
+    def describe_silent_s(self) -> float:
+        """A stall line names a peer as silent when its key has not changed for this long."""
+        return DESCRIBE_SILENT_WRITES * self.peers.publish_every_s + POLL_S
+
+    def _look_at_peers(self) -> None:
+        """The others' progress as it is now, for the line. Silence is seen only across reads (the
+        reader's clock): when a peer's key was first read just now, a second read after
+        describe_silent_s tells a silent peer from a live one (a few seconds, once per job)."""
+        self.peers.read_now(STORE_TIMEOUT_S)
+        progress, read_at = self.peers.progress()
+        window = self.describe_silent_s() + 0.5
+        if read_at is None or all(p["phase"] == DONE or p["unchanged_s"] > window
+                                  for rank, p in progress.items() if rank != self.rank):
+            return
+        time.sleep(max(0.0, read_at + window - time.monotonic()))
+        self.peers.read_now(STORE_TIMEOUT_S)
 
     def _line(self, what: str, own: bool) -> str:
         peers = []
@@ -280,8 +325,8 @@ class Watchdog:
                 peers = ["the other ranks' progress is unknown (the job's store did not answer)"]
             else:
                 # the stall is decided: a peer that missed two of its writes is named as silent
-                peers = describe_peers(progress, self.rank, self.world, self.timeout_s, read_at[1], self.unit,
-                                       DESCRIBE_SILENT_WRITES * self.peers.publish_every_s + POLL_S)
+                peers = describe_peers(progress, self.rank, self.world, self.timeout_s, self.unit,
+                                       self.describe_silent_s())
         parts = [what, *peers] if own else [*peers, what]  # the stalled rank first
         where = f"; stacks in {self.log_path.parent}/" if self.log_path is not None else "; stacks in each rank's log"
         return f"error: stalled: {'; '.join(parts)}{where}; exit code {STALLED_EXIT_CODE} (resume to continue)"

@@ -15,6 +15,8 @@ return patches one longctx module as it is imported. longctx itself reads nothin
   $STALL_MARK and waits for $RELEASE (a data read stuck on a file system).
 - `held_batch_env`: one rank's chosen `longctx eval` decoding batch touches $STALL_MARK and
   waits for $RELEASE before it starts.
+- `hung_rendezvous_env`: torchrun's agent, once its workers have ended, hangs in the rendezvous's
+  shutdown (as its store calls do against a store on a node it is cut off from).
 """
 import textwrap
 from pathlib import Path
@@ -124,11 +126,14 @@ module.heldout_sums = signalled
 
 
 def _hook_env(tmp_path: Path, env: dict, module: str, patch: str) -> None:
+    """Adds a hook on `module` to env (a second call adds a second hook to the same processes)."""
     hooks = tmp_path / "hooks"
-    hooks.mkdir()
+    hooks.mkdir(exist_ok=True)
     code = TEMPLATE.format(module=module, patch=textwrap.indent(patch.strip("\n"), " " * 12))
-    (hooks / "sitecustomize.py").write_text(code)
-    env["PYTHONPATH"] = f"{hooks}:{env.get('PYTHONPATH', '')}"
+    site = hooks / "sitecustomize.py"
+    site.write_text((site.read_text() if site.exists() else "") + code)
+    if not env.get("PYTHONPATH", "").startswith(f"{hooks}:"):
+        env["PYTHONPATH"] = f"{hooks}:{env.get('PYTHONPATH', '')}"
 
 
 def slow_batches_env(tmp_path: Path, env: dict) -> Path:
@@ -256,3 +261,16 @@ def held_batch_env(tmp_path: Path, env: dict, rank: int, at_batch: int) -> tuple
     mark, release = tmp_path / "batch-held", tmp_path / "release"
     env.update(STALL_RANK=str(rank), STALL_AT_BATCH=str(at_batch), STALL_MARK=str(mark), RELEASE=str(release))
     return mark, release
+
+
+HUNG_RENDEZVOUS = """
+def hung(self):
+    time.sleep(600)  # store calls of 60 s each, one after another, to a store that never answers
+    return False
+module.DynamicRendezvousHandler.shutdown = hung
+"""
+
+
+def hung_rendezvous_env(tmp_path: Path, env: dict) -> None:
+    """Adds the hook to env: torchrun's agent never returns from its rendezvous's shutdown."""
+    _hook_env(tmp_path, env, "torch.distributed.elastic.rendezvous.dynamic_rendezvous", HUNG_RENDEZVOUS)

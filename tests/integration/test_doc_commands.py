@@ -231,6 +231,9 @@ NOT_RUN = {  # command (DocCommand.key) -> why it is not run
     # docs/results/2026-12-06-watch-store.md
     "python benchmarks/bench_watch_store.py --world 1024 --per-node 8 --seconds 20 --rounds 2 "
     "--json docs/results/2026-12-06-watch-store.json": f"{BENCH} (~10 min); rewrites the report's JSON",
+    # docs/results/2026-12-07-courier-writes.md
+    "python benchmarks/bench_courier_writes.py --seconds 8 --rounds 2 "
+    "--json docs/results/2026-12-07-courier-writes.json": f"{BENCH} (~4 min); rewrites the report's JSON",
     # docs/results/2026-12-06-chaos-soak-stalls.md
     'python scripts/faults/chaos_soak.py --faults 3 --faults-per-run 3,3 --seed 5 --configs 2 --eval-share 0 --kinds '
     '"SIGSTOP a worker,held data read" --json docs/results/2026-12-06-chaos-soak-stalls.json --md soak.md':

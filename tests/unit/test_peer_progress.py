@@ -1,6 +1,8 @@
 """The stall watch's courier (longctx/runtime/peer_progress.py): what it asks of the job's store
-(a bounded number of requests at any size: one write per rank per interval, one multi_get per
-node per interval, only while waiting), and that nothing the watch calls waits on the store."""
+(a bounded number of requests at any size: at most one write per rank per interval however fast
+its steps go, one multi_get per node per interval, only while waiting), silence judged by when a
+key last changed on the reader's clock, and that nothing the watch calls waits on the store."""
+import json
 import time
 
 import pytest
@@ -67,18 +69,59 @@ def test_a_rank_that_is_not_its_nodes_reader_never_reads():
     assert store.calls["multi_get"] == store.calls["check"] == 0 and store.calls["set"] >= 2
 
 
-def test_writes_keep_to_their_interval_unless_the_step_changes():
+def test_writes_keep_to_their_interval_however_fast_the_steps_go():
+    """A new step every 10 ms (100 steps/s) for 1.2 s, with a 0.5 s interval: the first post is
+    written at once, the others are merged and the newest goes at each interval's end (at most
+    one write per interval, not 120); the rank's last record as it ends is written at once."""
     store = MemoryStore()
-    c = _courier(store, every_s=60.0)
-    for _ in range(20):
-        c.post(5, "compute", 1.0)
-        time.sleep(0.02)
-    _until(lambda: store.calls["set"] >= 1)
-    assert store.calls["set"] == 1  # the first write, then nothing for a minute
-    c.post(6, "data", 0.0)  # a new step is written at once
-    _until(lambda: store.calls["set"] == 2)
-    c.close({"step": 6, "phase": "done", "idle_s": 0.0}, wait_s=5)
-    assert b'"phase": "done"' in store.data["longctx/progress/0"]
+    c = _courier(store, every_s=0.5)
+    began = time.monotonic()
+    step = 0
+    while time.monotonic() - began < 1.2:
+        step += 1
+        c.post(step, "compute", 0.0)
+        time.sleep(0.01)
+    _until(lambda: store.calls["set"] >= 3)
+    writes, elapsed = store.calls["set"], time.monotonic() - began
+    assert writes <= 1 + elapsed / 0.5, (writes, elapsed)
+    written = json.loads(store.data["longctx/progress/0"])
+    assert written["seq"] == writes and written["step"] > 1  # a later step, merged
+    c.close({"step": step, "phase": "done", "idle_s": 0.0}, wait_s=5)
+    last = json.loads(store.data["longctx/progress/0"])
+    assert (last["step"], last["phase"], last["seq"]) == (step, "done", store.calls["set"])
+
+
+def test_silence_is_when_a_key_last_changed_on_the_readers_clock():
+    """The writer's wall clock is 400 s behind (then ahead of) the reader's: it is shown, never
+    compared. A key that changes is fresh at every read; one that stops changing ages from the
+    read that first saw its last value."""
+    for skew in (-400.0, 400.0):
+        store = MemoryStore()
+        writer = PeerProgress(1, 2, connect=lambda: store, reader=False, wall_clock=lambda: time.time() + skew)
+        writer.publish_every_s = 0.1
+        writer.start()
+        reader = _courier(store, rank=0, world=2, every_s=0.1)
+        for _ in range(6):
+            writer.post(3, "checkpoint", 1.0)
+            reader.want_read()
+            time.sleep(0.1)
+        progress, at = reader.progress()
+        assert at is not None and progress[1]["unchanged_s"] < 0.5, progress
+        assert abs(progress[1]["time"] - time.time() - skew) < 5  # the writer's clock, as written
+        writer.close(None, wait_s=5)  # stops writing: its key ages from here
+        reader.want_read()
+        first = _read_after(reader, at)
+        time.sleep(0.6)
+        reader.want_read()
+        aged = _read_after(reader, first)
+        assert reader.progress()[0][1]["unchanged_s"] >= 0.5 and aged > first
+        assert silent_ranks(reader.progress()[0], me=0, silent_s=0.4) == [1]
+        reader.close(None, wait_s=5)
+
+
+def _read_after(c: PeerProgress, before: float) -> float:
+    _until(lambda: c.progress()[1] is not None and c.progress()[1] > before)
+    return c.progress()[1]
 
 
 def test_nothing_the_watch_calls_waits_on_a_store_that_hangs():
@@ -105,6 +148,6 @@ def test_the_first_reporter_is_the_one_that_takes_the_counter():
 
 
 def test_silent_ranks_are_those_not_done_whose_key_is_old():
-    progress = {0: {"phase": "compute", "time": 100.0}, 1: {"phase": "compute", "time": 50.0},
-                2: {"phase": "done", "time": 0.0}, 3: {"phase": "data", "time": 95.0}}
-    assert silent_ranks(progress, read_wall=100.0, me=0, silent_s=20.0) == [1]
+    progress = {0: {"phase": "compute", "unchanged_s": 30.0}, 1: {"phase": "compute", "unchanged_s": 50.0},
+                2: {"phase": "done", "unchanged_s": 100.0}, 3: {"phase": "data", "unchanged_s": 5.0}}
+    assert silent_ranks(progress, me=0, silent_s=20.0) == [1]
