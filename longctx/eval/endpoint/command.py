@@ -53,11 +53,16 @@ def run_endpoint(cfg: EvalConfig, stop, *, overwrite: bool = False) -> EvalResul
         plan = prepare(run_cfg, tokenizer)
         if chat:
             plan.chat = ChatChoice(None, dict(SERVER_TEMPLATE))
-        notes = _limit_notes(info) + check_lengths(client, info, plan.samples, tokenizer,
-                                                   add_bos=plan.run.options.add_bos, mode=cfg.endpoint_mode,
-                                                   tokenizer_name=str(cfg.tokenizer))
-        for note in notes:
+        notes: list[str] = []
+
+        def warn(note: str) -> None:  # printed at once: a refusal that follows may be its consequence
             print(f"warning: {note}", file=sys.stderr)
+            notes.append(note)
+
+        for note in _limit_notes(info):
+            warn(note)
+        check_lengths(client, info, plan.samples, tokenizer, add_bos=plan.run.options.add_bos,
+                      mode=cfg.endpoint_mode, tokenizer_name=str(cfg.tokenizer), warn=warn)
         backend = EndpointBackend(client, info.model, mode=cfg.endpoint_mode, concurrency=cfg.concurrency)
         with out_lock(cfg.out):
             if cfg.out is not None:

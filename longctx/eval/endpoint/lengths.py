@@ -1,7 +1,7 @@
 """Every prompt against the served model's limits, counted as the server counts it, before any is sent.
 
-    notes = check_lengths(client, info, samples, tokenizer, add_bos=True, mode="chat", tokenizer_name="org/x")
-    # warnings to print; a prompt too long, or a count far from the server's: one UserError
+    check_lengths(client, info, samples, tokenizer, add_bos=True, mode="chat", tokenizer_name="org/x", warn=print)
+    # warnings through `warn` as they arise; a prompt too long, or a count far from the server's: one UserError
 
 Our count of a prompt (the same tokenizer as the server's, checked in server.py) is the server's,
 plus two things measured on the server:
@@ -19,7 +19,7 @@ publishes them.
 """
 from __future__ import annotations
 
-from typing import Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 from longctx.base.errors import UserError
 from longctx.eval.endpoint.client import EndpointClient, EndpointError
@@ -29,23 +29,22 @@ TOLERANCE = 0.01  # counts further apart than this (relative) are another tokeni
 
 
 def check_lengths(client: EndpointClient, info: ServerInfo, samples: Sequence, tokenizer, *, add_bos: bool,
-                  mode: str, tokenizer_name: str) -> list[str]:
-    """The warnings to print; UserError for a prompt the server would refuse or a count far from its own."""
-    notes: list[str] = []
+                  mode: str, tokenizer_name: str, warn: Callable[[str], None]) -> None:
+    """UserError for a prompt the server would refuse or a count far from its own; warnings to `warn`."""
     template = 0
     if mode == "chat" and info.chat_prompt_tokens is not None:
         info.chat_overhead = template = info.chat_prompt_tokens - len(tokenizer.encode(CHAT_PROBE, add_bos=add_bos))
         info.checks.append(f"the chat template adds {template} tokens (usage.prompt_tokens of the chat check)")
     elif mode == "chat" and (info.limit is not None or info.input_limit is not None):
-        notes.append(f"{info.url} did not count the chat check's prompt (usage.prompt_tokens): prompts are checked "
+        warn(f"{info.url} did not count the chat check's prompt (usage.prompt_tokens): prompts are checked "
                      "against its limit without its chat template's tokens")
     more = 0
     if samples and info.tokenizes:
         more, note = _compare_count(client, info, max(samples, key=lambda s: (s.prompt_tokens, s.index)), tokenizer,
                                     mode, tokenizer_name)
-        notes += [note] if note else []
+        if note:
+            warn(note)
     check_prompts(samples, info, template, max(more, 0))
-    return notes
 
 
 def _compare_count(client: EndpointClient, info: ServerInfo, sample, tokenizer, mode: str,
@@ -72,9 +71,9 @@ def _compare_count(client: EndpointClient, info: ServerInfo, sample, tokenizer, 
                         f"{tokenizer_name} counts {ours}, more than {TOLERANCE:.0%} apart: the haystacks would be "
                         "sized wrong; pass the served model's own tokenizer with --tokenizer")
     info.checks.append(f"{what} counts {ours} tokens here and {served} on /tokenize")
-    return served - ours, (f"{info.url} counts {served} tokens for {what}, {tokenizer_name} {ours} ({served - ours:+d}"
-                           f"{': a BOS token' if abs(served - ours) == 1 else ''}); prompts are checked against its "
-                           "limit with its count")
+    return served - ours, (f"{info.url} counts {served} tokens for {what}, {tokenizer_name} {ours} "
+                           f"({served - ours:+d}); prompts are checked against its limits with "
+                           f"{'its count' if served > ours else 'ours, the larger'}")
 
 
 def check_prompts(samples: Sequence, info: ServerInfo, template: int = 0, more: int = 0) -> None:
