@@ -37,7 +37,7 @@ def check_lengths(client: EndpointClient, info: ServerInfo, samples: Sequence, t
         info.checks.append(f"the chat template adds {template} tokens (usage.prompt_tokens of the chat check)")
     elif mode == "chat" and (info.limit is not None or info.input_limit is not None):
         warn(f"{info.url} did not count the chat check's prompt (usage.prompt_tokens): prompts are checked "
-                     "against its limit without its chat template's tokens")
+             "against its limit without its chat template's tokens")
     more = 0
     if samples and info.tokenizes:
         more, note = _compare_count(client, info, max(samples, key=lambda s: (s.prompt_tokens, s.index)), tokenizer,

@@ -1,7 +1,7 @@
 """What an OpenAI-compatible server says about itself, checked before any prompt is sent.
 
     info = probe(client, served_model=None, tokenizer=tok, tokenizer_name="meta-llama/...")
-    check_lengths(client, info, samples, count)   # eval/endpoint/lengths.py: every prompt fits
+    # then eval/endpoint/lengths.py: every prompt against its limits, counted as the server counts it
 
 `probe` reads `/v1/models` (an unreachable URL, or a model the server does not list, is one
 UserError line), the server's context limit where it publishes one (vLLM's and SGLang's
