@@ -76,6 +76,9 @@ def test_a_broken_answer_is_one_line_and_the_rerun_sends_only_the_rest(kind, sta
     assert len(lines) == 1 and "Traceback" not in err, err
     assert lines[0].startswith("error: the endpoint failed: passkey at 256, sample ") and WORDS[kind] in lines[0]
     assert "stopped with 1 of 2 cells done" in lines[0]
+    assert lines[0].endswith("run the same command again once the server answers, it continues from them"
+                             if kind == "reset" else "the same command continues from them")
+    assert ("did not arrive whole" in lines[0]) == (kind != "reset")  # not the server being down
     broken, held, answered = roles.order
     sent = _sent(script)
     assert sent.count(broken) == (RETRIES + 1 if kind == "reset" else 1)  # a reset is retried; the others are not
