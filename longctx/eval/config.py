@@ -151,7 +151,12 @@ def _check_mode(mode: str, cp: int) -> None:
 
 def check_endpoint(cfg: EvalConfig, world_size: int) -> None:
     """What a served model's evaluation (--endpoint) takes and refuses, before anything runs."""
-    url = urlparse(cfg.endpoint)
+    try:
+        url = urlparse(cfg.endpoint)
+        url.port  # noqa: B018 - a port that is not a number in 0-65535 raises here
+    except ValueError as e:
+        raise UserError(f"eval.endpoint: {mask_userinfo(cfg.endpoint)!r} is not a valid URL ({e}); give the "
+                        "server's OpenAI API root, e.g. http://localhost:8000/v1") from None
     if url.scheme not in ("http", "https") or not url.netloc:
         raise UserError(f"eval.endpoint: {mask_userinfo(cfg.endpoint)!r} is not an http(s) URL; give the server's "
                         "OpenAI API root, e.g. http://localhost:8000/v1")

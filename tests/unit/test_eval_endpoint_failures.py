@@ -127,3 +127,23 @@ def test_a_signal_sets_abort_the_request_in_flight_is_not_tried_again_and_is_no_
     assert sent.count("prompt 1") == 1 and "prompt 2" not in sent and "prompt 3" not in sent
     assert ran.stop and not ran.finished and backend.failure is None
     assert [r["index"] for r in ran.records] == [0]
+
+
+def test_a_broken_answer_before_any_prompt_or_a_bad_url_is_one_line(standin, tmp_path, capsys):
+    """Before the eval: a mangled body for the chat check, and a URL httpx or urllib cannot parse,
+    are one `error:` line each, exit 2, nothing written."""
+    script = Script(breaks=lambda n, body: "gzip")
+    args = ["--tokenizer", "byte", "--tasks", "passkey", "--lengths", "256", "--samples", "1", "--no-progress",
+            "--out", str(tmp_path / "out")]
+    for url, words in [(standin(script), "/chat/completions: the answer's body does not decode (DecodingError"),
+                       ("http://[::1/v1", "'http://[::1/v1' is not a valid URL (Invalid IPv6 URL)"),
+                       ("http://host:port/v1", "'http://host:port/v1' is not a valid URL (Port could not be cast")]:
+        assert main(["eval", "--endpoint", url, "--endpoint-mode", "chat", *args]) == 2
+        err = capsys.readouterr().err
+        lines = [x for x in err.splitlines() if x.startswith("error:")]
+        assert len(lines) == 1 and lines[0].startswith("error: eval.endpoint: ") and words in lines[0], err
+    assert len(_sent_chat(script)) == 1 and not (tmp_path / "out").exists()
+
+
+def _sent_chat(script: Script) -> list:
+    return [r for r in script.requests if r[0] == "/v1/chat/completions"]

@@ -116,7 +116,7 @@ class EndpointClient:
             response = self._http.request(method, f"{self._root if root else self._url}/{path}", json=body)
         except _TRANSIENT as e:
             raise EndpointError(f"{where}: {self.mask(_words(e))}", retryable=True) from None
-        except httpx.HTTPError as e:  # a body that does not decode, a proxy, a request that cannot be sent
+        except (httpx.HTTPError, httpx.InvalidURL) as e:  # a body that does not decode, a proxy, a bad request
             raise EndpointError(f"{where}: {self.mask(_words(e))}", retryable=False) from None
         return _json_of(response, where, self.mask)
 

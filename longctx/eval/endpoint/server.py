@@ -89,6 +89,9 @@ def _check_chat(client: EndpointClient, model: str, info: ServerInfo) -> None:
     except EndpointError as e:
         if e.retryable:
             return  # busy or down: the eval's own requests retry
+        if not (e.status or 0) >= 400:
+            raise UserError(f"eval.endpoint: {client.url} gives a broken answer to a chat request ({e.reason}); "
+                            "check the server, or a proxy between, with one request by hand") from None
         raise UserError(f"eval.endpoint_mode: {client.url} refuses chat requests for {model} ({e.reason}); use "
                         "endpoint_mode completions (the template applied here), or serve the model with a chat "
                         "template") from None
