@@ -138,6 +138,11 @@ def test_credentials_are_masked_in_every_line_and_file(standin, tmp_path, capsys
     assert all(r[1].get("Authorization") == basic for r in script.requests)  # the URL's credentials, sent
     rc, err2 = _eval(["--endpoint", f"ftp://user:{password}@host/v1", *RUN], capsys)  # refused by the config check
     assert rc == 2 and "ftp://***@host/v1" in _lines(err2, "error:")[0]
+    monkeypatch.setenv("SERVED_KEY", key + "\n")  # httpx's refusal of such a header would quote it
+    rc, err3 = _eval(["--endpoint", bare, *RUN, "--api-key-env", "SERVED_KEY"], capsys)
+    [line] = _lines(err3, "error:")
+    assert rc == 2 and line.startswith("error: eval.api_key_env: $SERVED_KEY holds characters an HTTP header cannot")
+    err2 += err3
     written = [p.read_bytes() for p in out.rglob("*") if p.is_file()]
     assert written and json.loads((out / "cells/256/niah_single_1.json").read_text())["complete"]
     for secret in (key, password):

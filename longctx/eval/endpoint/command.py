@@ -19,6 +19,7 @@ import sys
 from typing import Optional
 
 from longctx import __version__
+from longctx.base.errors import UserError
 from longctx.data.tokenizer import load_tokenizer
 from longctx.eval.api import evaluate, out_lock
 from longctx.eval.cells import tokenizer_files
@@ -44,7 +45,7 @@ def endpoint_identity(info: ServerInfo, mode: str, tokenizer_spec: str) -> dict:
 def run_endpoint(cfg: EvalConfig, stop, *, overwrite: bool = False) -> EvalResult:
     """Evaluate cfg.endpoint's model (cfg passed validate); UserError before any prompt is sent."""
     tokenizer = load_tokenizer(cfg.tokenizer, field=TOKENIZER_FIELD)
-    client = EndpointClient(cfg.endpoint, api_key=os.environ.get(cfg.api_key_env) or None,
+    client = EndpointClient(cfg.endpoint, api_key=_api_key(cfg.api_key_env),
                             timeout_s=cfg.request_timeout_s, retries=cfg.retries, concurrency=cfg.concurrency)
     try:
         info = probe(client, cfg.served_model, tokenizer, str(cfg.tokenizer), cfg.endpoint_mode)
@@ -77,6 +78,16 @@ def run_endpoint(cfg: EvalConfig, stop, *, overwrite: bool = False) -> EvalResul
         result.preempted["refused"] = backend.refused
         result.preempted["broken"] = backend.broken
     return result
+
+
+def _api_key(variable: str) -> Optional[str]:
+    """The key in $variable (None when unset or empty); UserError, not naming it, for one no HTTP
+    header can carry (httpx would refuse it with the key in its message)."""
+    key = os.environ.get(variable) or None
+    if key is not None and not (key.isascii() and key.isprintable() and key == key.strip()):
+        raise UserError(f"eval.api_key_env: ${variable} holds characters an HTTP header cannot carry (a space or "
+                        "newline at an end, a control character, non-ASCII); set it to the key alone")
+    return key
 
 
 def _limit_notes(info: ServerInfo) -> list[str]:

@@ -30,8 +30,9 @@ class Masker:
         parts = urlsplit(url) if url else None
         # the password; a URL with a user name only (https://TOKEN@host) carries its token there
         found = [(parts.password or parts.username) if parts is not None else None]
-        raw = [s for s in (*found, *secrets) if s and len(s) >= 3]  # 1-2 characters would mask common words
-        self._secrets = sorted({*raw, *(unquote(s) for s in raw)}, key=len, reverse=True)
+        raw = [s for s in (*found, *secrets) if s]
+        forms = {form.strip() for s in raw for form in (s, unquote(s), repr(s)[1:-1])}  # as quoted or escaped
+        self._secrets = sorted((s for s in forms if len(s) >= 3), key=len, reverse=True)  # 1-2: common words
         self.url = self(url)
 
     def __call__(self, text: str) -> str:
