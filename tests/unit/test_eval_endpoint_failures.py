@@ -8,13 +8,14 @@ import json
 import threading
 from types import SimpleNamespace
 
+import httpx
 import pytest
 
 from helpers.openai_standin import Script, serve, standins
 from longctx.commands.cli import main
 from longctx.eval.endpoint import client as client_module
 from longctx.eval.endpoint.backend import EndpointBackend
-from longctx.eval.endpoint.client import EndpointClient
+from longctx.eval.endpoint.client import EndpointClient, EndpointError
 from longctx.eval.tasks import Sample
 
 RETRIES = 3  # a request is sent at most RETRIES + 1 times
@@ -147,3 +148,23 @@ def test_a_broken_answer_before_any_prompt_or_a_bad_url_is_one_line(standin, tmp
 
 def _sent_chat(script: Script) -> list:
     return [r for r in script.requests if r[0] == "/v1/chat/completions"]
+
+
+@pytest.mark.parametrize("error, retryable", [
+    (httpx.ProxyError("407 Proxy Authentication Required at http://proxy-user:proxy-pw@proxy:3128"), False),
+    (httpx.LocalProtocolError("Illegal header value b'Bearer sk-abc123\\n'"), False),
+    (httpx.DecodingError("Error -3 while decompressing data"), False),
+    (httpx.ReadError("[Errno 104] Connection reset by peer"), True),
+])
+def test_every_transport_error_is_an_endpoint_error_with_credentials_masked(error, retryable):
+    """The client turns each httpx error into an EndpointError (retryable only where another try may
+    pass), its words masked: a proxy URL's user:key, and the API key however it is quoted."""
+    def raise_it(request):
+        raise error
+
+    client = EndpointClient("http://127.0.0.1:9/v1", api_key="sk-abc123\n", retries=0)
+    client._http = httpx.Client(transport=httpx.MockTransport(raise_it))
+    with pytest.raises(EndpointError) as caught:
+        client.post("completions", {})
+    assert caught.value.retryable == retryable and type(error).__name__ in caught.value.reason
+    assert "proxy-pw" not in caught.value.reason and "sk-abc123" not in caught.value.reason
