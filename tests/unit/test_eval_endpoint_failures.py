@@ -19,7 +19,8 @@ from longctx.eval.endpoint.client import EndpointClient, EndpointError
 from longctx.eval.tasks import Sample
 
 RETRIES = 3  # a request is sent at most RETRIES + 1 times
-HOLD_S = 2.0  # the request in flight waits this long, so it is still in flight when the other one fails
+HOLD_S = 1.0  # the signal test's request in flight waits this long
+AFTER_S = 0.5  # the held request is answered this long after the broken one's last try arrived
 WORDS = {"gzip": "the answer's body does not decode (DecodingError", "reset": "the connection broke (",
          "usage": "an answer whose usage is not an object (["}
 
@@ -36,12 +37,28 @@ def quick_backoff(monkeypatch):
 
 class Roles:
     """The stand-in's cue, by the order prompts first arrive after the first cell's 3: the first
-    breaks on every try (`kind`), the second is held HOLD_S and then answered 503 (a retryable
-    error that, with `abort` set, is not tried again), the third is answered."""
+    breaks on every try (`kind`), the second is held until AFTER_S after the first's last try and
+    then answered 503 (a retryable error that, with `abort` set, is not tried again), the third is
+    answered."""
 
     def __init__(self, kind: str):
         self.kind, self.first_cell, self.order, self.on = kind, set(), [], True
         self.lock = threading.Lock()
+        self.tries, self.last_try = 0, threading.Event()
+
+    def breaks(self, body: dict):
+        if self.role(body) != "broken":
+            return None
+        self.tries += 1
+        if self.tries == (RETRIES + 1 if self.kind == "reset" else 1):
+            self.last_try.set()
+        return self.kind
+
+    def hold(self, body: dict) -> float:
+        if self.role(body) != "held":
+            return 0.0
+        self.last_try.wait(10.0)
+        return AFTER_S
 
     def role(self, body: dict) -> str:
         prompt = body["prompt"]
@@ -54,8 +71,7 @@ class Roles:
             return ("broken", "held", "answer")[self.order.index(prompt)] if self.on else "answer"
 
     def script(self) -> Script:
-        return Script(breaks=lambda n, body: self.kind if self.role(body) == "broken" else None,
-                      hold=lambda n, body: HOLD_S if self.role(body) == "held" else 0.0,
+        return Script(breaks=lambda n, body: self.breaks(body), hold=lambda n, body: self.hold(body),
                       fail=lambda n, body: (503, {}) if self.role(body) == "held" else None)
 
 
