@@ -19,6 +19,7 @@ from longctx.base.errors import UserError
 from longctx.config import check_out_dir
 from longctx.data.tokenizer import check_tokenizer_spec
 from longctx.eval.dtypes import check_dtype_name
+from longctx.eval.endpoint.masking import mask_userinfo
 from longctx.eval.fields import TOKENIZER_FIELD, EvalFields
 from longctx.eval.lengths import parse_lengths
 from longctx.eval.model_overrides import check_keys
@@ -150,10 +151,15 @@ def _check_mode(mode: str, cp: int) -> None:
 
 def check_endpoint(cfg: EvalConfig, world_size: int) -> None:
     """What a served model's evaluation (--endpoint) takes and refuses, before anything runs."""
-    url = urlparse(cfg.endpoint)
+    try:
+        url = urlparse(cfg.endpoint)
+        url.port  # noqa: B018 - a port that is not a number in 0-65535 raises here
+    except ValueError as e:
+        raise UserError(f"eval.endpoint: {mask_userinfo(cfg.endpoint)!r} is not a valid URL ({e}); give the "
+                        "server's OpenAI API root, e.g. http://localhost:8000/v1") from None
     if url.scheme not in ("http", "https") or not url.netloc:
-        raise UserError(f"eval.endpoint: {cfg.endpoint!r} is not an http(s) URL; give the server's OpenAI API root, "
-                        "e.g. http://localhost:8000/v1")
+        raise UserError(f"eval.endpoint: {mask_userinfo(cfg.endpoint)!r} is not an http(s) URL; give the server's "
+                        "OpenAI API root, e.g. http://localhost:8000/v1")
     if cfg.model:
         raise UserError("eval.model: --endpoint evaluates the served model; leave --model out (compare with a "
                         "checkpoint by a second eval with --model into another --out)")

@@ -9,7 +9,8 @@ The server batches requests (--continuous-batching), as a serving stack does.
    files are byte-identical and RULER's scorer (tests/helpers/ruler_scorer.py, a re-implementation
    of its evaluate.py) writes the same summary.csv from both.
 2. Chat mode: the server's own template around our prompt gives what the in-process runner
-   generates from that rendering.
+   generates from that rendering, and the template's tokens measured from the server's usage
+   are those our renderer of the same template adds.
 3. The server killed mid-run: the eval stops by itself (exit 1, one error line) with its finished
    cells kept; with the server back, the same command sends only the rest.
 """
@@ -26,7 +27,7 @@ from benchlib.served import ServedModel, write_tiny_model
 import longctx
 from helpers.ruler_scorer import ruler_evaluate
 from longctx.commands.cli import main
-from longctx.data.tokenizer import load_tokenizer
+from longctx.data.tokenizer import load_tokenizer, prepends_bos
 from longctx.eval.chat import render
 from longctx.eval.runner import Engine
 from longctx.eval.tasks import Sample
@@ -103,6 +104,10 @@ def test_chat_mode_generates_from_the_servers_rendering_of_the_prompt(served, tm
     engine = Engine(longctx.load_pretrained(model).eval(), tokenizer, add_bos=False)
     template = render((served.model_dir / "chat_template.jinja").read_text(), {}, "chat_template.jinja",
                       runner_adds_bos=False)
+    bos = prepends_bos(tokenizer)  # as our prompts are counted
+    # the template's tokens, measured from the server's usage, are what our renderer of it adds
+    added = len(tokenizer.encode(template.replace("{input}", "Hello"), add_bos=False))
+    assert results["meta"]["server"]["chat_template_tokens"] == added - len(tokenizer.encode("Hello", add_bos=bos))
     for r in results["samples"]:
         assert "<|user|>" not in r["prompt"]  # no template of ours
         sample = Sample(task=r["task"], index=r["index"], input=r["prompt"], answer_prefix="", outputs=r["outputs"],

@@ -8,7 +8,7 @@ import socket
 
 import pytest
 
-from helpers.openai_standin import Script, serve
+from helpers.openai_standin import Script, standins
 from longctx.commands.cli import main
 from longctx.data.tokenizer import load_tokenizer
 
@@ -19,17 +19,7 @@ RUN = ["--tokenizer", "byte", "--tasks", "niah_single_1,passkey", "--lengths", "
 
 @pytest.fixture
 def standin():
-    servers = []
-
-    def start(script: Script) -> str:
-        server, url = serve(script)
-        servers.append(server)
-        return url
-
-    yield start
-    for s in servers:
-        s.shutdown()
-        s.server_close()
+    yield from standins()
 
 
 def _eval(args, capsys) -> tuple[int, str]:
@@ -80,7 +70,7 @@ def test_a_prompt_longer_than_the_servers_limit_is_refused_before_any_is_sent(st
 
 
 def test_a_tokenizer_that_disagrees_with_the_served_model_is_refused(standin, tmp_path, capsys):
-    other = Script(tokenize=lambda text: [i + 1 for i in BYTE.encode(text, add_bos=False)])  # vLLM's /tokenize
+    other = Script(tokenize=lambda text, special: [i + 1 for i in BYTE.encode(text, add_bos=False)])  # vLLM's /tokenize
     rc, err = _eval(["--endpoint", standin(other), *RUN, "--out", str(tmp_path / "out")], capsys)
     assert rc == 2 and "eval.tokenizer: byte tokenizes differently from served" in _error_line(err)
     assert not _completions(other)
@@ -109,7 +99,7 @@ def test_retries_on_429_and_5xx_and_the_api_key_is_sent_never_written(standin, t
     secret = "sk-longctx-test-0123456789"
     monkeypatch.setenv("SERVED_KEY", secret)
     busy = {0: (503, {}), 1: (429, {"Retry-After": "0"}), 2: (502, {"Retry-After": "0"})}
-    script = Script(tokenize=lambda text: BYTE.encode(text, add_bos=False), fail=lambda n, body: busy.get(n))
+    script = Script(tokenize=lambda text, special: BYTE.encode(text, add_bos=special), fail=lambda n, body: busy.get(n))
     out = tmp_path / "out"
     rc, err = _eval(["--endpoint", standin(script), *RUN, "--concurrency", "1", "--api-key-env", "SERVED_KEY",
                      "--out", str(out)], capsys)

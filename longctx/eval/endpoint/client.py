@@ -7,8 +7,11 @@
 
 A 429 or 5xx answer, a timeout and a refused or dropped connection are retried with exponential
 backoff (1 s, 2 s, 4 s, ... at most 30 s, or the server's Retry-After); any other 4xx is the
-request's own fault and is not. The API key goes in the Authorization header only: no message
-of this module names it, and httpx's errors do not carry headers.
+request's own fault and is not, and neither is any other transport or protocol error (a body
+that does not decode, a proxy's refusal, a request httpx cannot send): every failure is an
+EndpointError, never another exception. The API key goes in the Authorization header only; the
+URL's user:key, the key and the server's own words pass through masking.Masker before any
+message holds them (`client.url` is the masked URL).
 """
 from __future__ import annotations
 
@@ -17,6 +20,8 @@ import time
 from typing import Optional
 
 import httpx
+
+from longctx.eval.endpoint.masking import Masker
 
 BACKOFF_S = 1.0
 BACKOFF_MAX_S = 30.0
@@ -61,12 +66,14 @@ def _detail(response: httpx.Response) -> str:
 
 
 class EndpointClient:
-    """One connection pool to the server, shared by the threads that send requests."""
+    """One connection pool to the server, shared by the threads that send requests. `url` and
+    `root` are for messages (credentials masked); requests go to the URL as given."""
 
     def __init__(self, url: str, *, api_key: Optional[str] = None, timeout_s: float = 600.0, retries: int = 5,
                  concurrency: int = 8):
-        self.url = base_url(url)
-        self.root = server_root(url)
+        self._url, self._root = base_url(url), server_root(url)
+        self.mask = Masker(self._url, [api_key])
+        self.url, self.root = self.mask.url, self.mask(self._root)
         self.retries = retries
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         limits = httpx.Limits(max_connections=max(concurrency, 1) + 2, max_keepalive_connections=max(concurrency, 1))
@@ -78,25 +85,16 @@ class EndpointClient:
 
     def get(self, path: str, *, root: bool = False) -> dict:
         """GET <url>/<path> (root: <server root>/<path>) once: JSON, or EndpointError."""
-        where = f"{self.root if root else self.url}/{path}"
-        try:
-            response = self._http.get(where)
-        except _TRANSIENT as e:
-            raise EndpointError(f"{where}: {_words(e)}", retryable=True) from None
-        return _json_of(response, where)
+        return self._send("GET", path, None, root)
 
     def post(self, path: str, body: dict, *, abort: Optional[threading.Event] = None,
              retries: Optional[int] = None, root: bool = False) -> dict:
         """POST <url>/<path> (root: <server root>/<path>), retried with backoff on what may pass;
         stops waiting when `abort` is set."""
-        where = f"{self.root if root else self.url}/{path}"
         tries = (self.retries if retries is None else retries) + 1
         for attempt in range(tries):
             try:
-                return _json_of(self._http.post(where, json=body), where)
-            except _TRANSIENT as e:
-                error = EndpointError(f"{where}: {_words(e)}", retryable=True)
-                wait = None
+                return self._send("POST", path, body, root)
             except EndpointError as e:
                 if not e.retryable:
                     raise
@@ -111,6 +109,17 @@ class EndpointClient:
                 time.sleep(delay)
         raise error
 
+    def _send(self, method: str, path: str, body: Optional[dict], root: bool) -> dict:
+        """One request: its JSON, or EndpointError (retryable where another try may pass)."""
+        where = f"{self.root if root else self.url}/{path}"
+        try:
+            response = self._http.request(method, f"{self._root if root else self._url}/{path}", json=body)
+        except _TRANSIENT as e:
+            raise EndpointError(f"{where}: {self.mask(_words(e))}", retryable=True) from None
+        except (httpx.HTTPError, httpx.InvalidURL) as e:  # a body that does not decode, a proxy, a bad request
+            raise EndpointError(f"{where}: {self.mask(_words(e))}", retryable=False) from None
+        return _json_of(response, where, self.mask)
+
 
 def _words(error: Exception) -> str:
     """A transport error in words (no URL repeated, no headers)."""
@@ -118,13 +127,17 @@ def _words(error: Exception) -> str:
         return f"no answer in time ({type(error).__name__})"
     if isinstance(error, httpx.ConnectError):
         return f"cannot connect ({str(error) or 'connection refused'})"
-    return f"the connection broke ({type(error).__name__}: {error})" if str(error) else type(error).__name__
+    if isinstance(error, httpx.DecodingError):
+        return f"the answer's body does not decode ({type(error).__name__}: {error})"
+    if isinstance(error, _TRANSIENT):
+        return f"the connection broke ({type(error).__name__}: {error})" if str(error) else type(error).__name__
+    return f"{type(error).__name__}: {error}" if str(error) else type(error).__name__
 
 
-def _json_of(response: httpx.Response, where: str) -> dict:
+def _json_of(response: httpx.Response, where: str, mask: Masker) -> dict:
     if response.status_code >= 400:
         retryable = response.status_code in RETRY_STATUS
-        error = EndpointError(f"{where}: HTTP {response.status_code}: {_detail(response)}", retryable=retryable,
+        error = EndpointError(f"{where}: HTTP {response.status_code}: {mask(_detail(response))}", retryable=retryable,
                               status=response.status_code)
         after = response.headers.get("retry-after")
         error.retry_after = float(after) if after and after.replace(".", "", 1).isdigit() else None
@@ -132,5 +145,5 @@ def _json_of(response: httpx.Response, where: str) -> dict:
     try:
         return response.json()
     except ValueError:
-        raise EndpointError(f"{where}: the answer is not JSON ({response.text[:80]!r})", retryable=False,
+        raise EndpointError(f"{where}: the answer is not JSON ({mask(response.text[:80])!r})", retryable=False,
                             status=response.status_code) from None

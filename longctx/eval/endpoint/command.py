@@ -3,11 +3,13 @@
     result = run_endpoint(cfg, flag, overwrite=False)   # an EvalResult; as eval/command.py's in process
 
 In order: the tokenizer; the server's answers (eval/endpoint/server.py: reachable, the model
-listed, its limit, our tokenizer against its own where it says), the samples and cells, every
-prompt against the server's limit -- all before --out is made or any prompt is sent; then --out's
-lock, the cells it already holds, and the cells run through the backend, N requests at a time.
-A cell's key holds the endpoint, the served model and the mode (with the tokenizer, the samples
-and longctx's version), so a rerun continues and another server's cells are refused.
+listed, its limits, our tokenizer against its own where it says), the samples and cells, every
+prompt against the server's limits as it counts them (eval/endpoint/lengths.py) -- all before
+--out is made or any prompt is sent; then --out's lock, the cells it already holds, and the
+cells run through the backend, N requests at a time (a failed request ends the eval with the
+finished samples kept: eval/endpoint/backend.py). A cell's key holds the endpoint, the served
+model and the mode (with the tokenizer, the samples and longctx's version), so a rerun
+continues and another server's cells are refused.
 """
 from __future__ import annotations
 
@@ -17,6 +19,7 @@ import sys
 from typing import Optional
 
 from longctx import __version__
+from longctx.base.errors import UserError
 from longctx.data.tokenizer import load_tokenizer
 from longctx.eval.api import evaluate, out_lock
 from longctx.eval.cells import tokenizer_files
@@ -24,7 +27,8 @@ from longctx.eval.chat import ChatChoice
 from longctx.eval.config import TOKENIZER_FIELD, EvalConfig
 from longctx.eval.endpoint.backend import EndpointBackend
 from longctx.eval.endpoint.client import EndpointClient
-from longctx.eval.endpoint.server import ServerInfo, check_prompts, probe
+from longctx.eval.endpoint.lengths import check_lengths
+from longctx.eval.endpoint.server import ServerInfo, probe
 from longctx.eval.prepare import attach_store, prepare
 from longctx.eval.state import EvalContext, EvalResult
 
@@ -41,7 +45,7 @@ def endpoint_identity(info: ServerInfo, mode: str, tokenizer_spec: str) -> dict:
 def run_endpoint(cfg: EvalConfig, stop, *, overwrite: bool = False) -> EvalResult:
     """Evaluate cfg.endpoint's model (cfg passed validate); UserError before any prompt is sent."""
     tokenizer = load_tokenizer(cfg.tokenizer, field=TOKENIZER_FIELD)
-    client = EndpointClient(cfg.endpoint, api_key=os.environ.get(cfg.api_key_env) or None,
+    client = EndpointClient(cfg.endpoint, api_key=_api_key(cfg.api_key_env),
                             timeout_s=cfg.request_timeout_s, retries=cfg.retries, concurrency=cfg.concurrency)
     try:
         info = probe(client, cfg.served_model, tokenizer, str(cfg.tokenizer), cfg.endpoint_mode)
@@ -50,10 +54,16 @@ def run_endpoint(cfg: EvalConfig, stop, *, overwrite: bool = False) -> EvalResul
         plan = prepare(run_cfg, tokenizer)
         if chat:
             plan.chat = ChatChoice(None, dict(SERVER_TEMPLATE))
-        check_prompts(plan.samples, info)
-        notes = _limit_notes(info)
-        for note in notes:
+        notes: list[str] = []
+
+        def warn(note: str) -> None:  # printed at once: a refusal that follows may be its consequence
             print(f"warning: {note}", file=sys.stderr)
+            notes.append(note)
+
+        for note in _limit_notes(info):
+            warn(note)
+        check_lengths(client, info, plan.samples, tokenizer, add_bos=plan.run.options.add_bos,
+                      mode=cfg.endpoint_mode, tokenizer_name=str(cfg.tokenizer), warn=warn)
         backend = EndpointBackend(client, info.model, mode=cfg.endpoint_mode, concurrency=cfg.concurrency)
         with out_lock(cfg.out):
             if cfg.out is not None:
@@ -66,7 +76,18 @@ def run_endpoint(cfg: EvalConfig, stop, *, overwrite: bool = False) -> EvalResul
     if result.preempted is not None and backend.failure is not None:
         result.preempted["failure"] = backend.failure
         result.preempted["refused"] = backend.refused
+        result.preempted["broken"] = backend.broken
     return result
+
+
+def _api_key(variable: str) -> Optional[str]:
+    """The key in $variable (None when unset or empty); UserError, not naming it, for one no HTTP
+    header can carry (httpx would refuse it with the key in its message)."""
+    key = os.environ.get(variable) or None
+    if key is not None and not (key.isascii() and key.isprintable() and key == key.strip()):
+        raise UserError(f"eval.api_key_env: ${variable} holds characters an HTTP header cannot carry (a space or "
+                        "newline at an end, a control character, non-ASCII); set it to the key alone")
+    return key
 
 
 def _limit_notes(info: ServerInfo) -> list[str]:
@@ -93,7 +114,12 @@ def failure_line(result: EvalResult) -> Optional[str]:
     if not info.get("failure"):
         return None
     where = f" in {info['out']}" if info.get("out") else " (no --out: nothing kept)"
-    again = ("the server refuses the request: once that is fixed, the same command continues from them"
-             if info.get("refused") else "run the same command again once the server answers, it continues from them")
+    if info.get("refused"):
+        again = "the server refuses the request: once that is fixed, the same command continues from them"
+    elif info.get("broken"):
+        again = ("the answer did not arrive whole (the server or a proxy between): once that is fixed, the same "
+                 "command continues from them")
+    else:
+        again = "run the same command again once the server answers, it continues from them"
     return (f"error: the endpoint failed: {info['failure']}; stopped with {info['cells_done']} of {info['cells']} "
             f"cells done{where}; {again}")
