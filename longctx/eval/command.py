@@ -120,13 +120,15 @@ def _evaluate(cfg: EvalConfig, world: int, flag: PreemptionFlag, *, overwrite: b
         plan = prepare(cfg, tokenizer, identity=identity, model_path=str(model_dir), overwrite=overwrite,
                        remove=main, notify=atomic.note if main else (lambda line: None))
         return _load_and_evaluate(cfg, world, flag, model_dir, tokenizer, plan,
-                                  (model_config if overrides else None, overrides), release_lock)
+                                  (model_config if overrides else None, overrides), release_lock, identity, overwrite)
 
 
 def _load_and_evaluate(cfg: EvalConfig, world: int, flag: PreemptionFlag, model_dir: Path, tokenizer, plan,
-                       override: tuple, release_lock: typing.Callable[[], None]) -> EvalResult:
+                       override: tuple, release_lock: typing.Callable[[], None], identity: typing.Optional[dict] = None,
+                       overwrite: bool = False) -> EvalResult:
     """override: (the overridden ModelConfig or None, the overridden fields as the model runs with
-    them); release_lock: --out's (a stall's exit runs it)."""
+    them); release_lock: --out's (a stall's exit runs it); identity: the model's (cells.run_identity),
+    which lm-eval's request cache in --out belongs to."""
     check_eval_window(override[0] or base_model_config(model_dir), plan.run.lengths + plan.run.ppl_lengths)
     model = load_model(model_dir, dtype=parse_dtype(cfg.dtype), config=override[0]).eval()
     model.to(eval_device(cfg.device, read_env().local_rank))
@@ -144,8 +146,12 @@ def _load_and_evaluate(cfg: EvalConfig, world: int, flag: PreemptionFlag, model_
             _check_ranks_agree(plan)
             torch.manual_seed(0)
             meta = dict(_meta(cfg, model, model_dir, tokenizer, plan.run), model_overrides=override[1])
-            result = evaluate(model, tokenizer, cfg, plan=plan, stop=flag if watchdog is None else WatchedStop(
-                flag, watchdog), context=EvalContext(cp_group=cp_group, meta=meta, warnings=notes))
+            stop = flag if watchdog is None else WatchedStop(flag, watchdog)
+            result = evaluate(model, tokenizer, cfg, plan=plan, stop=stop,
+                              context=EvalContext(cp_group=cp_group, meta=meta, warnings=notes))
+            if cfg.lm_eval and not result.preempted:
+                _lm_eval(cfg, model, tokenizer, plan, result, cp_group=cp_group, stop=stop, identity=identity,
+                         overwrite=overwrite)
             if result.preempted:  # which signal stopped it (it may have reached another rank only)
                 result.preempted["signal"] = next((s for s in gather_objects(flag.received) if s), None)
         completed = True
@@ -156,6 +162,25 @@ def _load_and_evaluate(cfg: EvalConfig, world: int, flag: PreemptionFlag, model_
         if watchdog is not None:
             watchdog.stop()
     return result
+
+
+def _lm_eval(cfg: EvalConfig, model, tokenizer, plan, result: EvalResult, **kwargs) -> None:
+    """lm-eval's tasks on the model (eval/harness/); their section joins results.json and report.md,
+    or a stop marks the result preempted (the finished requests are in --out's request cache)."""
+    from longctx.eval.harness import Stopped
+    from longctx.eval.harness.run import add_to_outputs, run_tasks
+
+    main = read_env().rank == 0
+    try:
+        section = run_tasks(cfg, model, tokenizer, stop_token_ids=plan.stop_ids, main=main, **kwargs)
+    except Stopped:
+        result.preempted = {"cells_done": len(plan.cells), "cells": len(plan.cells), "out": cfg.out,
+                            "partial": ["lm-eval's tasks (the finished requests are kept)" if cfg.out else
+                                        "lm-eval's tasks"]}
+        return
+    if main and cfg.out is not None:
+        add_to_outputs(Path(cfg.out), section)
+    result.lm_eval = section
 
 
 def _check_ranks_agree(plan) -> None:
@@ -235,3 +260,6 @@ def _print_summary(result: EvalResult) -> None:
         print(f"effective length (> {summary['threshold']}): {summary['effective_length'] or 'none'}")
     if result.ppl:
         print("ppl: " + ", ".join(f"{r['length']}: {r['ppl']:.3f}" for r in result.ppl["rows"]))
+    for name, entry in ((result.lm_eval or {}).get("tasks") or {}).items():
+        shown = [f"{k.partition(',')[0]} {v:.4g}" for k, v in entry["metrics"].items() if "_stderr" not in k]
+        print(f"lm-eval {name}: {', '.join(shown)}")

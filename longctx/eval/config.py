@@ -27,7 +27,7 @@ from longctx.parallel.layout import DECODE_CP_IMPLS
 from longctx.parallel.timeout_values import timeout_problem
 from longctx.reporting.wandb_log import check_installed, check_mode
 
-SUITES = ("ruler", "niah", "passkey", "ppl")
+SUITES = ("ruler", "niah", "passkey", "ppl", "none")  # none: only --lm-eval / --mrcr
 DEFAULT_DEPTHS = [i / 10 for i in range(11)]
 DEFAULT_LENGTHS = ["4096"]  # eval.lengths unset (with ruler_data: the data's lengths instead)
 DEVICES = ("auto", "cpu", "cuda")
@@ -75,11 +75,33 @@ class EvalConfig(EvalFields):
         if self.tokenizer is not None:
             check_tokenizer_spec(self.tokenizer, TOKENIZER_FIELD)
         check_keys(self.model_overrides)
+        self._check_lm_eval(world_size)
         if self.wandb_project is not None:
             check_mode("eval.wandb_mode", self.wandb_mode)
             if self.out is None:
                 raise UserError("eval.wandb_project: W&B writes its files in --out; set --out")
             check_installed("eval.wandb_project")
+
+    def _check_lm_eval(self, world_size: int) -> None:
+        """--lm-eval's tasks and options (lm-eval installed, every task known), and that something runs."""
+        sel = select(self)
+        if self.lm_eval is None:
+            if not (sel.tasks or sel.ppl_lengths) and self.write_data is None:
+                raise UserError("eval.suite: none, and no --lm-eval tasks: nothing to evaluate")
+            return
+        try:
+            from longctx.eval.harness import run as harness
+        except ImportError:
+            raise UserError("eval.lm_eval: needs lm-evaluation-harness: pip install 'longctx[eval]'") from None
+        if not self.lm_eval:
+            raise UserError("eval.lm_eval: name at least one lm-eval task (e.g. --lm-eval hellaswag)")
+        if self.endpoint is not None:
+            raise UserError("eval.lm_eval: not with --endpoint yet: run lm-eval's local-completions model against the "
+                            "server (lm-eval --model local-completions --model_args base_url=...)")
+        if world_size != self.cp:
+            raise UserError(f"eval.lm_eval: lm-eval's tasks run on one group of eval.cp processes; got {world_size} "
+                            f"processes for eval.cp={self.cp} (run them with --nproc-per-node {self.cp})")
+        harness.check_tasks(list(self.lm_eval), harness.parse_args(self.lm_eval_args))
 
     def task_options(self) -> TaskOptions:
         return TaskOptions(style=self.style, max_new_tokens=self.max_new_tokens, essay_path=self.essay,
@@ -123,8 +145,10 @@ def select(cfg: EvalConfig) -> EvalSelection:
                 name = NIAH_GRID_TASK if s == "niah" else "passkey"
                 tasks.append(name)
                 grids[name] = depths
-    lengths = parse_lengths(cfg.lengths if cfg.lengths is not None else DEFAULT_LENGTHS)
     want_ppl = "ppl" in cfg.suite
+    lengths = parse_lengths(cfg.lengths if cfg.lengths is not None else DEFAULT_LENGTHS)
+    if not tasks and not want_ppl and cfg.lengths is None:
+        lengths = []  # suite none: no haystack lengths (nothing to warn about)
     ppl_lengths = ((parse_lengths(cfg.ppl_lengths, "eval.ppl_lengths") if cfg.ppl_lengths else lengths)
                    if want_ppl else [])
     return EvalSelection(lengths, list(dict.fromkeys(tasks)), grids, ppl_lengths, cfg.task_options())

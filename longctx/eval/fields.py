@@ -32,7 +32,7 @@ class EvalFields:
                                         "(required)")
     revision: Optional[str] = option(None, "Hub revision of --model when it is a Hub id (branch, tag or commit)")
     tokenizer: Optional[str] = option(None, "'byte', tokenizer.json or tokenizer dir (default: the model's own)")
-    suite: List[str] = option(["ruler"], "suites: ruler, niah, passkey, ppl")
+    suite: List[str] = option(["ruler"], "suites: ruler, niah, passkey, ppl, none (only --lm-eval / --mrcr)")
     tasks: Optional[List[str]] = option(None, "task names (replaces the suite's tasks)")
     lengths: Optional[List[str]] = option(None, "context lengths, e.g. 4096,8k,16k (default 4096; with ruler_data: "
                                                 "the data's)")
@@ -87,5 +87,11 @@ class EvalFields:
                              "(exponential backoff); then the eval stops, its finished cells kept")
     api_key_env: str = option("OPENAI_API_KEY", "environment variable holding the endpoint's API key (sent as a "
                                                 "bearer token when set; never logged or written)")
+    lm_eval: Optional[List[str]] = option(None, "lm-evaluation-harness tasks or groups to run on the model too, e.g. "
+                                                "hellaswag,arc_easy (needs longctx[eval]; --suite none: these only)")
+    lm_eval_args: Optional[str] = option(None, "lm-eval options as key=value,... or JSON: num_fewshot, limit, "
+                                               "apply_chat_template, fewshot_as_multiturn, gen_kwargs, include_path "
+                                               "(a folder of local task YAMLs), bootstrap_iters, system_instruction, "
+                                               "max_gen_toks, add_bos_token, max_length")
     # a mapping: set as key=value only (model_overrides.max_position_embeddings=32768), no flag
     model_overrides: Dict[str, Any] = option({}, "ModelConfig fields replaced at eval time (zero-shot RoPE)")

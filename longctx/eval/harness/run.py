@@ -1,0 +1,196 @@
+"""`longctx eval --lm-eval TASKS`: lm-eval's tasks on the loaded model, beside the RULER cells.
+
+    section = run_tasks(cfg, model, tokenizer, identity=..., cp_group=g, stop=flag, overwrite=False)
+    add_to_outputs(out, section)      # results.json's "lm_eval" and report.md's section
+
+With --out every answer is kept in OUT/lm_eval/requests_rank<R>.db (lm-eval's request cache),
+so the same command rerun after a stop continues from the finished requests; the cache belongs
+to one model (OUT/lm_eval/identity.json: cells.run_identity) and another model's is refused
+unless --overwrite. results.json's "lm_eval" holds lm-eval's metrics per task and every
+sample's score of the task's first metric (what `--compare` pairs).
+"""
+from __future__ import annotations
+
+import functools
+import json
+import math
+import shutil
+from pathlib import Path
+from typing import Optional
+
+from longctx.base.errors import UserError
+from longctx.eval.harness.model import LongctxLM
+from longctx.storage import atomic
+
+SECTION = "lm_eval"
+# simple_evaluate's options that --lm-eval-args may set (the rest are longctx's to choose)
+OPTIONS = {"num_fewshot": int, "limit": float, "apply_chat_template": bool, "fewshot_as_multiturn": bool,
+           "gen_kwargs": str, "include_path": str, "bootstrap_iters": int, "system_instruction": str,
+           "confirm_run_unsafe_code": bool, "max_gen_toks": int, "add_bos_token": bool, "max_length": int}
+MODEL_OPTIONS = ("max_gen_toks", "add_bos_token", "max_length")  # LongctxLM's, not simple_evaluate's
+
+
+def _value(key: str, text: str):
+    kind = OPTIONS[key]
+    if kind is bool:
+        if text.lower() not in ("true", "false"):
+            raise UserError(f"eval.lm_eval_args: {key} must be true or false, got {text!r}")
+        return text.lower() == "true"
+    if kind is str:
+        return text
+    try:
+        number = kind(text)
+    except ValueError:
+        raise UserError(f"eval.lm_eval_args: {key} must be a number, got {text!r}") from None
+    return int(number) if kind is float and number >= 1 and number == int(number) else number
+
+
+def parse_args(text: Optional[str]) -> dict:
+    """--lm-eval-args "num_fewshot=5,limit=100" (or a JSON object) -> {option: value}; UserError naming
+    an unknown option. A limit below 1 is a fraction of each task's samples, as lm-eval reads it."""
+    if not text:
+        return {}
+    if text.lstrip().startswith("{"):
+        try:
+            raw = json.loads(text)
+        except ValueError as e:
+            raise UserError(f"eval.lm_eval_args: not valid JSON ({e})") from None
+        pairs = {k: v if isinstance(v, str) else json.dumps(v) for k, v in raw.items()}
+    else:
+        pairs = {}
+        for part in filter(None, (p.strip() for p in text.split(","))):
+            key, eq, value = part.partition("=")
+            if not eq:
+                raise UserError(f"eval.lm_eval_args: {part!r} is not key=value")
+            pairs[key.strip()] = value.strip()
+    for key in pairs:
+        if key not in OPTIONS:
+            raise UserError(f"eval.lm_eval_args: unknown option {key!r}; valid: {', '.join(OPTIONS)}")
+    out = {k: _value(k, str(v).strip('"')) for k, v in pairs.items()}
+    if "include_path" in out and not Path(out["include_path"]).is_dir():
+        raise UserError(f"eval.lm_eval_args: include_path {out['include_path']} is not a directory of task YAMLs")
+    return out
+
+
+@functools.lru_cache(maxsize=4)
+def task_manager(include_path: Optional[str]):
+    """lm-eval's index of its tasks (and include_path's); built once per process (it reads every YAML)."""
+    from lm_eval.tasks import TaskManager
+
+    return TaskManager(include_path=include_path)
+
+
+def check_tasks(tasks: list[str], args: dict) -> None:
+    """Every --lm-eval name is a task or group lm-eval knows (with include_path's), before any weight."""
+    known = set(task_manager(args.get("include_path")).all_tasks)
+    unknown = [t for t in tasks if t not in known]
+    if unknown:
+        raise UserError(f"eval.lm_eval: unknown lm-eval task(s) {', '.join(unknown)} (`lm-eval ls tasks` lists "
+                        "them; local task YAMLs: --lm-eval-args include_path=DIR)")
+
+
+def _cache(out: Optional[str], identity: Optional[dict], overwrite: bool, main: bool) -> Optional[str]:
+    """The request cache's path prefix in OUT/lm_eval (None without --out)."""
+    if out is None:
+        return None
+    d = Path(out) / SECTION
+    stored = d / "identity.json"
+    if identity is not None and stored.is_file() and json.loads(stored.read_text()) != identity:
+        if not overwrite:
+            raise UserError(f"eval.out: {d} holds another model's lm-eval answers; use another --out, or --overwrite "
+                            "to replace them")
+        if main:
+            shutil.rmtree(d)
+    if main:
+        d.mkdir(parents=True, exist_ok=True)
+        if identity is not None:
+            atomic.write_json(stored, identity)
+    return str(d / "requests")
+
+
+def run_tasks(cfg, model, tokenizer, *, identity: Optional[dict] = None, cp_group=None, stop=None,
+              stop_token_ids=None, overwrite: bool = False, main: bool = True) -> dict:
+    """simple_evaluate over cfg.lm_eval with the model (Stopped propagates); results.json's section."""
+    from lm_eval import simple_evaluate
+
+    args = parse_args(cfg.lm_eval_args)
+    model_args = {k: args.pop(k) for k in MODEL_OPTIONS if k in args}
+    lm = LongctxLM(model, tokenizer, cp_group=cp_group, cp_impl=cfg.cp_impl, batch_size=cfg.batch_size,
+                   max_batch_tokens=cfg.max_batch_tokens, stop_token_ids=stop_token_ids, stop=stop, **model_args)
+    include = args.pop("include_path", None)
+    out = simple_evaluate(model=lm, tasks=list(cfg.lm_eval), task_manager=task_manager(include),
+                          use_cache=_cache(cfg.out, identity, overwrite, main), log_samples=True,
+                          random_seed=cfg.seed, numpy_random_seed=cfg.seed, torch_random_seed=cfg.seed,
+                          fewshot_random_seed=cfg.seed, **args)
+    return section(out, dict(args, include_path=include, **model_args))
+
+
+def _number(value) -> Optional[float]:
+    if isinstance(value, bool):
+        return float(value)
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        return None
+    return number if math.isfinite(number) else None
+
+
+def section(out: dict, args: dict) -> dict:
+    """results.json's "lm_eval": per task its metrics (name,filter -> value), the first metric's
+    per-sample scores (on a 0-100 scale when every score lies in [0, 1]) and its sample count;
+    the groups' subtasks."""
+    tasks = {}
+    for name, row in out["results"].items():
+        metrics = {k: _number(v) for k, v in row.items() if k not in ("alias", "name", "sample_len") and "," in k}
+        entry = {"metrics": {k: v for k, v in metrics.items() if v is not None}}
+        samples = out.get("samples", {}).get(name)
+        config = out.get("configs", {}).get(name, {})
+        metric_list = config.get("metric_list") or []
+        if samples and metric_list:
+            metric = metric_list[0]["metric"]
+            scores = {str(s["doc_id"]): _number(s.get(metric)) for s in samples}
+            if scores and all(v is not None for v in scores.values()):
+                scale = 100.0 if all(0.0 <= v <= 1.0 for v in scores.values()) else 1.0
+                entry.update(metric=metric, scale=scale, scores={k: v * scale for k, v in scores.items()})
+        entry["n"] = len(samples) if samples else out.get("n-samples", {}).get(name, {}).get("effective")
+        tasks[name] = entry
+    groups = {g: list(subs) for g, subs in (out.get("group_subtasks") or {}).items() if subs}
+    return {"tasks": tasks, "groups": groups, "args": {k: v for k, v in args.items() if v is not None},
+            "versions": {k: v for k, v in (out.get("versions") or {}).items()},
+            "lm_eval_version": out.get("lm_eval_version") or _version()}
+
+
+def _version() -> str:
+    from importlib.metadata import version
+
+    return version("lm_eval")
+
+
+def render(sec: dict) -> str:
+    """report.md's section: one row per task and metric."""
+    lines = ["## lm-evaluation-harness", "", f"lm-eval {sec['lm_eval_version']}; options: "
+             f"{json.dumps(sec['args']) if sec['args'] else 'defaults'}", "",
+             "| task | metric | value | ± s.e. | samples |", "|---|---|---:|---:|---:|"]
+    for name, entry in sec["tasks"].items():
+        metrics = entry["metrics"]
+        for key, value in metrics.items():
+            metric, _, filt = key.partition(",")
+            if metric.endswith("_stderr"):
+                continue
+            se = metrics.get(f"{metric}_stderr,{filt}")
+            label = metric if filt == "none" else f"{metric} ({filt})"
+            lines.append(f"| {name} | {label} | {value:.4g} | {'-' if se is None else f'{se:.3g}'} | "
+                         f"{entry.get('n') or '-'} |")
+    return "\n".join(lines) + "\n"
+
+
+def add_to_outputs(out: Path, sec: dict) -> None:
+    """results.json gets the "lm_eval" section, report.md its table (each rewritten by a rename)."""
+    results = json.loads((out / "results.json").read_text())
+    results[SECTION] = sec
+    atomic.write_json(out / "results.json", results)
+    report = (out / "report.md").read_text()
+    marker = "\n## lm-evaluation-harness"
+    if marker in report:
+        report = report[:report.index(marker)]
+    atomic.write_text(out / "report.md", report.rstrip("\n") + "\n\n" + render(sec))
