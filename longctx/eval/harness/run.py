@@ -6,7 +6,7 @@
 With --out every answer is kept in OUT/lm_eval/requests_rank<R>.db (lm-eval's request cache),
 so the same command rerun after a stop continues from the finished requests; the cache belongs
 to one model (OUT/lm_eval/identity.json: cells.run_identity) and another model's is refused
-unless --overwrite. results.json's "lm_eval" holds lm-eval's metrics per task and every
+unless --overwrite. OUT/lm_eval/samples_<task>.jsonl has every sample's answers; results.json's "lm_eval" holds lm-eval's metrics per task and every
 sample's score of the task's first metric (what `--compare` pairs).
 """
 from __future__ import annotations
@@ -122,7 +122,18 @@ def run_tasks(cfg, model, tokenizer, *, identity: Optional[dict] = None, cp_grou
                           use_cache=_cache(cfg.out, identity, overwrite, main), log_samples=True,
                           random_seed=cfg.seed, numpy_random_seed=cfg.seed, torch_random_seed=cfg.seed,
                           fewshot_random_seed=cfg.seed, **args)
+    if main and cfg.out is not None:
+        write_samples(Path(cfg.out) / SECTION, out.get("samples") or {})
     return section(out, dict(args, include_path=include, **model_args))
+
+
+def write_samples(d: Path, samples: dict) -> None:
+    """OUT/lm_eval/samples_<task>.jsonl: each sample's doc id, target, the model's answers (raw and
+    filtered) and its metrics, as lm-eval logs them."""
+    skip = ("doc", "arguments", "doc_hash", "prompt_hash", "target_hash")
+    for task, rows in samples.items():
+        lines = [json.dumps({k: v for k, v in row.items() if k not in skip}, default=str) for row in rows]
+        atomic.write_text(d / f"samples_{task}.jsonl", "".join(line + "\n" for line in lines))
 
 
 def _number(value) -> Optional[float]:
