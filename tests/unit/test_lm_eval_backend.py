@@ -37,7 +37,7 @@ def both(setup):
 
     ours = LongctxLM.from_pretrained(str(model_dir), dtype="fp32")
     hf = HFLM(pretrained=str(model_dir), dtype="float32", device="cpu")
-    runs = [simple_evaluate(model=lm, tasks=list(TASKS), task_manager=task_manager(include), log_samples=True)
+    runs = [simple_evaluate(model=lm, tasks=list(TASKS), task_manager=task_manager(TASKS, include), log_samples=True)
             for lm in (ours, hf)]
     return ours, hf, runs
 
@@ -125,13 +125,18 @@ def test_a_stopped_run_continues_from_the_request_cache(both, setup, tmp_path, m
         run_tasks(cfg, lm.model, lm.tokenizer, identity={"model": "other"})
 
 
-def test_bad_lm_eval_options_are_one_line_errors(setup):
+def test_bad_lm_eval_options_are_one_line_errors(setup, monkeypatch):
     with pytest.raises(UserError, match="eval.lm_eval_args: unknown option 'bogus'"):
         parse_args("bogus=1")
     with pytest.raises(UserError, match="eval.lm_eval_args: limit must be a number"):
         parse_args("limit=many")
     assert parse_args('num_fewshot=2,limit=0.5,apply_chat_template=true') == {
         "num_fewshot": 2, "limit": 0.5, "apply_chat_template": True}
+    from lm_eval.tasks import TaskManager
+
+    # lm-eval's own index (seconds to build) stands in as the local one: the task is in neither
+    monkeypatch.setattr("longctx.eval.harness.run._index",
+                        lambda include, defaults: TaskManager(include_path=include, include_defaults=False))
     cfg = EvalConfig(model=str(setup[0]), suite=["none"], lm_eval=["no_such_task"],
                      lm_eval_args=f"include_path={setup[1]}")
     with pytest.raises(UserError, match="eval.lm_eval: unknown lm-eval task"):

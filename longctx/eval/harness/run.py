@@ -6,8 +6,9 @@
 With --out every answer is kept in OUT/lm_eval/requests_rank<R>.db (lm-eval's request cache),
 so the same command rerun after a stop continues from the finished requests; the cache belongs
 to one model (OUT/lm_eval/identity.json: cells.run_identity) and another model's is refused
-unless --overwrite. OUT/lm_eval/samples_<task>.jsonl has every sample's answers; results.json's "lm_eval" holds lm-eval's metrics per task and every
-sample's score of the task's first metric (what `--compare` pairs).
+unless --overwrite. OUT/lm_eval/samples_<task>.jsonl has every sample's answers; results.json's
+"lm_eval" holds lm-eval's metrics per task and every sample's score of the task's first metric
+(what `--compare` pairs).
 """
 from __future__ import annotations
 
@@ -73,16 +74,26 @@ def parse_args(text: Optional[str]) -> dict:
 
 
 @functools.lru_cache(maxsize=4)
-def task_manager(include_path: Optional[str]):
-    """lm-eval's index of its tasks (and include_path's); built once per process (it reads every YAML)."""
+def _index(include_path: Optional[str], defaults: bool):
     from lm_eval.tasks import TaskManager
 
-    return TaskManager(include_path=include_path)
+    return TaskManager(include_path=include_path, include_defaults=defaults)
+
+
+def task_manager(tasks: tuple, include_path: Optional[str]):
+    """lm-eval's index of the tasks: include_path's alone when it has every one of them (indexing
+    lm-eval's own ~15k task YAMLs takes seconds), else lm-eval's with include_path's; built once per
+    process."""
+    if include_path is not None:
+        local = _index(include_path, False)
+        if all(t in local.all_tasks for t in tasks):
+            return local
+    return _index(include_path, True)
 
 
 def check_tasks(tasks: list[str], args: dict) -> None:
     """Every --lm-eval name is a task or group lm-eval knows (with include_path's), before any weight."""
-    known = set(task_manager(args.get("include_path")).all_tasks)
+    known = set(task_manager(tuple(tasks), args.get("include_path")).all_tasks)
     unknown = [t for t in tasks if t not in known]
     if unknown:
         raise UserError(f"eval.lm_eval: unknown lm-eval task(s) {', '.join(unknown)} (`lm-eval ls tasks` lists "
@@ -118,7 +129,7 @@ def run_tasks(cfg, model, tokenizer, *, identity: Optional[dict] = None, cp_grou
     lm = LongctxLM(model, tokenizer, cp_group=cp_group, cp_impl=cfg.cp_impl, batch_size=cfg.batch_size,
                    max_batch_tokens=cfg.max_batch_tokens, stop_token_ids=stop_token_ids, stop=stop, **model_args)
     include = args.pop("include_path", None)
-    out = simple_evaluate(model=lm, tasks=list(cfg.lm_eval), task_manager=task_manager(include),
+    out = simple_evaluate(model=lm, tasks=list(cfg.lm_eval), task_manager=task_manager(tuple(cfg.lm_eval), include),
                           use_cache=_cache(cfg.out, identity, overwrite, main), log_samples=True,
                           random_seed=cfg.seed, numpy_random_seed=cfg.seed, torch_random_seed=cfg.seed,
                           fewshot_random_seed=cfg.seed, **args)
