@@ -178,7 +178,7 @@ def _lm_eval(cfg: EvalConfig, model, tokenizer, plan, result: EvalResult, **kwar
                             "partial": ["lm-eval's tasks (the finished requests are kept)" if cfg.out else
                                         "lm-eval's tasks"]}
         return
-    if main and cfg.out is not None:
+    if section is not None and main and cfg.out is not None:
         add_to_outputs(Path(cfg.out), section)
     result.lm_eval = section
 

@@ -112,16 +112,17 @@ def _cache(out: Optional[str], identity: Optional[dict], overwrite: bool, main: 
                             "to replace them")
         if main:
             shutil.rmtree(d)
+    d.mkdir(parents=True, exist_ok=True)  # every rank: each writes its own requests_rank<R>.db
     if main:
-        d.mkdir(parents=True, exist_ok=True)
         if identity is not None:
             atomic.write_json(stored, identity)
     return str(d / "requests")
 
 
 def run_tasks(cfg, model, tokenizer, *, identity: Optional[dict] = None, cp_group=None, stop=None,
-              stop_token_ids=None, overwrite: bool = False, main: bool = True) -> dict:
-    """simple_evaluate over cfg.lm_eval with the model (Stopped propagates); results.json's section."""
+              stop_token_ids=None, overwrite: bool = False, main: bool = True) -> Optional[dict]:
+    """simple_evaluate over cfg.lm_eval with the model (Stopped propagates); results.json's section
+    (None on the other ranks of a cp group: lm-eval aggregates on local rank 0 only)."""
     from lm_eval import simple_evaluate
 
     args = parse_args(cfg.lm_eval_args)
@@ -133,6 +134,8 @@ def run_tasks(cfg, model, tokenizer, *, identity: Optional[dict] = None, cp_grou
                           use_cache=_cache(cfg.out, identity, overwrite, main), log_samples=True,
                           random_seed=cfg.seed, numpy_random_seed=cfg.seed, torch_random_seed=cfg.seed,
                           fewshot_random_seed=cfg.seed, **args)
+    if out is None:
+        return None
     if main and cfg.out is not None:
         write_samples(Path(cfg.out) / SECTION, out.get("samples") or {})
     return section(out, dict(args, include_path=include, **model_args))
