@@ -19,12 +19,13 @@ from longctx.base.errors import UserError
 from longctx.checkpoint.manifest import gather_objects
 from longctx.checkpoint.safe_load import check_files
 from longctx.data.tokenizer import check_tokenizer_spec
+from longctx.eval import mrcr_run
 from longctx.eval.api import evaluate, out_lock
 from longctx.eval.cells import run_identity
 from longctx.eval.comparability import warning_line
 from longctx.eval.config import TOKENIZER_FIELD, EvalConfig, select
 from longctx.eval.end_summary import end_summary
-from longctx.eval.endpoint.command import failure_line, run_endpoint
+from longctx.eval.endpoint.command import endpoint_chat, failure_line, run_endpoint
 from longctx.eval.model_io import (
     check_lengths,
     check_pair,
@@ -39,6 +40,7 @@ from longctx.eval.model_io import (
 from longctx.eval.model_overrides import apply_overrides, base_model_config
 from longctx.eval.prepare import prepare
 from longctx.eval.ruler_prompts import write_prompts
+from longctx.eval.runner import Engine
 from longctx.eval.stall_watch import WatchedStop, stalls_end_the_job, start_watch
 from longctx.eval.state import EvalContext, EvalResult
 from longctx.eval.wandb_table import log_results
@@ -84,6 +86,10 @@ def run(cfg: EvalConfig, *, overwrite: bool = False) -> int:
             if failure_line(result):
                 print(failure_line(result), file=sys.stderr, flush=True)
                 return ENDPOINT_FAILED_EXIT_CODE
+            if cfg.mrcr and not result.preempted:
+                with endpoint_chat(cfg) as (client, served, tokenizer):
+                    _mrcr(cfg, mrcr_run.endpoint_answerer(client, served, tokenizer, cfg.max_new_tokens), result,
+                          None, stop=flag, identity={"endpoint": cfg.endpoint, "served_model": served})
         else:
             result = _evaluate(cfg, world, flag, overwrite=overwrite)
     finally:
@@ -152,6 +158,10 @@ def _load_and_evaluate(cfg: EvalConfig, world: int, flag: PreemptionFlag, model_
             if cfg.lm_eval and not result.preempted:
                 _lm_eval(cfg, model, tokenizer, plan, result, cp_group=cp_group, stop=stop, identity=identity,
                          overwrite=overwrite)
+            if cfg.mrcr and not result.preempted:
+                engine = Engine(model, tokenizer, cp_group=cp_group, cp_impl=cfg.cp_impl, stop_ids=plan.stop_ids)
+                _mrcr(cfg, mrcr_run.model_answerer(engine, tokenizer, cfg.max_new_tokens), result, plan, stop=stop,
+                      identity=identity, overwrite=overwrite)
             if result.preempted:  # which signal stopped it (it may have reached another rank only)
                 result.preempted["signal"] = next((s for s in gather_objects(flag.received) if s), None)
         completed = True
@@ -181,6 +191,21 @@ def _lm_eval(cfg: EvalConfig, model, tokenizer, plan, result: EvalResult, **kwar
     if section is not None and main and cfg.out is not None:
         add_to_outputs(Path(cfg.out), section)
     result.lm_eval = section
+
+
+def _mrcr(cfg: EvalConfig, answer, result: EvalResult, plan, **kwargs) -> None:
+    """MRCR (eval/mrcr_run.py): its section joins results.json and report.md, or a stop marks the
+    result preempted (the answered rows are kept in --out)."""
+    main = read_env().rank == 0
+    section, finished = mrcr_run.run(cfg, answer, main=main, **kwargs)
+    if not finished:
+        cells = len(plan.cells) if plan is not None else 0
+        result.preempted = {"cells_done": cells, "cells": cells, "out": cfg.out,
+                            "partial": [f"MRCR ({cfg.mrcr})" + (": the answered rows are kept" if cfg.out else "")]}
+        return
+    if main and cfg.out is not None and result.files:
+        mrcr_run.add_to_outputs(Path(cfg.out), section)
+    result.mrcr = section
 
 
 def _check_ranks_agree(plan) -> None:
@@ -258,6 +283,8 @@ def _print_summary(result: EvalResult) -> None:
         if se:  # the sampling noise of the average (one standard error over the samples)
             print("± (std err)".ljust(width) + "".join(f"{se.get(str(L), float('nan')):9.1f}" for L in lengths))
         print(f"effective length (> {summary['threshold']}): {summary['effective_length'] or 'none'}")
+    if result.mrcr:
+        print(f"mrcr: {result.mrcr['summary']['all']['score']:.1f} over {result.mrcr['summary']['all']['n']} samples")
     if result.ppl:
         print("ppl: " + ", ".join(f"{r['length']}: {r['ppl']:.3f}" for r in result.ppl["rows"]))
     for name, entry in ((result.lm_eval or {}).get("tasks") or {}).items():

@@ -85,9 +85,10 @@ class EvalConfig(EvalFields):
     def _check_lm_eval(self, world_size: int) -> None:
         """--lm-eval's tasks and options (lm-eval installed, every task known), and that something runs."""
         sel = select(self)
+        self._check_mrcr()
         if self.lm_eval is None:
-            if not (sel.tasks or sel.ppl_lengths) and self.write_data is None:
-                raise UserError("eval.suite: none, and no --lm-eval tasks: nothing to evaluate")
+            if not (sel.tasks or sel.ppl_lengths or self.mrcr) and self.write_data is None:
+                raise UserError("eval.suite: none, and no --lm-eval tasks or --mrcr: nothing to evaluate")
             return
         try:
             from longctx.eval.harness import run as harness
@@ -102,6 +103,18 @@ class EvalConfig(EvalFields):
             raise UserError(f"eval.lm_eval: lm-eval's tasks run on one group of eval.cp processes; got {world_size} "
                             f"processes for eval.cp={self.cp} (run them with --nproc-per-node {self.cp})")
         harness.check_tasks(list(self.lm_eval), harness.parse_args(self.lm_eval_args))
+
+    def _check_mrcr(self) -> None:
+        if self.mrcr_samples is not None:
+            _at_least("mrcr_samples", self.mrcr_samples, 1)
+        if self.mrcr is None:
+            return
+        hub_id = self.mrcr.count("/") == 1 and not self.mrcr.startswith((".", "/", "~"))
+        if not Path(self.mrcr).expanduser().exists() and not hub_id:
+            raise UserError(f"eval.mrcr: {self.mrcr} does not exist (a file or folder in MRCR's columns, or a Hub id "
+                            "such as openai/mrcr)")
+        if self.endpoint is not None and self.endpoint_mode != "chat":
+            raise UserError("eval.endpoint_mode: MRCR sends its conversations as messages: --endpoint-mode chat")
 
     def task_options(self) -> TaskOptions:
         return TaskOptions(style=self.style, max_new_tokens=self.max_new_tokens, essay_path=self.essay,

@@ -93,5 +93,8 @@ class EvalFields:
                                                "apply_chat_template, fewshot_as_multiturn, gen_kwargs, include_path "
                                                "(a folder of local task YAMLs), bootstrap_iters, system_instruction, "
                                                "max_gen_toks, add_bos_token, max_length")
+    mrcr: Optional[str] = option(None, "MRCR (OpenAI's multi-round co-reference set): a local .parquet/.jsonl/.json "
+                                       "file or folder in the set's columns, or a Hub id (openai/mrcr)")
+    mrcr_samples: Optional[int] = option(None, "MRCR: the first N rows only (default: all)")
     # a mapping: set as key=value only (model_overrides.max_position_embeddings=32768), no flag
     model_overrides: Dict[str, Any] = option({}, "ModelConfig fields replaced at eval time (zero-shot RoPE)")

@@ -11,10 +11,11 @@ and longctx's version), so a rerun continues and another server's cells are refu
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import sys
-from typing import Optional
+from typing import Iterator, Optional
 
 from longctx import __version__
 from longctx.data.tokenizer import load_tokenizer
@@ -67,6 +68,20 @@ def run_endpoint(cfg: EvalConfig, stop, *, overwrite: bool = False) -> EvalResul
         result.preempted["failure"] = backend.failure
         result.preempted["refused"] = backend.refused
     return result
+
+
+@contextlib.contextmanager
+def endpoint_chat(cfg: EvalConfig) -> Iterator[tuple]:
+    """(a client, the served model's name, our tokenizer) for requests beyond the cells (MRCR's
+    conversations), after the same checks (probe) as the cells' requests; the client closes on exit."""
+    tokenizer = load_tokenizer(cfg.tokenizer, field=TOKENIZER_FIELD)
+    client = EndpointClient(cfg.endpoint, api_key=os.environ.get(cfg.api_key_env) or None,
+                            timeout_s=cfg.request_timeout_s, retries=cfg.retries, concurrency=cfg.concurrency)
+    try:
+        info = probe(client, cfg.served_model, tokenizer, str(cfg.tokenizer), cfg.endpoint_mode)
+        yield client, info.model, tokenizer
+    finally:
+        client.close()
 
 
 def _limit_notes(info: ServerInfo) -> list[str]:
