@@ -19,7 +19,7 @@ from longctx.base.errors import UserError
 from longctx.checkpoint.manifest import gather_objects
 from longctx.checkpoint.safe_load import check_files
 from longctx.data.tokenizer import check_tokenizer_spec
-from longctx.eval import mrcr_run
+from longctx.eval import gate, mrcr_run
 from longctx.eval.api import evaluate, out_lock
 from longctx.eval.cells import run_identity
 from longctx.eval.comparability import warning_line
@@ -109,7 +109,21 @@ def run(cfg: EvalConfig, *, overwrite: bool = False) -> int:
         if result.comparability and not result.comparability["ruler_comparable"]:
             print(warning_line(result.comparability), file=sys.stderr)
         print(end_summary(result, time.monotonic() - start))
+        if cfg.compare is not None and read_env().rank == 0:
+            return _compare(cfg, result)
     return 0
+
+
+def _compare(cfg: EvalConfig, result: EvalResult) -> int:
+    """--compare: the paired differences against the base's results.json (eval/gate.py), written
+    beside the results; REGRESSED_EXIT_CODE when a gated task regressed, else 0."""
+    report = gate.compare(gate.load_base(cfg.compare), {"lm_eval": result.lm_eval, "samples": result.records},
+                          threshold=cfg.gate_threshold, tasks=cfg.gate_tasks)
+    if cfg.out is not None:
+        gate.add_to_outputs(Path(cfg.out), report, cfg.compare)
+    for line in gate.lines(report):
+        print(line)
+    return gate.REGRESSED_EXIT_CODE if report["regressed"] else 0
 
 
 def _evaluate(cfg: EvalConfig, world: int, flag: PreemptionFlag, *, overwrite: bool) -> EvalResult:

@@ -86,6 +86,14 @@ class EvalConfig(EvalFields):
         """--lm-eval's tasks and options (lm-eval installed, every task known), and that something runs."""
         sel = select(self)
         self._check_mrcr()
+        if not (math.isfinite(self.gate_threshold) and self.gate_threshold >= 0):
+            raise UserError(f"eval.gate_threshold: must be a finite number >= 0 (points), got {self.gate_threshold}")
+        if self.compare is not None:
+            from longctx.eval.gate import load_base
+
+            load_base(self.compare)
+        elif self.gate_tasks is not None:
+            raise UserError("eval.gate_tasks: needs --compare BASE_RESULTS (the base model's results.json)")
         if self.lm_eval is None:
             if not (sel.tasks or sel.ppl_lengths or self.mrcr) and self.write_data is None:
                 raise UserError("eval.suite: none, and no --lm-eval tasks or --mrcr: nothing to evaluate")

@@ -96,5 +96,12 @@ class EvalFields:
     mrcr: Optional[str] = option(None, "MRCR (OpenAI's multi-round co-reference set): a local .parquet/.jsonl/.json "
                                        "file or folder in the set's columns, or a Hub id (openai/mrcr)")
     mrcr_samples: Optional[int] = option(None, "MRCR: the first N rows only (default: all)")
+    compare: Optional[str] = option(None, "the base model's results.json (or its eval directory): pair every task's "
+                                          "samples with it and report the differences; exit 4 when a gated task "
+                                          "regresses (docs/eval.md)")
+    gate_threshold: float = option(1.0, "with --compare: points (0-100) a gated task may lose; it regresses when the "
+                                        "drop exceeds this and its 95 percent paired interval lies below 0")
+    gate_tasks: Optional[List[str]] = option(None, "with --compare: the lm-eval tasks or groups the gate judges "
+                                                   "(default: every lm-eval task both results hold)")
     # a mapping: set as key=value only (model_overrides.max_position_embeddings=32768), no flag
     model_overrides: Dict[str, Any] = option({}, "ModelConfig fields replaced at eval time (zero-shot RoPE)")
