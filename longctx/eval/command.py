@@ -86,10 +86,14 @@ def run(cfg: EvalConfig, *, overwrite: bool = False) -> int:
             if failure_line(result):
                 print(failure_line(result), file=sys.stderr, flush=True)
                 return ENDPOINT_FAILED_EXIT_CODE
-            if cfg.mrcr and not result.preempted:
-                with endpoint_chat(cfg) as (client, served, tokenizer):
-                    _mrcr(cfg, mrcr_run.endpoint_answerer(client, served, tokenizer, cfg.max_new_tokens), result,
-                          None, stop=flag, identity={"endpoint": cfg.endpoint, "served_model": served})
+            if (cfg.mrcr or cfg.lm_eval) and not result.preempted:
+                with endpoint_chat(cfg) as (client, info, tokenizer):
+                    identity = {"endpoint": info.url, "served_model": info.model, "mode": cfg.endpoint_mode}
+                    if cfg.lm_eval:
+                        _served_lm_eval(cfg, info, result, identity, overwrite)
+                    if cfg.mrcr:
+                        _mrcr(cfg, mrcr_run.endpoint_answerer(client, info.model, tokenizer, cfg.max_new_tokens),
+                              result, None, stop=flag, identity=identity, overwrite=overwrite)
         else:
             result = _evaluate(cfg, world, flag, overwrite=overwrite)
     finally:
@@ -203,6 +207,16 @@ def _lm_eval(cfg: EvalConfig, model, tokenizer, plan, result: EvalResult, **kwar
                                         "lm-eval's tasks"]}
         return
     if section is not None and main and cfg.out is not None:
+        add_to_outputs(Path(cfg.out), section)
+    result.lm_eval = section
+
+
+def _served_lm_eval(cfg: EvalConfig, info, result: EvalResult, identity: dict, overwrite: bool) -> None:
+    """lm-eval's tasks against the server that passed longctx's checks (eval/harness/run.run_served)."""
+    from longctx.eval.harness.run import add_to_outputs, run_served
+
+    section = run_served(cfg, info.url, info.model, info.limit, identity=identity, overwrite=overwrite)
+    if cfg.out is not None and result.files:
         add_to_outputs(Path(cfg.out), section)
     result.lm_eval = section
 

@@ -104,10 +104,10 @@ class EvalConfig(EvalFields):
             raise UserError("eval.lm_eval: needs lm-evaluation-harness: pip install 'longctx[eval]'") from None
         if not self.lm_eval:
             raise UserError("eval.lm_eval: name at least one lm-eval task (e.g. --lm-eval hellaswag)")
-        if self.endpoint is not None:
-            raise UserError("eval.lm_eval: not with --endpoint yet: run lm-eval's local-completions model against the "
-                            "server (lm-eval --model local-completions --model_args base_url=...)")
-        if world_size != self.cp:
+        if self.endpoint is not None and self.api_key_env != "OPENAI_API_KEY":
+            raise UserError(f"eval.api_key_env: lm-eval's served models read the key from OPENAI_API_KEY only; got "
+                            f"{self.api_key_env}")
+        if self.endpoint is None and world_size != self.cp:
             raise UserError(f"eval.lm_eval: lm-eval's tasks run on one group of eval.cp processes; got {world_size} "
                             f"processes for eval.cp={self.cp} (run them with --nproc-per-node {self.cp})")
         harness.check_tasks(list(self.lm_eval), harness.parse_args(self.lm_eval_args))

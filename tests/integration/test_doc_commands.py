@@ -168,6 +168,8 @@ NOT_RUN = {  # command (DocCommand.key) -> why it is not run
         f"{TRAINED}; the MRCR set comes from the Hub",
     "longctx eval --endpoint http://localhost:8000/v1 --endpoint-mode chat --tokenizer runs/ext/hf --suite none "
     "--mrcr data/mrcr/ --out eval/mrcr-served": SERVED,
+    "longctx eval --endpoint http://localhost:8000/v1 --tokenizer runs/ext/hf --suite ruler --lengths 4k,32k "
+    "--lm-eval longbench2 --out eval/served-lb2": SERVED,
     "longctx eval --config recipe:eval/short-gate model=models/base out=runs/base/eval/short":
         f"{WEIGHTS}; lm-eval's datasets come from the Hub",
     "longctx eval --config recipe:eval/short-gate model=runs/ext/hf out=runs/ext/eval/short "

@@ -7,6 +7,7 @@ import json
 
 import pytest
 
+from helpers.lm_eval_tasks import DATA as TASK_DATA
 from helpers.lm_eval_tasks import TASKS, write_model, write_tasks
 from longctx.base.errors import UserError
 from longctx.eval.config import EvalConfig
@@ -143,3 +144,28 @@ def test_bad_lm_eval_options_are_one_line_errors(setup, monkeypatch):
         cfg.validate(1)
     with pytest.raises(UserError, match="eval.suite: none, and no --lm-eval tasks"):
         EvalConfig(model=str(setup[0]), suite=["none"]).validate(1)
+
+
+def test_served_models_go_through_lm_evals_openai_models_after_longctxs_checks(setup, tmp_path, monkeypatch):
+    """--endpoint: the server is probed as for RULER (a model it does not list is refused before any
+    prompt), then lm-eval's local-completions sends the task's prompts and scores the replies."""
+    from helpers.openai_standin import Script, serve
+    from longctx.commands.cli import main
+
+    model, include = setup
+    script = Script(answer=" green")
+    server, url = serve(script)
+    args = ["eval", "--endpoint", url, "--tokenizer", str(model), "--suite", "none", "--lm-eval", "lc_gen",
+            "--lm-eval-args", f"include_path={include}", "--no-progress"]
+    try:
+        assert main(args + ["--served-model", "other", "--out", str(tmp_path / "refused")]) == 2
+        assert not any(path == "/v1/completions" for path, _, _ in script.requests)
+        assert main(args + ["--out", str(tmp_path / "o")]) == 0
+    finally:
+        server.shutdown()
+        server.server_close()
+    prompts = [body["prompt"] for path, _, body in script.requests if path == "/v1/completions"]
+    questions = [d["question"] for d in json.loads((TASK_DATA / "gen.json").read_text())]
+    assert sorted(p for p in prompts if p in questions) == sorted(questions)
+    section = json.loads((tmp_path / "o" / "results.json").read_text())["lm_eval"]
+    assert section["tasks"]["lc_gen"]["metrics"]["exact_match,none"] == pytest.approx(0.2)  # " green" is 1 of 5

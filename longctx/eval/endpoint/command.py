@@ -72,14 +72,15 @@ def run_endpoint(cfg: EvalConfig, stop, *, overwrite: bool = False) -> EvalResul
 
 @contextlib.contextmanager
 def endpoint_chat(cfg: EvalConfig) -> Iterator[tuple]:
-    """(a client, the served model's name, our tokenizer) for requests beyond the cells (MRCR's
-    conversations), after the same checks (probe) as the cells' requests; the client closes on exit."""
+    """(a client, the server's ServerInfo, our tokenizer) for requests beyond the cells (MRCR's
+    conversations, lm-eval's tasks), after the same checks (probe) as the cells' requests; the
+    client closes on exit."""
     tokenizer = load_tokenizer(cfg.tokenizer, field=TOKENIZER_FIELD)
     client = EndpointClient(cfg.endpoint, api_key=os.environ.get(cfg.api_key_env) or None,
                             timeout_s=cfg.request_timeout_s, retries=cfg.retries, concurrency=cfg.concurrency)
     try:
         info = probe(client, cfg.served_model, tokenizer, str(cfg.tokenizer), cfg.endpoint_mode)
-        yield client, info.model, tokenizer
+        yield client, info, tokenizer
     finally:
         client.close()
 

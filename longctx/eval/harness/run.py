@@ -123,14 +123,40 @@ def run_tasks(cfg, model, tokenizer, *, identity: Optional[dict] = None, cp_grou
               stop_token_ids=None, overwrite: bool = False, main: bool = True) -> Optional[dict]:
     """simple_evaluate over cfg.lm_eval with the model (Stopped propagates); results.json's section
     (None on the other ranks of a cp group: lm-eval aggregates on local rank 0 only)."""
-    from lm_eval import simple_evaluate
-
     args = parse_args(cfg.lm_eval_args)
     model_args = {k: args.pop(k) for k in MODEL_OPTIONS if k in args}
     lm = LongctxLM(model, tokenizer, cp_group=cp_group, cp_impl=cfg.cp_impl, batch_size=cfg.batch_size,
                    max_batch_tokens=cfg.max_batch_tokens, stop_token_ids=stop_token_ids, stop=stop, **model_args)
+    return _evaluate(cfg, lm, None, args, model_args, identity=identity, overwrite=overwrite, main=main)
+
+
+def run_served(cfg, url: str, served: str, limit: Optional[int], *, identity: dict, overwrite: bool = False) -> dict:
+    """cfg.lm_eval against a server, through lm-eval's own OpenAI-compatible models: local-completions
+    (our tokenizer counts the tokens) or, with --endpoint-mode chat, local-chat-completions (the
+    server's template: apply_chat_template on). The caller probed the server first."""
+    args = parse_args(cfg.lm_eval_args)
+    model_args = {k: args.pop(k) for k in MODEL_OPTIONS if k in args}
+    chat = cfg.endpoint_mode == "chat"
+    served_args = {"base_url": f"{url}/{'chat/completions' if chat else 'completions'}", "model": served,
+                   "num_concurrent": cfg.concurrency, "max_retries": max(cfg.retries, 1),
+                   "timeout": int(cfg.request_timeout_s), "tokenized_requests": False, **model_args}
+    if chat:
+        args.setdefault("apply_chat_template", True)
+    else:
+        served_args.update(tokenizer=str(cfg.tokenizer), tokenizer_backend="huggingface")
+    if limit is not None:
+        served_args.setdefault("max_length", limit)
+    name = "local-chat-completions" if chat else "local-completions"
+    return _evaluate(cfg, name, served_args, args, model_args, identity=identity, overwrite=overwrite, main=True)
+
+
+def _evaluate(cfg, lm, lm_args: Optional[dict], args: dict, model_args: dict, *, identity, overwrite: bool,
+              main: bool) -> Optional[dict]:
+    from lm_eval import simple_evaluate
+
     include = args.pop("include_path", None)
-    out = simple_evaluate(model=lm, tasks=list(cfg.lm_eval), task_manager=task_manager(tuple(cfg.lm_eval), include),
+    out = simple_evaluate(model=lm, model_args=lm_args, tasks=list(cfg.lm_eval),
+                          task_manager=task_manager(tuple(cfg.lm_eval), include),
                           use_cache=_cache(cfg.out, identity, overwrite, main), log_samples=True,
                           random_seed=cfg.seed, numpy_random_seed=cfg.seed, torch_random_seed=cfg.seed,
                           fewshot_random_seed=cfg.seed, **args)
