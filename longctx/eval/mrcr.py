@@ -153,5 +153,13 @@ def render(summary: dict) -> str:
 
 
 def _edge(name: str) -> int:
-    lo = name.split("-")[0]
-    return 0 if lo == "0" else 1048576 if lo == "1M" else int(lo[:-1]) * 1024
+    return _tokens(name.split("-")[0])
+
+
+def bin_end(name: str) -> int:
+    """"4k-8k" -> 8192 (a bin's upper end in tokens)."""
+    return _tokens(name.split("-")[1])
+
+
+def _tokens(text: str) -> int:
+    return 0 if text == "0" else 1048576 if text == "1M" else int(text[:-1]) * 1024

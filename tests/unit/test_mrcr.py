@@ -13,6 +13,8 @@ from longctx.base.errors import UserError
 from longctx.commands.cli import main
 from longctx.eval import mrcr
 from longctx.eval.runner import Engine
+from longctx.eval.state import EvalResult
+from longctx.eval.wandb_table import result_rows
 
 PREFIX = "aZ3k9"
 
@@ -64,6 +66,10 @@ def test_rows_answered_graded_and_reported_by_bin_and_needles(rows_file):
     assert s["by_needles"]["2"]["score"] == 50.0 and s["by_needles"]["4"]["score"] == pytest.approx(80.0)
     assert s["by_bin_and_needles"]["4k-8k/4"]["n"] == 1
     assert "| 0-4k | 100.0 (n=1) | - | 100.0 |" in mrcr.render(s)
+    result = EvalResult(None, [], None, [], [], {}, None, None, None, lm_eval={"tasks": {"hs": {"metrics": {
+        "acc,none": 0.5}}}}, mrcr={"summary": s})  # the W&B table's rows (--wandb-project)
+    assert result_rows(result) == [["hs", 0, "acc,none", 0.5], ["mrcr", 4096, "score", 100.0],
+                                   ["mrcr", 8192, "score", pytest.approx(40.0)]]
     bad = rows_file.parent / "bad.json"
     bad.write_text(json.dumps([{"prompt": "[]", "answer": "a"}]))
     with pytest.raises(UserError, match="eval.mrcr: .*bad.json lacks the column"):
