@@ -61,7 +61,7 @@ def test_the_command_exits_4_on_a_regression(tmp_path, monkeypatch, capsys):
             f"include_path={include}", "--no-progress", "--compare", str(perfect)]
     assert main(args + ["--out", str(tmp_path / "a")]) == gate.REGRESSED_EXIT_CODE  # 3 of 6 right vs 6 of 6
     out = capsys.readouterr().out
-    assert "gate lc_choice: 100.0 -> 50.0" in out and "exit code 4" in out
+    assert "gate lc_choice: 100.0 -> 50.0" in out and "exit code 4" in out and "eval done: 1 lm-eval task;" in out
     written = json.loads((tmp_path / "a" / "results.json").read_text())
     assert written["compare"]["regressed"] == ["lc_choice"]
     assert "## Against the base model" in (tmp_path / "a" / "report.md").read_text()
