@@ -94,6 +94,22 @@ def test_greedy_flags_stop_strings_and_chat_template(both, setup):
     assert lm.apply_chat_template(chat) == want
 
 
+def test_chat_template_and_multiturn_fewshot_as_lm_eval_renders_them(both, setup):
+    """apply_chat_template with one few-shot example as turns: the same prompts as the hf model's
+    (the tokenizer's template), the same answers."""
+    lm, hf, _ = both
+    tasks = ["lc_choice", "lc_gen"]
+    ours, ref = (simple_evaluate(model=m, tasks=tasks, task_manager=task_manager(tuple(tasks), setup[1]),
+                                 apply_chat_template=True, num_fewshot=1, limit=2) for m in (lm, hf))
+    for task in tasks:
+        for a, b in zip(ours["samples"][task], ref["samples"][task]):
+            assert a["arguments"] == b["arguments"] and "<|im_start|>assistant" in str(a["arguments"])
+            if task == "lc_gen":
+                assert a["resps"] == b["resps"]
+            else:
+                assert [x[0][0] for x in a["resps"]] == pytest.approx([y[0][0] for y in b["resps"]], abs=1e-4)
+
+
 def test_a_stopped_run_continues_from_the_request_cache(both, setup, tmp_path, monkeypatch):
     lm, _, (ours, _) = both
     include = setup[1]
