@@ -195,7 +195,7 @@ def _load_and_evaluate(cfg: EvalConfig, world: int, flag: PreemptionFlag, model_
 def _lm_eval(cfg: EvalConfig, model, tokenizer, plan, result: EvalResult, **kwargs) -> None:
     """lm-eval's tasks on the model (eval/harness/); their section joins results.json and report.md,
     or a stop marks the result preempted (the finished requests are in --out's request cache)."""
-    from longctx.eval.harness import Stopped
+    from longctx.eval.harness.model import Stopped
     from longctx.eval.harness.run import add_to_outputs, run_tasks
 
     main = read_env().rank == 0

@@ -98,10 +98,9 @@ class EvalConfig(EvalFields):
             if not (sel.tasks or sel.ppl_lengths or self.mrcr) and self.write_data is None:
                 raise UserError("eval.suite: none, and no --lm-eval tasks or --mrcr: nothing to evaluate")
             return
-        try:
-            from longctx.eval.harness import run as harness
-        except ImportError:
-            raise UserError("eval.lm_eval: needs lm-evaluation-harness: pip install 'longctx[eval]'") from None
+        from longctx.eval.harness import options as harness  # lm-eval's task index, no torch
+
+        harness.check_installed()
         if not self.lm_eval:
             raise UserError("eval.lm_eval: name at least one lm-eval task (e.g. --lm-eval hellaswag)")
         if self.endpoint is not None and self.api_key_env != "OPENAI_API_KEY":

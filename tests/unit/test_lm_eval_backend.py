@@ -11,9 +11,10 @@ from helpers.lm_eval_tasks import DATA as TASK_DATA
 from helpers.lm_eval_tasks import TASKS, write_model, write_tasks
 from longctx.base.errors import UserError
 from longctx.eval.config import EvalConfig
-from longctx.eval.harness import LongctxLM, Stopped
 from longctx.eval.harness import loglik as loglik_module
-from longctx.eval.harness.run import parse_args, run_tasks, task_manager
+from longctx.eval.harness.model import LongctxLM, Stopped
+from longctx.eval.harness.options import parse_args, task_manager
+from longctx.eval.harness.run import run_tasks
 
 lm_eval = pytest.importorskip("lm_eval")
 from lm_eval import simple_evaluate  # noqa: E402
@@ -152,7 +153,7 @@ def test_bad_lm_eval_options_are_one_line_errors(setup, monkeypatch):
     from lm_eval.tasks import TaskManager
 
     # lm-eval's own index (seconds to build) stands in as the local one: the task is in neither
-    monkeypatch.setattr("longctx.eval.harness.run._index",
+    monkeypatch.setattr("longctx.eval.harness.options._index",
                         lambda include, defaults: TaskManager(include_path=include, include_defaults=False))
     cfg = EvalConfig(model=str(setup[0]), suite=["none"], lm_eval=["no_such_task"],
                      lm_eval_args=f"include_path={setup[1]}")

@@ -1,6 +1,4 @@
-"""longctx in lm-evaluation-harness: a model backend (model.py), its scoring (loglik.py), the
-`longctx eval --lm-eval` run (run.py) and the paired comparison with a base model (gate.py).
-Needs the `eval` extra (pip install 'longctx[eval]')."""
-from longctx.eval.harness.model import LongctxLM, Stopped
-
-__all__ = ["LongctxLM", "Stopped"]
+"""longctx in lm-evaluation-harness (needs the `eval` extra: pip install 'longctx[eval]'):
+model.py, the lm-eval model (LongctxLM) over a longctx model; loglik.py, its scoring through the
+chunked loss; options.py, --lm-eval's options and tasks (checked before torch loads); run.py, the
+`longctx eval --lm-eval` run and its outputs."""

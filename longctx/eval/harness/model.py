@@ -1,7 +1,7 @@
 """A longctx model as an lm-evaluation-harness model (`lm_eval.api.model.LM`).
 
     from lm_eval import simple_evaluate
-    from longctx.eval.harness import LongctxLM
+    from longctx.eval.harness.model import LongctxLM
 
     lm = LongctxLM.from_pretrained("runs/x/hf", dtype="fp32")       # or LongctxLM(model, tokenizer)
     out = simple_evaluate(model=lm, tasks=["hellaswag"], limit=100)
