@@ -106,10 +106,10 @@ def special_tokens(directory: Optional[Path]) -> dict:
     return out
 
 
-def render(source: str, specials: dict, where: str, runner_adds_bos: bool = True, thinking: bool = False) -> str:
-    """The template rendered for one user turn and the assistant's reply, with "{input}" for the turn.
-    `thinking` is Qwen3's enable_thinking switch (templates without it ignore it): off by default,
-    since a retrieval answer within RULER's few-token budgets leaves no room for a reasoning trace."""
+def render_conversation(source: str, specials: dict, messages: list, where: str, *,
+                        add_generation_prompt: bool = True, thinking: bool = False) -> str:
+    """A jinja chat template rendered for `messages` as transformers' apply_chat_template renders
+    it (continue_final_message when no generation prompt is added, as lm-eval asks)."""
     from jinja2 import TemplateError
     from jinja2.ext import loopcontrols
     from jinja2.sandbox import ImmutableSandboxedEnvironment
@@ -124,12 +124,25 @@ def render(source: str, specials: dict, where: str, runner_adds_bos: bool = True
     env.filters["tojson"] = tojson
     env.globals["raise_exception"] = raise_exception
     try:
-        text = env.from_string(source).render(messages=[{"role": "user", "content": PLACEHOLDER}],
-                                              add_generation_prompt=True, tools=None, documents=None,
-                                              enable_thinking=thinking, **specials)
+        text = env.from_string(source).render(messages=messages, add_generation_prompt=add_generation_prompt,
+                                              tools=None, documents=None, enable_thinking=thinking, **specials)
     except TemplateError as e:
         raise UserError(f"eval.chat_template: the tokenizer's template in {where} does not render ({e}); pass a "
                         f"preset ({', '.join(CHAT_TEMPLATES)}) or a string with {{input}}") from None
+    if not add_generation_prompt and messages and messages[-1].get("content"):
+        last = messages[-1]["content"]  # continue_final_message: the text ends with that message's content
+        cut = text.rfind(last.strip())
+        if cut >= 0:
+            text = text[:cut + len(last.strip())]
+    return text
+
+
+def render(source: str, specials: dict, where: str, runner_adds_bos: bool = True, thinking: bool = False) -> str:
+    """The template rendered for one user turn and the assistant's reply, with "{input}" for the turn.
+    `thinking` is Qwen3's enable_thinking switch (templates without it ignore it): off by default,
+    since a retrieval answer within RULER's few-token budgets leaves no room for a reasoning trace."""
+    text = render_conversation(source, specials, [{"role": "user", "content": PLACEHOLDER}], where,
+                               thinking=thinking)
     if text.count(PLACEHOLDER) != 1:
         raise UserError(f"eval.chat_template: the tokenizer's template in {where} does not place the user message "
                         "once; pass a preset or a string with {input}")

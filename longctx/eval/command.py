@@ -19,12 +19,13 @@ from longctx.base.errors import UserError
 from longctx.checkpoint.manifest import gather_objects
 from longctx.checkpoint.safe_load import check_files
 from longctx.data.tokenizer import check_tokenizer_spec
+from longctx.eval import gate, mrcr_run
 from longctx.eval.api import evaluate, out_lock
 from longctx.eval.cells import run_identity
 from longctx.eval.comparability import warning_line
 from longctx.eval.config import TOKENIZER_FIELD, EvalConfig, select
 from longctx.eval.end_summary import end_summary
-from longctx.eval.endpoint.command import failure_line, run_endpoint
+from longctx.eval.endpoint.command import endpoint_chat, failure_line, run_endpoint
 from longctx.eval.model_io import (
     check_lengths,
     check_pair,
@@ -39,6 +40,7 @@ from longctx.eval.model_io import (
 from longctx.eval.model_overrides import apply_overrides, base_model_config
 from longctx.eval.prepare import prepare
 from longctx.eval.ruler_prompts import write_prompts
+from longctx.eval.runner import Engine
 from longctx.eval.stall_watch import WatchedStop, stalls_end_the_job, start_watch
 from longctx.eval.state import EvalContext, EvalResult
 from longctx.eval.wandb_table import log_results
@@ -84,6 +86,14 @@ def run(cfg: EvalConfig, *, overwrite: bool = False) -> int:
             if failure_line(result):
                 print(failure_line(result), file=sys.stderr, flush=True)
                 return ENDPOINT_FAILED_EXIT_CODE
+            if (cfg.mrcr or cfg.lm_eval) and not result.preempted:
+                with endpoint_chat(cfg) as (client, info, tokenizer):
+                    identity = {"endpoint": info.url, "served_model": info.model, "mode": cfg.endpoint_mode}
+                    if cfg.lm_eval:
+                        _served_lm_eval(cfg, info, result, identity, overwrite)
+                    if cfg.mrcr:
+                        _mrcr(cfg, mrcr_run.endpoint_answerer(client, info.model, tokenizer, cfg.max_new_tokens),
+                              result, None, stop=flag, identity=identity, overwrite=overwrite)
         else:
             result = _evaluate(cfg, world, flag, overwrite=overwrite)
     finally:
@@ -103,7 +113,21 @@ def run(cfg: EvalConfig, *, overwrite: bool = False) -> int:
         if result.comparability and not result.comparability["ruler_comparable"]:
             print(warning_line(result.comparability), file=sys.stderr)
         print(end_summary(result, time.monotonic() - start))
+        if cfg.compare is not None and read_env().rank == 0:
+            return _compare(cfg, result)
     return 0
+
+
+def _compare(cfg: EvalConfig, result: EvalResult) -> int:
+    """--compare: the paired differences against the base's results.json (eval/gate.py), written
+    beside the results; REGRESSED_EXIT_CODE when a gated task regressed, else 0."""
+    report = gate.compare(gate.load_base(cfg.compare), {"lm_eval": result.lm_eval, "samples": result.records},
+                          threshold=cfg.gate_threshold, tasks=cfg.gate_tasks)
+    if cfg.out is not None:
+        gate.add_to_outputs(Path(cfg.out), report, cfg.compare)
+    for line in gate.lines(report):
+        print(line)
+    return gate.REGRESSED_EXIT_CODE if report["regressed"] else 0
 
 
 def _evaluate(cfg: EvalConfig, world: int, flag: PreemptionFlag, *, overwrite: bool) -> EvalResult:
@@ -120,13 +144,15 @@ def _evaluate(cfg: EvalConfig, world: int, flag: PreemptionFlag, *, overwrite: b
         plan = prepare(cfg, tokenizer, identity=identity, model_path=str(model_dir), overwrite=overwrite,
                        remove=main, notify=atomic.note if main else (lambda line: None))
         return _load_and_evaluate(cfg, world, flag, model_dir, tokenizer, plan,
-                                  (model_config if overrides else None, overrides), release_lock)
+                                  (model_config if overrides else None, overrides), release_lock, identity, overwrite)
 
 
 def _load_and_evaluate(cfg: EvalConfig, world: int, flag: PreemptionFlag, model_dir: Path, tokenizer, plan,
-                       override: tuple, release_lock: typing.Callable[[], None]) -> EvalResult:
+                       override: tuple, release_lock: typing.Callable[[], None], identity: typing.Optional[dict] = None,
+                       overwrite: bool = False) -> EvalResult:
     """override: (the overridden ModelConfig or None, the overridden fields as the model runs with
-    them); release_lock: --out's (a stall's exit runs it)."""
+    them); release_lock: --out's (a stall's exit runs it); identity: the model's (cells.run_identity),
+    which lm-eval's request cache in --out belongs to."""
     check_eval_window(override[0] or base_model_config(model_dir), plan.run.lengths + plan.run.ppl_lengths)
     model = load_model(model_dir, dtype=parse_dtype(cfg.dtype), config=override[0]).eval()
     model.to(eval_device(cfg.device, read_env().local_rank))
@@ -144,8 +170,16 @@ def _load_and_evaluate(cfg: EvalConfig, world: int, flag: PreemptionFlag, model_
             _check_ranks_agree(plan)
             torch.manual_seed(0)
             meta = dict(_meta(cfg, model, model_dir, tokenizer, plan.run), model_overrides=override[1])
-            result = evaluate(model, tokenizer, cfg, plan=plan, stop=flag if watchdog is None else WatchedStop(
-                flag, watchdog), context=EvalContext(cp_group=cp_group, meta=meta, warnings=notes))
+            stop = flag if watchdog is None else WatchedStop(flag, watchdog)
+            result = evaluate(model, tokenizer, cfg, plan=plan, stop=stop,
+                              context=EvalContext(cp_group=cp_group, meta=meta, warnings=notes))
+            if cfg.lm_eval and not result.preempted:
+                _lm_eval(cfg, model, tokenizer, plan, result, cp_group=cp_group, stop=stop, identity=identity,
+                         overwrite=overwrite)
+            if cfg.mrcr and not result.preempted:
+                engine = Engine(model, tokenizer, cp_group=cp_group, cp_impl=cfg.cp_impl, stop_ids=plan.stop_ids)
+                _mrcr(cfg, mrcr_run.model_answerer(engine, tokenizer, cfg.max_new_tokens), result, plan, stop=stop,
+                      identity=identity, overwrite=overwrite)
             if result.preempted:  # which signal stopped it (it may have reached another rank only)
                 result.preempted["signal"] = next((s for s in gather_objects(flag.received) if s), None)
         completed = True
@@ -156,6 +190,50 @@ def _load_and_evaluate(cfg: EvalConfig, world: int, flag: PreemptionFlag, model_
         if watchdog is not None:
             watchdog.stop()
     return result
+
+
+def _lm_eval(cfg: EvalConfig, model, tokenizer, plan, result: EvalResult, **kwargs) -> None:
+    """lm-eval's tasks on the model (eval/harness/); their section joins results.json and report.md,
+    or a stop marks the result preempted (the finished requests are in --out's request cache)."""
+    from longctx.eval.harness.model import Stopped
+    from longctx.eval.harness.run import add_to_outputs, run_tasks
+
+    main = read_env().rank == 0
+    try:
+        section = run_tasks(cfg, model, tokenizer, stop_token_ids=plan.stop_ids, main=main, **kwargs)
+    except Stopped:
+        result.preempted = {"cells_done": len(plan.cells), "cells": len(plan.cells), "out": cfg.out,
+                            "partial": ["lm-eval's tasks (the finished requests are kept)" if cfg.out else
+                                        "lm-eval's tasks"]}
+        return
+    if section is not None and main and cfg.out is not None:
+        add_to_outputs(Path(cfg.out), section)
+    result.lm_eval = section
+
+
+def _served_lm_eval(cfg: EvalConfig, info, result: EvalResult, identity: dict, overwrite: bool) -> None:
+    """lm-eval's tasks against the server that passed longctx's checks (eval/harness/run.run_served)."""
+    from longctx.eval.harness.run import add_to_outputs, run_served
+
+    section = run_served(cfg, info.url, info.model, info.limit, identity=identity, overwrite=overwrite)
+    if cfg.out is not None and result.files:
+        add_to_outputs(Path(cfg.out), section)
+    result.lm_eval = section
+
+
+def _mrcr(cfg: EvalConfig, answer, result: EvalResult, plan, **kwargs) -> None:
+    """MRCR (eval/mrcr_run.py): its section joins results.json and report.md, or a stop marks the
+    result preempted (the answered rows are kept in --out)."""
+    main = read_env().rank == 0
+    section, finished = mrcr_run.run(cfg, answer, main=main, **kwargs)
+    if not finished:
+        cells = len(plan.cells) if plan is not None else 0
+        result.preempted = {"cells_done": cells, "cells": cells, "out": cfg.out,
+                            "partial": [f"MRCR ({cfg.mrcr})" + (": the answered rows are kept" if cfg.out else "")]}
+        return
+    if main and cfg.out is not None and result.files:
+        mrcr_run.add_to_outputs(Path(cfg.out), section)
+    result.mrcr = section
 
 
 def _check_ranks_agree(plan) -> None:
@@ -233,5 +311,10 @@ def _print_summary(result: EvalResult) -> None:
         if se:  # the sampling noise of the average (one standard error over the samples)
             print("± (std err)".ljust(width) + "".join(f"{se.get(str(L), float('nan')):9.1f}" for L in lengths))
         print(f"effective length (> {summary['threshold']}): {summary['effective_length'] or 'none'}")
+    if result.mrcr:
+        print(f"mrcr: {result.mrcr['summary']['all']['score']:.1f} over {result.mrcr['summary']['all']['n']} samples")
     if result.ppl:
         print("ppl: " + ", ".join(f"{r['length']}: {r['ppl']:.3f}" for r in result.ppl["rows"]))
+    for name, entry in ((result.lm_eval or {}).get("tasks") or {}).items():
+        shown = [f"{k.partition(',')[0]} {v:.4g}" for k, v in entry["metrics"].items() if "_stderr" not in k]
+        print(f"lm-eval {name}: {', '.join(shown)}")

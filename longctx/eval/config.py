@@ -28,7 +28,7 @@ from longctx.parallel.layout import DECODE_CP_IMPLS
 from longctx.parallel.timeout_values import timeout_problem
 from longctx.reporting.wandb_log import check_installed, check_mode
 
-SUITES = ("ruler", "niah", "passkey", "ppl")
+SUITES = ("ruler", "niah", "passkey", "ppl", "none")  # none: only --lm-eval / --mrcr
 DEFAULT_DEPTHS = [i / 10 for i in range(11)]
 DEFAULT_LENGTHS = ["4096"]  # eval.lengths unset (with ruler_data: the data's lengths instead)
 DEVICES = ("auto", "cpu", "cuda")
@@ -76,11 +76,53 @@ class EvalConfig(EvalFields):
         if self.tokenizer is not None:
             check_tokenizer_spec(self.tokenizer, TOKENIZER_FIELD)
         check_keys(self.model_overrides)
+        self._check_lm_eval(world_size)
         if self.wandb_project is not None:
             check_mode("eval.wandb_mode", self.wandb_mode)
             if self.out is None:
                 raise UserError("eval.wandb_project: W&B writes its files in --out; set --out")
             check_installed("eval.wandb_project")
+
+    def _check_lm_eval(self, world_size: int) -> None:
+        """--lm-eval's tasks and options (lm-eval installed, every task known), and that something runs."""
+        sel = select(self)
+        self._check_mrcr()
+        if not (math.isfinite(self.gate_threshold) and self.gate_threshold >= 0):
+            raise UserError(f"eval.gate_threshold: must be a finite number >= 0 (points), got {self.gate_threshold}")
+        if self.compare is not None:
+            from longctx.eval.gate import load_base
+
+            load_base(self.compare)
+        elif self.gate_tasks is not None:
+            raise UserError("eval.gate_tasks: needs --compare BASE_RESULTS (the base model's results.json)")
+        if self.lm_eval is None:
+            if not (sel.tasks or sel.ppl_lengths or self.mrcr) and self.write_data is None:
+                raise UserError("eval.suite: none, and no --lm-eval tasks or --mrcr: nothing to evaluate")
+            return
+        from longctx.eval.harness import options as harness  # lm-eval's task index, no torch
+
+        harness.check_installed()
+        if not self.lm_eval:
+            raise UserError("eval.lm_eval: name at least one lm-eval task (e.g. --lm-eval hellaswag)")
+        if self.endpoint is not None and self.api_key_env != "OPENAI_API_KEY":
+            raise UserError(f"eval.api_key_env: lm-eval's served models read the key from OPENAI_API_KEY only; got "
+                            f"{self.api_key_env}")
+        if self.endpoint is None and world_size != self.cp:
+            raise UserError(f"eval.lm_eval: lm-eval's tasks run on one group of eval.cp processes; got {world_size} "
+                            f"processes for eval.cp={self.cp} (run them with --nproc-per-node {self.cp})")
+        harness.check_tasks(list(self.lm_eval), harness.parse_args(self.lm_eval_args))
+
+    def _check_mrcr(self) -> None:
+        if self.mrcr_samples is not None:
+            _at_least("mrcr_samples", self.mrcr_samples, 1)
+        if self.mrcr is None:
+            return
+        hub_id = self.mrcr.count("/") == 1 and not self.mrcr.startswith((".", "/", "~"))
+        if not Path(self.mrcr).expanduser().exists() and not hub_id:
+            raise UserError(f"eval.mrcr: {self.mrcr} does not exist (a file or folder in MRCR's columns, or a Hub id "
+                            "such as openai/mrcr)")
+        if self.endpoint is not None and self.endpoint_mode != "chat":
+            raise UserError("eval.endpoint_mode: MRCR sends its conversations as messages: --endpoint-mode chat")
 
     def task_options(self) -> TaskOptions:
         return TaskOptions(style=self.style, max_new_tokens=self.max_new_tokens, essay_path=self.essay,
@@ -124,8 +166,10 @@ def select(cfg: EvalConfig) -> EvalSelection:
                 name = NIAH_GRID_TASK if s == "niah" else "passkey"
                 tasks.append(name)
                 grids[name] = depths
-    lengths = parse_lengths(cfg.lengths if cfg.lengths is not None else DEFAULT_LENGTHS)
     want_ppl = "ppl" in cfg.suite
+    lengths = parse_lengths(cfg.lengths if cfg.lengths is not None else DEFAULT_LENGTHS)
+    if not tasks and not want_ppl and cfg.lengths is None:
+        lengths = []  # suite none: no haystack lengths (nothing to warn about)
     ppl_lengths = ((parse_lengths(cfg.ppl_lengths, "eval.ppl_lengths") if cfg.ppl_lengths else lengths)
                    if want_ppl else [])
     return EvalSelection(lengths, list(dict.fromkeys(tasks)), grids, ppl_lengths, cfg.task_options())

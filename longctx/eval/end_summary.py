@@ -23,6 +23,11 @@ def _scored(result: EvalResult) -> str:
     ppl = result.ppl
     if ppl:
         parts.append(f"ppl at {', '.join(str(r['length']) for r in ppl['rows'])}")
+    lm_tasks = (result.lm_eval or {}).get("tasks") or {}
+    if lm_tasks:
+        parts.append(f"{len(lm_tasks)} lm-eval task{'s' if len(lm_tasks) != 1 else ''}")
+    if result.mrcr:
+        parts.append(f"MRCR {result.mrcr['summary']['all']['n']} samples")
     return "; ".join(parts) or "nothing scored"
 
 

@@ -32,7 +32,7 @@ class EvalFields:
                                         "(required)")
     revision: Optional[str] = option(None, "Hub revision of --model when it is a Hub id (branch, tag or commit)")
     tokenizer: Optional[str] = option(None, "'byte', tokenizer.json or tokenizer dir (default: the model's own)")
-    suite: List[str] = option(["ruler"], "suites: ruler, niah, passkey, ppl")
+    suite: List[str] = option(["ruler"], "suites: ruler, niah, passkey, ppl, none (only --lm-eval / --mrcr)")
     tasks: Optional[List[str]] = option(None, "task names (replaces the suite's tasks)")
     lengths: Optional[List[str]] = option(None, "context lengths, e.g. 4096,8k,16k (default 4096; with ruler_data: "
                                                 "the data's)")
@@ -87,5 +87,21 @@ class EvalFields:
                              "(exponential backoff); then the eval stops, its finished cells kept")
     api_key_env: str = option("OPENAI_API_KEY", "environment variable holding the endpoint's API key (sent as a "
                                                 "bearer token when set; never logged or written)")
+    lm_eval: Optional[List[str]] = option(None, "lm-evaluation-harness tasks or groups to run on the model too, e.g. "
+                                                "hellaswag,arc_easy (needs longctx[eval]; --suite none: these only)")
+    lm_eval_args: Optional[str] = option(None, "lm-eval options as key=value,... or JSON: num_fewshot, limit, "
+                                               "apply_chat_template, fewshot_as_multiturn, gen_kwargs, include_path "
+                                               "(a folder of local task YAMLs), bootstrap_iters, system_instruction, "
+                                               "max_gen_toks, add_bos_token, max_length")
+    mrcr: Optional[str] = option(None, "MRCR (OpenAI's multi-round co-reference set): a local .parquet/.jsonl/.json "
+                                       "file or folder in the set's columns, or a Hub id (openai/mrcr)")
+    mrcr_samples: Optional[int] = option(None, "MRCR: the first N rows only (default: all)")
+    compare: Optional[str] = option(None, "the base model's results.json (or its eval directory): pair every task's "
+                                          "samples with it and report the differences; exit 4 when a gated task "
+                                          "regresses (docs/eval.md)")
+    gate_threshold: float = option(1.0, "with --compare: points (0-100) a gated task may lose; it regresses when the "
+                                        "drop exceeds this and its 95 percent paired interval lies below 0")
+    gate_tasks: Optional[List[str]] = option(None, "with --compare: the lm-eval tasks or groups the gate judges "
+                                                   "(default: every lm-eval task both results hold)")
     # a mapping: set as key=value only (model_overrides.max_position_embeddings=32768), no flag
     model_overrides: Dict[str, Any] = option({}, "ModelConfig fields replaced at eval time (zero-shot RoPE)")

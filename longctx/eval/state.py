@@ -81,6 +81,8 @@ class EvalResult:
     comparability: Optional[dict]  # {"ruler_comparable", "departures"}
     preempted: Optional[dict]  # {"cells_done", "cells", "partial", "out"} when a stop ended it
     timing: Optional[dict]  # timing.json's seconds and counts
+    lm_eval: Optional[dict] = None  # results.json's "lm_eval" section (eval/harness/run.py), with --lm-eval
+    mrcr: Optional[dict] = None  # results.json's "mrcr" section (eval/mrcr_run.py), with --mrcr
 
     def __getitem__(self, key: str):
         if key not in _RESULT_FIELDS:

@@ -1,10 +1,13 @@
 """An evaluation's results as a W&B table (--wandb-project): one row per task and length (the
-score), the average per length, and perplexity per length; the run's config is the eval config."""
+score), the average per length, perplexity per length, each lm-eval task's metrics (length 0:
+the task's own) and MRCR's score per token bin (length: the bin's upper end); the run's config is
+the eval config."""
 from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
 
+from longctx.eval.mrcr import bin_end
 from longctx.eval.state import EvalResult
 from longctx.reporting.wandb_log import log_table, open_run
 
@@ -19,6 +22,10 @@ def result_rows(result: EvalResult) -> list[list]:
     rows += [["average", int(length), "score", float(v)] for length, v in averages.items()]
     ppl = (result.ppl or {}).get("rows", [])
     rows += [["ppl", int(r["length"]), "perplexity", float(r["ppl"])] for r in ppl]
+    for name, task in ((result.lm_eval or {}).get("tasks") or {}).items():
+        rows += [[name, 0, key, float(v)] for key, v in task["metrics"].items()]
+    for name, cell in (((result.mrcr or {}).get("summary") or {}).get("by_bin") or {}).items():
+        rows.append(["mrcr", bin_end(name), "score", float(cell["score"])])
     return rows
 
 

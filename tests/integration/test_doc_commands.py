@@ -156,6 +156,24 @@ NOT_RUN = {  # command (DocCommand.key) -> why it is not run
     "parallel.deepspeed_config=launch/deepspeed/zero3.json": f"{WEIGHTS}; several nodes",
     "deepspeed --hostfile launch/hostfile.example --master_addr node001 --master_port 29500 "
     "--module longctx train --config configs/yarn-llama2-7b-128k.yaml": f"{WEIGHTS}; the hostfile's nodes (ssh)",
+    # eval.md: beyond RULER (tests/unit/test_lm_eval_backend.py, test_mrcr.py and test_eval_gate.py run these paths
+    # on a tiny export and local task files; these need lm-eval's datasets from the Hub and trained weights)
+    "longctx eval --model runs/ext/hf --suite none --lm-eval hellaswag,arc_easy,mmlu --lm-eval-args "
+    "num_fewshot=5,limit=500 --out runs/ext/eval/short": f"{TRAINED}; lm-eval's datasets come from the Hub",
+    "torchrun --nproc-per-node 4 -m longctx eval --model runs/ext/hf --suite ruler --lengths 128k --lm-eval longbench2 "
+    "--cp 4 --out runs/ext/eval/long": f"{GPUS}; lm-eval's datasets come from the Hub",
+    "longctx eval --model runs/ext/hf --suite none --lm-eval my_task --lm-eval-args include_path=tasks/ "
+    "--out eval/mine": f"{TRAINED}; tasks/ is the reader's own",
+    "longctx eval --model runs/ext/hf --suite none --mrcr openai/mrcr --mrcr-samples 200 --out runs/ext/eval/mrcr":
+        f"{TRAINED}; the MRCR set comes from the Hub",
+    "longctx eval --endpoint http://localhost:8000/v1 --endpoint-mode chat --tokenizer runs/ext/hf --suite none "
+    "--mrcr data/mrcr/ --out eval/mrcr-served": SERVED,
+    "longctx eval --endpoint http://localhost:8000/v1 --tokenizer runs/ext/hf --suite ruler --lengths 4k,32k "
+    "--lm-eval longbench2 --out eval/served-lb2": SERVED,
+    "longctx eval --config recipe:eval/short-gate model=models/base out=runs/base/eval/short":
+        f"{WEIGHTS}; lm-eval's datasets come from the Hub",
+    "longctx eval --config recipe:eval/short-gate model=runs/ext/hf out=runs/ext/eval/short "
+    "compare=runs/base/eval/short": f"{TRAINED}; lm-eval's datasets come from the Hub",
     # performance.md
     ".venv/bin/python benchmarks/bench_peers.py --lengths 4096,8192 --world 2 --out run.json": BENCH,
     ".venv/bin/python benchmarks/bench_peers.py --lengths 16384 --no-check "

@@ -13,10 +13,11 @@ continues and another server's cells are refused.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import sys
-from typing import Optional
+from typing import Iterator, Optional
 
 from longctx import __version__
 from longctx.base.errors import UserError
@@ -88,6 +89,21 @@ def _api_key(variable: str) -> Optional[str]:
         raise UserError(f"eval.api_key_env: ${variable} holds characters an HTTP header cannot carry (a space or "
                         "newline at an end, a control character, non-ASCII); set it to the key alone")
     return key
+
+
+@contextlib.contextmanager
+def endpoint_chat(cfg: EvalConfig) -> Iterator[tuple]:
+    """(a client, the server's ServerInfo, our tokenizer) for requests beyond the cells (MRCR's
+    conversations, lm-eval's tasks), after the same checks (probe) as the cells' requests; the
+    client closes on exit."""
+    tokenizer = load_tokenizer(cfg.tokenizer, field=TOKENIZER_FIELD)
+    client = EndpointClient(cfg.endpoint, api_key=_api_key(cfg.api_key_env),
+                            timeout_s=cfg.request_timeout_s, retries=cfg.retries, concurrency=cfg.concurrency)
+    try:
+        info = probe(client, cfg.served_model, tokenizer, str(cfg.tokenizer), cfg.endpoint_mode)
+        yield client, info, tokenizer
+    finally:
+        client.close()
 
 
 def _limit_notes(info: ServerInfo) -> list[str]:
