@@ -20,3 +20,14 @@ def no_processes(monkeypatch):
     monkeypatch.setattr(multiprocessing.process.BaseProcess, "start", _refuse)
     for name in ("fork", "system", "posix_spawn", "posix_spawnp"):
         monkeypatch.setattr(os, name, _refuse)
+
+
+@pytest.fixture
+def lm_eval_without_git(monkeypatch):
+    """lm-eval's simple_evaluate records `git describe` of the working directory, a process: the
+    unit tests of longctx's lm-eval model record no hash instead."""
+    import lm_eval.evaluator
+    import lm_eval.loggers.utils
+
+    for module in (lm_eval.evaluator, lm_eval.loggers.utils):
+        monkeypatch.setattr(module, "get_git_commit_hash", lambda: None)

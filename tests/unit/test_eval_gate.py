@@ -12,6 +12,8 @@ from longctx.base.errors import UserError
 from longctx.commands.cli import main
 from longctx.eval import gate
 
+pytestmark = pytest.mark.usefixtures("lm_eval_without_git")  # tests/unit/conftest.py
+
 
 def _results(tasks: dict, ruler=()) -> dict:
     return {"lm_eval": {"tasks": {t: {"scores": {str(i): v for i, v in enumerate(s)}, "metric": "acc",

@@ -20,6 +20,8 @@ lm_eval = pytest.importorskip("lm_eval")
 from lm_eval import simple_evaluate  # noqa: E402
 from lm_eval.api.instance import Instance  # noqa: E402
 
+pytestmark = pytest.mark.usefixtures("lm_eval_without_git")  # tests/unit/conftest.py
+
 
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory):
