@@ -16,6 +16,7 @@ attention function carries `sum_over_sequence`, which the MoE loss uses for its 
 """
 from __future__ import annotations
 
+import copy
 from contextlib import contextmanager
 from typing import Iterator, Optional
 
@@ -26,10 +27,12 @@ from torch import nn
 from longctx.attention import AttentionFn, sdpa_attention
 from longctx.model.auto.attention import ATTENTION_NAME, AttentionState, register_attention
 from longctx.model.auto.moe import RouterLogits, aux_loss_share
-from longctx.model.auto.support import AutoModelSpec, _set_rope
+from longctx.model.auto.support import AutoModelSpec
 from longctx.model.loss import chunked_cross_entropy
 
 Tensor = torch.Tensor
+# what a stage changes in transformers' config object (set_context)
+ROPE_CONFIG_FIELDS = ("rope_parameters", "max_position_embeddings", "partial_rotary_factor", "rope_theta")
 
 
 class AutoCausalLM(nn.Module):
@@ -93,21 +96,28 @@ class AutoCausalLM(nn.Module):
                              f"a {self.config.model_type} model")
 
     def set_context(self, spec: AutoModelSpec) -> None:
-        """Switch to `spec`'s RoPE and maximum length (a stage's context extension)."""
+        """Switch to `spec`'s RoPE and maximum length (a stage's context extension): the model is
+        then what `build_auto_model(spec)` builds with these weights. The config's rope fields
+        and maximum length come from `spec`'s config.json as transformers reads it (the fields
+        the stage does not set, such as partial_rotary_factor, included), and every rotary
+        module is rebuilt from them."""
         same = (spec.rope_parameters == self.config.rope_parameters
                 and spec.max_position_embeddings == self.config.max_position_embeddings)
         self.config = spec
         if same:
             return
+        from transformers import AutoConfig
+
+        fresh = AutoConfig.for_model(**{**spec.hf, "attn_implementation": ATTENTION_NAME})
         hf = self.hf.config
-        current = getattr(hf, "rope_parameters", None)
-        rope = {"rope_parameters": current} if current is not None else {}
-        _set_rope(rope, spec.rope_parameters)
-        hf.rope_parameters = rope["rope_parameters"]
-        hf.max_position_embeddings = spec.max_position_embeddings
-        old = self.model.rotary_emb
-        with torch.device(next(iter(old.buffers())).device):
-            self.model.rotary_emb = type(old)(config=hf)  # its frequencies from the new RoPE
+        for name in ROPE_CONFIG_FIELDS:
+            if hasattr(fresh, name):
+                setattr(hf, name, copy.deepcopy(getattr(fresh, name)))
+        for parent in list(self.model.modules()):
+            for name, old in list(parent.named_children()):
+                if type(old).__name__.endswith("RotaryEmbedding"):
+                    with torch.device(next(iter(old.buffers())).device):
+                        setattr(parent, name, type(old)(config=hf))  # its frequencies from the new RoPE
 
     def auxiliary_loss(self) -> Optional[Tensor]:
         """The last forward call's MoE load-balancing loss share of this rank, times the config's
