@@ -70,3 +70,39 @@ def layout_checks(rank: int, world: int, layouts, impls: dict, types=TYPES + MOD
                 err = max((grads[n] - g).abs().max().item() for n, g in ref_grads.items())
                 checks.append((case, "grads", err / scale, REL_TOL))
     return checks
+
+
+def sinks_checkpoint_checks(rank: int, world: int, layout) -> list:
+    """GPT-OSS (every layer through longctx::cp_attention_sinks) under the ring with every block
+    checkpointed: keeping the attention (the default) sends in the backward only what the ring's
+    backward sends, recomputing it replays the forward's sends too; the gradients are equal."""
+    from longctx.parallel.checkpointing import apply_activation_checkpointing
+    from longctx.parallel.comm import COMM_STATS, reset_comm_stats
+
+    batch = make_batch(layout, rows=2)
+    n_targets = int((batch["labels"] != -100).sum())
+    local = shard_batch({k: v for k, v in batch.items() if v is not None}, rank, world)
+    local.setdefault("segment_ids", None)
+    sends, grads = {}, {}
+    for recompute in (False, True):
+        model = tiny_auto_model("gpt_oss")
+        apply_activation_checkpointing(model, "full", recompute_attention=recompute)
+        model.set_attention(make_cp_attention(None, impl="ring"))
+        reset_comm_stats()
+        obj = _objective(model, local, n_targets)
+        forward = COMM_STATS["p2p_bytes"]
+        reset_comm_stats()
+        obj.backward()
+        sends[recompute] = (forward, COMM_STATS["p2p_bytes"])
+        grads[recompute] = _grads(model, reduce=True)
+    (f_keep, b_keep), (f_re, b_re) = sends[False], sends[True]
+    checks = [("sac-sinks", "forward sends", float(f_keep != f_re or f_keep == 0), 0.0),
+              ("sac-sinks", "kept: backward sends what the ring's backward sends", float(b_re != b_keep + f_keep), 0.0)]
+    scale = max(g.abs().max().item() for g in grads[True].values())
+    err = max((grads[False][n] - g).abs().max().item() for n, g in grads[True].items())
+    checks.append(("sac-sinks", "grads", err / scale, REL_TOL))
+    return checks
+
+
+def cp2_checks(rank: int, world: int, layouts, impls: dict) -> list:
+    return layout_checks(rank, world, layouts, impls) + sinks_checkpoint_checks(rank, world, layouts[2])

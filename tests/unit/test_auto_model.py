@@ -4,7 +4,7 @@ documents equal to each document alone, and a one-line refusal for what cannot b
 import pytest
 import torch
 
-from helpers.auto_models import MOE_TYPES, TYPES, reference_twin, tiny_auto_model, tiny_hf_config
+from helpers.auto_models import MOE_TYPES, TYPES, reference_twin, save_tiny_hf, tiny_auto_model, tiny_hf_config
 from longctx.base.errors import UserError
 from longctx.model.auto import check_supported
 
@@ -194,3 +194,19 @@ def test_packed_documents_without_document_masks_are_one_causal_sequence(model_t
         ours = model(ids, position_ids=pos)
         want = twin(ids, position_ids=pos, attention_mask=torch.ones_like(ids)).logits
     assert (ours - want).abs().max().item() <= TOL
+
+
+@pytest.mark.parametrize("field, value, fix", [("parallel.mlp_tile_tokens", "64", "parallel.mlp_tile_tokens=0"),
+                                               ("parallel.compile", "norms_mlp", "parallel.compile=none")])
+def test_config_validation_refuses_what_the_transformers_path_does_not_run(tmp_path, field, value, fix):
+    """MLP tiling and compile are the native model's: one line naming the field and the fix,
+    before any work; following the fix validates."""
+    from longctx.config import load_config, validate_config
+
+    save_tiny_hf("gemma2", tmp_path / "hf", vocab_size=512)
+    base = [f"model.init_from={tmp_path / 'hf'}", "data.seq_len=256", f"out_dir={tmp_path / 'run'}"]
+    with pytest.raises(UserError) as e:
+        validate_config(load_config(None, base + [f"{field}={value}"]), 1)
+    msg = str(e.value)
+    assert msg.startswith(f"{field}:") and "\n" not in msg and f"set {fix}" in msg and "gemma2" in msg
+    validate_config(load_config(None, base + [fix]), 1)
