@@ -11,9 +11,10 @@ from helpers.cp import check_all, run_distributed
 from helpers.invariants_cp import cp2_checks, layout_checks
 from helpers.layouts import Layout, layouts
 
-# hybrid is a real hybrid (2 rings x 2 Ulysses ranks) at cp 4 only
+# hybrid is a real hybrid (2 rings x 2 Ulysses ranks) at cp 4 only; cp 4 adds the ring with padding
+# over three of its four ranks (Ulysses at cp 4, uneven heads included, is test_cp_model.py's)
 IMPLS = {2: {"ring": ("ring", None), "allgather": ("allgather", None), "ulysses": ("ulysses", None)},
-         4: {"ring": ("ring", None), "ulysses": ("ulysses", None), "hybrid2x2": ("hybrid", 2)}}
+         4: {"ring": ("ring", None), "hybrid2x2": ("hybrid", 2)}}
 TYPES = 15  # 11 transformers-path types and 4 native families
 
 
