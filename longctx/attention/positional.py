@@ -1,13 +1,16 @@
-"""A block kernel whose mask comes from each token's (document, position): sliding windows and
-logit softcapping, exact under every context-parallel impl.
+"""A block kernel whose mask comes from each token's (document, order in the row): sliding windows
+and logit softcapping, exact under every context-parallel impl.
 
-The ids it takes in place of segment ids are *position codes*, `document << 32 | position`
-(`position_codes`), one per token, travelling through the ring, all-gather and Ulysses code as
-segment ids do. A query sees a key when both are in the same document, the key's position is
-not after the query's and, with a window W, fewer than W positions before it (transformers'
-window holds W keys, the token itself included). Causality thus comes from positions, not
-from the block's `causal` flag: a block that a CP impl calls "fully visible" is visible here
-too, and one it skips holds no visible pair.
+The ids it takes in place of segment ids are *order codes*, `document << 32 | index`
+(`order_codes`), one per token, where index is the token's place in the whole row (its global
+index across CP shards, not its position id). They travel through the ring, all-gather and
+Ulysses code as segment ids do. A query sees a key when both are in the same document, the key
+is not after the query in the row and, with a window W, fewer than W tokens before it
+(transformers' window holds W keys, the token itself included, counted by token index).
+Causality thus comes from token order, the same order every CP impl skips blocks by: a block
+that a CP impl calls "fully visible" is visible here too, and one it skips holds no visible
+pair. Position ids never reach this kernel (they feed RoPE only): they restart at every packed
+document and at padding, so a mask built from them would let a token see later ones.
 
 Softcapping (Gemma 2) replaces each score s by c * tanh(s / c) before the softmax. Scores are
 materialised in fp32 one chunk of query rows at a time (EagerKernel's math, with the
@@ -23,21 +26,26 @@ from longctx.attention.kernel import AttentionKernel, resolve_scale
 from longctx.attention.lse import NEG_INF, lse_for_backward
 
 Tensor = torch.Tensor
-POSITION_BITS = 32
+INDEX_BITS = 32
 
 
-def position_codes(segment_ids: Optional[Tensor], position_ids: Tensor) -> Tensor:
-    """(B, T) document ids (None: one document per row) and positions -> (B, T) int64 codes."""
-    docs = torch.zeros_like(position_ids) if segment_ids is None else segment_ids.expand_as(position_ids)
-    return (docs.long() << POSITION_BITS) | position_ids.long()
+def order_codes(segment_ids: Optional[Tensor], token_index: Tensor) -> Tensor:
+    """(B, T) document ids (None: one document per row) and (B, T) or (T,) token indices in the
+    row -> (B, T) int64 codes."""
+    if segment_ids is None:
+        docs = torch.zeros_like(token_index)
+    else:
+        token_index = token_index.expand_as(segment_ids)
+        docs = segment_ids
+    return (docs.long() << INDEX_BITS) | token_index.long()
 
 
 def _split(codes: Tensor) -> Tuple[Tensor, Tensor]:
-    return codes >> POSITION_BITS, codes & ((1 << POSITION_BITS) - 1)
+    return codes >> INDEX_BITS, codes & ((1 << INDEX_BITS) - 1)
 
 
 class PositionalKernel(AttentionKernel):
-    """fp32 block kernel over position codes with an optional window and softcap."""
+    """fp32 block kernel over order codes with an optional window and softcap."""
 
     max_score_elems = 1 << 25  # fp32 scores per chunk of query rows (128 MiB)
 
@@ -51,9 +59,9 @@ class PositionalKernel(AttentionKernel):
 
     def _visible(self, q_codes: Tensor, k_codes: Tensor) -> Tensor:
         """(B, t) x (B, S) codes -> (B, 1, 1, t, S) keep-mask."""
-        qd, qp = _split(q_codes)
-        kd, kp = _split(k_codes)
-        dist = qp[:, :, None] - kp[:, None, :]  # (B, t, S)
+        qd, qi = _split(q_codes)
+        kd, ki = _split(k_codes)
+        dist = qi[:, :, None] - ki[:, None, :]  # (B, t, S) tokens between query and key
         keep = (qd[:, :, None] == kd[:, None, :]) & (dist >= 0)
         if self.window is not None:
             keep &= dist < self.window
@@ -77,7 +85,7 @@ class PositionalKernel(AttentionKernel):
 
     def _codes(self, q: Tensor, k: Tensor, segment_ids, kv_segment_ids) -> Tuple[Tensor, Tensor]:
         if segment_ids is None:
-            raise ValueError("PositionalKernel needs position codes as segment ids (attention/positional.py)")
+            raise ValueError("PositionalKernel needs order codes as segment ids (attention/positional.py)")
         kv = segment_ids if kv_segment_ids is None else kv_segment_ids
         B = q.shape[0]
         return segment_ids.expand(B, q.shape[2]), kv.expand(B, k.shape[2])

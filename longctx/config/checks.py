@@ -19,6 +19,7 @@ from longctx.config.stages import RunStage, resolve_stages
 from longctx.config.validation import check_buckets, check_heldout
 from longctx.data.config import validate_data_config
 from longctx.data.tokenizer import check_local_tokenizer_vocab
+from longctx.model.auto.support import AutoModelSpec
 from longctx.model.config import ModelConfig
 from longctx.parallel.layout import CPFields, ulysses_degree, validate_cp
 from longctx.reporting.wandb_log import check_installed
@@ -111,11 +112,25 @@ def _validate_stage(stage: RunStage, model_cfg: ModelConfig, world_size: int, fi
     validate_cp(world_size, cp, par.cp_impl, ulysses_degree(par.cp_impl, cp, par.ulysses_size),
                 model_cfg.num_attention_heads, model_cfg.num_key_value_heads, stage.seq_len,
                 fields=CPFields(cp_size=names["cp_size"], seq_len=names["seq_len"]))
+    if isinstance(model_cfg, AutoModelSpec):
+        _check_transformers_path(par, model_cfg.model_type)
     if model_cfg.max_position_embeddings < stage.seq_len:  # set too small, or a length-dependent RoPE
         field = names["max_position_embeddings"]
         raise UserError(f"{field}: the model's max_position_embeddings {model_cfg.max_position_embeddings} is below "
                         f"the training length {names['seq_len']}={stage.seq_len}; "
                         f"set {field}={stage.seq_len} (or more)")
+
+
+def _check_transformers_path(par, model_type: str) -> None:
+    """What the transformers path does not run: MLP tiling and compiling the norms and MLPs are
+    the native model's (its own MLP and RMSNorm modules); a transformers model would run untiled
+    and eager without saying so."""
+    if par.mlp_tile_tokens:
+        raise UserError(f"parallel.mlp_tile_tokens: MLP tiling runs on the native model path only; model_type "
+                        f"{model_type!r} runs through transformers' own class: set parallel.mlp_tile_tokens=0")
+    if par.compile != "none":
+        raise UserError(f"parallel.compile: {par.compile!r} compiles the native model's norms and MLPs only; "
+                        f"model_type {model_type!r} runs through transformers' own class: set parallel.compile=none")
 
 
 def load_deepspeed_json(path: str) -> dict:

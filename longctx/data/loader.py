@@ -27,7 +27,14 @@ from longctx.data.cache import CachedRows, open_cache
 from longctx.data.config import DataConfig, as_data_config, validate_data_config
 from longctx.data.documents import DocFraming, DocumentStream, StreamOrder, uniform
 from longctx.data.packers import make_packer
-from longctx.data.packing import Row, empty_row, fold_trailing_padding, rows_to_batch, trim_unscored_tail
+from longctx.data.packing import (
+    Row,
+    empty_row,
+    fold_trailing_padding,
+    real_token_mask,
+    rows_to_batch,
+    trim_unscored_tail,
+)
 from longctx.data.source_config import SourceConfig, resolve_kind
 from longctx.data.sources import open_table
 from longctx.data.tokenizer import adds_bos_for
@@ -41,6 +48,8 @@ class ModelInputs:
 
         input_ids, labels, position_ids      as packed
         real_tokens                          (B,) each row's non-padding tokens (for the metrics)
+        token_mask                           (B, T) bool, True on those tokens (padding trails a
+                                             row): the MoE load-balancing loss counts only these
         segment_ids                          with document_masking only; a row's unscored tail
                                              folded into the document before it (fold_trailing_padding)
         loss_weights                         1 + (answer_loss_weight - 1) * answer_mask, when
@@ -55,6 +64,7 @@ class ModelInputs:
     def __call__(self, batch: dict) -> dict:
         inputs = {k: batch[k] for k in ("input_ids", "labels", "position_ids")}  # (B, T) each
         inputs["real_tokens"] = batch["real_tokens"]  # (B,)
+        inputs["token_mask"] = real_token_mask(batch["real_tokens"], inputs["input_ids"].shape[1])
         if self.document_masking:
             inputs["segment_ids"] = fold_trailing_padding(batch["segment_ids"], batch["labels"])
         w = self.answer_loss_weight

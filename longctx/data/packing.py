@@ -128,6 +128,11 @@ def fold_trailing_padding(segment_ids: torch.Tensor, labels: torch.Tensor) -> to
     return torch.where(fold, prev[:, None].expand_as(segment_ids), segment_ids)
 
 
+def real_token_mask(real_tokens: torch.Tensor, seq_len: int) -> torch.Tensor:
+    """(B,) each row's real tokens -> (B, T) bool, True on them: a row's padding trails it."""
+    return torch.arange(seq_len, device=real_tokens.device) < real_tokens[:, None]
+
+
 def trim_unscored_tail(batch: dict, multiple: int) -> dict:
     """Drop the trailing columns no row scores: (B, T) tensors -> (B, T') with T' <= T.
 

@@ -189,7 +189,8 @@ class Transformer(nn.Module):
                 segment_ids: Optional[torch.Tensor] = None, kv_segment_ids: Optional[torch.Tensor] = None,
                 cache: Optional[KVCache] = None, labels: Optional[torch.Tensor] = None,
                 loss_weights: Optional[torch.Tensor] = None, loss_chunk_size: int = 1024,
-                loss_buckets: Optional[torch.Tensor] = None, logits_at: Optional[torch.Tensor] = None):
+                loss_buckets: Optional[torch.Tensor] = None, logits_at: Optional[torch.Tensor] = None,
+                token_mask: Optional[torch.Tensor] = None):
         """input_ids (B, T) -> logits (B, T, V); with `logits_at` (B, T) bool, the logits of those
         positions only (N, V), in row-major order (a few answer tokens of a long prompt).
 
@@ -199,7 +200,11 @@ class Transformer(nn.Module):
         `loss_buckets` (K,) int64, the ascending exclusive upper ends of position buckets, adds a
         third value: the (2, K) loss and weight sums of the labels by the position id of the token
         that predicts them (labels past the last end count in the last bucket).
+        `token_mask` (B, T) bool, the real (non-padding) tokens, is part of the contract both model
+        paths share (the transformers path's MoE loss counts only these); a dense model's outputs
+        do not depend on it: causality already hides trailing padding from every real token.
         """
+        del token_mask
         h = self.forward_hidden(input_ids, position_ids, segment_ids, kv_segment_ids, cache)
         if labels is not None:
             if loss_buckets is None:

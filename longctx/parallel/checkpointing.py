@@ -3,7 +3,10 @@
 By default the attention kernel's outputs are kept while everything else in a checkpointed
 block is recomputed (torch's selective activation checkpointing): a fused kernel's output
 and log-sum-exp are as small as the block input, but at long context the kernel is most of
-the block's compute, so recomputing it would cost ~1/3 more attention FLOPs.
+the block's compute, so recomputing it would cost ~1/3 more attention FLOPs. The kept ops are
+the fused kernels and the context-parallel ops, `longctx::cp_attention` and
+`longctx::cp_attention_sinks` (GPT-OSS's sinks): keeping a CP op's output also means its
+communication is never replayed in the backward's recompute.
 """
 from __future__ import annotations
 
@@ -18,7 +21,7 @@ from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
 )
 from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
 
-import longctx.parallel.cp  # noqa: F401  (registers torch.ops.longctx.cp_attention, kept whole below)
+import longctx.parallel.cp  # noqa: F401  (registers torch.ops.longctx.cp_attention(_sinks), kept whole below)
 
 
 def _attention_kernel_ops() -> set:
@@ -26,9 +29,9 @@ def _attention_kernel_ops() -> set:
     names = ["_scaled_dot_product_flash_attention_for_cpu", "_scaled_dot_product_flash_attention",
              "_scaled_dot_product_efficient_attention", "_scaled_dot_product_cudnn_attention"]
     ops = {getattr(aten, n).default for n in names if hasattr(aten, n)}
-    # The context-parallel op: keeping its output also skips replaying its communication.
-    for ns, name in (("longctx", "cp_attention"), ("flash_attn", "_flash_attn_forward"),
-                     ("flash_attn", "_flash_attn_varlen_forward")):
+    # The context-parallel ops: keeping their output also skips replaying their communication.
+    for ns, name in (("longctx", "cp_attention"), ("longctx", "cp_attention_sinks"),
+                     ("flash_attn", "_flash_attn_forward"), ("flash_attn", "_flash_attn_varlen_forward")):
         try:  # flash-attn >= 2.6 registers its kernels as torch custom ops too
             ops.add(getattr(getattr(torch.ops, ns), name).default)
         except (AttributeError, RuntimeError):

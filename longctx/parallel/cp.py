@@ -31,7 +31,7 @@ from longctx.parallel.hybrid import hybrid_backward, hybrid_forward
 from longctx.parallel.layout import CPLayout, resolve_layout, validate_heads, validate_layout
 from longctx.parallel.ring import RingSpec
 from longctx.parallel.saved import SavedForward
-from longctx.parallel.sharding import unshard_sequence
+from longctx.parallel.sharding import unshard_sequence, zigzag_indices
 from longctx.parallel.ulysses import UlyssesSpec
 
 log = logging.getLogger(__name__)
@@ -81,6 +81,10 @@ class ContextParallelAttention:
         t = t.detach().clone()
         dist.all_reduce(t, group=self.group)
         return t
+
+    def global_token_index(self, local_len: int, device=None) -> Tensor:
+        """(local_len,) the index in the whole row of each of this rank's tokens (zigzag)."""
+        return zigzag_indices(local_len * self.layout.cp_size, self.rank, self.layout.cp_size, device)
 
     # -- helpers ----------------------------------------------------------------------------
     def _global_segments(self, seg: Tensor) -> Tensor:

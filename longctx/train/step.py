@@ -109,6 +109,7 @@ def forward_backward(engine, model: nn.Module, shards: list[dict], scale: float,
     for inputs in shards:
         loss_sum, _, by_bucket = engine(inputs["input_ids"], position_ids=inputs["position_ids"],
                                         segment_ids=inputs.get("segment_ids"), labels=inputs["labels"],
+                                        token_mask=inputs.get("token_mask"),
                                         loss_weights=inputs.get("loss_weights"),
                                         loss_chunk_size=setup.loss_chunk_size, loss_buckets=setup.loss_buckets)
         objective = loss_sum * scale

@@ -4,7 +4,7 @@ documents equal to each document alone, and a one-line refusal for what cannot b
 import pytest
 import torch
 
-from helpers.auto_models import MOE_TYPES, TYPES, reference_twin, tiny_auto_model, tiny_hf_config
+from helpers.auto_models import MOE_TYPES, TYPES, reference_twin, save_tiny_hf, tiny_auto_model, tiny_hf_config
 from longctx.base.errors import UserError
 from longctx.model.auto import check_supported
 
@@ -157,3 +157,56 @@ def test_activation_checkpointing_keeps_the_gradients(model_type):
         grads.append({model_key(k): p.grad for k, p in model.named_parameters()})
     for name, want in grads[0].items():
         assert (grads[1][name] - want).abs().max().item() <= 1e-6 * max(want.abs().max().item(), 1.0), name
+
+
+@pytest.mark.parametrize("model_type", MOE_TYPES)
+def test_the_moe_loss_counts_real_tokens_as_transformers_does_with_its_attention_mask(model_type):
+    """20 real tokens then 12 of padding: the load-balancing loss of the real tokens alone, which
+    is transformers' given attention_mask (its routers still see the padding)."""
+    model = tiny_auto_model(model_type)
+    twin = reference_twin(model)
+    ids = _ids(1, 32, seed=4)
+    ids[:, 20:] = 0
+    mask = torch.arange(32)[None] < 20
+    labels = torch.full_like(ids, -100)
+    with torch.no_grad():
+        model(ids, labels=labels, token_mask=mask)
+        ours = model.aux_loss_value().item()
+        want = twin(ids, attention_mask=mask.long(), labels=labels).aux_loss.item()
+        alone = twin(ids[:, :20]).aux_loss.item()
+        model(ids, labels=labels)
+        unmasked = model.aux_loss_value().item()
+    assert abs(ours - want) <= TOL and abs(ours - alone) <= TOL
+    assert abs(unmasked - want) > 10 * TOL  # the padding would have counted
+
+
+@pytest.mark.parametrize("model_type", ["gemma2", "gpt_oss", "qwen2_moe", "cohere2"])
+def test_packed_documents_without_document_masks_are_one_causal_sequence(model_type):
+    """document_masking: false: no segment ids; positions restart at the second document and at
+    the padding, yet the row is one causal sequence (windows counted in tokens), as transformers
+    computes the same ids and positions given a 2D attention mask (without one, transformers
+    reads restarting positions as packed documents)."""
+    model = tiny_auto_model(model_type)
+    twin = reference_twin(model)
+    ids = _ids(1, 24, seed=1)
+    pos = torch.cat([torch.arange(10), torch.arange(9), torch.arange(5)])[None]  # the last 5: padding
+    with torch.no_grad():
+        ours = model(ids, position_ids=pos)
+        want = twin(ids, position_ids=pos, attention_mask=torch.ones_like(ids)).logits
+    assert (ours - want).abs().max().item() <= TOL
+
+
+@pytest.mark.parametrize("field, value, fix", [("parallel.mlp_tile_tokens", "64", "parallel.mlp_tile_tokens=0"),
+                                               ("parallel.compile", "norms_mlp", "parallel.compile=none")])
+def test_config_validation_refuses_what_the_transformers_path_does_not_run(tmp_path, field, value, fix):
+    """MLP tiling and compile are the native model's: one line naming the field and the fix,
+    before any work; following the fix validates."""
+    from longctx.config import load_config, validate_config
+
+    save_tiny_hf("gemma2", tmp_path / "hf", vocab_size=512)
+    base = [f"model.init_from={tmp_path / 'hf'}", "data.seq_len=256", f"out_dir={tmp_path / 'run'}"]
+    with pytest.raises(UserError) as e:
+        validate_config(load_config(None, base + [f"{field}={value}"]), 1)
+    msg = str(e.value)
+    assert msg.startswith(f"{field}:") and "\n" not in msg and f"set {fix}" in msg and "gemma2" in msg
+    validate_config(load_config(None, base + [fix]), 1)

@@ -5,10 +5,12 @@ transformers calls it from each attention module after RoPE, with q (B, Hq, T, D
 (B, Hkv, T, D), and the module's own extras as keyword arguments: `scaling`, `sliding_window`
 (Qwen2-MoE keeps it on the module only), `softcap` (Gemma 2) and `s_aux` (GPT-OSS's sinks).
 The name is not in transformers' mask registry, so no 4D mask is ever built; document ids and
-global positions come from longctx (the model's `AttentionState`), never from transformers'
-kwargs. Plain layers run the installed attention function (a local kernel or a
-context-parallel one) as the native model does; windowed and softcapped layers run the same
-distribution over `PositionalKernel`, and sinks are merged into the finished (out, lse).
+each token's index in the row come from longctx (the model's `AttentionState`), never from
+transformers' kwargs. Causality and windows follow token order (a global index across CP
+shards), document boundaries follow segment ids, and positions reach RoPE only. Plain layers
+run the installed attention function (a local kernel or a context-parallel one) as the native
+model does; windowed and softcapped layers run the same distribution over `PositionalKernel`
+with order codes, and sinks are merged into the finished (out, lse).
 """
 from __future__ import annotations
 
@@ -19,7 +21,7 @@ import torch
 
 from longctx.attention import AttentionFn, get_kernel
 from longctx.attention.function import kernel_attention
-from longctx.attention.positional import PositionalKernel, position_codes
+from longctx.attention.positional import PositionalKernel, order_codes
 from longctx.model.cache import KVCache
 
 Tensor = torch.Tensor
@@ -30,20 +32,20 @@ _MISSING = object()
 @dataclass
 class AttentionState:
     """What every attention module of one model shares: the installed attention function and the
-    current forward call's document ids and positions (B, T) of this rank's tokens."""
+    current forward call's document ids (B, T) and indices in the row (B, T) of this rank's tokens."""
 
     attn_fn: AttentionFn
     segment_ids: Optional[Tensor] = None
-    position_ids: Optional[Tensor] = None
+    token_index: Optional[Tensor] = None  # (B, T) each token's place in the whole row
     kv_segment_ids: Optional[Tensor] = None  # decoding: the ids of every cached key (B, S)
     cache: Optional[KVCache] = None  # decoding: longctx's K/V cache, filled by every layer
     _codes: Optional[Tensor] = None
-    _kv_codes: Optional[Tensor] = None  # decoding: the position codes of the cached keys
+    _kv_codes: Optional[Tensor] = None  # decoding: the order codes of the cached keys
     _kernels: dict = field(default_factory=dict)
 
-    def set_inputs(self, segment_ids: Optional[Tensor], position_ids: Tensor,
+    def set_inputs(self, segment_ids: Optional[Tensor], token_index: Tensor,
                    kv_segment_ids: Optional[Tensor] = None, cache: Optional[KVCache] = None) -> None:
-        self.segment_ids, self.position_ids, self._codes = segment_ids, position_ids, None
+        self.segment_ids, self.token_index, self._codes = segment_ids, token_index, None
         self.kv_segment_ids, self.cache = kv_segment_ids, cache
         if cache is not None:  # the keys' codes grow with the cache (a new cache starts them anew)
             new = self.codes()
@@ -51,7 +53,7 @@ class AttentionState:
 
     def codes(self) -> Tensor:
         if self._codes is None:  # one tensor per forward: the CP code gathers it once
-            self._codes = position_codes(self.segment_ids, self.position_ids)
+            self._codes = order_codes(self.segment_ids, self.token_index)
         return self._codes
 
     def kv_codes(self) -> Optional[Tensor]:

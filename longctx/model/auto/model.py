@@ -3,9 +3,10 @@ and evaluation ask of the native model (longctx/model/llama.py's Transformer):
 
     set_attention(fn) / attention_scope(fn)    the installed attention (local or context-parallel)
     set_context(spec)                          a stage's RoPE and maximum length
-    forward(ids, position_ids, segment_ids, labels=..., loss_buckets=...)
+    forward(ids, position_ids, segment_ids, labels=..., loss_buckets=..., token_mask=...)
                                                (loss_sum, weight_sum[, by_bucket]) from the chunked
-                                               loss, the logits never materialised
+                                               loss, the logits never materialised; token_mask
+                                               marks the real (non-padding) tokens the MoE loss counts
     auxiliary_loss()                           this rank's share of the MoE load-balancing loss
 
 Parameter names are the model's own (`model.layers.0...`, `lm_head.weight`): the decoder and
@@ -15,6 +16,7 @@ attention function carries `sum_over_sequence`, which the MoE loss uses for its 
 """
 from __future__ import annotations
 
+import copy
 from contextlib import contextmanager
 from typing import Iterator, Optional
 
@@ -25,10 +27,12 @@ from torch import nn
 from longctx.attention import AttentionFn, sdpa_attention
 from longctx.model.auto.attention import ATTENTION_NAME, AttentionState, register_attention
 from longctx.model.auto.moe import RouterLogits, aux_loss_share
-from longctx.model.auto.support import AutoModelSpec, _set_rope
+from longctx.model.auto.support import AutoModelSpec
 from longctx.model.loss import chunked_cross_entropy
 
 Tensor = torch.Tensor
+# what a stage changes in transformers' config object (set_context)
+ROPE_CONFIG_FIELDS = ("rope_parameters", "max_position_embeddings", "partial_rotary_factor", "rope_theta")
 
 
 class AutoCausalLM(nn.Module):
@@ -92,21 +96,28 @@ class AutoCausalLM(nn.Module):
                              f"a {self.config.model_type} model")
 
     def set_context(self, spec: AutoModelSpec) -> None:
-        """Switch to `spec`'s RoPE and maximum length (a stage's context extension)."""
+        """Switch to `spec`'s RoPE and maximum length (a stage's context extension): the model is
+        then what `build_auto_model(spec)` builds with these weights. The config's rope fields
+        and maximum length come from `spec`'s config.json as transformers reads it (the fields
+        the stage does not set, such as partial_rotary_factor, included), and every rotary
+        module is rebuilt from them."""
         same = (spec.rope_parameters == self.config.rope_parameters
                 and spec.max_position_embeddings == self.config.max_position_embeddings)
         self.config = spec
         if same:
             return
+        from transformers import AutoConfig
+
+        fresh = AutoConfig.for_model(**{**spec.hf, "attn_implementation": ATTENTION_NAME})
         hf = self.hf.config
-        current = getattr(hf, "rope_parameters", None)
-        rope = {"rope_parameters": current} if current is not None else {}
-        _set_rope(rope, spec.rope_parameters)
-        hf.rope_parameters = rope["rope_parameters"]
-        hf.max_position_embeddings = spec.max_position_embeddings
-        old = self.model.rotary_emb
-        with torch.device(next(iter(old.buffers())).device):
-            self.model.rotary_emb = type(old)(config=hf)  # its frequencies from the new RoPE
+        for name in ROPE_CONFIG_FIELDS:
+            if hasattr(fresh, name):
+                setattr(hf, name, copy.deepcopy(getattr(fresh, name)))
+        for parent in list(self.model.modules()):
+            for name, old in list(parent.named_children()):
+                if type(old).__name__.endswith("RotaryEmbedding"):
+                    with torch.device(next(iter(old.buffers())).device):
+                        setattr(parent, name, type(old)(config=hf))  # its frequencies from the new RoPE
 
     def auxiliary_loss(self) -> Optional[Tensor]:
         """The last forward call's MoE load-balancing loss share of this rank, times the config's
@@ -121,15 +132,17 @@ class AutoCausalLM(nn.Module):
     # -- forward ------------------------------------------------------------------------------
     def forward_hidden(self, input_ids: Tensor, position_ids: Optional[Tensor] = None,
                        segment_ids: Optional[Tensor] = None, kv_segment_ids: Optional[Tensor] = None,
-                       cache=None) -> Tensor:
+                       cache=None, token_mask: Optional[Tensor] = None) -> Tensor:
         """input_ids (B, T) -> final-normed hidden states (B, T, hidden). With `cache` (longctx's
         KVCache, decoding) every layer adds its keys to it and attends to all cached keys, whose
-        document ids are `kv_segment_ids` (B, S) (transformers' own cache is not used)."""
+        document ids are `kv_segment_ids` (B, S) (transformers' own cache is not used).
+        token_mask (B, T) bool: the real tokens, the only ones the MoE loss counts (None: all)."""
         B, T = input_ids.shape
+        start = cache.seq_len if cache is not None else 0
         if position_ids is None:
-            start = cache.seq_len if cache is not None else 0
             position_ids = torch.arange(start, start + T, device=input_ids.device).expand(B, T)
-        self.state.set_inputs(segment_ids, position_ids, kv_segment_ids if cache is not None else None, cache)
+        self.state.set_inputs(segment_ids, self._token_index(B, T, start, input_ids.device),
+                              kv_segment_ids if cache is not None else None, cache)
         self.routers.logits.clear()
         self.routers.recording = True
         try:
@@ -141,15 +154,24 @@ class AutoCausalLM(nn.Module):
             self.state.cache = self.state.kv_segment_ids = None
         if cache is not None:
             cache.advance(T)
-        self._moe_loss()
+        self._moe_loss(token_mask)
         return h
 
-    def _moe_loss(self) -> None:
+    def _token_index(self, B: int, T: int, start: int, device) -> Tensor:
+        """(B, T) each local token's index in the whole row: what causality and windows follow.
+        A context-parallel attention function knows its shard's global indices."""
+        global_index = getattr(self.state.attn_fn, "global_token_index", None)
+        if global_index is not None:
+            return global_index(T, device).expand(B, T)
+        return torch.arange(start, start + T, device=device).expand(B, T)
+
+    def _moe_loss(self, token_mask: Optional[Tensor]) -> None:
         self._aux = self._aux_value = None
         if not self.routers or not self.routers.logits:
             return
         reduce = getattr(self.state.attn_fn, "sum_over_sequence", None)
-        share = aux_loss_share(self.routers.logits, self.hf.num_experts, self.hf.num_experts_per_tok, reduce)
+        share = aux_loss_share(self.routers.logits, self.hf.num_experts, self.hf.num_experts_per_tok, reduce,
+                               token_mask)
         self.routers.logits.clear()
         self._aux_value = share.detach()
         if getattr(self.hf.config, "output_router_logits", False):
@@ -165,9 +187,11 @@ class AutoCausalLM(nn.Module):
                 segment_ids: Optional[Tensor] = None, kv_segment_ids: Optional[Tensor] = None,
                 cache=None, labels: Optional[Tensor] = None, loss_weights: Optional[Tensor] = None,
                 loss_chunk_size: int = 1024, loss_buckets: Optional[Tensor] = None,
-                logits_at: Optional[Tensor] = None):
-        """The native model's forward (llama.py's Transformer.forward), through transformers' model."""
-        h = self._head_input(self.forward_hidden(input_ids, position_ids, segment_ids, kv_segment_ids, cache))
+                logits_at: Optional[Tensor] = None, token_mask: Optional[Tensor] = None):
+        """The native model's forward (llama.py's Transformer.forward), through transformers' model;
+        token_mask (B, T) bool marks the real tokens the MoE load-balancing loss counts."""
+        h = self._head_input(self.forward_hidden(input_ids, position_ids, segment_ids, kv_segment_ids, cache,
+                                                 token_mask))
         softcap = self.final_softcap
         if labels is not None:
             if loss_buckets is None:

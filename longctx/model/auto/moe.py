@@ -6,7 +6,8 @@ layer and every token of one forward call,
     aux = E * sum_e (C_e / N) (R_e / N)
 
 with C_e the top-k assignments to expert e, R_e the sum of the router's softmax probabilities
-for e, and N the (token, layer) rows. It is a product of two means, so a shard's own aux is not
+for e, and N the (token, layer) rows, each counted only for the real (non-padding) tokens, as
+transformers counts them given an `attention_mask`. It is a product of two means, so a shard's own aux is not
 its share of the sequence's. Exact under context parallelism: C and N are summed over the
 ranks that hold the sequence (no gradient flows through them), and each rank adds its own R:
 the ranks' values then sum to the sequence's aux, and so do their gradients.
@@ -54,19 +55,25 @@ class RouterLogits:
 
 
 def aux_loss_share(router_logits: List[Tensor], num_experts: int, top_k: int,
-                   sum_over_sequence: Optional[SumOverSequence] = None) -> Tensor:
+                   sum_over_sequence: Optional[SumOverSequence] = None,
+                   token_mask: Optional[Tensor] = None) -> Tensor:
     """This rank's share of the sequence's load-balancing loss (a 0-d fp32 tensor); the shares
-    of the ranks holding one sequence sum to transformers' aux loss of the whole sequence."""
+    of the ranks holding one sequence sum to transformers' aux loss of the whole sequence.
+    token_mask (B, T) bool: the real tokens of the (B * T) rows each router saw (None: all)."""
     device = router_logits[0].device
     counts = torch.zeros(num_experts + 1, dtype=torch.float32, device=device)  # C_e, then N
     prob_sum = torch.zeros(num_experts, dtype=torch.float32, device=device)
+    real = None if token_mask is None else token_mask.reshape(-1, 1).to(device, torch.float32)  # (tokens, 1)
     for logits in router_logits:
         probs = torch.softmax(logits.float(), dim=-1)  # (tokens, E)
-        chosen = torch.topk(probs, top_k, dim=-1).indices.reshape(-1)
-        counts[:num_experts] += torch.bincount(chosen, minlength=num_experts).float()
-        counts[num_experts] += probs.shape[0]
+        chosen = torch.topk(probs, top_k, dim=-1).indices  # (tokens, k)
+        picks = torch.zeros_like(probs).scatter_(1, chosen, 1.0)  # (tokens, E) 1 where routed
+        if real is not None:
+            picks, probs = picks * real, probs * real
+        counts[:num_experts] += picks.sum(0)
+        counts[num_experts] += probs.shape[0] if real is None else real.sum()
         prob_sum = prob_sum + probs.sum(0)
     if sum_over_sequence is not None:
         counts = sum_over_sequence(counts)
-    rows = counts[num_experts]
+    rows = counts[num_experts].clamp_min(1.0)  # a sequence of padding only: 0 / 1
     return num_experts * ((counts[:num_experts] / rows) * (prob_sum / rows)).sum()

@@ -17,6 +17,9 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from longctx.base.errors import UserError
+from longctx.model.rope_parameters import ROPE_KEYS
+
+SCALING_KEYS = frozenset().union(*ROPE_KEYS.values())  # what a stage's rope_parameters set
 
 # model_type -> what the path handles for it (docs/models.md's table is made from this)
 TESTED: dict[str, str] = {
@@ -170,11 +173,20 @@ def _flat_rope(hf: dict) -> dict:
 
 
 def _set_rope(hf: dict, rope: dict) -> None:
+    """Write a stage's RoPE (`rope`) into config.json `hf`. The stage sets the RoPE type and its
+    scaling fields; every other field of the model's rope_parameters (partial_rotary_factor, and
+    any a model type keeps there) stays, and so do the sliding layers' own RoPE (Gemma 3)."""
     current = hf.get("rope_parameters")
-    if current and all(isinstance(v, dict) for v in current.values()):
-        current["full_attention"] = dict(rope)  # sliding layers keep their local RoPE
+    per_layer = bool(current) and all(isinstance(v, dict) for v in current.values())
+    old = (current.get("full_attention", {}) if per_layer else current) or {}
+    kept = {k: v for k, v in old.items() if k not in SCALING_KEYS}
+    if hf.get("partial_rotary_factor") is not None:  # a config.json written before rope_parameters held it
+        kept.setdefault("partial_rotary_factor", hf["partial_rotary_factor"])
+    merged = {**kept, **rope}
+    if per_layer:
+        current["full_attention"] = merged
     else:
-        hf["rope_parameters"] = dict(rope)
+        hf["rope_parameters"] = merged
     hf.pop("rope_scaling", None)
 
 
