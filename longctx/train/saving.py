@@ -7,6 +7,7 @@ import functools
 from pathlib import Path
 from typing import Optional
 
+from longctx.checkpoint.adapter_record import RECORD, adapter_config_record
 from longctx.checkpoint.peft_export import merged_state_dict, write_adapter_dir
 from longctx.checkpoint.state import TrainerState, TrainState
 from longctx.checkpoint.store import rng_state, run_phase, save_checkpoint
@@ -28,6 +29,7 @@ class RunCheckpoints:
         self.out, self.section, self.stages, self.validator = out, section, stages, validator
         self.tokenizer, self.world, self.rank, self.dtype = tokenizer, world, rank, dtype
         self.adapter, self.base = adapter, base  # train.adapter and the base it trains (model.init_from)
+        self.base_sha256: Optional[str] = None  # the frozen base (adapter_record.base_hash), set by the trainer
         self.last: Optional[Path] = None
         self._source_fingerprints: dict[int, list] = {}
 
@@ -68,6 +70,8 @@ class RunCheckpoints:
         rank_state = {"data": loader_state, "rng": rng_state()}
         recorded = dict(trainer_state.state_dict(), validation_sources=self.validator.fingerprints(data_stage),
                         validation_pending=list(pending) if pending else None)
+        if self.adapter is not None:
+            recorded[RECORD] = dict(adapter_config_record(self.adapter), base_sha256=self.base_sha256)
         hf_writer = functools.partial(self.write_hf, engine, model) if self.section.save_hf else None
         self.last = save_checkpoint(self.out, state.step, engine=engine, trainer_state=recorded,
                                     rank_state=rank_state, keep_last=self.section.keep_last, hf_writer=hf_writer)
