@@ -5,6 +5,7 @@ import torch
 
 from helpers.auto_models import tiny_auto_model
 from longctx.base.errors import UserError
+from longctx.checkpoint.adapter_record import adapter_config_record, base_hash, check_adapter_config, check_base
 from longctx.config.adapter import AdapterSection
 from longctx.model.adapter import apply_adapter, check_adapter, linear_names, trainable_count
 from longctx.model.config import PRESETS
@@ -102,3 +103,32 @@ def test_a_tied_embedding_is_not_trained_apart_from_its_head():
     with pytest.raises(UserError, match="embed_tokens is tied to the vocabulary head"):
         check_adapter(AdapterSection(trainable=["embed_tokens"]), model)
     check_adapter(AdapterSection(trainable=["norm"]), model)  # the norms alone are fine
+
+
+def test_a_resume_keeps_the_adapter_and_its_base(tmp_path):
+    adapter = AdapterSection(r=4, target_modules=["q_proj"], trainable=["norm"])
+    saved = {"adapter": dict(adapter_config_record(adapter), base_sha256="ab" * 32)}
+    check_adapter_config(tmp_path, saved, adapter)
+    with pytest.raises(UserError, match="train.adapter.r: .* was trained with r=4; this run has r=8"):
+        check_adapter_config(tmp_path, saved, AdapterSection(r=8, target_modules=["q_proj"], trainable=["norm"]))
+    with pytest.raises(UserError, match=r"train.adapter.trainable: .*; this run has trainable=\[\]"):
+        check_adapter_config(tmp_path, saved, AdapterSection(r=4, target_modules=["q_proj"]))
+    with pytest.raises(UserError, match="trained an adapter .*; set the same train.adapter"):
+        check_adapter_config(tmp_path, saved, None)
+    with pytest.raises(UserError, match="is a full-training checkpoint"):
+        check_adapter_config(tmp_path, {}, adapter)
+    check_base(tmp_path, saved, "ab" * 32)
+    with pytest.raises(UserError, match=r"model.init_from: the base weights \(sha256 cdcdcdcdcdcd\) are not the ones"):
+        check_base(tmp_path, saved, "cd" * 32)
+
+
+def test_the_base_hash_names_the_frozen_weights_only():
+    model = _model()
+    before = base_hash(model)
+    with torch.no_grad():
+        model.layers[0].self_attn.q_proj.lora_A.default.weight.add_(1.0)  # trained: not the base
+        model.norm.weight.add_(1.0)
+    assert base_hash(model) == before
+    with torch.no_grad():
+        model.layers[0].self_attn.k_proj.weight[0, 0] += 1e-3  # frozen: another base
+    assert base_hash(model) != before
