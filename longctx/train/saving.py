@@ -71,7 +71,7 @@ class RunCheckpoints:
         recorded = dict(trainer_state.state_dict(), validation_sources=self.validator.fingerprints(data_stage),
                         validation_pending=list(pending) if pending else None)
         if self.adapter is not None:
-            recorded[RECORD] = dict(adapter_config_record(self.adapter), base_sha256=self.base_sha256)
+            recorded[RECORD] = dict(adapter_config_record(self.adapter), base_sha256=self.base_sha256, base=self.base)
         hf_writer = functools.partial(self.write_hf, engine, model) if self.section.save_hf else None
         self.last = save_checkpoint(self.out, state.step, engine=engine, trainer_state=recorded,
                                     rank_state=rank_state, keep_last=self.section.keep_last, hf_writer=hf_writer)

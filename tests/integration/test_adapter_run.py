@@ -1,6 +1,7 @@
 """An adapter run through the real trainer: torchrun at cp 2 writes the merged export and the
 PEFT adapter, its checkpoints record the adapter and the base's hash, and a resume from the
-middle on another layout (one process, ZeRO-0) ends with the uninterrupted run's adapter."""
+middle on another layout (one process, ZeRO-0) ends with the uninterrupted run's adapter;
+`longctx export --adapter` of a checkpoint without model/ gives the same adapter."""
 import json
 
 import torch
@@ -8,6 +9,7 @@ from safetensors.torch import load_file
 
 import longctx
 from helpers.train import TINY, metrics, run_train
+from longctx.commands.cli import main
 
 ADAPTER = "train.adapter={r: 4, alpha: 8, target_modules: [q_proj, v_proj, down_proj], trainable: [embed_tokens, norm]}"
 COMMON = [*TINY, "data.seq_len=128", "data.micro_batch_size=2", "train.steps=4", "optim.lr=3e-3",
@@ -46,3 +48,13 @@ def test_adapter_run_exports_records_and_resumes_on_another_layout(tmp_path):
     assert all(abs(again_steps[s] - steps[s]) <= 1e-5 for s in (3, 4)), (steps, again_steps)
     assert torch.equal(merged.layers[0].self_attn.k_proj.weight,
                        longctx.load_pretrained(resumed / "hf").layers[0].self_attn.k_proj.weight)
+
+    # a checkpoint without model/ (ZeRO-0 here): `longctx export --adapter` rebuilds the PEFT
+    # adapter from its DeepSpeed files, and the merged model consolidates from them
+    ckpt = resumed / "checkpoints" / "step_0000004"
+    assert not (ckpt / "model").exists()
+    assert main(["export", "--checkpoint", str(ckpt), "--out", str(tmp_path / "peft"), "--adapter"]) == 0
+    rebuilt = load_file(tmp_path / "peft" / "adapter_model.safetensors")
+    assert all(torch.equal(rebuilt[k], again[k]) for k in again)
+    consolidated, exported = longctx.load_pretrained(ckpt).state_dict(), longctx.load_pretrained(resumed / "hf")
+    assert all(torch.equal(v, consolidated[k]) for k, v in exported.state_dict().items())
