@@ -1,5 +1,7 @@
 """train.adapter on a plain model: what it trains and freezes, what the optimizer holds, the
 tiled MLP's gradients of LoRA-wrapped projections, and the names it refuses."""
+import dataclasses
+
 import pytest
 import torch
 
@@ -8,9 +10,12 @@ from longctx.base.errors import UserError
 from longctx.checkpoint.adapter_record import adapter_config_record, base_hash, check_adapter_config, check_base
 from longctx.config.adapter import AdapterSection
 from longctx.model.adapter import apply_adapter, check_adapter, linear_names, trainable_count
-from longctx.model.config import PRESETS
-from longctx.model.llama import build_model
+from longctx.model.config import PRESETS, get_preset
+from longctx.model.llama import build_model, count_parameters
 from longctx.parallel.zero import build_optimizer, optimizer_param_names
+from longctx.plan.adapter import adapter_counts, adapter_spec
+from longctx.plan.layout import Layout, parameter_counts
+from longctx.plan.memory import estimate_layout
 
 pytest.importorskip("peft")
 MLP_AND_ATTENTION = AdapterSection(r=4, alpha=8.0, target_modules=["q_proj", "v_proj", "gate_proj", "up_proj",
@@ -132,3 +137,27 @@ def test_the_base_hash_names_the_frozen_weights_only():
     with torch.no_grad():
         model.layers[0].self_attn.k_proj.weight[0, 0] += 1e-3  # frozen: another base
     assert base_hash(model) != before
+
+
+@pytest.mark.parametrize("zero", [0, 2, 3])
+def test_the_planner_counts_what_an_adapter_run_trains(zero):
+    """The planner's trained count is the live model's; gradients and optimizer states shrink to
+    it, the parameters stay the whole model's (plus the factors)."""
+    adapter = AdapterSection(r=8, target_modules=["q_proj", "k_proj", "v_proj", "o_proj"],
+                             trainable=["embed_tokens", "norm"])
+    tiny = get_preset("debug-tiny")
+    counts = adapter_counts(tiny, adapter_spec(adapter))
+    live = apply_adapter(build_model(tiny, seed=0), adapter, seed=0)
+    assert counts.trained == trainable_count(live) and not counts.head_trained
+    assert parameter_counts(tiny)["total"] + counts.added == count_parameters(live)
+
+    big = get_preset("llama3-8b")
+    lay = Layout(seq_len=131072, world_size=8, cp_size=8, cp_impl="ring", ulysses_size=1, zero_stage=zero,
+                 offload_optimizer=False, offload_params=False, activation_checkpointing="full", checkpoint_every=1,
+                 recompute_attention=False, micro_batch_size=1, grad_accum=1, dtype="bfloat16", loss_chunk_size=1024,
+                 attention_backend="flash")
+    full = estimate_layout(big, lay, device="gpu")
+    lora = estimate_layout(big, dataclasses.replace(lay, adapter=adapter_spec(adapter)), device="gpu")
+    trained, total = lora.info["parameters_trained"], lora.info["parameters_total"]
+    assert trained < 0.1 * total and lora.optimizer <= full.optimizer * trained / full.info["parameters_total"] * 1.01
+    assert lora.parameters >= full.parameters and lora.peak < full.peak
