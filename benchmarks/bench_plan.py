@@ -49,6 +49,11 @@ CONFIGS: dict[str, tuple[int, list[str]]] = {
     "T4k dp2 z2 none": (2, ["data.seq_len=4096", "parallel.zero_stage=2"]),
     "T16k cp2 z3 full": (2, ["data.seq_len=16384", "parallel.cp_size=2", "parallel.zero_stage=3",
                              "parallel.activation_checkpointing=full"]),
+    # an adapter run of the layout above (LongLoRA's choice: LoRA on attention, embeddings and norms trained)
+    "T16k cp2 z3 full lora": (2, ["data.seq_len=16384", "parallel.cp_size=2", "parallel.zero_stage=3",
+                                  "parallel.activation_checkpointing=full",
+                                  "train.adapter={r: 16, alpha: 32, target_modules: [q_proj, k_proj, v_proj, o_proj], "
+                                  "trainable: [embed_tokens, norm]}"]),
     "T8k cp2 z3 selective allgather": (2, ["data.seq_len=8192", "parallel.cp_size=2", "parallel.zero_stage=3",
                                            "parallel.cp_impl=allgather",
                                            "parallel.activation_checkpointing=selective"]),

@@ -62,6 +62,9 @@ def validate_portable(cfg: TrainConfig, stages: Optional[Sequence[RunStage]] = N
         stage.validate()
     check_buckets(cfg.validation, stages)
     check_probe_lengths(cfg.validation.probe, stages)
+    if cfg.train.adapter is not None and cfg.parallel.compile != "none":
+        raise UserError("parallel.compile: not with train.adapter yet (the compiled MLPs have not been checked with "
+                        "LoRA layers inside); use parallel.compile=none")
     if cfg.train.adapter is not None and cfg.train.adapter.dropout > 0 and cfg.parallel.mlp_tile_tokens:
         raise UserError("train.adapter.dropout: must be 0 with parallel.mlp_tile_tokens (the tiles' backward "
                         "recomputes the MLP, and a new dropout mask would differ from the forward's)")

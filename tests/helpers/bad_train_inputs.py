@@ -210,6 +210,8 @@ TRAIN = [
      "layers.0.input_layernorm is a RMSNorm, which LoRA cannot wrap here (linear layers only)"),
     ("adapter on the vocabulary head", ["train", RUN, "train.adapter.target_modules=[lm_head]"],
      "train.adapter.target_modules: 'lm_head' is the vocabulary head"),
+    ("adapter with compiled MLPs", ["train", RUN, "train.adapter.r=8", "parallel.compile=norms_mlp"],
+     "parallel.compile: not with train.adapter yet"),
     ("adapter dropout with MLP tiles", ["train", RUN, "train.adapter.dropout=0.1", "parallel.mlp_tile_tokens=64"],
      "train.adapter.dropout: must be 0 with parallel.mlp_tile_tokens"),
 ]
