@@ -86,7 +86,7 @@ def measure(nproc: int, overrides: list[str], workdir: Path) -> dict:
     commit = subprocess.run(["git", "describe", "--always", "--dirty"], capture_output=True, text=True,
                             cwd=ROOT).stdout.strip()
     return {"measured_gb": max(r["peak_memory_gb"] for r in recs), "wall_s": time.perf_counter() - start,
-            "commit": commit}
+            "tokens_per_s": recs[-1]["tokens_per_s"], "commit": commit}
 
 
 def predict(nproc: int, overrides: list[str], overhead_gb: float) -> dict:
@@ -146,7 +146,8 @@ def main() -> int:
             continue
         nproc, overrides = CONFIGS[name]
         row = {"name": name, "ranks": nproc, "overrides": overrides, "measured_gb": measured[name]["measured_gb"],
-               "wall_s": measured[name].get("wall_s"), "commit": measured[name].get("commit")}
+               "wall_s": measured[name].get("wall_s"), "tokens_per_s": measured[name].get("tokens_per_s"),
+               "commit": measured[name].get("commit")}
         try:
             row.update(predict(nproc, overrides, overhead))
         except ImportError:
