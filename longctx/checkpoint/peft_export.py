@@ -26,7 +26,7 @@ from typing import Optional
 import torch
 from safetensors.torch import save_file
 
-from longctx.model.adapter import ADAPTER_NAME, _is_trainable, lora_config
+from longctx.model.adapter import ADAPTER_NAME, is_trainable, lora_config
 from longctx.model.auto.support import AutoModelSpec
 from longctx.model.hf import to_hf_key
 from longctx.model.hf_config import config_to_hf
@@ -67,7 +67,7 @@ def adapter_tensors(state: dict[str, Tensor], adapter, own_names: bool) -> dict[
             out[f"base_model.model.{hf(module)}{saved}"] = state[module + suffix]
     for key, value in state.items():
         module = key.rsplit(".", 1)[0]
-        if ".lora_" not in key and ".base_layer." not in key and _is_trainable(module, adapter.trainable):
+        if ".lora_" not in key and ".base_layer." not in key and is_trainable(module, adapter.trainable):
             out[f"base_model.model.{hf(key)}"] = value
     return {k: v.detach().to("cpu").contiguous() for k, v in out.items()}
 

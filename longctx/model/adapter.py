@@ -24,11 +24,11 @@ ADAPTER_NAME = "default"  # PEFT's name of a model's one adapter
 LORA_MARKERS = (".lora_A.", ".lora_B.")
 
 
-def _is_target(name: str, targets: Iterable[str]) -> bool:
+def is_target(name: str, targets: Iterable[str]) -> bool:
     return any(name == t or name.endswith("." + t) for t in targets)
 
 
-def _is_trainable(name: str, trainable: Iterable[str]) -> bool:
+def is_trainable(name: str, trainable: Iterable[str]) -> bool:
     return bool(name) and any(name.endswith(t) for t in trainable)
 
 
@@ -48,7 +48,7 @@ def check_adapter(adapter, model: nn.Module) -> None:
     listing = f"the model's linear modules: {', '.join(linears)}"
     head = _head(model)
     for target in adapter.target_modules:
-        matched = [(n, m) for n, m in model.named_modules() if _is_target(n, [target])]
+        matched = [(n, m) for n, m in model.named_modules() if is_target(n, [target])]
         if not matched:
             raise UserError(f"train.adapter.target_modules: the model has no module {target!r}; {listing}")
         for name, module in matched:
@@ -60,12 +60,12 @@ def check_adapter(adapter, model: nn.Module) -> None:
                                 f"cannot wrap here (linear layers only); {listing}")
     names = [n for n, _ in model.named_modules()]
     for entry in adapter.trainable:
-        if not any(_is_trainable(n, [entry]) for n in names):
+        if not any(is_trainable(n, [entry]) for n in names):
             raise UserError(f"train.adapter.trainable: no module of the model ends with {entry!r} "
                             f"(e.g. embed_tokens, norm, lm_head)")
     embed = getattr(model, "embed_tokens", None)
     tied = embed is not None and (head is None or head.weight is embed.weight)
-    if tied and any(_is_trainable(n, adapter.trainable) for n, m in model.named_modules() if m is embed):
+    if tied and any(is_trainable(n, adapter.trainable) for n, m in model.named_modules() if m is embed):
         raise UserError("train.adapter.trainable: embed_tokens is tied to the vocabulary head (tie_word_embeddings); "
                         "a PEFT adapter saves the two apart, so train it only in a model with its own head")
 
@@ -90,7 +90,7 @@ def apply_adapter(model: nn.Module, adapter, seed: int) -> nn.Module:
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         inject_adapter_in_model(config, model, adapter_name=ADAPTER_NAME)
-    trained = {id(p) for n, m in model.named_modules() if _is_trainable(n, adapter.trainable)
+    trained = {id(p) for n, m in model.named_modules() if is_trainable(n, adapter.trainable)
                for p in m.parameters()}
     for name, p in model.named_parameters():
         p.requires_grad_(is_lora_key(name) or id(p) in trained)

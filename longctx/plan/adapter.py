@@ -42,13 +42,13 @@ def adapter_counts(m, spec: AdapterSpec) -> AdapterCounts:
 def _counts(spec: AdapterSpec, m) -> AdapterCounts:
     from torch import nn  # torch and the model: only when an adapter run is planned
 
-    from longctx.model.adapter import _is_target, _is_trainable
+    from longctx.model.adapter import is_target, is_trainable
 
     model = _meta_model(m)
     head = getattr(model, "lm_head", None)
     added = sum(spec.r * (mod.in_features + mod.out_features) for name, mod in model.named_modules()
-                if type(mod) is nn.Linear and mod is not head and _is_target(name, spec.target_modules))
-    trained_modules = [mod for name, mod in model.named_modules() if _is_trainable(name, spec.trainable)]
+                if type(mod) is nn.Linear and mod is not head and is_target(name, spec.target_modules))
+    trained_modules = [mod for name, mod in model.named_modules() if is_trainable(name, spec.trainable)]
     whole = {id(p): p.numel() for mod in trained_modules for p in mod.parameters()}
     head_trained = head is not None and any(mod is head for mod in trained_modules)
     return AdapterCounts(added=added, trained=added + sum(whole.values()), head_trained=head_trained)
