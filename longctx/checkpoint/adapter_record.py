@@ -26,14 +26,17 @@ def adapter_config_record(adapter) -> Optional[dict]:
             "trainable": list(adapter.trainable)}
 
 
-@torch.no_grad()
 def base_hash(model: nn.Module) -> str:
     """sha256 over the frozen parameters (name, dtype, shape, bytes) in name order: the base
     weights an adapter trains on. Reads each tensor once through host memory."""
+    return base_hash_of((n, p) for n, p in model.named_parameters() if not p.requires_grad)
+
+
+@torch.no_grad()
+def base_hash_of(named) -> str:
+    """base_hash of (name, tensor) pairs (a LoRA-wrapped module's `.base_layer.` left out of its name)."""
     digest = hashlib.sha256()
-    frozen = sorted((name.replace(".base_layer.", "."), p) for name, p in model.named_parameters()
-                    if not p.requires_grad)
-    for name, p in frozen:
+    for name, p in sorted(((name.replace(".base_layer.", "."), p) for name, p in named), key=lambda item: item[0]):
         t = p.detach().to("cpu").contiguous()
         digest.update(f"{name}|{t.dtype}|{tuple(t.shape)}|".encode())
         digest.update(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")

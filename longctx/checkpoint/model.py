@@ -27,6 +27,7 @@ import torch
 
 from longctx.attention import AttentionFn, sdpa_attention
 from longctx.base.errors import UserError
+from longctx.checkpoint.adapter_base import with_base
 from longctx.checkpoint.adapter_record import RECORD as ADAPTER_RECORD
 from longctx.checkpoint.peft_export import merged_state_dict
 from longctx.checkpoint.safe_load import check_files, load_checkpoint_file
@@ -132,9 +133,16 @@ def zero_masters(ckpt: Path, merge: bool = True) -> Optional[dict[str, torch.Ten
 
 def _merged(ckpt: Path, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """An adapter run's weights (trainer_state.json records its adapter) with the LoRA updates
-    folded in, under the plain model's names; any other run's as they are."""
+    folded in, under the plain model's names, the frozen base (which its DeepSpeed files do not
+    hold) rebuilt and checked against its recorded hash (adapter_base.py); any other run's as
+    they are."""
     adapter = trainer_state(ckpt).get(ADAPTER_RECORD)
-    return merged_state_dict(state, SimpleNamespace(**adapter)) if adapter else state
+    if not adapter:
+        return state
+    if not any(key.endswith(".base_layer.weight") for key in state):
+        trained = trained_model(ckpt)
+        state = with_base(ckpt, state, adapter, trained.config, trained.dtype)
+    return merged_state_dict(state, SimpleNamespace(**adapter))
 
 
 def ds_state_dict(ckpt: Path, merge: bool = True) -> dict[str, torch.Tensor]:

@@ -116,7 +116,8 @@ class Trainer:
         self.restart_sources: set = set()
         self.checkpoints = RunCheckpoints(self.out, cfg.checkpoint, self.stages, self.validator,
                                           tokenizer=cfg.data.tokenizer, world=self.world, rank=self.rank,
-                                          dtype=self.dtype, adapter=cfg.train.adapter, base=cfg.model.init_from)
+                                          dtype=self.dtype, adapter=cfg.train.adapter, base=cfg.model.init_from,
+                                          seed=cfg.train.seed)
         self.pending_validation: Optional[tuple] = None  # (stage, step) a signal stopped before the checkpoint
         self.peak, self.peak_src = peak_flops_per_device(cfg.log.peak_tflops, self.dtype)  # a table, or a cache
         # built by run(): the engine and its model (_build_engine); the reporter's outputs open after them

@@ -25,10 +25,12 @@ class RunCheckpoints:
     that counts (the one resumed from until the run writes its own)."""
 
     def __init__(self, out: Path, section: CheckpointSection, stages: list[RunStage], validator: Validator, *,
-                 tokenizer: str, world: int, rank: int, dtype, adapter=None, base: Optional[str] = None):
+                 tokenizer: str, world: int, rank: int, dtype, adapter=None, base: Optional[str] = None,
+                 seed: int = 0):
         self.out, self.section, self.stages, self.validator = out, section, stages, validator
         self.tokenizer, self.world, self.rank, self.dtype = tokenizer, world, rank, dtype
-        self.adapter, self.base = adapter, base  # train.adapter and the base it trains (model.init_from)
+        # train.adapter and the base it trains (model.init_from, else the preset's init from train.seed)
+        self.adapter, self.base, self.seed = adapter, base, seed
         self.base_sha256: Optional[str] = None  # the frozen base (adapter_record.base_hash), set by the trainer
         self.last: Optional[Path] = None
         self._source_fingerprints: dict[int, list] = {}
@@ -71,7 +73,8 @@ class RunCheckpoints:
         recorded = dict(trainer_state.state_dict(), validation_sources=self.validator.fingerprints(data_stage),
                         validation_pending=list(pending) if pending else None)
         if self.adapter is not None:
-            recorded[RECORD] = dict(adapter_config_record(self.adapter), base_sha256=self.base_sha256, base=self.base)
+            recorded[RECORD] = dict(adapter_config_record(self.adapter), base_sha256=self.base_sha256, base=self.base,
+                                    seed=self.seed)
         hf_writer = functools.partial(self.write_hf, engine, model) if self.section.save_hf else None
         self.last = save_checkpoint(self.out, state.step, engine=engine, trainer_state=recorded,
                                     rank_state=rank_state, keep_last=self.section.keep_last, hf_writer=hf_writer)

@@ -1,7 +1,8 @@
 """An adapter run through the real trainer: torchrun at cp 2 writes the merged export and the
 PEFT adapter, its checkpoints record the adapter and the base's hash, and a resume from the
 middle on another layout (one process, ZeRO-0) ends with the uninterrupted run's adapter;
-`longctx export --adapter` of a checkpoint without model/ gives the same adapter."""
+`longctx export --adapter` of a checkpoint without model/ gives the same adapter, and its
+DeepSpeed files hold the trained tensors only (the merged model rebuilds the base from the record)."""
 import json
 
 import torch
@@ -9,6 +10,7 @@ from safetensors.torch import load_file
 
 import longctx
 from helpers.train import TINY, metrics, run_train
+from longctx.checkpoint.safe_load import load_checkpoint_file
 from longctx.commands.cli import main
 
 ADAPTER = "train.adapter={r: 4, alpha: 8, target_modules: [q_proj, v_proj, down_proj], trainable: [embed_tokens, norm]}"
@@ -53,6 +55,9 @@ def test_adapter_run_exports_records_and_resumes_on_another_layout(tmp_path):
     # adapter from its DeepSpeed files, and the merged model consolidates from them
     ckpt = resumed / "checkpoints" / "step_0000004"
     assert not (ckpt / "model").exists()
+    # ... and no copy of the frozen base: the trained tensors only (the base is named by its hash)
+    module = load_checkpoint_file(ckpt / "ds" / "mp_rank_00_model_states.pt")["module"]
+    assert module and all(".lora_" in k or "embed_tokens" in k or k.endswith("norm.weight") for k in module)
     assert main(["export", "--checkpoint", str(ckpt), "--out", str(tmp_path / "peft"), "--adapter"]) == 0
     rebuilt = load_file(tmp_path / "peft" / "adapter_model.safetensors")
     assert all(torch.equal(rebuilt[k], again[k]) for k in again)

@@ -7,6 +7,7 @@ import torch
 
 from helpers.auto_models import tiny_auto_model
 from longctx.base.errors import UserError
+from longctx.checkpoint.adapter_base import with_base
 from longctx.checkpoint.adapter_record import adapter_config_record, base_hash, check_adapter_config, check_base
 from longctx.config.adapter import AdapterSection
 from longctx.model.adapter import apply_adapter, check_adapter, linear_names, trainable_count
@@ -161,3 +162,17 @@ def test_the_planner_counts_what_an_adapter_run_trains(zero):
     trained, total = lora.info["parameters_trained"], lora.info["parameters_total"]
     assert trained < 0.1 * total and lora.optimizer <= full.optimizer * trained / full.info["parameters_total"] * 1.01
     assert lora.parameters >= full.parameters and lora.peak < full.peak
+
+
+def test_a_checkpoint_without_the_base_gets_it_back_only_when_its_hash_matches(tmp_path):
+    """An adapter checkpoint's DeepSpeed files hold the trained tensors only: the base comes
+    back from the recorded preset and seed (or init_from), checked against the recorded sha256."""
+    tiny = get_preset("debug-tiny")
+    model = _model()
+    trained = {n: p.detach().clone() for n, p in model.named_parameters() if p.requires_grad}
+    record = dict(adapter_config_record(MLP_AND_ATTENTION), base_sha256=base_hash(model), base=None, seed=0)
+    whole = with_base(tmp_path, trained, record, tiny, torch.float32)
+    assert whole.keys() == model.state_dict().keys()
+    assert all(torch.equal(whole[k], v) for k, v in model.state_dict().items())
+    with pytest.raises(UserError, match="now hash to sha256 .* not the recorded"):
+        with_base(tmp_path, trained, dict(record, seed=1), tiny, torch.float32)
