@@ -49,6 +49,11 @@ CONFIGS: dict[str, tuple[int, list[str]]] = {
     "T4k dp2 z2 none": (2, ["data.seq_len=4096", "parallel.zero_stage=2"]),
     "T16k cp2 z3 full": (2, ["data.seq_len=16384", "parallel.cp_size=2", "parallel.zero_stage=3",
                              "parallel.activation_checkpointing=full"]),
+    # an adapter run of the layout above (LongLoRA's choice: LoRA on attention, embeddings and norms trained)
+    "T16k cp2 z3 full lora": (2, ["data.seq_len=16384", "parallel.cp_size=2", "parallel.zero_stage=3",
+                                  "parallel.activation_checkpointing=full",
+                                  "train.adapter={r: 16, alpha: 32, target_modules: [q_proj, k_proj, v_proj, o_proj], "
+                                  "trainable: [embed_tokens, norm]}"]),
     "T8k cp2 z3 selective allgather": (2, ["data.seq_len=8192", "parallel.cp_size=2", "parallel.zero_stage=3",
                                            "parallel.cp_impl=allgather",
                                            "parallel.activation_checkpointing=selective"]),
@@ -81,7 +86,7 @@ def measure(nproc: int, overrides: list[str], workdir: Path) -> dict:
     commit = subprocess.run(["git", "describe", "--always", "--dirty"], capture_output=True, text=True,
                             cwd=ROOT).stdout.strip()
     return {"measured_gb": max(r["peak_memory_gb"] for r in recs), "wall_s": time.perf_counter() - start,
-            "commit": commit}
+            "tokens_per_s": recs[-1]["tokens_per_s"], "commit": commit}
 
 
 def predict(nproc: int, overrides: list[str], overhead_gb: float) -> dict:
@@ -141,7 +146,8 @@ def main() -> int:
             continue
         nproc, overrides = CONFIGS[name]
         row = {"name": name, "ranks": nproc, "overrides": overrides, "measured_gb": measured[name]["measured_gb"],
-               "wall_s": measured[name].get("wall_s"), "commit": measured[name].get("commit")}
+               "wall_s": measured[name].get("wall_s"), "tokens_per_s": measured[name].get("tokens_per_s"),
+               "commit": measured[name].get("commit")}
         try:
             row.update(predict(nproc, overrides, overhead))
         except ImportError:

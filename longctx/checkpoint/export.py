@@ -13,6 +13,7 @@ import torch
 
 from longctx.base.errors import UserError
 from longctx.checkpoint import manifest
+from longctx.checkpoint.adapter_export import export_adapter
 from longctx.checkpoint.find import is_checkpoint, is_ds_only_checkpoint, resolve_model_dir, tokenizer_spec_for
 from longctx.checkpoint.model import DTYPES, load_consolidated, trained_model, zero_masters
 from longctx.data.hf_tokenizer import TokenizerFiles
@@ -145,6 +146,14 @@ def _sigterm_unwinds() -> Iterator[None]:
 def run(args: argparse.Namespace) -> int:
     src, out = Path(args.checkpoint), Path(args.out)
     check_out_dir(src, out, args.overwrite)
+    if getattr(args, "adapter", False):
+        if not src.is_dir():
+            raise UserError(f"--checkpoint: {src} is not a directory (an adapter run's directory or checkpoint)")
+        with export_lock(export_target(out), out):
+            check_out_dir(src, out, args.overwrite)
+            origin = export_adapter(src, out)
+        print(f"exported the PEFT adapter of {origin} -> {out}")
+        return 0
     model_dir = resolve_model_dir(src, field="--checkpoint")  # a checkpoint: COMPLETE, matching its manifest
     try:
         with _sigterm_unwinds():

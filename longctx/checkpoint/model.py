@@ -10,6 +10,7 @@ architecture and tokenizer from what the trainer records in `trainer_state.json`
 Weights: with ZeRO optimizer partitions (stages 1-3) the fp32 master weights, consolidated
 in this process as DeepSpeed's own zero_to_fp32.py does; at ZeRO-0 the module's weights
 DeepSpeed saved (in the training dtype; in an fp32 run they are the optimizer's weights).
+An adapter run's weights come out merged (each LoRA update folded into its module's weight).
 """
 from __future__ import annotations
 
@@ -19,12 +20,16 @@ import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Optional
 
 import torch
 
 from longctx.attention import AttentionFn, sdpa_attention
 from longctx.base.errors import UserError
+from longctx.checkpoint.adapter_base import with_base
+from longctx.checkpoint.adapter_record import RECORD as ADAPTER_RECORD
+from longctx.checkpoint.peft_export import merged_state_dict
 from longctx.checkpoint.safe_load import check_files, load_checkpoint_file
 from longctx.config import load_config, resolve_stages, stage_model_config
 from longctx.model.auto.support import AutoModelSpec
@@ -111,7 +116,7 @@ def trained_model(ckpt: Path) -> CheckpointModel:
     return recorded_model(ckpt) or _from_run_config(ckpt)
 
 
-def zero_masters(ckpt: Path) -> Optional[dict[str, torch.Tensor]]:
+def zero_masters(ckpt: Path, merge: bool = True) -> Optional[dict[str, torch.Tensor]]:
     """The fp32 master weights of the ZeRO optimizer partitions in `ckpt/ds/` (consolidated as
     DeepSpeed's zero_to_fp32.py does), or None at ZeRO-0 (no partitions)."""
     if not any((ckpt / "ds").glob("*zero_pp_rank_*_optim_states.pt")):
@@ -122,12 +127,28 @@ def zero_masters(ckpt: Path) -> Optional[dict[str, torch.Tensor]]:
 
     quiet = io.StringIO()  # its progress lines and bars are this step's detail, kept off the console
     with contextlib.redirect_stdout(quiet), contextlib.redirect_stderr(quiet):
-        return dict(get_fp32_state_dict_from_zero_checkpoint(str(ckpt), tag="ds"))
+        state = dict(get_fp32_state_dict_from_zero_checkpoint(str(ckpt), tag="ds"))
+    return _merged(ckpt, state) if merge else state
 
 
-def ds_state_dict(ckpt: Path) -> dict[str, torch.Tensor]:
-    """The model's weights in `ckpt/ds/` under the model's own names (see the module docstring)."""
-    masters = zero_masters(ckpt)
+def _merged(ckpt: Path, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """An adapter run's weights (trainer_state.json records its adapter) with the LoRA updates
+    folded in, under the plain model's names, the frozen base (which its DeepSpeed files do not
+    hold) rebuilt and checked against its recorded hash (adapter_base.py); any other run's as
+    they are."""
+    adapter = trainer_state(ckpt).get(ADAPTER_RECORD)
+    if not adapter:
+        return state
+    if not any(key.endswith(".base_layer.weight") for key in state):
+        trained = trained_model(ckpt)
+        state = with_base(ckpt, state, adapter, trained.config, trained.dtype)
+    return merged_state_dict(state, SimpleNamespace(**adapter))
+
+
+def ds_state_dict(ckpt: Path, merge: bool = True) -> dict[str, torch.Tensor]:
+    """The model's weights in `ckpt/ds/` under the model's own names (see the module docstring;
+    merge=False: an adapter run's as it trained them, the LoRA factors apart)."""
+    masters = zero_masters(ckpt, merge)
     if masters is not None:
         return masters
     states = ckpt / "ds" / ZERO0_STATES
@@ -138,7 +159,7 @@ def ds_state_dict(ckpt: Path) -> dict[str, torch.Tensor]:
     module = saved.get("module") if isinstance(saved, dict) else None
     if not isinstance(module, dict) or not module:
         raise UserError(f"{states}: holds no module weights")
-    return dict(module)
+    return _merged(ckpt, dict(module)) if merge else dict(module)
 
 
 def load_consolidated(ckpt: Path, config: ModelConfig, *, dtype: Optional[torch.dtype] = None,

@@ -52,6 +52,7 @@ from longctx.checkpoint.layout import (
 from longctx.checkpoint.manifest import COMPLETE, gather_objects, rank_and_world
 from longctx.checkpoint.safe_load import check_files, load_checkpoint_file
 from longctx.checkpoint.universal import load_universal, to_universal
+from longctx.model.adapter import has_adapter
 from longctx.parallel.zero import optimizer_param_names
 from longctx.storage import atomic
 
@@ -165,8 +166,10 @@ def load_checkpoint(path: Path, *, engine, model, layout: Layout) -> Restored:
 
 
 def _load_native(path: Path, engine) -> None:
+    # an adapter checkpoint holds the trained weights only: the frozen base is this run's (hash-checked)
     load_path, _ = engine.load_checkpoint(str(path), tag="ds", load_optimizer_states=True,
-                                          load_lr_scheduler_states=False)
+                                          load_lr_scheduler_states=False,
+                                          load_module_strict=not has_adapter(engine.module))
     if load_path is None:
         raise UserError(f"checkpoint.resume: DeepSpeed could not load {path / 'ds'}")
     # ZeRO-3's load leaves the parameters gathered: a checkpointed block's first forward would skip
@@ -353,7 +356,9 @@ def _save_phases(rank: int, step: int, root: Path, tmp: Path, final: Path, engin
         lambda: run_phase(lambda: _prepare(rank, root, tmp, final, engine)),
         # A write failing inside DeepSpeed's save skips its closing barrier on this rank only;
         # joining it here keeps the ranks' collectives in step (its other collectives come first).
-        lambda: run_phase(lambda: engine.save_checkpoint(str(tmp), tag="ds", save_latest=True),
+        # an adapter run's frozen base is not copied: the checkpoint names it by hash (adapter_record.py)
+        lambda: run_phase(lambda: engine.save_checkpoint(str(tmp), tag="ds", save_latest=True,
+                                                         exclude_frozen_parameters=has_adapter(engine.module)),
                           after_failure=_barrier),
         own_files,
         listed,

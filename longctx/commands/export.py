@@ -1,5 +1,9 @@
 """`longctx export --checkpoint DIR --out HF_DIR [--dtype D] [--overwrite]`.
 
+With --adapter, an adapter run's PEFT adapter directory (adapter_config.json,
+adapter_model.safetensors, and config.json: the architecture and RoPE the base loads with);
+without it, an adapter run exports as the merged model (each LoRA update folded in).
+
 DIR: an HF directory, a training checkpoint (its model/, or without one its ZeRO shards
 consolidated in this process with the model config the checkpoint records) or a run directory.
 The tokenizer travels with the weights (data/hf_tokenizer.py), so transformers' AutoTokenizer
@@ -26,6 +30,8 @@ def add_parser(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dtype", choices=DTYPE_NAMES, default=None,
                    help="cast weights (default: keep; a checkpoint without model/: its training dtype); float32 "
                         "from a ZeRO checkpoint exports its fp32 master weights")
+    p.add_argument("--adapter", action="store_true",
+                   help="an adapter run (train.adapter): write its PEFT adapter directory instead of the merged model")
     p.add_argument("--overwrite", action="store_true",
                    help="write into a non-empty --out: replace the export's own files, keep the rest (one atomic swap)")
 

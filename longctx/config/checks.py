@@ -43,6 +43,8 @@ def validate_config(cfg: TrainConfig, world_size: int, *, weights: bool = True,
     if cfg.validation.enabled:
         check_heldout(cfg.validation, plan.stages, files=weights)
     check_local_tokenizer_vocab(cfg.data.tokenizer, plan.model_configs[-1].vocab_size)
+    if cfg.train.adapter is not None:
+        check_adapter_names(cfg.train.adapter, plan.model_configs[0])
     check_out_dir(cfg.out_dir)
     return plan
 
@@ -60,6 +62,12 @@ def validate_portable(cfg: TrainConfig, stages: Optional[Sequence[RunStage]] = N
         stage.validate()
     check_buckets(cfg.validation, stages)
     check_probe_lengths(cfg.validation.probe, stages)
+    if cfg.train.adapter is not None and cfg.parallel.compile != "none":
+        raise UserError("parallel.compile: not with train.adapter yet (the compiled MLPs have not been checked with "
+                        "LoRA layers inside); use parallel.compile=none")
+    if cfg.train.adapter is not None and cfg.train.adapter.dropout > 0 and cfg.parallel.mlp_tile_tokens:
+        raise UserError("train.adapter.dropout: must be 0 with parallel.mlp_tile_tokens (the tiles' backward "
+                        "recomputes the MLP, and a new dropout mask would differ from the forward's)")
     return stages
 
 
@@ -86,6 +94,25 @@ def _validate_on_this_machine(cfg: TrainConfig, weights: bool) -> Optional[dict]
         if getattr(cfg.data, name) is not None:
             check_out_dir(getattr(cfg.data, name), f"data.{name}")
     return deepspeed
+
+
+def check_adapter_names(adapter, model_cfg) -> None:
+    """train.adapter's module names against the model's modules (built on the meta device: no
+    memory, no weights), and PEFT there to apply them. Imports torch: adapter runs only."""
+    from longctx.model.adapter import check_adapter
+    from longctx.model.llama import build_model
+
+    try:
+        import peft  # noqa: F401
+    except ImportError:
+        raise UserError("train.adapter: needs the peft package (pip install 'longctx[adapters]')") from None
+    if isinstance(model_cfg, AutoModelSpec):
+        from longctx.model.auto.model import build_auto_model  # imports transformers: this path only
+
+        model = build_auto_model(model_cfg, device="meta")
+    else:
+        model = build_model(model_cfg, device="meta")
+    check_adapter(adapter, model)
 
 
 def _check_init_from(path: Path, weights: bool) -> None:

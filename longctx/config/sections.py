@@ -15,6 +15,7 @@ from omegaconf import MISSING
 
 from longctx.attention.backends import BACKENDS
 from longctx.base.errors import UserError
+from longctx.config.adapter import AdapterSection
 from longctx.config.validation import ValidationSection
 from longctx.data.config import DataConfig
 from longctx.data.source_config import SourceConfig
@@ -150,9 +151,12 @@ class TrainSection:
     # consecutive ones, the weights never checkpointed) or skip_step (drop its update, go on)
     nonfinite: str = "stop"
     max_nonfinite_steps: int = 3  # consecutive non-finite steps tolerated (skip_step: then stop too)
+    adapter: Optional[AdapterSection] = None  # LoRA and trainable modules, the rest frozen (config/adapter.py)
 
     def validate(self) -> None:
         require_one_of("train.dtype", self.dtype, DTYPES)
+        if self.adapter is not None:
+            self.adapter.validate()
         require_at_least("train.grad_accum", self.grad_accum, 1)
         if self.seed < 0:
             raise UserError(f"train.seed: must be >= 0 (numpy's generators take no negative seeds), got {self.seed}")

@@ -17,7 +17,7 @@ from longctx.model.config import ModelConfig
 from longctx.model.loss import chunked_cross_entropy
 from longctx.model.norm import RMSNorm
 from longctx.model.rope import RotaryEmbedding, apply_rotary
-from longctx.model.swiglu import tiled_swiglu
+from longctx.model.swiglu import tiled_module, tiled_swiglu
 
 
 class Attention(nn.Module):
@@ -63,9 +63,18 @@ class MLP(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if 0 < self.tile_tokens < x.numel() // x.shape[-1]:
+            if not self._plain():  # adapters on the projections: tiles through the modules (model/swiglu.py)
+                trained = [p for p in self.parameters() if p.requires_grad]
+                return tiled_module(x, self.tile_tokens, self._whole, trained)
             return tiled_swiglu(x, self.tile_tokens, self.gate_proj.weight, self.gate_proj.bias,
                                 self.up_proj.weight, self.up_proj.bias, self.down_proj.weight, self.down_proj.bias)
+        return self._whole(x)
+
+    def _whole(self, x: torch.Tensor) -> torch.Tensor:
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))  # SwiGLU
+
+    def _plain(self) -> bool:
+        return all(type(m) is nn.Linear for m in (self.gate_proj, self.up_proj, self.down_proj))
 
 
 class Block(nn.Module):

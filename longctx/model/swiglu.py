@@ -7,6 +7,11 @@ worth of memory instead of the sequence's, for one more MLP forward in the backw
 Each tile's weight-gradient GEMM rounds to the weights' dtype, as the whole-sequence GEMM
 does; the tiles' gradients are summed in fp32 and rounded once more, so a bf16 weight gradient
 carries one rounding per tile more than the untiled one (fp32: only the summation order differs).
+
+An MLP whose projections carry adapters (LoRA layers: model/adapter.py) runs in tiles through
+tiled_module: the backward recomputes each tile through the modules themselves and returns the
+gradient of every parameter the modules train (the adapters' factors), not only the base
+weights (a tiling that listed the base weights alone would leave the adapters untrained).
 """
 from __future__ import annotations
 
@@ -62,6 +67,50 @@ class _TiledSwiGLU(torch.autograd.Function):
         param_grads = [next(summed) if leaf is not None and need else None
                        for leaf, need in zip(leaves, needs_params)]
         return (dx, None, *param_grads)
+
+
+class _TiledModule(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x: Tensor, tile: int, fn, *params: Tensor) -> Tensor:
+        # x (N, d) tokens; fn: (n, d) -> (n, d_out), reading `params` (the trained parameters it uses)
+        with torch.no_grad():
+            out = torch.cat([fn(x[start:start + tile]) for start in range(0, x.shape[0], tile)])  # (N, d_out)
+        ctx.tile, ctx.fn = tile, fn
+        ctx.save_for_backward(x)
+        ctx.params = params
+        return out
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):
+        (x,) = ctx.saved_tensors
+        needs_x = ctx.needs_input_grad[0]
+        wanted = [p for p, need in zip(ctx.params, ctx.needs_input_grad[3:]) if need]
+        sums: list[Optional[Tensor]] = [None] * len(wanted)  # fp32 sums of the tiles' parameter gradients
+        dx = torch.empty_like(x) if needs_x else None
+        for start in range(0, x.shape[0], ctx.tile):
+            with torch.enable_grad():
+                xt = x[start:start + ctx.tile].detach().requires_grad_(needs_x)  # (n, d)
+                out = ctx.fn(xt)
+                grads = torch.autograd.grad(out, ([xt] if needs_x else []) + wanted, grad[start:start + ctx.tile],
+                                            allow_unused=True)
+            if needs_x:
+                dx[start:start + ctx.tile], grads = grads[0], grads[1:]
+            for i, g in enumerate(grads):
+                if g is not None:
+                    sums[i] = g.float() if sums[i] is None else sums[i].add_(g)
+        summed = iter(None if s is None else s.to(p.dtype) for s, p in zip(sums, wanted))
+        return (dx, None, None, *[next(summed) if need else None for need in ctx.needs_input_grad[3:]])
+
+
+def tiled_module(x: Tensor, tile: int, fn, params: list[Tensor]) -> Tensor:
+    """fn over x (..., d) in tiles of `tile` (> 0) tokens; `params`: every parameter fn trains
+    (requires_grad), each given its summed gradient in the backward."""
+    tokens = x.reshape(-1, x.shape[-1])  # (N, d)
+    if torch.is_grad_enabled() and (x.requires_grad or params):
+        out = _TiledModule.apply(tokens, tile, fn, *params)
+    else:
+        out = torch.cat([fn(tokens[start:start + tile]) for start in range(0, tokens.shape[0], tile)])
+    return out.view(*x.shape[:-1], out.shape[-1])
 
 
 def tiled_swiglu(x: Tensor, tile: int, *params: Optional[Tensor]) -> Tensor:

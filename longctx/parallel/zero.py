@@ -74,9 +74,12 @@ def build_optimizer(model: nn.Module, *, lr: float, betas: tuple[float, float], 
 
 
 def _decay_groups(model: nn.Module) -> tuple[list, list]:
-    """(name, parameter) pairs with weight decay (matrices) and without (norms, biases)."""
+    """(name, parameter) pairs with weight decay (matrices) and without (norms, biases); the
+    frozen parameters (an adapter run's base weights) in neither: no optimizer state for them."""
     decay, no_decay = [], []
     for name, p in model.named_parameters():
+        if not p.requires_grad:
+            continue
         ndim = len(p.ds_shape) if hasattr(p, "ds_shape") else p.ndim  # ZeRO-3 leaves a flat partition in p
         (no_decay if ndim < 2 else decay).append((name, p))
     return decay, no_decay

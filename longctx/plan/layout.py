@@ -9,6 +9,7 @@ from longctx.base.errors import UserError
 from longctx.config import RunStage, TrainConfig, load_deepspeed_json
 from longctx.parallel.heads import HeadShards, auto_ulysses_size
 from longctx.parallel.layout import ulysses_degree
+from longctx.plan.adapter import AdapterSpec, adapter_spec
 
 BUCKET = int(5e8)  # DeepSpeed reduce_bucket_size / allreduce bucket (elements), our config leaves the default
 PREFETCH = int(5e7)  # stage3_prefetch_bucket_size (elements)
@@ -40,6 +41,7 @@ class Layout:
     reduce_bucket_size: int = BUCKET
     prefetch_bucket_size: int = PREFETCH
     max_live_parameters: int = MAX_LIVE
+    adapter: Optional[AdapterSpec] = None  # train.adapter: only its parameters get gradients and optimizer states
 
 
 def planned_deepspeed(path: Optional[str]) -> Optional[dict]:
@@ -73,7 +75,8 @@ def layout_of(cfg: TrainConfig, stage: RunStage, world_size: int, deepspeed: Opt
                   activation_checkpointing=par.activation_checkpointing, checkpoint_every=par.checkpoint_every,
                   recompute_attention=par.recompute_attention, micro_batch_size=stage.data.micro_batch_size,
                   grad_accum=tr.grad_accum, dtype=tr.dtype, loss_chunk_size=tr.loss_chunk_size,
-                  attention_backend=par.attention_backend, mlp_tile_tokens=par.mlp_tile_tokens)
+                  attention_backend=par.attention_backend, mlp_tile_tokens=par.mlp_tile_tokens,
+                  adapter=adapter_spec(tr.adapter))
 
 
 def head_shards(m, lay: Layout) -> Optional[HeadShards]:

@@ -9,6 +9,7 @@ from typing import Optional
 from longctx.config import RunStage, TrainConfig
 from longctx.model.config import ModelConfig
 from longctx.plan.activations import activation_bytes
+from longctx.plan.adapter import adapter_counts
 from longctx.plan.layout import Layout, head_shards, layout_of, parameter_counts
 
 GiB = 2**30
@@ -56,8 +57,11 @@ class MemoryEstimate:
 
 
 def _model_states(n: dict, lay: Layout, device: str) -> dict:
-    """Persistent and transient bytes of parameters, gradients and optimizer states."""
+    """Persistent and transient bytes of parameters, gradients and optimizer states. P counts
+    every parameter, T the trained ones (all of them, but an adapter run's): gradients, the
+    optimizer's partitions and the buckets that reduce gradients are T's."""
     P, W, z = n["total"], lay.world_size, lay.zero_stage
+    T = n.get("trained", P)
     b = 2 if lay.dtype == "bfloat16" else 4
     mixed = b == 2
     gpu = device == "gpu"
@@ -70,32 +74,32 @@ def _model_states(n: dict, lay: Layout, device: str) -> dict:
     opt_host = lay.offload_optimizer
     if z == 0:
         out["params"] = b * P
-        out["grads"] = b * P
-        out["opt"] = (12 if mixed else 8) * P
+        out["grads"] = b * T
+        out["opt"] = (12 if mixed else 8) * T
         if mixed:
-            out["grads_transient"] = 4 * P  # fp32 gradients of the master weights at the step
-        out["comm"] = b * bucket(P)  # buffered all-reduce flattens the gradients
-        out["opt_step"] = 4 * P  # torch AdamW (foreach) sqrt(v) temporary
+            out["grads_transient"] = 4 * T  # fp32 gradients of the master weights at the step
+        out["comm"] = b * bucket(T)  # buffered all-reduce flattens the gradients
+        out["opt_step"] = 4 * T  # torch AdamW (foreach) sqrt(v) temporary
     elif z in (1, 2):
-        out["params"] = b * P  # flat buffer (the module's parameters are views into it)
-        out["init"] = b * P  # the flat copy exists next to the original parameters once
-        part = math.ceil(P / W)
+        out["params"] = b * P  # flat buffer (the module's trained parameters are views into it)
+        out["init"] = b * T  # the flat copy exists next to the original parameters once
+        part = math.ceil(T / W)
         master = 4 * part  # DeepSpeed clones the fp32 partition, in fp32 runs too
         adam = 8 * part
         if z == 1:
-            out["grads"] = b * P + (4 * P if mixed else 0)  # full grads (+ BF16_Optimizer's fp32 accumulator)
-            out["comm"] = 4 * bucket(P)  # fp32 staging bucket of the reduction
+            out["grads"] = b * T + (4 * T if mixed else 0)  # full grads (+ BF16_Optimizer's fp32 accumulator)
+            out["comm"] = 4 * bucket(T)  # fp32 staging bucket of the reduction
         else:
             out["grads"] = 4 * part  # fp32 gradient partition
-            out["comm"] = 2 * b * bucket(P)  # two ipg buckets (overlap_comm)
+            out["comm"] = 2 * b * bucket(T)  # two ipg buckets (overlap_comm)
         if opt_host:
             out["host"] = master + adam + (4 * part if z == 2 else 0)
         else:
             out["opt"] = master + adam
         out["opt_step"] = 4 * part
     else:  # z3
-        part = math.ceil(P / W)
-        out["params"] = b * part
+        part = math.ceil(T / W)
+        out["params"] = b * math.ceil(P / W)
         out["grads"] = 4 * part if not mixed else 2 * part + 4 * part
         master, adam = 4 * part, 8 * part
         if opt_host:
@@ -110,7 +114,7 @@ def _model_states(n: dict, lay: Layout, device: str) -> dict:
         # stage3_max_reuse_distance (1e9) and caps what is live at stage3_max_live_parameters
         # (1e9): small models stay fully gathered, a 7B model holds about 1e9 parameters
         out["gathered"] = b * min(P, lay.max_live_parameters + lay.prefetch_bucket_size)
-        out["comm_persistent"] = b * bucket(P)  # the reduce-scatter bucket, allocated once
+        out["comm_persistent"] = b * bucket(T)  # the reduce-scatter bucket, allocated once
         out["opt_step"] = 4 * part
     return out
 
@@ -129,6 +133,11 @@ def estimate_layout(m, lay: Layout, *, device: str = "gpu", runtime_overhead_gb:
     if device not in ("gpu", "cpu"):
         raise ValueError(f"device must be 'gpu' or 'cpu', got {device!r}")
     n = parameter_counts(m)
+    head_trained = True
+    if lay.adapter is not None:  # the LoRA factors join the model; only they and the trainable modules train
+        counts = adapter_counts(m, lay.adapter)
+        n = dict(n, total=n["total"] + counts.added, trained=counts.trained)
+        head_trained = counts.head_trained
     ms = _model_states(n, lay, device)
     act = activation_bytes(m, lay, device, document_masking)
     b_model = 2 if lay.dtype == "bfloat16" else 4
@@ -151,7 +160,7 @@ def estimate_layout(m, lay: Layout, *, device: str = "gpu", runtime_overhead_gb:
                              communication=ms["comm_persistent"] + act["comm_fwd"])
     # backward of the last block's MLP: every saved activation (+ the block recomputed under
     # checkpointing) and the MLP's gradient temporaries; the head's gradient already exists
-    head_grad = b_model * n["head"] if z <= 1 else 0.0
+    head_grad = b_model * n["head"] if z <= 1 and head_trained else 0.0
     phases["backward_mlp"] = dict(
         base, parameters=ms["params"] + ms["gathered"], gradients=grads_fwd + head_grad,
         activations=act["top"] + act["mlp_bwd"])
@@ -179,7 +188,8 @@ def estimate_layout(m, lay: Layout, *, device: str = "gpu", runtime_overhead_gb:
     totals = {k: sum(v.values()) for k, v in phases.items()}
     peak_phase = max(totals, key=totals.get)
     comp = {k: float(phases[peak_phase].get(k, 0.0)) for k in COMPONENTS}
-    info = {"parameters_total": n["total"], "tokens_per_rank": act["tokens"], "layout": dataclasses.asdict(lay),
+    info = {"parameters_total": n["total"], "parameters_trained": n.get("trained", n["total"]),
+            "tokens_per_rank": act["tokens"], "layout": dataclasses.asdict(lay),
             "ulysses": ulysses_split(m, lay)}
     return MemoryEstimate(**comp, phase=peak_phase, host=float(ms["host"]), phases=totals, info=info, device=device)
 

@@ -29,6 +29,10 @@ def format_estimate(est: MemoryEstimate, device_bytes: Optional[float] = None) -
     labels = {"parameters": "parameters", "gradients": "gradients", "optimizer": "optimizer states",
               "activations": "activations", "attention": "attention workspace", "loss": "loss workspace",
               "communication": "communication buffers", "runtime": "runtime (context, libraries)"}
+    total, trained = est.info["parameters_total"], est.info.get("parameters_trained", est.info["parameters_total"])
+    if trained != total:
+        lines.append(f"    adapter: {trained:,} of {total:,} parameters trained ({100 * trained / total:.2f}%): "
+                     "gradients and optimizer states for those only, the rest frozen")
     for key in COMPONENTS:
         lines.append(f"    {labels[key]:<30}{fmt_bytes(getattr(est, key))}")
     lines.append(f"    {'total (peak)':<30}{fmt_bytes(est.peak)}")

@@ -12,6 +12,7 @@ from torch import nn
 
 from longctx.config import RunPlan, TrainConfig, validate_config
 from longctx.config.stages import init_from_dir
+from longctx.model.adapter import apply_adapter, trainable_count
 from longctx.model.auto.support import AutoModelSpec
 from longctx.model.config import ModelConfig
 from longctx.model.hf import load_pretrained
@@ -54,7 +55,19 @@ def build_plain_model(cfg, model_cfg: ModelConfig | AutoModelSpec, device: torch
     else:
         model = build_model(model_cfg, device=device, seed=cfg.train.seed)
     line = weights_line(source, m.preset, len(model.state_dict()), count_parameters(model), cfg.train.seed)
-    return model.to(train_dtype(cfg)), f"{path_line(model)}\n{line}{checked}"
+    model = model.to(train_dtype(cfg))
+    if cfg.train.adapter is not None:  # LoRA in train.dtype, the rest frozen (model/adapter.py)
+        apply_adapter(model, cfg.train.adapter, cfg.train.seed)
+        line += "\n" + adapter_line(cfg.train.adapter, model)
+    return model, f"{path_line(model)}\n{line}{checked}"
+
+
+def adapter_line(adapter, model: nn.Module) -> str:
+    """What an adapter run trains (the run's first lines say so)."""
+    total, trained = count_parameters(model), trainable_count(model)
+    also = f" + trainable {', '.join(adapter.trainable)}" if adapter.trainable else ""
+    return (f"adapter: LoRA r={adapter.r} alpha={adapter.alpha:g} on {', '.join(adapter.target_modules)}{also}; "
+            f"training {trained:,} of {total:,} parameters ({100 * trained / total:.2f}%), the rest frozen")
 
 
 def path_line(model: nn.Module) -> str:

@@ -14,6 +14,8 @@ import torch
 import torch.distributed as dist
 
 from longctx.base.errors import UserError
+from longctx.checkpoint.adapter_record import base_hash, check_adapter_config, check_base
+from longctx.checkpoint.manifest import gather_objects
 from longctx.checkpoint.resume import (
     RankPlace,
     RestoreTarget,
@@ -114,7 +116,8 @@ class Trainer:
         self.restart_sources: set = set()
         self.checkpoints = RunCheckpoints(self.out, cfg.checkpoint, self.stages, self.validator,
                                           tokenizer=cfg.data.tokenizer, world=self.world, rank=self.rank,
-                                          dtype=self.dtype)
+                                          dtype=self.dtype, adapter=cfg.train.adapter, base=cfg.model.init_from,
+                                          seed=cfg.train.seed)
         self.pending_validation: Optional[tuple] = None  # (stage, step) a signal stopped before the checkpoint
         self.peak, self.peak_src = peak_flops_per_device(cfg.log.peak_tflops, self.dtype)  # a table, or a cache
         # built by run(): the engine and its model (_build_engine); the reporter's outputs open after them
@@ -143,8 +146,12 @@ class Trainer:
                              world_size=self.world, grad_accum=cfg.train.grad_accum, rank=self.rank)
         if point is not None and point.finished:
             return 0  # nothing left to train (the notice is printed)
+        if point is not None:  # the same adapter configuration (or none), before any work
+            check_adapter_config(point.checkpoint, point.saved, cfg.train.adapter)
         torch.manual_seed(cfg.train.seed)
         tokenizer = self._build_engine()
+        if point is not None and cfg.train.adapter is not None:  # the base the adapter was trained on
+            check_base(point.checkpoint, point.saved, self.checkpoints.base_sha256)
         if self._preempted_in_startup():  # ... while the model and the engine were built
             return PREEMPTED_EXIT_CODE
         state = TrainState()
@@ -190,6 +197,8 @@ class Trainer:
         model, weights = build_plain_model(cfg, self.plan.model_configs[0], self.device)  # init_from or seeded
         self._announce(weights)
         check_vocab(tokenizer, model.config.vocab_size)
+        if cfg.train.adapter is not None:  # rank 0 hashes the frozen base once, every rank knows it
+            self.checkpoints.base_sha256 = gather_objects(base_hash(model) if self.rank == 0 else None)[0]
         self.engine = parallel_engine(model, self._mesh(par.cp_size), par, device=self.device,
                                       optimizer=optimizer_for(model, cfg.optim, par.offload_optimizer),
                                       ds_config=deepspeed_config_for(cfg, self.world, self.plan.deepspeed))

@@ -7,6 +7,8 @@ import functools
 from pathlib import Path
 from typing import Optional
 
+from longctx.checkpoint.adapter_record import RECORD, adapter_config_record
+from longctx.checkpoint.peft_export import merged_state_dict, write_adapter_dir
 from longctx.checkpoint.state import TrainerState, TrainState
 from longctx.checkpoint.store import rng_state, run_phase, save_checkpoint
 from longctx.config import CheckpointSection, RunStage
@@ -23,9 +25,13 @@ class RunCheckpoints:
     that counts (the one resumed from until the run writes its own)."""
 
     def __init__(self, out: Path, section: CheckpointSection, stages: list[RunStage], validator: Validator, *,
-                 tokenizer: str, world: int, rank: int, dtype):
+                 tokenizer: str, world: int, rank: int, dtype, adapter=None, base: Optional[str] = None,
+                 seed: int = 0):
         self.out, self.section, self.stages, self.validator = out, section, stages, validator
         self.tokenizer, self.world, self.rank, self.dtype = tokenizer, world, rank, dtype
+        # train.adapter and the base it trains (model.init_from, else the preset's init from train.seed)
+        self.adapter, self.base, self.seed = adapter, base, seed
+        self.base_sha256: Optional[str] = None  # the frozen base (adapter_record.base_hash), set by the trainer
         self.last: Optional[Path] = None
         self._source_fingerprints: dict[int, list] = {}
 
@@ -36,12 +42,18 @@ class RunCheckpoints:
         return self._source_fingerprints[si]
 
     def write_hf(self, engine, model, path: Path) -> Optional[str]:
-        """Collective: rank 0 writes the HF export; returns the agreed failure, or None."""
+        """Collective: rank 0 writes the HF export; returns the agreed failure, or None. An
+        adapter run's export is the merged model, with the PEFT adapter in adapter/ beside it."""
         state = full_state_dict(engine, model)  # collective under ZeRO-3
 
         def write() -> None:
-            if self.rank == 0:
-                save_hf_weights(state, model.config, path, tokenizer=TokenizerFiles(self.tokenizer))
+            if self.rank != 0:
+                return
+            weights = state
+            if self.adapter is not None:
+                write_adapter_dir(state, self.adapter, model.config, path.parent / "adapter", base=self.base)
+                weights = merged_state_dict(state, self.adapter)
+            save_hf_weights(weights, model.config, path, tokenizer=TokenizerFiles(self.tokenizer))
 
         return run_phase(write)
 
@@ -60,6 +72,9 @@ class RunCheckpoints:
         rank_state = {"data": loader_state, "rng": rng_state()}
         recorded = dict(trainer_state.state_dict(), validation_sources=self.validator.fingerprints(data_stage),
                         validation_pending=list(pending) if pending else None)
+        if self.adapter is not None:
+            recorded[RECORD] = dict(adapter_config_record(self.adapter), base_sha256=self.base_sha256, base=self.base,
+                                    seed=self.seed)
         hf_writer = functools.partial(self.write_hf, engine, model) if self.section.save_hf else None
         self.last = save_checkpoint(self.out, state.step, engine=engine, trainer_state=recorded,
                                     rank_state=rank_state, keep_last=self.section.keep_last, hf_writer=hf_writer)

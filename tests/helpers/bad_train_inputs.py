@@ -201,6 +201,19 @@ TRAIN = [
                                                     "data.sources=[{path: {w}/data/int.jsonl}]"],
      "validation.sources: required when training reads files"),
     ("validation unknown field", ["train", RUN, "validation.evrey=2"], "did you mean 'validation.every'"),
+    # train.adapter (LoRA): checked against the model's modules before any work
+    ("adapter rank 0", ["train", RUN, "train.adapter.r=0"], "train.adapter.r: the rank must be an integer >= 1, got 0"),
+    ("adapter on a module the model lacks", ["train", RUN, "train.adapter.target_modules=[q_proj,qkv]"],
+     "train.adapter.target_modules: the model has no module 'qkv'; the model's linear modules: down_proj, gate_proj, "
+     "k_proj, o_proj, q_proj, up_proj, v_proj"),
+    ("adapter on a layer LoRA cannot wrap", ["train", RUN, "train.adapter.target_modules=[input_layernorm]"],
+     "layers.0.input_layernorm is a RMSNorm, which LoRA cannot wrap here (linear layers only)"),
+    ("adapter on the vocabulary head", ["train", RUN, "train.adapter.target_modules=[lm_head]"],
+     "train.adapter.target_modules: 'lm_head' is the vocabulary head"),
+    ("adapter with compiled MLPs", ["train", RUN, "train.adapter.r=8", "parallel.compile=norms_mlp"],
+     "parallel.compile: not with train.adapter yet"),
+    ("adapter dropout with MLP tiles", ["train", RUN, "train.adapter.dropout=0.1", "parallel.mlp_tile_tokens=64"],
+     "train.adapter.dropout: must be 0 with parallel.mlp_tile_tokens"),
 ]
 if not flash_available():
     TRAIN.append(("flash without flash-attn", ["train", RUN, "parallel.attention_backend=flash"],
