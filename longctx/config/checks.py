@@ -84,6 +84,8 @@ def _validate_on_this_machine(cfg: TrainConfig, weights: bool) -> Optional[dict]
     for name in ("cache_dir", "hf_cache_dir"):
         if getattr(cfg.data, name) is not None:
             check_out_dir(getattr(cfg.data, name), f"data.{name}")
+    if par.offload_activations_path is not None:
+        check_out_dir(par.offload_activations_path, "parallel.offload_activations_path")
     return deepspeed
 
 

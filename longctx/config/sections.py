@@ -26,6 +26,7 @@ from longctx.reporting.wandb_log import check_mode
 DTYPES = ("float32", "bfloat16")
 SCHEDULES = ("cosine", "linear", "constant")
 CHECKPOINTING = ("none", "full", "selective")
+OFFLOAD_ACTIVATIONS = ("none", "host", "disk")  # parallel.offload_activations (parallel/activation_offload.py)
 COMPILE_MODES = ("none", "norms_mlp")  # parallel.compile (longctx/parallel/compiled.py)
 NONFINITE_POLICIES = ("stop", "skip_step")  # train.nonfinite (longctx/train/nonfinite.py)
 
@@ -75,6 +76,9 @@ class ParallelSection:
     zero_stage: int = 0  # DeepSpeed ZeRO stage 0..3, sharded over all dp x cp ranks
     offload_optimizer: bool = False
     offload_params: bool = False  # stage 3 only
+    # checkpointed blocks' inputs between forward and backward: none | host | disk (parallel/activation_offload.py)
+    offload_activations: str = "none"
+    offload_activations_path: Optional[str] = None  # disk: the folder of the per-rank files (default <out_dir>/offload)
     activation_checkpointing: str = "none"  # none | full | selective
     checkpoint_every: int = 2  # selective: checkpoint every k-th block
     recompute_attention: bool = False  # false: keep attention kernel outputs in checkpointed blocks
@@ -99,6 +103,14 @@ class ParallelSection:
         if self.offload_params and self.zero_stage != 3:
             raise UserError("parallel.offload_params: needs parallel.zero_stage=3")
         require_one_of("parallel.activation_checkpointing", self.activation_checkpointing, CHECKPOINTING)
+        require_one_of("parallel.offload_activations", self.offload_activations, OFFLOAD_ACTIVATIONS)
+        if self.offload_activations != "none" and self.activation_checkpointing == "none":
+            raise UserError(f"parallel.offload_activations: {self.offload_activations} offloads the inputs that "
+                            "activation checkpointing keeps; set parallel.activation_checkpointing=full (or "
+                            "selective), or offload_activations=none")
+        if self.offload_activations_path is not None and self.offload_activations != "disk":
+            raise UserError(f"parallel.offload_activations_path: applies only to offload_activations=disk "
+                            f"(it is {self.offload_activations}); set offload_activations=disk or leave the path unset")
         require_one_of("parallel.compile", self.compile, COMPILE_MODES)
         if self.compile != "none" and self.zero_stage == 3:
             raise UserError("parallel.compile: not supported with parallel.zero_stage=3 (its parameter hooks run "

@@ -31,6 +31,7 @@ from longctx.config.validation import bucket_ends
 from longctx.data import check_vocab, load_tokenizer
 from longctx.data.loader import ModelInputs
 from longctx.parallel.mesh import build_mesh, init_distributed, shutdown_distributed
+from longctx.parallel.activation_offload import offload_for
 from longctx.parallel.parallelize import attention_for, parallel_engine
 from longctx.runtime.host_memory import HostMemoryGuard
 from longctx.runtime.launch_env import read_env
@@ -119,6 +120,7 @@ class Trainer:
         self.peak, self.peak_src = peak_flops_per_device(cfg.log.peak_tflops, self.dtype)  # a table, or a cache
         # built by run(): the engine and its model (_build_engine); the reporter's outputs open after them
         self.engine = self.model = None
+        self.offload = None  # parallel.offload_activations' store (parallel/activation_offload.py)
 
     def _check_probe(self) -> None:
         """Build every stage's probe rows now (kept for the validations): a length below a
@@ -190,9 +192,12 @@ class Trainer:
         model, weights = build_plain_model(cfg, self.plan.model_configs[0], self.device)  # init_from or seeded
         self._announce(weights)
         check_vocab(tokenizer, model.config.vocab_size)
+        folder = Path(par.offload_activations_path) if par.offload_activations_path else self.out / "offload"
+        self.offload = offload_for(par.offload_activations, self.device, folder, self.rank)
         self.engine = parallel_engine(model, self._mesh(par.cp_size), par, device=self.device,
                                       optimizer=optimizer_for(model, cfg.optim, par.offload_optimizer),
-                                      ds_config=deepspeed_config_for(cfg, self.world, self.plan.deepspeed))
+                                      ds_config=deepspeed_config_for(cfg, self.world, self.plan.deepspeed),
+                                      offload=self.offload)
         self.model = model
         self._announce(layout_line(self.world, self.world // par.cp_size, par.cp_size, par.cp_impl, par.zero_stage,
                                    par.offload_optimizer, cfg.train.dtype, par.activation_checkpointing))
@@ -252,6 +257,9 @@ class Trainer:
         self.flag.uninstall()
         self.watchdog.stop()
         self._release_lock()
+        if getattr(self, "offload", None) is not None:
+            self.offload.close()
+            self.offload = None
         if self.engine is None:
             return
         try:
