@@ -30,8 +30,8 @@ from longctx.config.probe import original_context
 from longctx.config.validation import bucket_ends
 from longctx.data import check_vocab, load_tokenizer
 from longctx.data.loader import ModelInputs
-from longctx.parallel.mesh import build_mesh, init_distributed, shutdown_distributed
 from longctx.parallel.activation_offload import offload_for
+from longctx.parallel.mesh import build_mesh, init_distributed, shutdown_distributed
 from longctx.parallel.parallelize import attention_for, parallel_engine
 from longctx.runtime.host_memory import HostMemoryGuard
 from longctx.runtime.launch_env import read_env
