@@ -201,6 +201,9 @@ class Trainer:
         self.model = model
         self._announce(layout_line(self.world, self.world // par.cp_size, par.cp_size, par.cp_impl, par.zero_stage,
                                    par.offload_optimizer, cfg.train.dtype, par.activation_checkpointing))
+        if self.offload is not None:
+            where = "host buffers" if par.offload_activations == "host" else f"a per-rank file in {folder}"
+            self._announce(f"activation offload: the checkpointed blocks' inputs wait for the backward in {where}")
         return tokenizer
 
     def _restore(self, point: ResumePoint, state: TrainState, tokenizer) -> Optional[dict]:
