@@ -30,6 +30,7 @@ import re
 import socket
 import threading
 import weakref
+from abc import ABC, abstractmethod
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -114,7 +115,7 @@ class _PinnedPool:
             self.free.clear()
 
 
-class Store:
+class Store(ABC):
     """The slots of packed block inputs and their way back (subclasses: host, disk).
 
     `put` takes a block input and returns its handle; `get` returns the tensor on its device
@@ -209,36 +210,42 @@ class Store:
         return buf, event
 
     def _to_device(self, buf: Tensor, meta: Packed, after=None):
-        """A host buffer -> a new device tensor, copied on the side stream; returns (tensor, event)."""
-        out = torch.empty(meta.shape, dtype=meta.dtype, device=self.device)
+        """A host buffer -> a new device tensor, copied on the side stream; returns (tensor, event).
+        The tensor is allocated on the side stream (so its memory is not one the compute stream
+        may still be using); _wait hands it to the compute stream."""
         with torch.cuda.stream(self.side):
+            out = torch.empty(meta.shape, dtype=meta.dtype, device=self.device)
             if after is not None:
                 self.side.wait_event(after)
             out.copy_(_as_tensor(buf, meta), non_blocking=True)
             event = torch.cuda.Event()
             event.record(self.side)
-        out.record_stream(self.side)
         return out, event
 
     def _wait(self, out: Tensor, event) -> Tensor:
-        """The compute stream waits for a side-stream copy into `out` (CUDA)."""
+        """The compute stream waits for a side-stream copy into `out` (CUDA); `out`'s memory is not
+        reused before the compute stream is done with it."""
         current = torch.cuda.current_stream(self.device)
         current.wait_event(event)
         out.record_stream(current)
         return out
 
     # -- per kind ------------------------------------------------------------------------------
+    @abstractmethod
     def _store(self, t: Tensor, meta: Packed) -> dict:
-        raise NotImplementedError
+        """Start moving `t` off the device; returns the slot's entry (its "meta" and "prefetch": None)."""
 
+    @abstractmethod
     def _restore(self, entry: dict, meta: Packed) -> Tensor:
-        raise NotImplementedError
+        """The slot's tensor on the device (waiting for its prefetch when one runs)."""
 
+    @abstractmethod
     def _prefetch(self, entry: dict) -> None:
-        raise NotImplementedError
+        """Start bringing the slot back (its entry's "prefetch")."""
 
+    @abstractmethod
     def _free(self, entry: dict, empty: bool) -> None:
-        raise NotImplementedError
+        """Give the slot's storage back (`empty`: no slot is live any more)."""
 
 
 class HostStore(Store):
