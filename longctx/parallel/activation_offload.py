@@ -168,8 +168,9 @@ class Store(ABC):
             self._prefetch(previous)
         return out
 
-    def _previous(self, index: int) -> Optional[tuple[dict, Packed]]:
-        """The live slot packed last before `index` (the block whose backward comes next)."""
+    def _previous(self, index: int) -> Optional[dict]:
+        """The entry of the live slot packed last before `index` (the block whose backward comes
+        next), None when there is none or it is already on its way back."""
         with self.lock:
             earlier = [i for i in self.entries if i < index]
             if not earlier:
