@@ -21,6 +21,7 @@ from longctx.data.config import validate_data_config
 from longctx.data.tokenizer import check_local_tokenizer_vocab
 from longctx.model.auto.support import AutoModelSpec
 from longctx.model.config import ModelConfig
+from longctx.parallel.ds_ops import check_async_io
 from longctx.parallel.layout import CPFields, ulysses_degree, validate_cp
 from longctx.reporting.wandb_log import check_installed
 from longctx.storage.hub import MODEL_FILES, hub_or_local
@@ -93,6 +94,11 @@ def _validate_on_this_machine(cfg: TrainConfig, weights: bool) -> Optional[dict]
     for name in ("cache_dir", "hf_cache_dir"):
         if getattr(cfg.data, name) is not None:
             check_out_dir(getattr(cfg.data, name), f"data.{name}")
+    if par.offload_activations_path is not None:
+        check_out_dir(par.offload_activations_path, "parallel.offload_activations_path")
+    if par.offload_params_path is not None:
+        check_out_dir(par.offload_params_path, "parallel.offload_params_path")
+        check_async_io("parallel.offload_params_device")
     return deepspeed
 
 

@@ -27,6 +27,8 @@ from longctx.reporting.wandb_log import check_mode
 DTYPES = ("float32", "bfloat16")
 SCHEDULES = ("cosine", "linear", "constant")
 CHECKPOINTING = ("none", "full", "selective")
+OFFLOAD_ACTIVATIONS = ("none", "host", "disk")  # parallel.offload_activations (parallel/activation_offload.py)
+OFFLOAD_PARAMS_DEVICES = ("cpu", "nvme")  # parallel.offload_params_device (DeepSpeed's offload_param.device)
 COMPILE_MODES = ("none", "norms_mlp")  # parallel.compile (longctx/parallel/compiled.py)
 NONFINITE_POLICIES = ("stop", "skip_step")  # train.nonfinite (longctx/train/nonfinite.py)
 
@@ -76,6 +78,11 @@ class ParallelSection:
     zero_stage: int = 0  # DeepSpeed ZeRO stage 0..3, sharded over all dp x cp ranks
     offload_optimizer: bool = False
     offload_params: bool = False  # stage 3 only
+    offload_params_device: str = "cpu"  # cpu | nvme (ZeRO-Infinity: DeepSpeed's async_io op, libaio)
+    offload_params_path: Optional[str] = None  # nvme: a folder on the NVMe drive (one per node)
+    # checkpointed blocks' inputs between forward and backward: none | host | disk (parallel/activation_offload.py)
+    offload_activations: str = "none"
+    offload_activations_path: Optional[str] = None  # disk: the folder of the per-rank files (default <out_dir>/offload)
     activation_checkpointing: str = "none"  # none | full | selective
     checkpoint_every: int = 2  # selective: checkpoint every k-th block
     recompute_attention: bool = False  # false: keep attention kernel outputs in checkpointed blocks
@@ -99,7 +106,23 @@ class ParallelSection:
             raise UserError(f"parallel.zero_stage: must be 0, 1, 2 or 3, got {self.zero_stage}")
         if self.offload_params and self.zero_stage != 3:
             raise UserError("parallel.offload_params: needs parallel.zero_stage=3")
+        require_one_of("parallel.offload_params_device", self.offload_params_device, OFFLOAD_PARAMS_DEVICES)
+        if self.offload_params_device == "nvme" and not self.offload_params:
+            raise UserError("parallel.offload_params_device: nvme applies with parallel.offload_params=true")
+        if (self.offload_params_device == "nvme") != (self.offload_params_path is not None):
+            raise UserError("parallel.offload_params_path: " + (
+                "required with offload_params_device=nvme (a folder on the NVMe drive)"
+                if self.offload_params_device == "nvme" else
+                f"applies only to offload_params_device=nvme (it is {self.offload_params_device}); leave it unset"))
         require_one_of("parallel.activation_checkpointing", self.activation_checkpointing, CHECKPOINTING)
+        require_one_of("parallel.offload_activations", self.offload_activations, OFFLOAD_ACTIVATIONS)
+        if self.offload_activations != "none" and self.activation_checkpointing == "none":
+            raise UserError(f"parallel.offload_activations: {self.offload_activations} offloads the inputs that "
+                            "activation checkpointing keeps; set parallel.activation_checkpointing=full (or "
+                            "selective), or offload_activations=none")
+        if self.offload_activations_path is not None and self.offload_activations != "disk":
+            raise UserError(f"parallel.offload_activations_path: applies only to offload_activations=disk "
+                            f"(it is {self.offload_activations}); set offload_activations=disk or leave the path unset")
         require_one_of("parallel.compile", self.compile, COMPILE_MODES)
         if self.compile != "none" and self.zero_stage == 3:
             raise UserError("parallel.compile: not supported with parallel.zero_stage=3 (its parameter hooks run "

@@ -46,16 +46,17 @@ def _keep_attention_policy(ops: set):
 
 
 def apply_activation_checkpointing(model: nn.Module, policy: str, every: int = 2,
-                                   recompute_attention: bool = False) -> int:
+                                   recompute_attention: bool = False, checkpoint_fn=None) -> int:
     """Wrap blocks of `model.layers` so their activations are recomputed in backward.
 
     policy "full": every block; "selective": blocks 0, k, 2k, ...; "none": nothing.
     recompute_attention=False keeps the attention kernel outputs (see module docstring).
+    checkpoint_fn: torch's checkpoint or a function like it (activation_offload.py's); None: torch's.
     Returns the number of wrapped blocks.
     """
     if policy == "none":
         return 0
-    kwargs = {}
+    kwargs = {} if checkpoint_fn is None else {"checkpoint_fn": checkpoint_fn}
     if not recompute_attention:
         kwargs["context_fn"] = functools.partial(create_selective_checkpoint_contexts,
                                                  _keep_attention_policy(_attention_kernel_ops()))

@@ -23,7 +23,8 @@ from longctx.parallel.ds_ops import ensure_built, skip_unused_ops
 
 def deepspeed_config(*, zero_stage: int, micro_batch_size: int, grad_accum: int, world_size: int,
                      dtype: str, grad_clip: float, offload_optimizer: bool = False,
-                     offload_params: bool = False, user: Optional[dict] = None) -> dict:
+                     offload_params: bool = False, offload_params_path: Optional[str] = None,
+                     user: Optional[dict] = None) -> dict:
     """Our engine config, with `user` (a parsed parallel.deepspeed_config: config.load_deepspeed_json,
     which validate_config ran, RunPlan.deepspeed) merged over it."""
     zero: dict[str, Any] = {"stage": zero_stage}
@@ -33,7 +34,10 @@ def deepspeed_config(*, zero_stage: int, micro_batch_size: int, grad_accum: int,
         zero.update({"stage3_gather_16bit_weights_on_model_save": True})
     if offload_optimizer:
         zero["offload_optimizer"] = {"device": "cpu", "pin_memory": torch.cuda.is_available()}
-    if offload_params:
+    if offload_params and offload_params_path:  # ZeRO-Infinity: the partitions on an NVMe drive
+        zero["offload_param"] = {"device": "nvme", "nvme_path": offload_params_path,
+                                 "pin_memory": torch.cuda.is_available()}
+    elif offload_params:
         zero["offload_param"] = {"device": "cpu", "pin_memory": torch.cuda.is_available()}
     cfg = {
         "train_micro_batch_size_per_gpu": micro_batch_size,

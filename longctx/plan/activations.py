@@ -42,16 +42,21 @@ def _saved(m, lay: Layout, device: str, document_masking: bool, b: int, t: int) 
     calls = 2 if (document_masking and cp == 1
                   and (device == "cpu" or lay.attention_backend == "eager")) else 1
     attn_kept = 0 if lay.recompute_attention else calls * t * (q * b + 4 * Hq)
-    kept = [block_input + attn_kept if w else per_layer for w in is_wrapped]
-    saved = sum(kept) + rope + final  # at the end of the forward
+    # parallel.offload_activations: the block inputs leave the device; two are on it at a time
+    # (one being copied out or back, the next block's prefetch)
+    offloaded = lay.offload_activations != "none"
+    kept = [(0 if offloaded else block_input) + attn_kept if w else per_layer for w in is_wrapped]
+    in_flight = 2 * block_input if offloaded and any(is_wrapped) else 0
+    saved = sum(kept) + rope + final + in_flight  # at the end of the forward
     # while the last block runs (forward, recomputation, backward), the blocks below keep what
     # they saved and the last block has all of its activations (saved or recomputed)
-    top = sum(kept[:-1]) + rope + per_layer
+    top = sum(kept[:-1]) + rope + per_layer + in_flight
     recompute = per_layer if is_wrapped[-1] else 0
     mlp_saved = t * b * (mlp_acts + 2 * d)  # a block's MLP half: freed before its attention backward runs
     # gradient temporaries of the MLP backward (and the residual); a tile's recomputed activations
     mlp_bwd = t * b * 2 * d + (tile * b * 7 * f if tile else t * b * 3 * f)
-    return {"saved": saved, "top": top, "recompute": recompute, "mlp_saved": mlp_saved, "mlp_bwd": mlp_bwd}
+    return {"saved": saved, "top": top, "recompute": recompute, "mlp_saved": mlp_saved, "mlp_bwd": mlp_bwd,
+            "offloaded": block_input * sum(is_wrapped) if offloaded else 0}
 
 
 def _attention(m, lay: Layout, device: str, document_masking: bool, b: int, t: int) -> dict:

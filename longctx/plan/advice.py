@@ -27,10 +27,14 @@ from longctx.plan import (
     planned_deepspeed,
     relative_time_per_token,
 )
+from longctx.plan.layout import offload_transfer
 from longctx.plan.report import gib
-from longctx.plan.target import cluster_line, memory_per_process, planned_device
+from longctx.plan.target import cluster_line, memory_per_process, planned_device, processes_per_node
 
 CHECKPOINTING_ORDER = ("none", "selective", "full")
+HOST_USABLE = 0.9  # of a node's host memory, for offloads (the rest: the OS, data loaders, page cache)
+DEFAULT_HOST_MEM = "2TB"  # a DGX H100 node's
+MLP_TILE = 8192  # parallel.mlp_tile_tokens the offload tier proposes with ZeRO-2
 
 
 def _valid_cp(cp: int, layout: Layout, model_cfg: ModelConfig) -> bool:
@@ -43,11 +47,48 @@ def _valid_cp(cp: int, layout: Layout, model_cfg: ModelConfig) -> bool:
     return True
 
 
+def _option_tiers(device: str) -> list[list[dict]]:
+    """The layouts advice tries, in tiers: a later tier only when nothing of the earlier ones fits.
+    1: ZeRO 0-3 x checkpointing; 2: + optimizer offload; 3: + the checkpointed block inputs
+    offloaded (host memory, or a per-rank file) and the parameters (ZeRO-3: host memory or NVMe),
+    with the attention kernel recomputed (the block keeps nothing but its input). On CPU the host
+    is the device: only the file and NVMe offloads save memory there."""
+    plain = [dict(zero_stage=z, activation_checkpointing=ac) for z in (0, 1, 2, 3) for ac in CHECKPOINTING_ORDER]
+    optimizer = [dict(zero_stage=z, activation_checkpointing="full", offload_optimizer=True) for z in (2, 3)]
+    acts = ("host", "disk") if device == "gpu" else ("disk",)
+    params = ((False, "cpu"), (True, "cpu"), (True, "nvme")) if device == "gpu" else ((False, "cpu"), (True, "nvme"))
+    everything = [dict(zero_stage=3, activation_checkpointing="full", offload_optimizer=True, offload_activations=a,
+                       offload_params=p, offload_params_device=pd, recompute_attention=ra)
+                  for a in acts for p, pd in params for ra in (False, True)]
+    # ZeRO-2 instead: the MLP may run in sequence tiles there (refused under ZeRO-3), which
+    # takes the widest per-block activations (4 x intermediate per token) off the device
+    tiled = [dict(zero_stage=2, activation_checkpointing="full", offload_optimizer=True, offload_activations=a,
+                  recompute_attention=ra, mlp_tile_tokens=MLP_TILE) for a in acts for ra in (False, True)]
+    return [plain, optimizer, everything + tiled]
+
+
+def _offload_label(r: dict) -> str:
+    """The advice table's offload column: '-', 'optimizer', 'opt+act:host+par:nvme'."""
+    parts = (["opt"] if r["offload_optimizer"] else []) + (
+        [f"act:{r['offload_activations']}"] if r["offload_activations"] != "none" else []) + (
+        [f"par:{r['offload_params']}"] if r["offload_params"] != "none" else [])
+    if parts == ["opt"]:
+        return "optimizer"
+    return "+".join(parts) or "-"
+
+
+def largest_term(est) -> str:
+    """'activations 48.3 GiB': the biggest component of an estimate."""
+    name, value = max(est.components().items(), key=lambda kv: kv[1])
+    return f"{name} {value / 2**30:.1f} GiB"
+
+
 def advise(model_cfg, layout, device_bytes: float, *, device: str, runtime_gb: Optional[float],
-           document_masking: bool = True) -> list[dict]:
-    """For each valid cp size (ascending): of the options that fit (ZeRO 0..3 x checkpointing
-    none/selective/full), the one with the lowest predicted time per token (ties: the lower
-    ZeRO stage, less checkpointing); optimizer offload only when none fits without it."""
+           document_masking: bool = True, host_bytes: Optional[float] = None) -> list[dict]:
+    """For each valid cp size (ascending): of the options that fit (_option_tiers: the first
+    tier with a fitting option), the one with the lowest predicted time per token (ties: the
+    lower ZeRO stage, less checkpointing). `host_bytes`: host memory per process, which the
+    host-offloaded bytes (optimizer, parameters, activations) must fit (None: not checked)."""
     rows = []
     world = layout.world_size
     for cp in range(1, world + 1):
@@ -55,38 +96,91 @@ def advise(model_cfg, layout, device_bytes: float, *, device: str, runtime_gb: O
             continue
         found = None
         smallest = None
-        for options in ([(z, ac, False) for z in (0, 1, 2, 3) for ac in CHECKPOINTING_ORDER],
-                        [(z, "full", True) for z in (2, 3)]):
-            for z, ac, offload in options:
-                lay = dataclasses.replace(layout, cp_size=cp, zero_stage=z, activation_checkpointing=ac,
-                                          offload_optimizer=offload, offload_params=False)
+        for tier, options in enumerate(_option_tiers(device)):
+            for option in options:
+                lay = _with(layout, cp, option)
                 est = estimate_layout(model_cfg, lay, device=device, runtime_overhead_gb=runtime_gb,
                                       document_masking=document_masking)
                 if smallest is None or est.peak < smallest[1].peak:
-                    smallest = (lay, est)
+                    smallest = (lay, est, tier)
                 time = relative_time_per_token(model_cfg, lay)
-                if est.fits(device_bytes) and (found is None or time < found[2] - 1e-9):
-                    found = (lay, est, time)
+                fits = est.fits(device_bytes) and (host_bytes is None or est.host <= host_bytes)
+                if fits and (found is None or time < found[3] - 1e-9):
+                    found = (lay, est, tier, time)
             if found:
                 break
-        lay, est = found[:2] if found else smallest
-        rows.append({"cp_size": cp, "dp_size": world // cp, "fits": found is not None, "zero_stage": lay.zero_stage,
-                     "activation_checkpointing": lay.activation_checkpointing,
-                     "offload_optimizer": lay.offload_optimizer, "peak_gib": round(est.peak_gb, 2),
-                     "tokens_per_rank": lay.micro_batch_size * lay.seq_len // cp,
-                     "micro_batch_size": lay.micro_batch_size,
-                     "relative_time_per_token": round(relative_time_per_token(model_cfg, lay), 3)})
+        lay, est, tier = found[:3] if found else smallest
+        transfer = offload_transfer(model_cfg, lay)
+        row = {"cp_size": cp, "dp_size": world // cp, "fits": found is not None, "zero_stage": lay.zero_stage,
+               "activation_checkpointing": lay.activation_checkpointing,
+               "offload_optimizer": lay.offload_optimizer, "offload_activations": lay.offload_activations,
+               "offload_params": lay.offload_params_device if lay.offload_params else "none",
+               "recompute_attention": lay.recompute_attention, "mlp_tile_tokens": lay.mlp_tile_tokens,
+               "offload_tier": tier,
+               "peak_gib": round(est.peak_gb, 2), "host_gib": round(est.host / 2**30, 2),
+               "disk_gib": round(est.disk / 2**30, 2),
+               "transfer_s": round(transfer["activations_s"] + transfer["params_s"], 3),
+               "compute_s": round(transfer["compute_s"], 3),
+               "tokens_per_rank": lay.micro_batch_size * lay.seq_len // cp,
+               "micro_batch_size": lay.micro_batch_size,
+               "relative_time_per_token": round(relative_time_per_token(model_cfg, lay), 3)}
+        if found is None:
+            over = est.peak - device_bytes * (GPU_USABLE if device == "gpu" else 1.0)
+            row["stopped_by"] = (f"{over / 2**30:.1f} GiB over the device ({largest_term(est)})" if over > 0 else
+                                 f"host memory: {est.host / 2**30:.1f} GiB per process > {host_bytes / 2**30:.1f}")
+        rows.append(row)
     return rows
 
 
 def recommend(rows: list[dict]) -> Optional[dict]:
     """The fitting row with the lowest predicted time per token; offload only if nothing
-    else fits; ties: the smaller cp (less communication)."""
+    else fits (the lowest offload tier first); ties: the smaller cp (less communication)."""
     fitting = [r for r in rows if r["fits"]]
     if not fitting:
         return None
-    without_offload = [r for r in fitting if not r["offload_optimizer"]] or fitting
-    return min(without_offload, key=lambda r: (r["relative_time_per_token"], r["cp_size"]))
+    tier = min(r.get("offload_tier", 1 if r["offload_optimizer"] else 0) for r in fitting)
+    lowest = [r for r in fitting if r.get("offload_tier", 1 if r["offload_optimizer"] else 0) == tier]
+    return min(lowest, key=lambda r: (r["relative_time_per_token"], r["cp_size"]))
+
+
+def longest_with_offload(model_cfg, layout, device_bytes: float, *, device: str, runtime_gb: Optional[float],
+                         document_masking: bool = True, host_bytes: Optional[float] = None) -> dict:
+    """The longest sequence any advised option takes, at the largest valid cp size (the fewest
+    tokens per rank; ZeRO shards over the world whatever the cp), with the advice row there and
+    at twice that length, whose `stopped_by` names the term that stops it:
+    {'seq_len', 'row', 'next'}."""
+    cps = [cp for cp in range(layout.world_size, 0, -1)
+           if _valid_cp(cp, dataclasses.replace(layout, seq_len=2 * cp * 64), model_cfg)]
+    if not cps:
+        return {"seq_len": 0, "row": None, "next": None}
+    cp, best = cps[0], (0, None)
+    at = dict(device=device, runtime_gb=runtime_gb, document_masking=document_masking, host_bytes=host_bytes)
+    for options in _option_tiers(device):
+        for option in options:
+            lay = _with(layout, cp, option)
+            n = max_length(model_cfg, lay, device_bytes, **at)
+            if n > best[0]:
+                best = (n, lay)
+    n = best[0]
+    if n == 0:
+        return {"seq_len": 0, "row": None, "next": None}
+    return {"seq_len": n, "row": _row_at(model_cfg, layout, cp, n, device_bytes, **at),
+            "next": _row_at(model_cfg, layout, cp, 2 * n, device_bytes, **at)}
+
+
+def _row_at(model_cfg, layout, cp: int, seq_len: int, device_bytes, **kw) -> Optional[dict]:
+    """The advice row of cp size `cp` at `seq_len` (None when that cp is not valid there)."""
+    rows = advise(model_cfg, dataclasses.replace(layout, seq_len=seq_len), device_bytes, **kw)
+    return next((r for r in rows if r["cp_size"] == cp), None)
+
+
+def _with(layout, cp: int, option: dict):
+    """`layout` at cp size `cp` with an advice option's settings; ZeRO-3 runs no MLP tiles (the
+    config refuses them there)."""
+    base = {"offload_optimizer": False, "offload_params": False, "offload_activations": "none"}
+    if option.get("zero_stage") == 3:
+        base["mlp_tile_tokens"] = 0
+    return dataclasses.replace(layout, cp_size=cp, **{**base, **option})
 
 
 def _user_set(config: Optional[str], overrides: list[str], key: str) -> bool:
@@ -104,14 +198,16 @@ def _user_set(config: Optional[str], overrides: list[str], key: str) -> bool:
 
 
 def max_length(model_cfg, layout, device_bytes: float, *, device: str, runtime_gb: Optional[float],
-               document_masking: bool = True) -> int:
-    """Longest sequence (a multiple of 2 x cp x 64) that fits with this exact layout."""
+               document_masking: bool = True, host_bytes: Optional[float] = None) -> int:
+    """Longest sequence (a multiple of 2 x cp x 64) that fits with this exact layout (and its
+    host-offloaded bytes in `host_bytes`, when given)."""
     unit = 2 * layout.cp_size * 64
 
     def fits(n: int) -> bool:
         lay = dataclasses.replace(layout, seq_len=n * unit)
-        return estimate_layout(model_cfg, lay, device=device, runtime_overhead_gb=runtime_gb,
-                               document_masking=document_masking).fits(device_bytes)
+        est = estimate_layout(model_cfg, lay, device=device, runtime_overhead_gb=runtime_gb,
+                              document_masking=document_masking)
+        return est.fits(device_bytes) and (host_bytes is None or est.host <= host_bytes)
 
     if not fits(1):
         return 0
@@ -131,6 +227,15 @@ class Machine:
     processes: int
     memory: float
     device: str  # "gpu" | "cpu"
+    host_memory: Optional[float] = None  # bytes of host memory per node (GPU jobs: what host offloads use)
+    per_node: int = 1  # processes per node
+
+    @property
+    def host_per_process(self) -> Optional[float]:
+        """Host memory one GPU's offloads may use (HOST_USABLE of the node's, shared by its GPUs)."""
+        if self.device != "gpu" or self.host_memory is None:
+            return None
+        return self.host_memory * HOST_USABLE / self.per_node
 
     @property
     def unit(self) -> str:
@@ -157,10 +262,14 @@ def run_plan(args: argparse.Namespace) -> int:
     target = parse_length(args.seq_len) if args.seq_len else max(s.seq_len for s in stages)
     report = {"gpus": machine.processes, "gpu_mem_gib": machine.memory / 2**30, "device": machine.device,
               "stages": [], "notes": notes}
+    if machine.host_memory is not None:
+        report["host_mem_gib_per_node"] = machine.host_memory / 2**30
     text, all_fit = _stage_estimates(cfg, plan, machine, args, report)
-    rows = _advice(cfg, plan, machine, target, args, notes)
+    rows, longest = _advice(cfg, plan, machine, target, args, notes)
     best = recommend(rows)
-    report["advice"] = {"seq_len": target, "options": rows, "recommended": best}
+    report["advice"] = {"seq_len": target, "options": rows, "recommended": best,
+                        "links": {"pcie_gb_per_s": args.pcie_gbps, "nvme_gb_per_s": args.nvme_gbps},
+                        "longest_with_offload": longest}
     if args.json:
         print(json.dumps(report, indent=2))
     else:
@@ -199,13 +308,21 @@ def _machine(args: argparse.Namespace, notes: list) -> Machine:
         notes.append("--gpus not given: planning for 8")
     if gpus < 1:
         raise UserError(f"--gpus: must be >= 1, got {gpus}")
+    for flag in ("pcie_gbps", "nvme_gbps"):
+        value = getattr(args, flag)
+        if not (math.isfinite(value) and value > 0):
+            raise UserError(f"--{flag.replace('_', '-')}: must be a finite number > 0 (GB/s), got {value}")
+    host = None
+    if device == "gpu":
+        host = parse_size(args.host_mem or cluster.get("host_mem") or DEFAULT_HOST_MEM, what="--host-mem")
+    per_node = processes_per_node(cluster, gpus) if "gpus_per_node" in cluster else min(gpus, 8)
     if args.gpu_mem:
-        return Machine(gpus, parse_size(args.gpu_mem), device)
+        return Machine(gpus, parse_size(args.gpu_mem), device, host, per_node)
     if device == "cpu":
         memory, source = memory_per_process(device, cluster, gpus)
         notes.append(f"--gpu-mem not given: {source}")
         return Machine(gpus, memory, device)
-    return Machine(gpus, parse_size(cluster.get("gpu_mem") or "80GB"), device)
+    return Machine(gpus, parse_size(cluster.get("gpu_mem") or "80GB"), device, host, per_node)
 
 
 def _longest(stages: list[RunStage]) -> int:
@@ -245,17 +362,21 @@ def _stage_estimates(cfg, plan: RunPlan, machine: Machine, args: argparse.Namesp
 
 
 def _advice(cfg, plan: RunPlan, machine: Machine, target: int, args: argparse.Namespace,
-            notes: list) -> list[dict]:
-    """advise() for the target length, with the longest stage's settings otherwise."""
+            notes: list) -> tuple[list[dict], dict]:
+    """advise() for the target length, with the longest stage's settings otherwise; and the
+    longest length any advised option takes (longest_with_offload)."""
     i = _longest(plan.stages)
     stage, model_cfg = plan.stages[i], plan.model_configs[i]
-    layout = dataclasses.replace(layout_of(cfg, stage, machine.processes, plan.deepspeed), seq_len=target)
+    layout = dataclasses.replace(layout_of(cfg, stage, machine.processes, plan.deepspeed), seq_len=target,
+                                 pcie_bytes_per_s=args.pcie_gbps * 1e9, nvme_bytes_per_s=args.nvme_gbps * 1e9)
     if not _user_set(args.config, args.overrides, "data.micro_batch_size") and layout.micro_batch_size != 1:
         layout = dataclasses.replace(layout, micro_batch_size=1)
         notes.append(f"data.micro_batch_size not set (default {cfg.data.micro_batch_size}): the advice plans one "
                      "sequence per micro-batch, as long-context runs train")
-    return advise(model_cfg, layout, machine.memory, device=machine.device, runtime_gb=args.runtime_gb,
-                  document_masking=cfg.data.document_masking)
+    at = dict(device=machine.device, runtime_gb=args.runtime_gb, document_masking=cfg.data.document_masking,
+              host_bytes=machine.host_per_process)
+    return (advise(model_cfg, layout, machine.memory, **at),
+            longest_with_offload(model_cfg, layout, machine.memory, **at))
 
 
 def _print_report(report: dict, text: list[str], cfg, machine: Machine, longest: int) -> None:
@@ -268,21 +389,53 @@ def _print_report(report: dict, text: list[str], cfg, machine: Machine, longest:
               f"{report['max_seq_len_as_configured']:,} tokens")
     print(f"\nadvice for seq_len {target:,} on {machine} ({machine.usable / 2**30:.1f} GiB usable; per cp: the "
           "fitting option with the lowest predicted time per token):")
-    print(f"  {'cp':>4} {'dp':>4} {'tokens/rank':>12}  {'ZeRO':>4}  {'checkpointing':<13} {'offload':<8} "
-          f"{'peak GiB':>9} {'time/token':>10}")
-    for r in rows:
-        mark = "" if r["fits"] else "  does not fit (smallest option shown)"
-        print(f"  {r['cp_size']:>4} {r['dp_size']:>4} {r['tokens_per_rank']:>12,}  {r['zero_stage']:>4}  "
-              f"{r['activation_checkpointing']:<13} {'optimizer' if r['offload_optimizer'] else '-':<8} "
-              f"{r['peak_gib']:>9.2f} {r['relative_time_per_token']:>9.2f}x{mark}")
+    for line in advice_table(rows):
+        print(line)
     if best:
-        print(f"recommended: parallel.cp_size={best['cp_size']} parallel.zero_stage={best['zero_stage']} "
-              f"parallel.activation_checkpointing={best['activation_checkpointing']}"
-              + (" parallel.offload_optimizer=true" if best["offload_optimizer"] else "")
-              + (f" data.micro_batch_size={best['micro_batch_size']}"
-                 if best["micro_batch_size"] != cfg.data.micro_batch_size else ""))
+        print("recommended: " + recommended_overrides(best, cfg))
     else:
         n = machine.processes
         batch = " data.micro_batch_size=1," if rows and rows[0]["micro_batch_size"] > 1 else ""
         print(f"nothing fits {target:,} tokens on {n} {machine.unit}: try more {machine.unit} (--gpus above {n}, "
               f"for cp > {n}),{batch} a shorter target (--seq-len) or a lower train.loss_chunk_size")
+    longest = report["advice"]["longest_with_offload"]
+    if longest["row"] is not None:
+        links = report["advice"]["links"]
+        nxt = longest["next"]
+        stop = f"; {2 * longest['seq_len']:,} does not fit: {nxt['stopped_by']}" if nxt and not nxt["fits"] else ""
+        print(f"longest sequence any advised option takes on {machine}: {longest['seq_len']:,} tokens "
+              f"({recommended_overrides(longest['row'], cfg)}; links {links['pcie_gb_per_s']:g} GB/s PCIe, "
+              f"{links['nvme_gb_per_s']:g} GB/s NVMe){stop}")
+
+
+def advice_table(rows: list[dict]) -> list[str]:
+    """The advice rows as text: one line per cp size, the offloads and their host bytes and copy time."""
+    lines = [f"  {'cp':>4} {'dp':>4} {'tokens/rank':>12}  {'ZeRO':>4}  {'checkpointing':<13} {'offload':<22} "
+             f"{'peak GiB':>9} {'host GiB':>9} {'copies s':>9} {'time/token':>10}"]
+    for r in rows:
+        mark = "" if r["fits"] else f"  does not fit (smallest option shown: {r.get('stopped_by', '')})"
+        lines.append(f"  {r['cp_size']:>4} {r['dp_size']:>4} {r['tokens_per_rank']:>12,}  {r['zero_stage']:>4}  "
+                     f"{r['activation_checkpointing']:<13} {_offload_label(r):<22} {r['peak_gib']:>9.2f} "
+                     f"{r['host_gib']:>9.1f} {r['transfer_s']:>9.2f} {r['relative_time_per_token']:>9.2f}x{mark}")
+    return lines
+
+
+def recommended_overrides(row: dict, cfg) -> str:
+    """The key=value overrides that give an advice row's layout."""
+    out = [f"parallel.cp_size={row['cp_size']}", f"parallel.zero_stage={row['zero_stage']}",
+           f"parallel.activation_checkpointing={row['activation_checkpointing']}"]
+    if row["offload_optimizer"]:
+        out.append("parallel.offload_optimizer=true")
+    if row.get("offload_activations", "none") != "none":
+        out.append(f"parallel.offload_activations={row['offload_activations']}")
+    if row.get("offload_params", "none") != "none":
+        out.append("parallel.offload_params=true")
+        if row["offload_params"] == "nvme":
+            out.append("parallel.offload_params_device=nvme parallel.offload_params_path=/local_nvme/offload")
+    if row.get("recompute_attention") and not cfg.parallel.recompute_attention:
+        out.append("parallel.recompute_attention=true")
+    if row.get("mlp_tile_tokens", cfg.parallel.mlp_tile_tokens) != cfg.parallel.mlp_tile_tokens:
+        out.append(f"parallel.mlp_tile_tokens={row['mlp_tile_tokens']}")
+    if row["micro_batch_size"] != cfg.data.micro_batch_size:
+        out.append(f"data.micro_batch_size={row['micro_batch_size']}")
+    return " ".join(out)

@@ -14,6 +14,13 @@ from longctx.plan.adapter import AdapterSpec, adapter_spec
 BUCKET = int(5e8)  # DeepSpeed reduce_bucket_size / allreduce bucket (elements), our config leaves the default
 PREFETCH = int(5e7)  # stage3_prefetch_bucket_size (elements)
 MAX_LIVE = int(1e9)  # stage3_max_live_parameters: gathered parameters kept at most
+# Offload links and the compute they hide behind (stated, changeable with `longctx plan` flags):
+# pinned host <-> GPU copies of PCIe 5 x16 run 40-55 GB/s; 25 GB/s leaves room for the node's other
+# traffic. One NVMe drive per GPU reads/writes ~3-6 GB/s sequentially: 3 GB/s. An H100 trains at
+# ~40% of its 989 dense bf16 TFLOPS.
+PCIE_BYTES_PER_S = 25e9
+NVME_BYTES_PER_S = 3e9
+DEVICE_FLOPS = 400e12
 
 
 @dataclass
@@ -37,6 +44,12 @@ class Layout:
     loss_chunk_size: int
     attention_backend: str
     mlp_tile_tokens: int = 0
+    offload_activations: str = "none"  # none | host | disk: checkpointed block inputs (parallel/activation_offload.py)
+    offload_params_device: str = "cpu"  # cpu | nvme, with offload_params
+    # the links offloaded bytes cross (bytes/s per GPU), and the GPU's sustained training rate
+    pcie_bytes_per_s: float = PCIE_BYTES_PER_S
+    nvme_bytes_per_s: float = NVME_BYTES_PER_S
+    device_flops: float = DEVICE_FLOPS
     # DeepSpeed buffer sizes (elements): its defaults, or a parallel.deepspeed_config's values
     reduce_bucket_size: int = BUCKET
     prefetch_bucket_size: int = PREFETCH
@@ -76,7 +89,8 @@ def layout_of(cfg: TrainConfig, stage: RunStage, world_size: int, deepspeed: Opt
                   recompute_attention=par.recompute_attention, micro_batch_size=stage.data.micro_batch_size,
                   grad_accum=tr.grad_accum, dtype=tr.dtype, loss_chunk_size=tr.loss_chunk_size,
                   attention_backend=par.attention_backend, mlp_tile_tokens=par.mlp_tile_tokens,
-                  adapter=adapter_spec(tr.adapter))
+                  adapter=adapter_spec(tr.adapter), offload_activations=par.offload_activations,
+                  offload_params_device=par.offload_params_device)
 
 
 def head_shards(m, lay: Layout) -> Optional[HeadShards]:
@@ -133,7 +147,37 @@ def relative_time_per_token(m, lay: Layout) -> float:
         factor *= ZERO3_GATHER_COST
     if lay.offload_optimizer:
         factor *= OFFLOAD_COST
-    return factor
+    return factor * offload_transfer(m, lay)["factor"]
+
+
+def offload_transfer(m, lay: Layout) -> dict:
+    """Seconds per micro-batch the offloads add on their links, and the step-time factor they cost.
+
+    Activations: each checkpointed block's input (t x d x b bytes) goes out in the forward and
+    back in the backward (disk: over NVMe, the slower link); the copy of one block hides behind
+    that block's compute (its forward, recomputation and backward), only the excess shows.
+    Parameters (ZeRO-3 offload_params): each rank's partition crosses the link in the forward
+    and again in the backward (nvme: NVMe), overlapped with the step's compute the same way."""
+    b = 2 if lay.dtype == "bfloat16" else 4
+    t = lay.micro_batch_size * lay.seq_len // lay.cp_size
+    L = m.num_hidden_layers
+    c = parameter_counts(m)
+    flops_layer = 8 * (c["attn"] + c["mlp"]) * t + 8 * m.num_attention_heads * m.head_dim * t * lay.seq_len / 2
+    compute_layer = flops_layer / lay.device_flops  # forward + recomputation + backward of one block
+    out = {"activations_s": 0.0, "params_s": 0.0, "compute_s": L * compute_layer, "factor": 1.0}
+    wrapped = {"none": 0, "full": L, "selective": -(-L // max(1, lay.checkpoint_every))}[lay.activation_checkpointing]
+    exposed = 0.0
+    if lay.offload_activations != "none" and wrapped:
+        link = lay.pcie_bytes_per_s if lay.offload_activations == "host" else lay.nvme_bytes_per_s
+        per_block = 2 * t * m.hidden_size * b / link
+        out["activations_s"] = wrapped * per_block
+        exposed += wrapped * max(0.0, per_block - compute_layer)
+    if lay.offload_params and lay.zero_stage == 3:
+        link = lay.pcie_bytes_per_s if lay.offload_params_device == "cpu" else lay.nvme_bytes_per_s
+        out["params_s"] = 2 * b * c["total"] / lay.world_size / link
+        exposed += max(0.0, out["params_s"] - out["compute_s"])
+    out["factor"] = 1.0 + exposed / out["compute_s"]
+    return out
 
 
 # ----------------------------------------------------------------------------- counting

@@ -37,6 +37,7 @@ class MemoryEstimate:
     runtime: float
     phase: str  # the phase where the peak occurs
     host: float  # offloaded bytes per process in host memory
+    disk: float = 0.0  # offloaded bytes per process on a drive (activations disk, parameters nvme)
     phases: dict = field(default_factory=dict)  # phase -> total bytes
     info: dict = field(default_factory=dict)  # the inputs (P, t, stage, ...)
     device: str = "gpu"
@@ -69,7 +70,7 @@ def _model_states(n: dict, lay: Layout, device: str) -> dict:
     def bucket(elements_used: int) -> int:
         return lay.reduce_bucket_size if gpu else min(lay.reduce_bucket_size, elements_used)
 
-    out = {"params": 0.0, "grads": 0.0, "grads_transient": 0.0, "opt": 0.0, "host": 0.0,
+    out = {"params": 0.0, "grads": 0.0, "grads_transient": 0.0, "opt": 0.0, "host": 0.0, "disk": 0.0,
            "opt_step": 0.0, "comm": 0.0, "comm_persistent": 0.0, "gathered": 0.0, "init": 0.0}
     opt_host = lay.offload_optimizer
     if z == 0:
@@ -102,13 +103,13 @@ def _model_states(n: dict, lay: Layout, device: str) -> dict:
         out["params"] = b * math.ceil(P / W)
         out["grads"] = 4 * part if not mixed else 2 * part + 4 * part
         master, adam = 4 * part, 8 * part
-        if opt_host:
+        if opt_host:  # DeepSpeed's stage3.py keeps the gradient partitions in host memory then (4 bytes)
             out["host"] = master + adam + 4 * part
-            out["grads"] = b * part
+            out["grads"] = 0.0
         else:
             out["opt"] = master + adam
         if lay.offload_params:
-            out["host"] += out["params"]
+            out["disk" if lay.offload_params_device == "nvme" else "host"] += out["params"]
             out["params"] = 0.0
         # gathered parameters: ZeRO-3 keeps a parameter gathered while its next use is within
         # stage3_max_reuse_distance (1e9) and caps what is live at stage3_max_live_parameters
@@ -191,7 +192,12 @@ def estimate_layout(m, lay: Layout, *, device: str = "gpu", runtime_overhead_gb:
     info = {"parameters_total": n["total"], "parameters_trained": n.get("trained", n["total"]),
             "tokens_per_rank": act["tokens"], "layout": dataclasses.asdict(lay),
             "ulysses": ulysses_split(m, lay)}
-    return MemoryEstimate(**comp, phase=peak_phase, host=float(ms["host"]), phases=totals, info=info, device=device)
+    host, disk = float(ms["host"]), float(ms["disk"])
+    if lay.offload_activations == "host":
+        host += act["offloaded"]
+    elif lay.offload_activations == "disk":
+        disk += act["offloaded"]
+    return MemoryEstimate(**comp, phase=peak_phase, host=host, disk=disk, phases=totals, info=info, device=device)
 
 
 def estimate_memory(cfg: TrainConfig, stage: RunStage, model_cfg: ModelConfig, world_size: int, *,

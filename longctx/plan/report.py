@@ -21,7 +21,9 @@ def gib(x: float) -> str:
 def format_estimate(est: MemoryEstimate, device_bytes: Optional[float] = None) -> str:
     lay = est.info["layout"]
     what = "memory per GPU" if est.device == "gpu" else "host memory per process (CPU RSS)"
-    offload = ", ".join(k for k in ("offload_optimizer", "offload_params") if lay[k]) or "no offload"
+    offload = ", ".join([k for k in ("offload_optimizer", "offload_params") if lay[k]]
+                        + ([f"offload_activations {lay['offload_activations']}"]
+                           if lay.get("offload_activations", "none") != "none" else [])) or "no offload"
     split = f" {est.info['ulysses']}" if est.info.get("ulysses") else ""
     lines = [f"  {what}: ZeRO-{lay['zero_stage']} ({offload}), {lay['dtype']}, "
              f"checkpointing {lay['activation_checkpointing']}, cp {lay['cp_size']} ({lay['cp_impl']}{split}), "
@@ -38,6 +40,8 @@ def format_estimate(est: MemoryEstimate, device_bytes: Optional[float] = None) -
     lines.append(f"    {'total (peak)':<30}{fmt_bytes(est.peak)}")
     if est.host:
         lines.append(f"    {'host memory (offloaded)':<30}{fmt_bytes(est.host)}")
+    if est.disk:
+        lines.append(f"    {'drive (offloaded)':<30}{fmt_bytes(est.disk)}")
     if device_bytes:
         usable = device_bytes * (GPU_USABLE if est.device == "gpu" else 1.0)
         verdict = "fits" if est.fits(device_bytes) else "does NOT fit"

@@ -90,7 +90,7 @@ def deepspeed_config_for(cfg, world_size: int, user: Optional[dict]) -> dict:
     return deepspeed_config(zero_stage=par.zero_stage, micro_batch_size=cfg.data.micro_batch_size,
                             grad_accum=cfg.train.grad_accum, world_size=world_size, dtype=cfg.train.dtype,
                             grad_clip=cfg.optim.grad_clip, offload_optimizer=par.offload_optimizer,
-                            offload_params=par.offload_params, user=user)
+                            offload_params=par.offload_params, offload_params_path=par.offload_params_path, user=user)
 
 
 def setup_logging(out_dir: Path, rank: int) -> None:

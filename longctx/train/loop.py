@@ -32,6 +32,7 @@ from longctx.config.probe import original_context
 from longctx.config.validation import bucket_ends
 from longctx.data import check_vocab, load_tokenizer
 from longctx.data.loader import ModelInputs
+from longctx.parallel.activation_offload import offload_for
 from longctx.parallel.mesh import build_mesh, init_distributed, shutdown_distributed
 from longctx.parallel.parallelize import attention_for, parallel_engine
 from longctx.runtime.host_memory import HostMemoryGuard
@@ -122,6 +123,7 @@ class Trainer:
         self.peak, self.peak_src = peak_flops_per_device(cfg.log.peak_tflops, self.dtype)  # a table, or a cache
         # built by run(): the engine and its model (_build_engine); the reporter's outputs open after them
         self.engine = self.model = None
+        self.offload = None  # parallel.offload_activations' store (parallel/activation_offload.py)
 
     def _check_probe(self) -> None:
         """Build every stage's probe rows now (kept for the validations): a length below a
@@ -199,12 +201,18 @@ class Trainer:
         check_vocab(tokenizer, model.config.vocab_size)
         if cfg.train.adapter is not None:  # rank 0 hashes the frozen base once, every rank knows it
             self.checkpoints.base_sha256 = gather_objects(base_hash(model) if self.rank == 0 else None)[0]
+        folder = Path(par.offload_activations_path) if par.offload_activations_path else self.out / "offload"
+        self.offload = offload_for(par.offload_activations, self.device, folder, self.rank)
         self.engine = parallel_engine(model, self._mesh(par.cp_size), par, device=self.device,
                                       optimizer=optimizer_for(model, cfg.optim, par.offload_optimizer),
-                                      ds_config=deepspeed_config_for(cfg, self.world, self.plan.deepspeed))
+                                      ds_config=deepspeed_config_for(cfg, self.world, self.plan.deepspeed),
+                                      offload=self.offload)
         self.model = model
         self._announce(layout_line(self.world, self.world // par.cp_size, par.cp_size, par.cp_impl, par.zero_stage,
                                    par.offload_optimizer, cfg.train.dtype, par.activation_checkpointing))
+        if self.offload is not None:
+            where = "host buffers" if par.offload_activations == "host" else f"a per-rank file in {folder}"
+            self._announce(f"activation offload: the checkpointed blocks' inputs wait for the backward in {where}")
         return tokenizer
 
     def _restore(self, point: ResumePoint, state: TrainState, tokenizer) -> Optional[dict]:
@@ -261,6 +269,9 @@ class Trainer:
         self.flag.uninstall()
         self.watchdog.stop()
         self._release_lock()
+        if getattr(self, "offload", None) is not None:
+            self.offload.close()
+            self.offload = None
         if self.engine is None:
             return
         try:

@@ -47,6 +47,19 @@ TRAIN_HINTS = {
                                ["parallel.mlp_tile_tokens=0", "parallel.zero_stage=3"]]),
     "offload_params": (["parallel.offload_params=true"], "needs parallel.zero_stage=3",
                        [["parallel.offload_params=true", "parallel.zero_stage=3"]]),
+    "activation offload without checkpointing": (
+        ["parallel.offload_activations=host"], "set parallel.activation_checkpointing=full",
+        [["parallel.offload_activations=host", "parallel.activation_checkpointing=full"],
+         ["parallel.offload_activations=none"]]),
+    "activation offload path without disk": (
+        ["parallel.offload_activations_path=runs/offload", "parallel.activation_checkpointing=full"],
+        "set offload_activations=disk",
+        [["parallel.offload_activations_path=runs/offload", "parallel.activation_checkpointing=full",
+          "parallel.offload_activations=disk"]]),
+    "nvme parameter offload without a path": (
+        ["parallel.offload_params_device=nvme", "parallel.offload_params=true", "parallel.zero_stage=3"],
+        "required with offload_params_device=nvme",
+        [["parallel.offload_params_device=cpu", "parallel.offload_params=true", "parallel.zero_stage=3"]]),
     "model override typo": (["model.overrides={hiden_size: 64}"], "did you mean 'hidden_size'?",
                             [["model.overrides={hidden_size: 64}"]]),
     "rope field": (["model.rope_parameters={rope_type: yarn, factor: 4.0}"],
