@@ -1,12 +1,31 @@
-"""A device call's script on CPU (scripts/gpu/gpu_env.sh, through a stand-in call): each step stops
-at its limit, a CUDA step is skipped without CUDA, the budget is shared, and the summary is printed
-from disk. Moved from tests/unit/test_gpu_calls.py: it runs bash and Python processes."""
+"""The device calls where they start processes (moved from tests/unit/test_gpu_calls.py): the plan's
+check, which lists the carried files with `git ls-files`, and a call's script on CPU
+(scripts/gpu/gpu_env.sh, through a stand-in call): each step stops at its limit, a CUDA step is
+skipped without CUDA, the budget is shared, and the summary is printed from disk."""
+import importlib.util
 import os
 import subprocess
 import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
+
+
+def _load_calls():
+    spec = importlib.util.spec_from_file_location("gpu_calls", ROOT / "scripts" / "gpu" / "gpu_calls.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["gpu_calls"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_every_call_and_session_meets_every_rule(capsys):
+    calls = _load_calls()
+    assert calls.main(["check"]) == 0, capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "all rules met" in out and "FAIL" not in out
+    for name in calls.CALLS:
+        assert f"\n{name}: bash scripts/gpu/" in out
 
 
 SCRIPT = """set -uo pipefail
