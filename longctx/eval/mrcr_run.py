@@ -12,13 +12,13 @@ A row's generation budget is --max-new-tokens, else its answer's token count + 6
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 from typing import Callable, Optional
 
 from longctx.base.errors import UserError
 from longctx.data.tokenizer import prepends_bos
 from longctx.eval import mrcr
+from longctx.eval.answers_dir import answers_dir
 from longctx.eval.chat import own_template, render_conversation, special_tokens, tokenizer_dir
 from longctx.storage import atomic
 
@@ -67,21 +67,7 @@ def endpoint_answerer(client, model: str, tokenizer, max_new_tokens: Optional[in
 
 
 def _store(out: Optional[str], identity: Optional[dict], overwrite: bool, main: bool) -> Optional[Path]:
-    if out is None:
-        return None
-    d = Path(out) / SECTION
-    stored = d / "identity.json"
-    if identity is not None and stored.is_file() and json.loads(stored.read_text()) != identity:
-        if not overwrite:
-            raise UserError(f"eval.out: {d} holds another model's MRCR answers; use another --out, or --overwrite "
-                            "to replace them")
-        if main:
-            shutil.rmtree(d)
-    if main:
-        d.mkdir(parents=True, exist_ok=True)
-        if identity is not None:
-            atomic.write_json(stored, identity)
-    return d
+    return answers_dir(out, SECTION, "MRCR", identity, overwrite, main)
 
 
 def run(cfg, answer, *, identity: Optional[dict] = None, stop=None, main: bool = True,

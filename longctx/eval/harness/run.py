@@ -14,11 +14,10 @@ from __future__ import annotations
 
 import json
 import math
-import shutil
 from pathlib import Path
 from typing import Optional
 
-from longctx.base.errors import UserError
+from longctx.eval.answers_dir import answers_dir
 from longctx.eval.harness.model import LongctxLM
 from longctx.eval.harness.options import MODEL_OPTIONS, parse_args, task_manager
 from longctx.storage import atomic
@@ -27,22 +26,10 @@ SECTION = "lm_eval"
 
 
 def _cache(out: Optional[str], identity: Optional[dict], overwrite: bool, main: bool) -> Optional[str]:
-    """The request cache's path prefix in OUT/lm_eval (None without --out)."""
-    if out is None:
-        return None
-    d = Path(out) / SECTION
-    stored = d / "identity.json"
-    if identity is not None and stored.is_file() and json.loads(stored.read_text()) != identity:
-        if not overwrite:
-            raise UserError(f"eval.out: {d} holds another model's lm-eval answers; use another --out, or --overwrite "
-                            "to replace them")
-        if main:
-            shutil.rmtree(d)
-    d.mkdir(parents=True, exist_ok=True)  # every rank: each writes its own requests_rank<R>.db
-    if main:
-        if identity is not None:
-            atomic.write_json(stored, identity)
-    return str(d / "requests")
+    """The request cache's path prefix in OUT/lm_eval (None without --out); every rank writes its
+    own requests_rank<R>.db there."""
+    d = answers_dir(out, SECTION, "lm-eval", identity, overwrite, main, every_rank=True)
+    return None if d is None else str(d / "requests")
 
 
 def run_tasks(cfg, model, tokenizer, *, identity: Optional[dict] = None, cp_group=None, stop=None,
