@@ -23,7 +23,7 @@ ROOT = Path(__file__).resolve().parents[2]
 def transformers_floor() -> str:
     """X of the test extra's "transformers>=X" (or "transformers[extras]>=X") in pyproject.toml."""
     text = (ROOT / "pyproject.toml").read_text()
-    test_extra = re.search(r"^test = \[(.*)\]$", text, re.M)
+    test_extra = re.search(r"^test = \[(.*?)\]$", text, re.M | re.S)  # the list may span lines
     found = re.search(r'"transformers(?:\[[^]]*\])?>=([0-9][0-9.]*)"', test_extra.group(1) if test_extra else "")
     if not found:
         raise RuntimeError("pyproject.toml: the test extra names no 'transformers>=X' floor")
