@@ -151,3 +151,44 @@ def test_stale_files_of_dead_owners_are_removed(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted([live.name, elsewhere.name, mine.name])
     DiskStore(CPU, tmp_path, rank=0).close()  # a new run sweeps the folder it uses the same way
     assert dead not in list(tmp_path.iterdir())
+
+
+def _adapter_loss_and_grads(model, ids, labels, segs):
+    """loss_and_grads for a model with frozen weights: the gradients of what trains only, and
+    every frozen weight without one."""
+    s, n = model(ids, labels=labels, segment_ids=segs)
+    (s / n).backward()
+    frozen = [k for k, p in model.named_parameters() if not p.requires_grad]
+    assert frozen and all(p.grad is None for p in model.parameters() if not p.requires_grad)
+    grads = {k: p.grad.clone() for k, p in model.named_parameters() if p.requires_grad}
+    model.zero_grad()
+    return (s / n).item(), grads
+
+
+@pytest.mark.parametrize("path", ["native", "transformers"])
+def test_adapter_runs_bit_identical(path, tmp_path):
+    """LoRA with trainable embeddings and norms (train.adapter): the offloaded block input is the
+    one the adapter's factors are trained from, so their gradients are the same bits."""
+    pytest.importorskip("peft")
+    from longctx.config.adapter import AdapterSection
+    from longctx.model.adapter import apply_adapter
+
+    adapter = AdapterSection(r=4, alpha=8.0, target_modules=["q_proj", "v_proj", "up_proj"],
+                             trainable=["embed_tokens", "norm"])
+
+    def build():
+        base = tiny_model("yarn", "gqa", num_hidden_layers=3) if path == "native" else tiny_auto_model("olmo2")
+        model = apply_adapter(base, adapter, seed=0)
+        with torch.no_grad():  # B starts at zero: give every factor a gradient
+            for name, p in model.named_parameters():
+                if ".lora_B." in name:
+                    p.normal_(0, 0.02, generator=torch.Generator().manual_seed(1))
+        return model
+
+    ids, labels, segs = _batch(vocab=96)
+    ref = _adapter_loss_and_grads(_checkpointed(build, "full"), ids, labels, segs)
+    assert any(".lora_A." in k for k in ref[1])
+    offload = offload_for("disk", CPU, tmp_path, rank=0)
+    _assert_identical(ref, _adapter_loss_and_grads(_checkpointed(build, "full", offload), ids, labels, segs))
+    assert offload.store.stats["put"] > 0
+    offload.close()
