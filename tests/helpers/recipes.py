@@ -10,7 +10,7 @@ PRESET_OF = {"yarn-llama2-7b-128k.yaml": "llama2-7b", "llama3-8b-128k.yaml": "ll
              "prolong-llama3-8b-64k.yaml": "llama3-8b", "smollm2-135m-32k.yaml": "smollm2-135m",
              "qwen2.5-7b-128k.yaml": "qwen2.5-7b", "qwen3-8b-128k.yaml": "qwen3-8b",
              "qwen3-30b-a3b-128k.yaml": "qwen3-30b-a3b", "llama3-8b-128k-2gpu.yaml": "llama3-8b",
-             "llama3-8b-1m.yaml": "llama3.1-8b"}
+             "llama3-8b-1m.yaml": "llama3.1-8b", "llama3-8b-128k-lora.yaml": "llama3-8b"}
 
 
 def cluster(path: Path) -> dict:

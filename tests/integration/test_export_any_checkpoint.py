@@ -30,9 +30,10 @@ from longctx.config import load_config, resolve_stages, stage_model_config
 from longctx.data.tokenizer import load_tokenizer
 
 LOGITS_TOL = 1e-4
-# the offload recipes' layouts (ZeRO-2/3 at cp 2) are the other recipes'; an offload changes no checkpoint
-OFFLOAD_RECIPES = ("llama3-8b-128k-2gpu.yaml", "llama3-8b-1m.yaml")
-RUNS = [(name, ()) for name in CPU_RECIPES if name not in OFFLOAD_RECIPES] + [
+# the offload recipes' layouts (ZeRO-2/3 at cp 2) are the other recipes'; an offload changes no checkpoint.
+# The adapter recipe's export from a checkpoint without model/ is tests/integration/test_adapter_run.py's.
+SKIPPED_RECIPES = ("llama3-8b-128k-2gpu.yaml", "llama3-8b-1m.yaml", "llama3-8b-128k-lora.yaml")
+RUNS = [(name, ()) for name in CPU_RECIPES if name not in SKIPPED_RECIPES] + [
     ("prolong-llama3-8b-64k.yaml", ("parallel.zero_stage=0",))]
 TEXT = "The grass is green. Le café est fermé — 日本語 🙂\nThe pass key is 71432. "
 
