@@ -21,8 +21,8 @@ from longctx.data.config import validate_data_config
 from longctx.data.tokenizer import check_local_tokenizer_vocab
 from longctx.model.auto.support import AutoModelSpec
 from longctx.model.config import ModelConfig
-from longctx.parallel.ds_ops import check_async_io
 from longctx.parallel.layout import CPFields, ulysses_degree, validate_cp
+from longctx.parallel.nvme import check_async_io
 from longctx.reporting.wandb_log import check_installed
 from longctx.storage.hub import MODEL_FILES, hub_or_local
 

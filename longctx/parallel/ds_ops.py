@@ -26,7 +26,6 @@ from typing import Callable
 import torch
 from torch.utils.cpp_extension import get_default_build_root
 
-from longctx.base.errors import UserError
 from longctx.storage.locks import liveness_lock
 
 log = logging.getLogger("longctx.parallel")
@@ -116,14 +115,3 @@ def ensure_built(offload_optimizer: bool, notify: Callable[[str], None] = log.wa
     for builder in builders:
         build_once(builder, notify)
     return [builder.NAME for builder in builders]
-
-
-def check_async_io(field: str) -> None:
-    """DeepSpeed's async_io op (NVMe offload, ZeRO-Infinity) can be built here: it needs libaio
-    (apt install libaio-dev) and a compiler; one UserError line naming `field` otherwise."""
-    from deepspeed.accelerator import get_accelerator  # lazy, see skip_unused_ops
-
-    builder = get_accelerator().create_op_builder("AsyncIOBuilder")
-    if builder is None or not builder.is_compatible(verbose=False):
-        raise UserError(f"{field}: nvme needs DeepSpeed's async_io op, which cannot be built on this machine "
-                        "(install libaio-dev and a C++ compiler), or use offload_params_device=cpu")

@@ -6,11 +6,11 @@
     .venv/bin/python scripts/tools/suite_table.py --write-durations tests/durations.json  # the order files start in
 
 Columns: wall time of the file's tests; their CPU time (the test process's and its finished
-children's: unlike wall time it hardly moves with the machine's load, so runs at different loads
-compare); the processes they started (subprocess and multiprocessing); the time the test
-process slept (time.sleep) and the time it was blocked on a child (Popen.wait/communicate).
-Sleep and wait overlap with a child's own work: they say how much of the wall time the test
-process itself was idle, not that the time was wasted."""
+children's: it grows with the machine's load too, but far less than wall time); the processes
+they started (subprocess and multiprocessing); the time the test process slept (time.sleep)
+and the time it was blocked on a child (Popen.wait/communicate). Sleep and wait overlap with a
+child's own work: they say how much of the wall time the test process itself was idle, not
+that the time was wasted."""
 from __future__ import annotations
 
 import argparse

@@ -3,6 +3,8 @@ names each one's architecture, and the cluster shape each states in its `# clust
 import re
 from pathlib import Path
 
+import yaml
+
 ROOT = Path(__file__).resolve().parents[2]
 RECIPES = sorted(p.name for p in (ROOT / "configs").glob("*.yaml"))
 CPU_RECIPES = sorted(p.name for p in (ROOT / "configs" / "cpu").glob("*.yaml"))
@@ -16,3 +18,17 @@ PRESET_OF = {"yarn-llama2-7b-128k.yaml": "llama2-7b", "llama3-8b-128k.yaml": "ll
 def cluster(path: Path) -> dict:
     line = re.search(r"^#\s*cluster:\s*(.*)$", path.read_text(), re.MULTILINE).group(1)
     return dict(item.split("=", 1) for item in line.split())
+
+
+def one_step_per_stage(recipe: Path, directory: Path) -> Path:
+    """A copy of the recipe in `directory` with one step per stage (or one step), everything else
+    as shipped (its comments, the `# cluster:` line among them, are not copied: read them from
+    the recipe)."""
+    cfg = yaml.safe_load(recipe.read_text())
+    for stage in cfg.get("stages") or []:
+        stage["steps"] = 1
+    if not cfg.get("stages"):
+        cfg.setdefault("train", {})["steps"] = 1
+    path = directory / recipe.name
+    path.write_text(yaml.safe_dump(cfg))
+    return path

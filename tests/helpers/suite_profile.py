@@ -1,5 +1,5 @@
 """A pytest plugin that records where each test's time goes: processes it starts, CPU time (its
-own and its finished children's, which does not grow with the machine's load as wall time does),
+own and its finished children's, which grows less with the machine's load than wall time does),
 time asleep, time blocked on a child process. Enabled with `-p helpers.suite_profile`; it writes one JSON line
 per test to $LONGCTX_SUITE_PROFILE (default .pytest_cache/suite_profile.jsonl), which
 scripts/tools/suite_table.py turns into a per-file table.

@@ -249,6 +249,12 @@ NOT_RUN = {  # command (DocCommand.key) -> why it is not run
     # docs/results/2026-12-06-watch-store.md
     "python benchmarks/bench_watch_store.py --world 1024 --per-node 8 --seconds 20 --rounds 2 "
     "--json docs/results/2026-12-06-watch-store.json": f"{BENCH} (~10 min); rewrites the report's JSON",
+    # docs/results/2026-12-07-activation-offload.md
+    "python benchmarks/bench_offload.py --seq-len 16384 --repeat 2 --steps 3 "
+    "--out docs/results/2026-12-07-activation-offload.json": f"{BENCH}; rewrites the report's JSON",
+    # docs/results/2026-12-07-suite-time.md
+    ".venv/bin/python scripts/tools/suite_table.py --top 40 --json docs/results/2026-12-07-suite-time-after.json":
+        f"reads the profile ./run.sh test writes ({SUITE}); rewrites the report's JSON",
     # docs/results/2026-12-07-courier-writes.md
     "python benchmarks/bench_courier_writes.py --seconds 8 --rounds 2 "
     "--json docs/results/2026-12-07-courier-writes.json": f"{BENCH} (~4 min); rewrites the report's JSON",

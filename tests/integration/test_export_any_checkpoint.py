@@ -18,11 +18,10 @@ import sys
 
 import pytest
 import torch
-import yaml
 from safetensors.torch import load_file
 
 import longctx
-from helpers.recipes import CPU_RECIPES, ROOT, cluster
+from helpers.recipes import CPU_RECIPES, ROOT, cluster, one_step_per_stage
 from helpers.train import env, train_cmd
 from longctx.checkpoint import manifest
 from longctx.checkpoint.model import RECORD_CONFIG, RECORD_TOKENIZER
@@ -38,18 +37,6 @@ RUNS = [(name, ()) for name in CPU_RECIPES if name not in SKIPPED_RECIPES] + [
 TEXT = "The grass is green. Le café est fermé — 日本語 🙂\nThe pass key is 71432. "
 
 
-def _one_step_per_stage(recipe, directory):
-    """The recipe with one step per stage (or one step), everything else as shipped."""
-    cfg = yaml.safe_load(recipe.read_text())
-    for stage in cfg.get("stages") or []:
-        stage["steps"] = 1
-    if not cfg.get("stages"):
-        cfg.setdefault("train", {})["steps"] = 1
-    path = directory / recipe.name
-    path.write_text(yaml.safe_dump(cfg))
-    return path
-
-
 def _cli(*args):
     return subprocess.run([sys.executable, "-m", "longctx", *args], capture_output=True, text=True, env=env(),
                           timeout=600)
@@ -62,7 +49,7 @@ def run(request, tmp_path_factory):
     name, overrides = request.param
     recipe = ROOT / "configs" / "cpu" / name
     tmp = tmp_path_factory.mktemp(name.removesuffix(".yaml"))
-    config, out = _one_step_per_stage(recipe, tmp), tmp / "run"
+    config, out = one_step_per_stage(recipe, tmp), tmp / "run"
     args = ["--config", str(config), f"out_dir={out}", "log.progress=false", "checkpoint.export_hf=false", *overrides]
     res = subprocess.run(train_cmd(int(cluster(recipe)["gpus_per_node"]), args), capture_output=True, text=True,
                          env=env(), timeout=600)

@@ -1,6 +1,8 @@
 """Published recipes as processes: each passes `--dry-run` on the meta device for its stated
 cluster shape, without its weights, and fits it per the planner; each CPU-sized version trains
-for real through launch/torchrun.sh, and the launcher refuses a recipe written for a bigger cluster."""
+for real through launch/torchrun.sh (one step per stage: every stage starts at its length and cp,
+which is what the launcher and the stages must get right), and the launcher refuses a recipe
+written for a bigger cluster."""
 import json
 import math
 import subprocess
@@ -8,7 +10,7 @@ import sys
 
 import pytest
 
-from helpers.recipes import CPU_RECIPES, RECIPES, ROOT, cluster
+from helpers.recipes import CPU_RECIPES, RECIPES, ROOT, cluster, one_step_per_stage
 from helpers.train import env
 from longctx.config import load_config, resolve_stages, stage_model_config
 from longctx.plan import estimate_memory, parse_size
@@ -54,8 +56,8 @@ def _failure(res) -> str:
 
 @pytest.mark.parametrize("name", CPU_RECIPES)
 def test_cpu_recipe_trains_through_the_launcher(tmp_path, name):
-    path = ROOT / "configs" / "cpu" / name
-    shape = cluster(path)
+    shape = cluster(ROOT / "configs" / "cpu" / name)
+    path = one_step_per_stage(ROOT / "configs" / "cpu" / name, tmp_path)
     out = tmp_path / "run"
     res = _launch(["--nproc-per-node", shape["gpus_per_node"], "--", "train", "--config", str(path),
                    f"out_dir={out}", "log.progress=false"])
