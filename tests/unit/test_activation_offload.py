@@ -11,13 +11,13 @@ import torch
 from helpers.auto_models import tiny_auto_model
 from helpers.memory import HeldStorages, held_bytes
 from helpers.model import loss_and_grads, tiny_model
-from longctx.parallel.activation_offload import (
+from longctx.parallel.activation_offload import offload_for
+from longctx.parallel.checkpointing import apply_activation_checkpointing
+from longctx.parallel.offload_stores import (
     DiskStore,
     HostStore,
-    offload_for,
     remove_stale,
 )
-from longctx.parallel.checkpointing import apply_activation_checkpointing
 
 CPU = torch.device("cpu")
 
