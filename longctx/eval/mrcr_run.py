@@ -20,6 +20,7 @@ from longctx.data.tokenizer import prepends_bos
 from longctx.eval import mrcr
 from longctx.eval.answers_dir import answers_dir
 from longctx.eval.chat import own_template, render_conversation, special_tokens, tokenizer_dir
+from longctx.eval.extra_sections import add_section
 from longctx.storage import atomic
 
 SECTION = "mrcr"
@@ -92,11 +93,5 @@ def run(cfg, answer, *, identity: Optional[dict] = None, stop=None, main: bool =
 
 
 def add_to_outputs(out: Path, section: dict) -> None:
-    results = json.loads((out / "results.json").read_text())
-    results[SECTION] = section
-    atomic.write_json(out / "results.json", results)
-    report = (out / "report.md").read_text()
-    marker = "\n## MRCR"
-    if marker in report:
-        report = report[:report.index(marker)]
-    atomic.write_text(out / "report.md", report.rstrip("\n") + "\n\n" + mrcr.render(section["summary"]))
+    """results.json gets the "mrcr" section, report.md its table (each rewritten by a rename)."""
+    add_section(out, SECTION, section, "## MRCR", mrcr.render(section["summary"]))

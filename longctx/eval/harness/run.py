@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Optional
 
 from longctx.eval.answers_dir import answers_dir
+from longctx.eval.extra_sections import add_section
 from longctx.eval.harness.model import LongctxLM
 from longctx.eval.harness.options import MODEL_OPTIONS, parse_args, task_manager
 from longctx.storage import atomic
@@ -150,11 +151,4 @@ def render(sec: dict) -> str:
 
 def add_to_outputs(out: Path, sec: dict) -> None:
     """results.json gets the "lm_eval" section, report.md its table (each rewritten by a rename)."""
-    results = json.loads((out / "results.json").read_text())
-    results[SECTION] = sec
-    atomic.write_json(out / "results.json", results)
-    report = (out / "report.md").read_text()
-    marker = "\n## lm-evaluation-harness"
-    if marker in report:
-        report = report[:report.index(marker)]
-    atomic.write_text(out / "report.md", report.rstrip("\n") + "\n\n" + render(sec))
+    add_section(out, SECTION, sec, "## lm-evaluation-harness", render(sec))
