@@ -5,7 +5,6 @@ line, the checks before any weight is read, the model and tokenizer, what --out 
 the batch in flight with exit code 85 (PREEMPTED_EXIT_CODE, as training)."""
 from __future__ import annotations
 
-import contextlib
 import signal
 import sys
 import time
@@ -48,6 +47,7 @@ from longctx.model.auto.support import AutoModelSpec
 from longctx.model.config import check_window
 from longctx.parallel.mesh import build_mesh, init_distributed, shutdown_distributed
 from longctx.runtime.launch_env import read_env
+from longctx.runtime.watchdog import meet_at_end
 from longctx.storage import atomic
 from longctx.train.signals import PREEMPTED_EXIT_CODE, PreemptionFlag
 
@@ -184,9 +184,9 @@ def _load_and_evaluate(cfg: EvalConfig, world: int, flag: PreemptionFlag, model_
                 result.preempted["signal"] = next((s for s in gather_objects(flag.received) if s), None)
         completed = True
     finally:
-        # the other ranks wait at a barrier while rank 0 writes the reports: the long limit
-        with watchdog.slow_phase("finish") if watchdog is not None else contextlib.nullcontext():
-            shutdown_distributed(completed)
+        if completed and world > 1:
+            meet_at_end(watchdog)
+        shutdown_distributed(False)  # met above after a completed evaluation
         if watchdog is not None:
             watchdog.stop()
     return result

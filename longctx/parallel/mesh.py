@@ -96,16 +96,25 @@ def import_before_process_groups(*modules: str) -> None:
         importlib.import_module(name)
 
 
+def last_barrier() -> None:
+    """The ranks of a completed job meet before teardown: a rank that leaves while another still
+    talks to the group (rank 0 writing reports, say) gets its gloo threads killed mid-operation
+    and the process dies with SIGABRT at exit. Raises what the barrier raises: a caller under a
+    stall watch lets a lost peer end the job as a stall (the watch must still run here, or a
+    node lost at the end leaves this rank and its launcher waiting)."""
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        dist.barrier()
+
+
 def shutdown_distributed(completed: bool) -> None:
-    """Tear the process group down. After a completed job the ranks first meet at a barrier: a
-    rank that leaves while another still talks to the group (rank 0 writing reports, say) gets
-    its gloo threads killed mid-operation and the process dies with SIGABRT at exit. After a
-    failure no barrier (the other ranks may be gone); errors here are not worth masking the job's."""
+    """Tear the process group down; after a completed job (`completed`) the ranks first meet at
+    last_barrier, unless the caller has. After a failure no barrier (the other ranks may be
+    gone); errors here are not worth masking the job's."""
     if not dist.is_initialized():
         return
     try:
-        if completed and dist.get_world_size() > 1:
-            dist.barrier()
+        if completed:
+            last_barrier()
     except Exception:  # noqa: BLE001 - teardown must not replace the job's result
         pass
     try:

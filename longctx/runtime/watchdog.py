@@ -41,6 +41,7 @@ import traceback
 from pathlib import Path
 from typing import Callable, Hashable, Iterator, NoReturn, Optional
 
+from longctx.parallel.mesh import last_barrier
 from longctx.parallel.timeouts import set_collective_timeout
 from longctx.runtime.peer_progress import (
     DONE,
@@ -365,3 +366,17 @@ def watched_batches(batches: Iterator, watchdog: Watchdog) -> Iterator:
             return
         watchdog.beat("compute")
         yield batch
+
+
+def meet_at_end(watchdog: Optional[Watchdog]) -> None:
+    """The last barrier of a completed job (parallel/mesh.py), still watched: the others wait
+    there while rank 0 writes its reports (the long limit), and a peer lost now ends the job as
+    a stall, as at any step (unwatched, this rank and its launcher would wait for a node that
+    is gone). Any other failure is logged: teardown must not replace the job's result."""
+    with watchdog.slow_phase("finish") if watchdog is not None else contextlib.nullcontext():
+        try:
+            last_barrier()
+        except RuntimeError as e:
+            if watchdog is not None and is_collective_timeout(e):
+                watchdog.collective_failed(e)
+            log.warning("the last barrier failed: %s", e)

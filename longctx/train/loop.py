@@ -37,7 +37,7 @@ from longctx.parallel.mesh import build_mesh, init_distributed, shutdown_distrib
 from longctx.parallel.parallelize import attention_for, parallel_engine
 from longctx.runtime.host_memory import HostMemoryGuard
 from longctx.runtime.launch_env import read_env
-from longctx.runtime.watchdog import Watchdog, is_collective_timeout, watched_batches
+from longctx.runtime.watchdog import Watchdog, is_collective_timeout, meet_at_end, watched_batches
 from longctx.train import run_lock
 from longctx.train.build import (
     build_plain_model,
@@ -404,5 +404,8 @@ def train(cfg: TrainConfig, plan: Optional[RunPlan] = None) -> int:
         completed = True
         return rc
     finally:
+        if completed:
+            meet_at_end(trainer.watchdog)
         trainer.close()
-        shutdown_distributed(completed)
+        shutdown_distributed(False)  # met at last_barrier above after a completed job
+

@@ -10,7 +10,8 @@ and the faults:
 2. the same command resumes; after step 7 (its checkpoints at steps 4 and 6 written) node 1's
    link is cut again: the same end, late in a run;
 3. the same command resumes; after step 9 node 1 is lost (the link cut and all its processes
-   SIGKILLed): node 0 ends the same way;
+   SIGKILLed): node 0 ends the same way (a node lost at the job's last barrier:
+   tests/integration/test_watchdog_exits.py);
 4. the same command finishes the run: every step is logged once, and each step's loss equals
    an uninterrupted run's (one node, two processes, the same layout; fp32, constant LR).
 
@@ -34,7 +35,7 @@ pytestmark = pytest.mark.slow
 
 TIMEOUT_S = 20
 NAME = f"lcnp{os.getpid() % 10000}"  # namespaces of this run only (xdist workers, other checkouts)
-STEPS = 10
+STEPS = 12  # the lost node's fault (after step 9) comes before the run's end: its race is another test's
 ARGS = [*TINY, "train.steps=%d" % STEPS, "checkpoint.every=2", "checkpoint.resume=auto", "log.every=1",
         "parallel.cp_size=2", f"parallel.timeout_s={TIMEOUT_S}", "optim.schedule=constant", "optim.warmup_steps=0",
         "train.dtype=float32"]

@@ -198,3 +198,35 @@ def test_a_live_or_finished_peer_does_not_end_a_long_phase(tmp_path, peer):
     """, timeout_s=1.0)
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0 and done.stdout.strip() == "saved", done.stderr
+
+
+@pytest.mark.parametrize("lost", ["stopped", "exited"])
+def test_a_peer_lost_at_the_last_barrier_ends_the_job(tmp_path, lost):
+    """A completed job's ranks meet at a last barrier (runtime/watchdog.meet_at_end) while rank 0
+    writes its reports; a node lost then (rank 1 stopped: silent; or gone: its connection
+    closed) ends rank 0 with 86 and the line, as at any step. Unwatched, rank 0 waited there,
+    and its torchrun agent after it, for a node that was gone (issue 75's lost-node CI run)."""
+    rank1 = '{"longctx/progress/1": \'{"step": 10, "phase": "finish", "idle_s": 0.0, "time": %r}\' % (time.time() - 50)}'
+    script = _peer_script(tmp_path, rank1 if lost == "stopped" else "{}", f"""
+        import datetime, os, signal
+        import torch.distributed as dist
+        from longctx.runtime.watchdog import meet_at_end
+        rank = int(sys.argv[1])
+        dist.init_process_group("gloo", init_method="file://" + {str(tmp_path / "rendezvous")!r}, rank=rank,
+                                world_size=2, timeout=datetime.timedelta(seconds=600))
+        if rank == 1:
+            os.kill(os.getpid(), signal.SIGSTOP) if {lost == "stopped"} else os._exit(0)
+        meet_at_end(w)
+        print("met")
+    """)
+    procs = [subprocess.Popen([sys.executable, "-c", script, str(r)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True) for r in (0, 1)]
+    try:
+        out, err = procs[0].communicate(timeout=120)
+    finally:
+        procs[1].kill()
+        procs[1].communicate(timeout=60)
+    assert procs[0].returncode == STALLED_EXIT_CODE, out + err[-3000:]
+    line = err.strip().splitlines()[-1]
+    assert line.startswith("error: stalled: ") and "phase finish" in line, line
+    assert (tmp_path / "STALLED").read_text() == line + "\n"
