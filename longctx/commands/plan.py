@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import argparse
 
-# The planner (longctx/plan/advice.py) loads when the command runs, so `--help` stays fast.
+# The planner (longctx/plan/command.py) loads when the command runs, so `--help` stays fast.
 
 
 def add_parser(p: argparse.ArgumentParser) -> None:
@@ -52,6 +52,6 @@ def add_parser(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from longctx.plan.advice import run_plan  # see the top
+    from longctx.plan.command import run_plan  # see the top
 
     return run_plan(args)
