@@ -28,7 +28,7 @@ from longctx.eval.scoring import score_sample
 from longctx.eval.sequence_rope import row_lengths
 from longctx.eval.tasks import Sample
 from longctx.eval.teacher_forced import forced_row, score_batch
-from longctx.model.generate import generate
+from longctx.model.generate import RowStopped, generate
 from longctx.parallel.cp_decode import cp_generate
 from longctx.reporting.progress import Progress
 
@@ -68,7 +68,10 @@ class Engine:
         return max(1, self.max_batch_tokens // max(length, 1))
 
     @torch.no_grad()
-    def generate_ids(self, prompts: Sequence[Sequence[int]], max_new_tokens: int) -> list[list[int]]:
+    def generate_ids(self, prompts: Sequence[Sequence[int]], max_new_tokens: int,
+                     stopped: RowStopped = None) -> list[list[int]]:
+        """Each prompt's greedy new tokens, cut before a stop id; `stopped`: a row's tokens so far
+        -> done (model/generate.greedy_decode)."""
         eos = frozenset(self.stop_ids) if self.stop_ids is not None else getattr(self.tokenizer, "eos_id", None)
         pad = getattr(self.tokenizer, "pad_id", None)
         pad = 0 if pad is None else pad
@@ -76,11 +79,11 @@ class Engine:
         with row_lengths(self.model, [len(p) for p in prompts]):  # per-sequence dynamic / longrope RoPE
             if self.cp_size > 1:
                 out, st = cp_generate(self.model, prompts, max_new_tokens, group=self.cp_group, impl=self.cp_impl,
-                                      eos_id=eos, pad_id=pad)
+                                      eos_id=eos, pad_id=pad, stopped=stopped)
                 self.stats["peak_cache_bytes"] = max(self.stats["peak_cache_bytes"], st["cache_bytes"])
                 self.last_cache_bytes = st["cache_bytes"]
             else:
-                out = generate(self.model, prompts, max_new_tokens, eos_id=eos, pad_id=pad)
+                out = generate(self.model, prompts, max_new_tokens, eos_id=eos, pad_id=pad, stopped=stopped)
         self.stats["seconds"] += time.perf_counter() - t0
         self.stats["prompt_tokens"] += sum(len(p) for p in prompts)
         self.stats["new_tokens"] += sum(len(o) for o in out)

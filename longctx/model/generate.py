@@ -1,7 +1,7 @@
 """Batched greedy decoding with a KV cache (left padding, per-row positions)."""
 from __future__ import annotations
 
-from typing import Callable, Collection, Sequence, Union
+from typing import Callable, Collection, Optional, Sequence, Union
 
 import torch
 import torch.nn.functional as F
@@ -9,6 +9,7 @@ import torch.nn.functional as F
 from longctx.model.cache import KVCache
 
 StopIds = Union[int, Collection[int], None]  # one end-of-sequence id, or every id that ends a row
+RowStopped = Optional[Callable[[list[int]], bool]]  # a row's new tokens so far -> whether it is done
 
 
 def stop_set(eos_id: StopIds) -> frozenset[int]:
@@ -22,10 +23,10 @@ def stop_set(eos_id: StopIds) -> frozenset[int]:
 
 @torch.no_grad()
 def generate(model, prompts: Sequence[Sequence[int]], max_new_tokens: int, *,
-             eos_id: StopIds = None, pad_id: int = 0) -> list[list[int]]:
+             eos_id: StopIds = None, pad_id: int = 0, stopped: RowStopped = None) -> list[list[int]]:
     """Greedy continuation of each prompt; returns only the new tokens of each row, cut
     before the first stop id (not included). `eos_id`: one id or a set of them (a chat
-    model's end-of-turn and end-of-sequence tokens).
+    model's end-of-turn and end-of-sequence tokens); `stopped`: greedy_decode's.
 
     Rows are left-padded to the longest prompt. Padding gets its own document id so real
     tokens never attend to it, and positions count from each row's first real token, so a
@@ -60,17 +61,21 @@ def generate(model, prompts: Sequence[Sequence[int]], max_new_tokens: int, *,
         hidden = model.forward_hidden(tok[:, None], pos, q_seg, kv_seg, cache)  # (B, 1, hidden)
         return F.linear(hidden[:, -1], model.output_weight).argmax(-1)
 
-    return greedy_decode(next_tok, step, max_new_tokens, eos_id=eos_id, pad_id=pad_id)
+    return greedy_decode(next_tok, step, max_new_tokens, eos_id=eos_id, pad_id=pad_id, stopped=stopped)
 
 
 def greedy_decode(first: torch.Tensor, step: Callable[[int, torch.Tensor], torch.Tensor], max_new_tokens: int,
-                  *, eos_id: StopIds, pad_id: int) -> list[list[int]]:
+                  *, eos_id: StopIds, pad_id: int, stopped: RowStopped = None) -> list[list[int]]:
     """The decode loop shared by local and context-parallel generation.
 
     first (B,): the token predicted by the prefill; step(i, tok) feeds tok as new token i and
-    returns the next prediction (B,). Rows that produced a stop id (eos_id: one id or a set)
-    are fed pad_id afterwards; the loop stops when every row has finished. Returns each row
-    cut before its first stop id.
+    returns the next prediction (B,). Rows that produced a stop id (eos_id: one id or a set),
+    or whose tokens so far `stopped` says are enough (a stop string in their text: the
+    caller cuts it there, so the tokens after it are not worth computing), are fed pad_id
+    afterwards; the loop stops when every row has finished. Rows are independent, so a row
+    stopped early keeps exactly the tokens it had. Returns each row cut before its first
+    stop id. `stopped` must decide alike on every rank of a context-parallel group (it sees
+    the same tokens there).
     """
     stops = stop_set(eos_id)
     stop_tensor = torch.tensor(sorted(stops), dtype=torch.long, device=first.device)  # (S,)
@@ -84,6 +89,9 @@ def greedy_decode(first: torch.Tensor, step: Callable[[int, torch.Tensor], torch
         steps = i + 1
         if stops:
             finished |= torch.isin(tok, stop_tensor)
+        if stopped is not None:
+            for b in (~finished).nonzero().flatten().tolist():
+                finished[b] = stopped(out[b, :steps].tolist())
         if i == max_new_tokens - 1 or bool(finished.all()):
             break
         next_tok = step(i, tok)

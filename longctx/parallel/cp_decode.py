@@ -24,7 +24,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from longctx.attention import get_kernel
-from longctx.model.generate import greedy_decode
+from longctx.model.generate import RowStopped, greedy_decode
 from longctx.model.llama import window_positions
 from longctx.parallel.cp import make_cp_attention
 from longctx.parallel.sharding import shard_sequence
@@ -91,8 +91,9 @@ class DistributedDecodeAttention:
 @torch.no_grad()
 def cp_generate(model, prompts: Sequence[Sequence[int]], max_new_tokens: int, *, group=None,
                 impl: str = "ring", eos_id: Optional[int] = None, pad_id: int = 0,
-                backend: str = "auto") -> tuple[list[list[int]], dict]:
-    """Greedy continuation of `prompts` (identical arguments on every rank of `group`).
+                backend: str = "auto", stopped: RowStopped = None) -> tuple[list[list[int]], dict]:
+    """Greedy continuation of `prompts` (identical arguments on every rank of `group`; `stopped`:
+    model/generate.greedy_decode's, which sees the same tokens on every rank).
 
     Returns (new tokens per prompt, cut before EOS; stats with this rank's cache bytes).
     """
@@ -140,5 +141,5 @@ def cp_generate(model, prompts: Sequence[Sequence[int]], max_new_tokens: int, *,
             dist.broadcast(predicted, src=src, group=group)  # identical already; keeps ranks in lockstep
             return predicted
 
-        results = greedy_decode(nxt, step, max_new_tokens, eos_id=eos_id, pad_id=pad_id)
+        results = greedy_decode(nxt, step, max_new_tokens, eos_id=eos_id, pad_id=pad_id, stopped=stopped)
     return results, {"cache_bytes": cache.nbytes(), "padded_len": L}

@@ -109,6 +109,14 @@ def test_generation_stops_at_any_stop_id():
     steps = iter([torch.tensor([3, 9]), torch.tensor([4, 4]), torch.tensor([5, 5])])
     out = greedy_decode(torch.tensor([1, 2]), lambda i, tok: next(steps), 4, eos_id=frozenset({9, 4}), pad_id=0)
     assert out == [[1, 3], [2]]
+    # a row whose tokens so far hold its stop (a stop string in its text) is done; the other goes on
+    calls = []
+    steps = iter([torch.tensor([3, 7]), torch.tensor([4, 8]), torch.tensor([5, 6])])
+    out = greedy_decode(torch.tensor([1, 2]), lambda i, tok: calls.append(tok.tolist()) or next(steps), 4,
+                        eos_id=None, pad_id=0, stopped=lambda ids: ids[-2:] == [1, 3])
+    assert out == [[1, 3, 0, 0], [2, 7, 8, 6]]  # row 0 fed pad after its stop: kept whole, cut by the caller
+    assert calls == [[1, 2], [3, 7], [0, 8]]
+    assert generate(model, [prompt], 12, stopped=lambda ids: len(ids) == 5) == [free[:5]]
 
 
 def test_cli_uses_the_tokenizers_template_and_records_it(model_dir, tmp_path, capsys):

@@ -88,7 +88,9 @@ def test_greedy_flags_stop_strings_and_chat_template(both, setup):
     # a stop string inside the free text cuts it where lm-eval's hf model cuts it
     cut = [(context, {"until": [free[2]], "max_gen_toks": 10, "do_sample": False})]
     assert lm.generate_until(_requests("generate_until", cut)) == hf.generate_until(_requests("generate_until", cut))
+    before = lm.engine.stats["new_tokens"]
     assert len(lm.generate_until(_requests("generate_until", cut))[0]) < len(free)
+    assert lm.engine.stats["new_tokens"] - before < 10  # decoding stopped at the stop string, not at max_gen_toks
     with pytest.raises(UserError, match="decodes greedily"):
         lm.generate_until(_requests("generate_until", [(context, {"do_sample": True, "temperature": 1.0})]))
     chat = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}]

@@ -11,7 +11,8 @@
   its rolling windows (lm_eval's TemplateLM and utils), scored by eval/harness/loglik.py: the
   chunked loss, no full logits; rows batched longest first.
 - generate_until: greedy decoding with longctx's KV cache (eval/runner.Engine), stopping at the
-  model's stop ids, the text cut at the request's stop strings as lm-eval's `hf` model cuts it;
+  model's stop ids or once the text holds one of the request's stop strings, the text cut at
+  them as lm-eval's `hf` model cuts it;
   a request that asks for sampling is refused.
 - apply_chat_template: the tokenizer's own jinja template (chat_template.jinja or
   tokenizer_config.json), rendered as transformers renders it.
@@ -190,12 +191,19 @@ class LongctxLM(TemplateLM):
                        for i in members}
             for batch in batches([len(prompts[i]) for i in members], self.max_batch_tokens, self.batch_size):
                 ids = [members[j] for j in batch]
-                generated = self.engine.generate_ids([prompts[i] for i in ids], budget)
+                generated = self.engine.generate_ids([prompts[i] for i in ids], budget, stopped=self._has_stop(until))
                 for i, new in zip(ids, generated):
                     out[i] = postprocess_generated_text(self.tok_decode(new), until, None)
                     self.cache_hook.add_partial("generate_until", requests[i].args, out[i])
                 self._check_stop()
         return out
+
+    def _has_stop(self, until: list[str]):
+        """A row is done once its text holds a stop string: lm-eval cuts it there, so the tokens
+        after it would be decoded for nothing (a long answer budget, a short answer)."""
+        if not until:
+            return None
+        return lambda ids: any(stop in self.tok_decode(ids) for stop in until)
 
     @property
     def _pad_id(self) -> int:
