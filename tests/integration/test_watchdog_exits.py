@@ -206,7 +206,8 @@ def test_a_peer_lost_at_the_last_barrier_ends_the_job(tmp_path, lost):
     writes its reports; a node lost then (rank 1 stopped: silent; or gone: its connection
     closed) ends rank 0 with 86 and the line, as at any step. Unwatched, rank 0 waited there,
     and its torchrun agent after it, for a node that was gone (issue 75's lost-node CI run)."""
-    rank1 = '{"longctx/progress/1": \'{"step": 10, "phase": "finish", "idle_s": 0.0, "time": %r}\' % (time.time() - 50)}'
+    rank1 = ('{"longctx/progress/1": \'{"step": 10, "phase": "finish", "idle_s": 0.0, "time": %r}\' '
+             '% (time.time() - 50)}')
     script = _peer_script(tmp_path, rank1 if lost == "stopped" else "{}", f"""
         import datetime, os, signal
         import torch.distributed as dist
