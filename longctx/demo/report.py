@@ -59,14 +59,14 @@ def cost_table(demo: DemoConfig, runs: dict) -> list[str]:
     return lines
 
 
-COST_NOTE = ("Both runs are the same job ({S} steps at {XL} tokens, {N} processes, cp={CP}, ZeRO-{Z}, the same data "
-             "and validations); the adapter run trains only {A}, every other weight frozen (no gradients, no "
-             "optimizer state). Trained parameters: of the model's, the LoRA factors included (as the trainer counts). "
-             "Peak memory: rank 0's, the largest over the steps (the ranks hold equal shards); on a CPU the "
-             "process's peak RSS, the Python, torch and DeepSpeed runtime included, on a GPU the CUDA peak "
-             "allocation. Wall time: the training job from launch to its export (start-up, validations, "
-             "checkpoints included). Tokens/s: row positions per second of step time, the first step (warm-up) "
-             "left out.")
+COST_NOTE = ("Both runs are the same job ({S} steps at {XL} tokens, {N} processes, cp={CP}, ZeRO-{Z}, the same "
+             "data, learning rate and validations); the adapter run trains only {A}, every other weight frozen (no "
+             "gradients, no optimizer state). Trained parameters: of the model's, the LoRA factors included (as the "
+             "trainer counts). Peak memory: rank 0's, the largest over the steps (the ranks hold equal shards); on a "
+             "CPU the process's peak RSS, the Python, torch and DeepSpeed runtime included (in the adapter run PEFT "
+             "and what it imports too), on a GPU the CUDA peak allocation. Wall time: the training job from launch "
+             "to its export (start-up, validations, checkpoints included). Tokens/s: row positions per second of "
+             "step time, the first step (warm-up) left out.")
 
 
 def _fmt_se(x: Optional[float], se: Optional[float]) -> str:
@@ -111,13 +111,25 @@ def console_table(demo: DemoConfig, before: dict, after: dict) -> str:
     return "\n".join(rows)
 
 
-def plot_variants(demo: DemoConfig, tables: dict, path: Path) -> Path:
+def _legend(demo: DemoConfig, key: str, runs: dict) -> str:
+    """A variant's legend entry; an extension run's with its cost (trained share, memory, time)."""
+    label = describe(demo, key)[0]
+    run = next((r for r in runs.values() if r["variant"] == key), None)
+    if run is None:
+        return label
+    share = 100 * run["trained_parameters"] / run["model_parameters"]
+    return (f"{label}: {share:.1f}% trained, {run['peak_memory_gb_per_rank']:.2f} GiB/rank, "
+            f"{run['wall_seconds']:.0f} s, {run['tokens_per_s']:,.0f} tok/s")
+
+
+def plot_variants(demo: DemoConfig, tables: dict, path: Path, runs: Optional[dict] = None) -> Path:
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(7, 4))
     styles = {"a": "o-", "b": "s--", "c": "o-", "d": "^--", "e": "d-."}
     for key in sorted(tables):
         ys = [tables[key]["average"][L] for L in demo.lengths]
-        ax.plot(demo.lengths, [float("nan") if y is None else y for y in ys], styles[key], label=describe(demo, key)[0])
+        ax.plot(demo.lengths, [float("nan") if y is None else y for y in ys], styles[key],
+                label=_legend(demo, key, runs or {}))
     ax.axvline(demo.train_len, color="grey", lw=0.8, ls=":", label=f"base training length {demo.train_len}")
     ax.axvline(demo.extend_len, color="red", lw=0.8, ls=":", label=f"extension length {demo.extend_len}")
     ax.set_xscale("log", base=2)
@@ -132,7 +144,7 @@ def plot_variants(demo: DemoConfig, tables: dict, path: Path) -> Path:
 
 def write_report(out: Path, demo: DemoConfig, seed: int, tables: dict, timings: dict, extra: dict) -> Path:
     """report.md + summary.json + accuracy_vs_length.png in the run directory."""
-    fig = plot_variants(demo, tables, out / "accuracy_vs_length.png")
+    fig = plot_variants(demo, tables, out / "accuracy_vs_length.png", extra.get("runs"))
     summary = {"plan": demo.name, "seed": seed, "lengths": demo.lengths, "multipliers": list(demo.multipliers),
                "train_len": demo.train_len, "extend_len": demo.extend_len,
                "scaled_rope": demo.scaled_rope(), "variants": {}, "timings_s": timings, **extra}
