@@ -1,7 +1,9 @@
-"""What `longctx demo` runs: the model, the two training jobs, the RoPE scaling and the eval grid.
+"""What `longctx demo` runs: the model, the training jobs (base, extension, adapter extension),
+the RoPE scaling and the eval grid.
 
 One typed schema, DemoConfig, in the training config's loader; two presets: `full` (the
-default job, <= 15 min on a 2-core laptop CPU) and `fast` (the CI smoke run, <= 3 min: the
+default job: base and extension <= 15 min on a 2-core laptop CPU, the adapter extension about
+the extension's time again) and `fast` (the CI smoke run, <= 3 min: the
 same pipeline, far fewer steps and samples, accuracy meaningless). `longctx.demo.jobs` turns a
 DemoConfig into the TrainConfigs of its jobs. The measurements behind each choice are in
 docs/demo.md.

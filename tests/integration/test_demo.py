@@ -241,6 +241,21 @@ def test_adapter_run_without_peft_is_a_one_line_error_before_any_work(tmp_path, 
     assert not (tmp_path / "never").exists()
 
 
+def test_cost_rates_are_the_trainers_numbers_without_the_warmup_step(tmp_path):
+    """Peak memory is the largest step's; tokens/s is row positions over step time of the steps
+    after the first (a one-step run keeps it); records without step times do not count."""
+    from longctx.demo.costs import step_rates
+
+    def rec(mem, slots, t):
+        return json.dumps({"peak_memory_gb": mem, "slots": slots, "step_time_s": t, "step": 1})
+
+    (tmp_path / "metrics.jsonl").write_text("\n".join(
+        [rec(0.5, 2048, 10.0), rec(0.75, 2048, 1.0), '{"note": "no step"}', rec(0.7, 2048, 3.0)]) + "\n")
+    assert step_rates(tmp_path) == {"steps": 3, "peak_memory_gb": 0.75, "tokens_per_s": 4096 / 4.0}
+    (tmp_path / "metrics.jsonl").write_text(rec(0.5, 1024, 2.0) + "\n")
+    assert step_rates(tmp_path) == {"steps": 1, "peak_memory_gb": 0.5, "tokens_per_s": 512.0}
+
+
 def test_refuses_a_foreign_nonempty_out_dir(tmp_path):
     (tmp_path / "precious.txt").write_text("keep me")
     proc = _demo("--fast", "--out", str(tmp_path), timeout=120)
