@@ -1,7 +1,9 @@
-"""What `longctx demo` runs: the model, the two training jobs, the RoPE scaling and the eval grid.
+"""What `longctx demo` runs: the model, the training jobs (base, extension, adapter extension),
+the RoPE scaling and the eval grid.
 
 One typed schema, DemoConfig, in the training config's loader; two presets: `full` (the
-default job, <= 15 min on a 2-core laptop CPU) and `fast` (the CI smoke run, <= 3 min: the
+default job: base and extension <= 15 min on a 2-core laptop CPU, the adapter extension about
+the extension's time again) and `fast` (the CI smoke run, <= 3 min: the
 same pipeline, far fewer steps and samples, accuracy meaningless). `longctx.demo.jobs` turns a
 DemoConfig into the TrainConfigs of its jobs. The measurements behind each choice are in
 docs/demo.md.
@@ -26,6 +28,9 @@ docs/demo.md.
 - Extension corpus: documents of 1x-4x the base length (only 4x made the model forget 1x), up
   to 12 keys, questions about nearly every needle of a niah document, noise + varied filler,
   multivalue and recall documents.
+- Adapter extension: the same job (YaRN x4, steps, data, layout) training only LoRA on the
+  attention projections plus the embeddings and norms (LongLoRA's choice), every other weight
+  frozen: what an adapter run costs and buys beside the full extension.
 - Extension x4 (256 -> 1024): YaRN with beta_fast 4. Its default (32, in rotations over the
   original context) is tuned for a 4096-token original length; over 256 tokens it keeps only
   the first frequency pair exact and blurs the local position signal a byte-level model relies
@@ -38,6 +43,7 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional
 
 from longctx.config import load_structured
+from longctx.config.adapter import AdapterSection
 
 EVAL_TASKS = ("niah_single_1", "niah_multikey_2", "niah_multivalue", "passkey")
 HEATMAP_TASK = "niah_single_1"  # evaluated on a depth grid (the heatmap)
@@ -94,6 +100,12 @@ class DemoConfig:
     zero_stage: int = 3
     yarn_beta_fast: float = 4.0
     yarn_beta_slow: float = 1.0
+    # step 5: the adapter extension (train.adapter): the extension's job, its steps included,
+    # with LoRA r on adapter_targets and adapter_trainable trained whole, the rest frozen
+    adapter_r: int = 16
+    adapter_alpha: float = 32.0
+    adapter_targets: List[str] = field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"])
+    adapter_trainable: List[str] = field(default_factory=lambda: ["embed_tokens", "norm"])
     # validation during the extension (validation.every / rows at extend_len), with a
     # teacher-forced retrieval probe (the eval's compact samples) on the two tasks the extended
     # model learns last: niah_single_1 and passkey are at 100 by the first validation, so they
@@ -147,6 +159,11 @@ class DemoConfig:
     @property
     def extend_len(self) -> int:
         return self.factor * self.train_len
+
+    def adapter(self) -> AdapterSection:
+        """The adapter run's train.adapter."""
+        return AdapterSection(type="lora", r=self.adapter_r, alpha=self.adapter_alpha, dropout=0.0,
+                              target_modules=list(self.adapter_targets), trainable=list(self.adapter_trainable))
 
     def model_overrides(self, tokenizer) -> Dict[str, Any]:
         return {"vocab_size": tokenizer.vocab_size, "hidden_size": self.hidden_size,

@@ -27,6 +27,7 @@ from longctx.config import (
     to_yaml,
 )
 from longctx.config import check_out_dir as check_writable_dir
+from longctx.config.adapter import AdapterSection
 from longctx.config.probe import ProbeSection
 from longctx.config.validation import ValidationSection
 from longctx.data.config import DataConfig
@@ -89,10 +90,11 @@ def base_config(demo: DemoConfig, out_dir: Path, seed: int, tokenizer) -> TrainC
 
 
 def extend_config(demo: DemoConfig, out_dir: Path, init_from: Path, seed: int, rope: Dict[str, Any],
-                  tokenizer) -> TrainConfig:
+                  tokenizer, adapter: Optional[AdapterSection] = None) -> TrainConfig:
     """Step 3: continued pretraining at factor x train_len from the base model's HF export,
     with new RoPE parameters, 2 ranks with context parallelism (cp=2) and ZeRO-3; validation
-    (loss by position, the retrieval probe at its lengths) every few steps."""
+    (loss by position, the retrieval probe at its lengths) every few steps. With `adapter`
+    (step 5), the same job training only the adapter and its trainable modules."""
     return TrainConfig(
         out_dir=str(out_dir),
         model=ModelSection(init_from=str(init_from), rope_parameters=dict(rope),
@@ -102,7 +104,7 @@ def extend_config(demo: DemoConfig, out_dir: Path, init_from: Path, seed: int, r
         parallel=ParallelSection(cp_size=demo.cp_size, cp_impl="ring", zero_stage=demo.zero_stage),
         optim=_optim(demo.extend_lr, demo.extend_warmup),
         train=TrainSection(steps=demo.extend_steps, dtype=demo.dtype, seed=seed,
-                           answer_loss_weight=demo.answer_loss_weight),
+                           answer_loss_weight=demo.answer_loss_weight, adapter=adapter),
         checkpoint=CheckpointSection(every=demo.extend_checkpoint_every, keep_last=2, save_hf=True, export_hf=True),
         log=LogSection(tensorboard=True, progress=True),
         validation=ValidationSection(every=demo.extend_validation_every, rows=demo.validation_rows,

@@ -1,5 +1,6 @@
-"""The demo's own report: before/after tables per length, the ablation table, timings,
-a before/after figure, summary.json and report.md in the run directory."""
+"""The demo's own report: before/after tables per length, the ablation table, what each
+extension run cost (full against adapter), timings, a before/after figure, summary.json and
+report.md in the run directory."""
 from __future__ import annotations
 
 import json
@@ -19,6 +20,7 @@ VARIANTS = {
     "b": ("(b) scaling only", "the base weights with YaRN x{F} switched on, no training"),
     "c": ("(c) scaling + continued pretraining", "YaRN x{F} + {S} steps at {XL} tokens (cp=2, ZeRO-3)"),
     "d": ("(d) continued pretraining, plain RoPE", "the same {S} steps at {XL} tokens, RoPE unchanged"),
+    "e": ("(e) scaling + adapter", "YaRN x{F} + the same {S} steps at {XL} tokens training only {A}"),
 }
 
 
@@ -32,7 +34,39 @@ def _len_header(demo: DemoConfig) -> str:
 
 def describe(demo: DemoConfig, key: str) -> tuple[str, str]:
     label, what = VARIANTS[key]
-    return label, what.format(L=demo.train_len, F=demo.factor, S=demo.extend_steps, XL=demo.extend_len)
+    return label, what.format(L=demo.train_len, F=demo.factor, S=demo.extend_steps, XL=demo.extend_len,
+                              A=adapter_summary(demo))
+
+
+def adapter_summary(demo: DemoConfig) -> str:
+    """What the adapter run trains, in words."""
+    also = f" + {', '.join(demo.adapter_trainable)}" if demo.adapter_trainable else ""
+    return f"LoRA r{demo.adapter_r} (alpha {demo.adapter_alpha:g}) on {', '.join(demo.adapter_targets)}{also}"
+
+
+def cost_table(demo: DemoConfig, runs: dict) -> list[str]:
+    """One row per extension run (costs.run_cost): what it trained, its retrieval at the
+    extension length, and what it cost in memory and time."""
+    XL = demo.extend_len
+    lines = [f"| run | trained parameters | retrieval at {demo.factor}x ({XL}) | peak memory per rank (GiB) "
+             "| wall time (s) | tokens/s |", "|---|---:|---:|---:|---:|---:|"]
+    for run in runs.values():
+        share = 100 * run["trained_parameters"] / run["model_parameters"]
+        lines.append(f"| {describe(demo, run['variant'])[0]} | {run['trained_parameters']:,} ({share:.1f}%) | "
+                     f"{_fmt_se(run['retrieval_at_extend_len'], run['retrieval_at_extend_len_stderr'])} | "
+                     f"{run['peak_memory_gb_per_rank']:.2f} | {run['wall_seconds']:.0f} | "
+                     f"{run['tokens_per_s']:,.0f} |")
+    return lines
+
+
+COST_NOTE = ("Both runs are the same job ({S} steps at {XL} tokens, {N} processes, cp={CP}, ZeRO-{Z}, the same "
+             "data, learning rate and validations); the adapter run trains only {A}, every other weight frozen (no "
+             "gradients, no optimizer state). Trained parameters: of the model's, the LoRA factors included (as the "
+             "trainer counts). Peak memory: rank 0's, the largest over the steps (the ranks hold equal shards); on a "
+             "CPU the process's peak RSS, the Python, torch and DeepSpeed runtime included (in the adapter run PEFT "
+             "and what it imports too), on a GPU the CUDA peak allocation. Wall time: the training job from launch "
+             "to its export (start-up, validations, checkpoints included). Tokens/s: row positions per second of "
+             "step time, the first step (warm-up) left out.")
 
 
 def _fmt_se(x: Optional[float], se: Optional[float]) -> str:
@@ -77,13 +111,25 @@ def console_table(demo: DemoConfig, before: dict, after: dict) -> str:
     return "\n".join(rows)
 
 
-def plot_variants(demo: DemoConfig, tables: dict, path: Path) -> Path:
+def _legend(demo: DemoConfig, key: str, runs: dict) -> str:
+    """A variant's legend entry; an extension run's with its cost (trained share, memory, time)."""
+    label = describe(demo, key)[0]
+    run = next((r for r in runs.values() if r["variant"] == key), None)
+    if run is None:
+        return label
+    share = 100 * run["trained_parameters"] / run["model_parameters"]
+    return (f"{label}: {share:.1f}% trained, {run['peak_memory_gb_per_rank']:.2f} GiB/rank, "
+            f"{run['wall_seconds']:.0f} s, {run['tokens_per_s']:,.0f} tok/s")
+
+
+def plot_variants(demo: DemoConfig, tables: dict, path: Path, runs: Optional[dict] = None) -> Path:
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(7, 4))
-    styles = {"a": "o-", "b": "s--", "c": "o-", "d": "^--"}
+    styles = {"a": "o-", "b": "s--", "c": "o-", "d": "^--", "e": "d-."}
     for key in sorted(tables):
         ys = [tables[key]["average"][L] for L in demo.lengths]
-        ax.plot(demo.lengths, [float("nan") if y is None else y for y in ys], styles[key], label=describe(demo, key)[0])
+        ax.plot(demo.lengths, [float("nan") if y is None else y for y in ys], styles[key],
+                label=_legend(demo, key, runs or {}))
     ax.axvline(demo.train_len, color="grey", lw=0.8, ls=":", label=f"base training length {demo.train_len}")
     ax.axvline(demo.extend_len, color="red", lw=0.8, ls=":", label=f"extension length {demo.extend_len}")
     ax.set_xscale("log", base=2)
@@ -98,7 +144,7 @@ def plot_variants(demo: DemoConfig, tables: dict, path: Path) -> Path:
 
 def write_report(out: Path, demo: DemoConfig, seed: int, tables: dict, timings: dict, extra: dict) -> Path:
     """report.md + summary.json + accuracy_vs_length.png in the run directory."""
-    fig = plot_variants(demo, tables, out / "accuracy_vs_length.png")
+    fig = plot_variants(demo, tables, out / "accuracy_vs_length.png", extra.get("runs"))
     summary = {"plan": demo.name, "seed": seed, "lengths": demo.lengths, "multipliers": list(demo.multipliers),
                "train_len": demo.train_len, "extend_len": demo.extend_len,
                "scaled_rope": demo.scaled_rope(), "variants": {}, "timings_s": timings, **extra}
@@ -126,7 +172,8 @@ def write_report(out: Path, demo: DemoConfig, seed: int, tables: dict, timings: 
              f"answer tokens weighted x{demo.answer_loss_weight:g}",
              f"- corpora (synthetic task mix): {corpus_mixes(demo)}",
              f"- extension: `{json.dumps(rope)}`, max_position_embeddings {XL}; {demo.extend_steps} steps at "
-             f"{XL} tokens on {demo.nproc} processes, cp={demo.cp_size}, ZeRO-{demo.zero_stage}", "",
+             f"{XL} tokens on {demo.nproc} processes, cp={demo.cp_size}, ZeRO-{demo.zero_stage}"
+             + (f"; (e) the same job training only {adapter_summary(demo)}" if "e" in tables else ""), "",
              "## Retrieval accuracy (average over tasks, 0-100)", ""]
     lines += accuracy_table(demo, tables)
     lines += ["",
@@ -140,6 +187,12 @@ def write_report(out: Path, demo: DemoConfig, seed: int, tables: dict, timings: 
         lines += ["## Before → after extension, per task and length", ""]
         lines += before_after_table(demo, tables["a"], tables["c"])
         lines.append("")
+    runs = extra.get("runs") or {}
+    if runs:
+        lines += ["## What each extension cost", ""] + cost_table(demo, runs) + [""]
+        if "adapter" in runs:
+            lines += [COST_NOTE.format(S=demo.extend_steps, XL=XL, N=demo.nproc, CP=demo.cp_size, Z=demo.zero_stage,
+                                       A=adapter_summary(demo)), ""]
     if extra.get("findings"):
         lines += ["## What the numbers show", ""] + [f"- {f}" for f in extra["findings"]] + [""]
     lines += training_section(out / "extend", "extend", L)
@@ -148,9 +201,12 @@ def write_report(out: Path, demo: DemoConfig, seed: int, tables: dict, timings: 
     lines += ["", "## Files", "",
               "- `configs/*.yaml`: the training configs (re-run one with `longctx train --config ...`; "
               "the extension under `torchrun --nproc_per_node 2 -m longctx train --config ...`)",
-              "- `base/`, `extend/`" + (", `extend_plain/`" if "d" in tables else "") +
+              "- `base/`, `extend/`" + (", `extend_adapter/`" if "e" in tables else "")
+              + (", `extend_plain/`" if "d" in tables else "") +
               ": training runs (resolved_config.yaml, metrics.jsonl, tb/, checkpoints/, hf/, train.log; "
-              "`extend/`: validation.jsonl, validation.png, probe.png)",
+              "`extend/`: validation.jsonl, validation.png, probe.png"
+              + ("; `extend_adapter/hf`: the merged model, `extend_adapter/adapter`: its PEFT adapter" if "e" in tables
+                 else "") + ")",
               "- `eval/<variant>/`: results.json (every sample), report.md, heatmap_niah_single_1.png, "
               "scores_vs_length.png",
               f"- `{fig.name}`, `summary.json`", "",

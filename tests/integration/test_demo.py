@@ -1,8 +1,9 @@
 """`longctx demo`: the --fast pipeline end to end (train -> eval -> extend under torchrun with
-cp=2 + ZeRO-3 -> re-eval -> report), its run directory, and its error handling.
+cp=2 + ZeRO-3 -> re-eval -> the same extension training only an adapter -> eval -> report), its
+run directory, and its error handling.
 
-Accuracy is not asserted for --fast (a few steps cannot learn retrieval); the measured numbers
-of the full demo are in docs/demo.md.
+Accuracy is not asserted for --fast (a few steps cannot learn retrieval; nor that adapters
+retrieve well on a tiny model); the measured numbers of the full demo are in docs/demo.md.
 """
 from __future__ import annotations
 
@@ -46,7 +47,7 @@ def test_fast_demo_completes_with_a_wellformed_report(fast_run):
     summary = json.loads((out / "summary.json").read_text())
     assert summary["plan"] == "fast" and summary["seed"] == 3
     assert summary["lengths"] == [256, 512, 1024, 2048] == [m * 256 for m in summary["multipliers"]]
-    assert set(summary["variants"]) == {"a", "c"}
+    assert set(summary["variants"]) == {"a", "c", "e"}
     for key, variant in summary["variants"].items():
         scores = variant["scores"]
         assert set(scores) == set(EVAL_TASKS) | {"average"}
@@ -57,7 +58,8 @@ def test_fast_demo_completes_with_a_wellformed_report(fast_run):
                     assert v is None  # the compact multivalue prompt needs ~389 tokens
                 else:
                     assert v is not None and 0.0 <= v <= 100.0, (key, task, L, v)
-    for step in ("1 train base", "2 eval base", "3 extend (cp=2, ZeRO-3)", "4 eval extended", "demo total"):
+    for step in ("1 train base", "2 eval base", "3 extend (cp=2, ZeRO-3)", "4 eval extended",
+                 "5 extend with adapter (cp=2, ZeRO-3)", "6 eval adapter", "demo total"):
         assert summary["timings_s"][step] > 0
 
     report = (out / "report.md").read_text()
@@ -66,8 +68,8 @@ def test_fast_demo_completes_with_a_wellformed_report(fast_run):
     assert "extension " + ", ".join(f"{t} {w:g}" for t, w in FAST.extend_tasks.items()) in report
     for L, m in zip(summary["lengths"], summary["multipliers"]):
         assert f"| {L} ({m}x) |" in report  # one before/after row per length
-    acc_rows = [line for line in report.splitlines() if line.startswith("| (a)") or line.startswith("| (c)")]
-    assert len(acc_rows) == 2 and all(len(re.findall(r"\d+\.\d ± \d+\.\d", r)) == 4 for r in acc_rows)
+    acc_rows = [line for line in report.splitlines() if re.match(r"\| \([ace]\) [^|]+ \| \d+\.\d ± ", line)]
+    assert len(acc_rows) == 3 and all(len(re.findall(r"\d+\.\d ± \d+\.\d", r)) == 4 for r in acc_rows)
     for variant in summary["variants"].values():  # the averages' standard errors (eval samples)
         assert {str(L) for L in summary["lengths"]} == set(variant["average_stderr"])
         assert all(v >= 0.0 for v in variant["average_stderr"].values())
@@ -87,6 +89,42 @@ def test_fast_demo_completes_with_a_wellformed_report(fast_run):
 
 
 @pytest.mark.slow  # the fast demo: trains, extends and evaluates (minutes)
+def test_fast_demo_reports_the_adapter_run_beside_the_full_one(fast_run):
+    """One row per extension run (full, adapter): retrieval at 4x, trained parameters, peak memory
+    per rank, wall time and tokens/s, in summary.json, report.md and on the console."""
+    out, proc = fast_run
+    summary = json.loads((out / "summary.json").read_text())
+    runs = summary["runs"]
+    assert list(runs) == ["full", "adapter"]
+    full, lora = runs["full"], runs["adapter"]
+    assert (full["variant"], full["run_dir"], full["adapter"]) == ("c", "extend", None)
+    assert (lora["variant"], lora["run_dir"]) == ("e", "extend_adapter")
+    assert lora["adapter"] == {"type": "lora", "r": FAST.adapter_r, "alpha": FAST.adapter_alpha,
+                               "target_modules": FAST.adapter_targets, "trainable": FAST.adapter_trainable}
+    for key, run in runs.items():
+        score = run["retrieval_at_extend_len"]
+        assert isinstance(score, float) and 0.0 <= score <= 100.0, (key, score)  # the demo's 0-100 scale
+        assert score == summary["variants"][run["variant"]]["scores"]["average"]["1024"]
+        assert run["steps"] == FAST.extend_steps
+        assert run["peak_memory_gb_per_rank"] > 0 and run["wall_seconds"] > 0 and run["tokens_per_s"] > 0, key
+        assert 0 < run["trained_parameters"] <= run["model_parameters"]
+    assert full["trained_parameters"] == full["model_parameters"] == summary["parameters"]
+    assert lora["trained_parameters"] < full["trained_parameters"]
+    assert lora["model_parameters"] > full["model_parameters"]  # the LoRA factors, counted as the trainer does
+    train_log = (out / "extend_adapter" / "train.log").read_text()
+    assert f"training {lora['trained_parameters']:,} of {lora['model_parameters']:,} parameters" in train_log
+
+    report = (out / "report.md").read_text()
+    assert "## What each extension cost" in report
+    # run | trained (share) | retrieval ± se | peak GiB | wall s | tokens/s
+    row = r"\| \([ce]\) [^|]+ \| [\d,]+ \(\d+\.\d%\) \| \d+\.\d ± \d+\.\d \| \d+\.\d\d \| \d+ \| [\d,]+ \|$"
+    rows = [line for line in report.splitlines() if re.match(row, line)]
+    assert [r.split(" | ")[0] for r in rows] == ["| (c) scaling + continued pretraining", "| (e) scaling + adapter"]
+    assert "- `base/`, `extend/`, `extend_adapter/`" in report
+    assert "| run | trained parameters | retrieval at 4x (1024) |" in proc.stderr  # the table on the console too
+
+
+@pytest.mark.slow  # the fast demo: trains, extends and evaluates (minutes)
 def test_fast_demo_run_directory_is_self_contained(fast_run):
     out, _ = fast_run
     for name in ("demo.json", "report.md", "summary.json", "accuracy_vs_length.png",
@@ -98,7 +136,7 @@ def test_fast_demo_run_directory_is_self_contained(fast_run):
         assert any((out / run / "tb").iterdir())
         ckpts = sorted((out / run / "checkpoints").glob("step_*"))
         assert ckpts and all((c / "COMPLETE").is_file() for c in ckpts)
-    for variant in ("a_base", "c_extended"):
+    for variant in ("a_base", "c_extended", "e_adapter"):
         d = out / "eval" / variant
         for name in ("results.json", "report.md", "scores_vs_length.png", f"heatmap_{HEATMAP_TASK}.png"):
             assert (d / name).is_file(), f"{variant}/{name}"
@@ -125,6 +163,18 @@ def test_fast_demo_run_directory_is_self_contained(fast_run):
     assert hf["max_position_embeddings"] == 4 * FAST.train_len
     base_hf = json.loads((out / "base" / "hf" / "config.json").read_text())
     assert base_hf["max_position_embeddings"] == FAST.train_len
+    # the adapter extension: the same job with train.adapter; its hf/ is the merged model, adapter/ PEFT's
+    lora = out / "extend_adapter"
+    for name in ("resolved_config.yaml", "metrics.jsonl", "train.log", "hf/config.json", "hf/model.safetensors",
+                 "adapter/adapter_config.json", "adapter/adapter_model.safetensors"):
+        assert (lora / name).is_file(), f"extend_adapter/{name}"
+    assert (out / "configs" / "extend_adapter.yaml").is_file()
+    lora_metrics = [json.loads(line) for line in (lora / "metrics.jsonl").read_text().splitlines()]
+    assert len(lora_metrics) == FAST.extend_steps
+    assert all(r["cp_size"] == 2 and r["seq_len"] == 4 * FAST.train_len and r["loss"] > 0 for r in lora_metrics)
+    resolved = (lora / "resolved_config.yaml").read_text()
+    assert "zero_stage: 3" in resolved and "cp_size: 2" in resolved and "r: 16" in resolved
+    assert json.loads((lora / "hf" / "config.json").read_text())["max_position_embeddings"] == 4 * FAST.train_len
 
 
 def _processes_mentioning(text: str) -> list[int]:
@@ -168,12 +218,42 @@ def test_sigterm_stops_the_running_training_job(tmp_path):
 
 
 def test_bad_flags_are_one_line_errors(tmp_path):
-    for args in (["--bogus"], ["--seed", "x"], ["--seed", "-1"], ["stray"]):
+    for args in (["--bogus"], ["--seed", "x"], ["--seed", "-1"], ["stray"], ["--no-adapter=yes"]):
         proc = _demo(*args, "--out", str(tmp_path / "never"), timeout=120)
         assert proc.returncode == 2, (args, proc.stderr)
         lines = proc.stderr.strip().splitlines()
         assert len(lines) == 1 and lines[0].startswith("error: "), (args, proc.stderr)
         assert not (tmp_path / "never").exists()
+
+
+def test_adapter_run_without_peft_is_a_one_line_error_before_any_work(tmp_path, monkeypatch):
+    """In process: `peft` made unimportable; the demo refuses before its run directory exists,
+    naming the extra to install and --no-adapter."""
+    import argparse
+
+    from longctx.base.errors import UserError
+    from longctx.commands import demo
+
+    monkeypatch.setitem(sys.modules, "peft", None)  # importlib.util.find_spec("peft") -> None
+    args = argparse.Namespace(out=str(tmp_path / "never"), seed=0, fast=True, ablation=False, adapter=True)
+    with pytest.raises(UserError, match=r"longctx\[adapters\].*--no-adapter"):
+        demo.run(args)
+    assert not (tmp_path / "never").exists()
+
+
+def test_cost_rates_are_the_trainers_numbers_without_the_warmup_step(tmp_path):
+    """Peak memory is the largest step's; tokens/s is row positions over step time of the steps
+    after the first (a one-step run keeps it); records without step times do not count."""
+    from longctx.demo.costs import step_rates
+
+    def rec(mem, slots, t):
+        return json.dumps({"peak_memory_gb": mem, "slots": slots, "step_time_s": t, "step": 1})
+
+    (tmp_path / "metrics.jsonl").write_text("\n".join(
+        [rec(0.5, 2048, 10.0), rec(0.75, 2048, 1.0), '{"note": "no step"}', rec(0.7, 2048, 3.0)]) + "\n")
+    assert step_rates(tmp_path) == {"steps": 3, "peak_memory_gb": 0.75, "tokens_per_s": 4096 / 4.0}
+    (tmp_path / "metrics.jsonl").write_text(rec(0.5, 1024, 2.0) + "\n")
+    assert step_rates(tmp_path) == {"steps": 1, "peak_memory_gb": 0.5, "tokens_per_s": 512.0}
 
 
 def test_refuses_a_foreign_nonempty_out_dir(tmp_path):
@@ -210,6 +290,18 @@ def test_findings_state_only_what_the_table_shows():
         t["average_se"] = dict(zip(FULL.lengths, s))
     text = "\n".join(findings(FULL, tables))
     assert "90 ± 3 at 4x" in text
+    # the adapter run beside the full one: its share of trained parameters, its score against (c)'s
+    tables["e"] = table([96.0, 90.0, 80.0, 20.0])
+    tables["e"]["average_se"] = dict(zip(FULL.lengths, [1.0, 2.0, 3.0, 4.0]))
+    runs = {"full": {"trained_parameters": 2_000_000, "model_parameters": 2_000_000, "peak_memory_gb_per_rank": 1.5,
+                     "tokens_per_s": 1000.0},
+            "adapter": {"trained_parameters": 150_000, "model_parameters": 2_100_000,
+                        "peak_memory_gb_per_rank": 1.25, "tokens_per_s": 1200.0}}
+    line = [f for f in findings(FULL, tables, runs=runs) if f.startswith("The adapter run (e)")]
+    assert line == ["The adapter run (e) trains 150,000 of 2,100,000 parameters (7.1%) and scores 80 ± 3 at 4x "
+                    "against the full run's 90 ± 3 (-10 points); rank 0's peak memory 1.25 against 1.50 GiB, "
+                    "1,200 against 1,000 tokens/s."]  # -10 beyond 2 * hypot(3, 3) = 8.5
+    del tables["e"]
     # b - a at 512: +10 > 2 * hypot(4, 4) = 11.3 fails; at 1024 +30 > 8.5 holds
     assert "256: no measurable difference, 512: no measurable difference, 1024: +30 points" in text
     assert "2048: +18 points" in text  # 18 > 2 * hypot(5, 6) = 15.6
@@ -241,6 +333,18 @@ def test_training_configs_carry_the_measured_recipe(tmp_path):
     # half the extension's niah/multivalue/passkey documents put needles on lines of their own
     assert e_syn.line_breaks == 0.5 and b_syn.line_breaks == 0
     assert b.data.micro_batch_size == 8 and e.data.micro_batch_size == 4  # 16 rows over 2 ranks; 4 rows shared by cp
+    assert e.train.adapter is None
+    # (e): the extension's job, training only LoRA on the attention projections + embeddings and norms
+    lora = load_config(str(jobs.write_config(
+        jobs.extend_config(FULL, tmp_path / "lora", tmp_path / "base" / "hf", 0, FULL.scaled_rope(), byte,
+                           adapter=FULL.adapter()), tmp_path / "lora.yaml")))
+    a = lora.train.adapter
+    assert (a.type, a.r, a.alpha, a.dropout) == ("lora", 16, 32.0, 0.0)
+    assert list(a.target_modules) == ["q_proj", "k_proj", "v_proj", "o_proj"]
+    assert list(a.trainable) == ["embed_tokens", "norm"]
+    for section in ("model", "data", "parallel", "optim", "validation", "checkpoint"):  # the same job
+        assert getattr(lora, section) == getattr(e, section), section
+    assert lora.train.steps == e.train.steps and lora.train.seed == e.train.seed
 
 
 def test_eval_threads_follow_the_cores_other_processes_leave_free():

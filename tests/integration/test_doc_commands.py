@@ -50,7 +50,7 @@ ELEVEN_TASKS = ("niah_single_1,niah_single_2,niah_single_3,niah_multikey_1,niah_
                 "niah_multivalue,niah_multiquery,vt,cwe,fwe")  # RULER's tasks but qa_1, qa_2
 NOT_RUN = {  # command (DocCommand.key) -> why it is not run
     # README.md
-    "./run.sh demo": f"{NETWORK} on first use, then the demo (~15 min)",
+    "./run.sh demo": f"{NETWORK} on first use, then the demo (~17 min)",
     "./run.sh test": f"{NETWORK} on first use, then the whole suite",
     "./run.sh test tests/unit": f"{NETWORK} on first use, then the unit tier ({SUITE})",
     "python -m venv .venv && . .venv/bin/activate": "the pip install (the test itself runs in such a venv)",
@@ -76,9 +76,10 @@ NOT_RUN = {  # command (DocCommand.key) -> why it is not run
     # data.md
     ".venv/bin/python benchmarks/bench_data.py --mb 8": BENCH,
     # demo.md
-    "longctx demo": f"{TRAINS} (~15 min)",
-    "longctx demo --seed 1 --out runs/demo_seed1": f"{TRAINS} (~15 min)",
-    "longctx demo --ablation": f"{TRAINS} (~20 min)",
+    "longctx demo": f"{TRAINS} (~17 min)",
+    "longctx demo --seed 1 --out runs/demo_seed1": f"{TRAINS} (~17 min)",
+    "longctx demo --ablation": f"{TRAINS} (~22 min)",
+    "longctx demo --no-adapter": f"{TRAINS} (~13 min)",
     "longctx demo --fast --out /tmp/d": f"{TRAINS} (~3 min; tests/integration/test_demo.py runs it)",
     "longctx eval --model runs/c_s0/extend/hf --tasks niah_single_1,niah_multikey_2,niah_multivalue,passkey "
     "--lengths 1024 --samples 100 --seed 7 --style compact --dtype bf16 --out runs/c_s0/eval100": TRAINED,
