@@ -18,6 +18,7 @@ import torch
 from longctx.attention import AttentionFn, sdpa_attention
 from longctx.base.errors import UserError
 from longctx.checkpoint import manifest
+from longctx.checkpoint.adapter_source import refuse_adapter_dir
 from longctx.checkpoint.manifest import COMPLETE
 from longctx.checkpoint.model import CheckpointModel, has_export, load_consolidated, recorded_model, trained_model
 from longctx.model.auto.support import AutoModelSpec
@@ -72,6 +73,7 @@ def resolve_model_dir(path: str | Path, revision: Optional[str] = None, field: s
         raise UserError(f"{path}: model path does not exist")
     if not path.is_dir():
         raise UserError(f"{path}: expected a directory (HF model, checkpoint or run directory)")
+    refuse_adapter_dir(path, field)
     if (path / "config.json").is_file():
         if path.name == "model" and is_checkpoint(path.parent):  # model/ of a training checkpoint
             return _verified(path.parent)

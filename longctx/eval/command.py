@@ -15,6 +15,7 @@ from pathlib import Path
 import torch
 
 from longctx.base.errors import UserError
+from longctx.checkpoint.adapter_source import adapter_source
 from longctx.checkpoint.manifest import gather_objects
 from longctx.checkpoint.safe_load import check_files
 from longctx.data.tokenizer import check_tokenizer_spec
@@ -154,6 +155,9 @@ def _load_and_evaluate(cfg: EvalConfig, world: int, flag: PreemptionFlag, model_
     them); release_lock: --out's (a stall's exit runs it); identity: the model's (cells.run_identity),
     which lm-eval's request cache in --out belongs to."""
     check_eval_window(override[0] or base_model_config(model_dir), plan.run.lengths + plan.run.ppl_lengths)
+    adapter = adapter_source(model_dir)  # an adapter run: its base + adapter, or its merged export
+    if adapter is not None and read_env().rank == 0:
+        print(adapter["description"], flush=True)
     model = load_model(model_dir, dtype=parse_dtype(cfg.dtype), config=override[0]).eval()
     model.to(eval_device(cfg.device, read_env().local_rank))
     check_pair(tokenizer, model.config)
@@ -169,7 +173,8 @@ def _load_and_evaluate(cfg: EvalConfig, world: int, flag: PreemptionFlag, model_
         with stalls_end_the_job(watchdog):  # a stalled peer: exit 86, the finished cells kept
             _check_ranks_agree(plan)
             torch.manual_seed(0)
-            meta = dict(_meta(cfg, model, model_dir, tokenizer, plan.run), model_overrides=override[1])
+            meta = dict(_meta(cfg, model, model_dir, tokenizer, plan.run), model_overrides=override[1],
+                        adapter=adapter)
             stop = flag if watchdog is None else WatchedStop(flag, watchdog)
             result = evaluate(model, tokenizer, cfg, plan=plan, stop=stop,
                               context=EvalContext(cp_group=cp_group, meta=meta, warnings=notes))

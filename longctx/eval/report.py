@@ -133,6 +133,8 @@ def render_markdown(meta: dict, summary: dict, ppl: Optional[dict], skipped: Seq
                 "model_overrides", "wall_seconds"):
         if meta.get(key) not in (None, {}):
             lines.append(f"- **{key}**: {meta[key]}")
+    if meta.get("adapter"):  # an adapter run: which form of it was evaluated (checkpoint/adapter_source.py)
+        lines.append(f"- **adapter**: {meta['adapter']['description']}")
     lines.append("")
     tasks = summary.get("tasks", {})
     lengths = summary.get("lengths", [])
