@@ -257,6 +257,9 @@ NOT_RUN = {  # command (DocCommand.key) -> why it is not run
     "model.overrides.num_hidden_layers=16 model.overrides.hidden_size=256 model.overrides.intermediate_size=688 "
     "model.overrides.num_attention_heads=4 model.overrides.num_key_value_heads=2 "
     "--out docs/results/2026-12-07-activation-offload-deep.json": f"{BENCH} (~15 min); rewrites the report's JSON",
+    # docs/results/2026-12-07-adapter-speed.md
+    "python benchmarks/bench_adapter.py --seq-len 16384 --adapter-longer 24576 --repeat 2 --steps 2 "
+    "--out docs/results/2026-12-07-adapter-speed.json": f"{BENCH} (~8 min); rewrites the report's JSON",
     # docs/results/2026-12-07-suite-time.md
     ".venv/bin/python scripts/tools/suite_table.py --top 40 --json docs/results/2026-12-07-suite-time-after.json":
         f"reads the profile ./run.sh test writes ({SUITE}); rewrites the report's JSON",
