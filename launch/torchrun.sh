@@ -141,7 +141,9 @@ trap 'kill -INT "$agent" 2>/dev/null || true' INT
 AGENT_GRACE_S=5
 stalled=${out_dir:+$out_dir/STALLED}
 stalled_this_run() { [[ -n $stalled && -f $stalled ]] && (( $(stat -c %Y "$stalled" 2>/dev/null || echo 0) >= started )); }
-workers_left() { pgrep -P "$agent" >/dev/null 2>&1; }
+# a worker that has exited but that the agent, blocked in a store call, has not reaped yet is a
+# zombie: not left (the agent reaps it only when its call returns, 60 s later or never)
+workers_left() { ps -o stat= --ppid "$agent" 2>/dev/null | grep -qv '^Z'; }
 idle_since=""  # when the agent was first seen with STALLED and no worker
 ended_agent=""
 while kill -0 "$agent" 2>/dev/null; do

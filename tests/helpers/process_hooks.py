@@ -264,13 +264,19 @@ def held_batch_env(tmp_path: Path, env: dict, rank: int, at_batch: int) -> tuple
 
 
 HUNG_RENDEZVOUS = """
-def hung(self):
+def hung(self, *args, **kwargs):
     time.sleep(600)  # store calls of 60 s each, one after another, to a store that never answers
     return False
-module.DynamicRendezvousHandler.shutdown = hung
+module.DynamicRendezvousHandler.{call} = hung
 """
+RENDEZVOUS_CALLS = ("shutdown", "num_nodes_waiting")  # after the workers ended; while they run
 
 
-def hung_rendezvous_env(tmp_path: Path, env: dict) -> None:
-    """Adds the hook to env: torchrun's agent never returns from its rendezvous's shutdown."""
-    _hook_env(tmp_path, env, "torch.distributed.elastic.rendezvous.dynamic_rendezvous", HUNG_RENDEZVOUS)
+def hung_rendezvous_env(tmp_path: Path, env: dict, call: str = "shutdown") -> None:
+    """Adds the hook to env: torchrun's agent never returns from its rendezvous's `call`: its
+    shutdown (the workers have ended and were reaped), or num_nodes_waiting, which the agent
+    calls between its looks at the running workers (a worker that exits is then not reaped:
+    a zombie child of the agent)."""
+    assert call in RENDEZVOUS_CALLS, call
+    _hook_env(tmp_path, env, "torch.distributed.elastic.rendezvous.dynamic_rendezvous",
+              HUNG_RENDEZVOUS.replace("{call}", call))

@@ -17,7 +17,7 @@ import time
 import psutil
 import pytest
 
-from helpers.process_hooks import hung_rendezvous_env, stalled_data_env
+from helpers.process_hooks import RENDEZVOUS_CALLS, hung_rendezvous_env, stalled_data_env
 from helpers.recipes import ROOT
 from helpers.stalls import left_running
 from helpers.train import TINY, env, free_port
@@ -28,10 +28,14 @@ TIMEOUT_S = 5
 AGENT_HANGS_S = 600  # the hook's hang: far past the bound below
 
 
-def test_the_launcher_ends_an_agent_whose_rendezvous_hangs(tmp_path):
+@pytest.mark.parametrize("hangs_in", RENDEZVOUS_CALLS)
+def test_the_launcher_ends_an_agent_whose_rendezvous_hangs(tmp_path, hangs_in):
+    """`hangs_in` num_nodes_waiting: the agent is blocked while its worker still runs, so the
+    worker's exit leaves a zombie the agent never reaps (what a CI run of test_node_partition.py
+    met on the cut-off node: a launcher that took the zombie for a live worker waited on)."""
     e = dict(env(), LONGCTX_PYTHON=sys.executable, TORCH_EXTENSIONS_DIR=str(tmp_path / "ext"))
     mark, release = stalled_data_env(tmp_path, e, rank=0, at_batch=4)  # step 5: past the warm steps' limit
-    hung_rendezvous_env(tmp_path, e)
+    hung_rendezvous_env(tmp_path, e, hangs_in)
     out, log_path = tmp_path / "run", tmp_path / "launcher.log"
     cmd = [str(ROOT / "launch" / "torchrun.sh"), "--nproc-per-node", "1", "--", "train", *TINY, f"out_dir={out}",
            "train.steps=8", "checkpoint.every=0", "log.every=1", f"parallel.timeout_s={TIMEOUT_S}"]
