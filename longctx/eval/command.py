@@ -173,8 +173,9 @@ def _load_and_evaluate(cfg: EvalConfig, world: int, flag: PreemptionFlag, model_
         with stalls_end_the_job(watchdog):  # a stalled peer: exit 86, the finished cells kept
             _check_ranks_agree(plan)
             torch.manual_seed(0)
-            meta = dict(_meta(cfg, model, model_dir, tokenizer, plan.run), model_overrides=override[1],
-                        adapter=adapter)
+            meta = dict(_meta(cfg, model, model_dir, tokenizer, plan.run), model_overrides=override[1])
+            if adapter is not None:  # only an adapter run's meta has the key (a served eval's has none)
+                meta["adapter"] = adapter
             stop = flag if watchdog is None else WatchedStop(flag, watchdog)
             result = evaluate(model, tokenizer, cfg, plan=plan, stop=stop,
                               context=EvalContext(cp_group=cp_group, meta=meta, warnings=notes))
