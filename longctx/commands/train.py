@@ -58,7 +58,7 @@ def run(args: argparse.Namespace) -> int:
         print(to_yaml(cfg), end="")
         return 0
     from longctx.train.dry_run import dry_run  # torch and the trainer: only for a config that passed
-    from longctx.train.loop import train
+    from longctx.train.entry import train
 
     if args.dry_run:
         print(dry_run(cfg, world, args.config, plan=plan))

@@ -13,7 +13,6 @@ from typing import Optional
 import torch
 import torch.distributed as dist
 
-from longctx.base.errors import UserError
 from longctx.checkpoint.adapter_record import base_hash, check_adapter_config, check_base
 from longctx.checkpoint.manifest import gather_objects
 from longctx.checkpoint.resume import (
@@ -33,11 +32,11 @@ from longctx.config.validation import bucket_ends
 from longctx.data import check_vocab, load_tokenizer
 from longctx.data.loader import ModelInputs
 from longctx.parallel.activation_offload import offload_for
-from longctx.parallel.mesh import build_mesh, init_distributed, shutdown_distributed
+from longctx.parallel.mesh import build_mesh, init_distributed
 from longctx.parallel.parallelize import attention_for, parallel_engine
 from longctx.runtime.host_memory import HostMemoryGuard
 from longctx.runtime.launch_env import read_env
-from longctx.runtime.watchdog import Watchdog, is_collective_timeout, meet_at_end, watched_batches
+from longctx.runtime.watchdog import Watchdog, watched_batches
 from longctx.train import run_lock
 from longctx.train.build import (
     build_plain_model,
@@ -49,7 +48,7 @@ from longctx.train.build import (
 )
 from longctx.train.metrics import progress_fields
 from longctx.train.mfu import peak_flops_per_device
-from longctx.train.nonfinite import NonFiniteGuard, NonFiniteStop, report_stop
+from longctx.train.nonfinite import NonFiniteGuard, NonFiniteStop
 from longctx.train.reporting import Reporter
 from longctx.train.run_files import changed_resumed_sources, take_run_lock, write_run_files
 from longctx.train.saving import RunCheckpoints
@@ -380,32 +379,4 @@ class Trainer:
 
     def _report_preemption(self, step: int) -> None:
         stopped_after_save(self.flag, self.rank, self.out, step, self.report.outputs.progress)
-
-
-def train(cfg: TrainConfig, plan: Optional[RunPlan] = None) -> int:
-    """Run the job of `cfg`; `plan`: validate_config's for it (validated here when not given)."""
-    trainer = Trainer(cfg, plan)
-    completed = False
-    try:
-        try:
-            rc = trainer.run()
-        except NonFiniteStop as e:
-            rc = report_stop(e, trainer.rank, trainer.out)
-        except RuntimeError as e:
-            if is_collective_timeout(e):  # a peer stalled: say which, then end like a lost node
-                trainer.watchdog.collective_failed(e)
-            raise
-        except UserError as e:  # checkpoint or data identity: every rank raises it; the CLI prints rank 0's
-            completed = True
-            if trainer.rank == 0:
-                raise
-            log.error("%s", e)
-            return 2
-        completed = True
-        return rc
-    finally:
-        if completed:
-            meet_at_end(trainer.watchdog)
-        trainer.close()
-        shutdown_distributed(False)  # met at last_barrier above after a completed job
 

@@ -61,7 +61,7 @@ def _gloo_threads() -> list[str]:
 
 def _train_worker(rank, world, port, outdir, overrides):
     from longctx.config import load_config
-    from longctx.train.loop import train
+    from longctx.train.entry import train
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
                       LOCAL_RANK=str(rank), OMP_NUM_THREADS="1")
